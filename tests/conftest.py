@@ -1,0 +1,89 @@
+"""Shared fixtures: a skill library and a local runtime in folders other users can enter.
+
+Commands run as a per-workspace user when the tests run as root, so the work root and the library live under a
+fresh folder in /tmp with mode 0755 (pytest's own tmp_path is private to its user).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from worker.contract import RunRequest, SkillRef
+from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.workspace import remove_tree
+
+IS_ROOT = os.geteuid() == 0
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") and not IS_ROOT:
+        message = "needs root to test per-workspace users: run the suite as root (sudo bash .ci/test)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="skillrun-test-"))
+    path.chmod(0o755)
+    yield path
+    remove_tree(path)
+
+
+def write_skill(root: Path, name: str, body: str = "Run things.\n", files: dict[str, str] | None = None) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "SKILL.md").write_text(f"---\nname: {name}\ndescription: The {name} skill.\n---\n{body}")
+    for rel, content in (files or {}).items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(content))
+    return folder
+
+
+@pytest.fixture
+def library(shared_dir: Path) -> Path:
+    root = shared_dir / "library"
+    write_skill(
+        root,
+        "demo",
+        files={
+            "scripts/hello.sh": "echo \"hello from $SKILL_NAME\"\n",
+            "USAGE.md": "Call scripts/hello.sh.\n",
+        },
+    )
+    return root
+
+
+@pytest.fixture
+def work_root(shared_dir: Path) -> Path:
+    path = shared_dir / "work"
+    path.mkdir(mode=0o755)
+    return path
+
+
+@pytest.fixture
+async def runtime(work_root: Path) -> LocalWorkspaceRuntime:
+    rt = LocalWorkspaceRuntime(work_root)
+    yield rt
+    await rt.close()
+
+
+@pytest.fixture
+def make_request(library: Path):
+    def make(command: str, **fields) -> RunRequest:
+        fields.setdefault("skill", SkillRef(name="demo", root=str(library), path="demo"))
+        return RunRequest(command=command, **fields)
+
+    return make
+
+
+def workspace_dirs(work_root: Path) -> list[Path]:
+    return sorted(p for p in work_root.iterdir() if p.name.startswith("ws_"))

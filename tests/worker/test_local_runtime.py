@@ -1,0 +1,309 @@
+"""The local runtime: environment, timeouts, process clean-up, limits, cwd and inputs."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IS_ROOT, workspace_dirs
+from worker.contract import InputFile, RunLimits
+from worker.errors import InvalidRunRequestError
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, seconds: float = 5.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+async def test_command_runs_in_the_staged_skill_folder_with_the_six_variables(runtime, make_request):
+    result = await runtime.run(make_request(
+        "pwd; bash scripts/hello.sh; for v in WORKSPACE_DIR SKILLS_DIR WORK_DIR OUTPUT_DIR RUN_DIR SKILL_NAME; "
+        "do echo \"$v=${!v}\"; done"
+    ))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    values = dict(line.split("=", 1) for line in lines[2:])
+    ws = Path(values["WORKSPACE_DIR"])
+    assert lines[0] == str(ws / "skills" / "demo")
+    assert lines[1] == "hello from demo"
+    assert values["SKILLS_DIR"] == str(ws / "skills")
+    assert values["WORK_DIR"] == str(ws / "work")
+    assert values["OUTPUT_DIR"] == str(ws / "out")
+    assert Path(values["RUN_DIR"]).parent == ws / "runs"
+    assert Path(values["RUN_DIR"]).name.startswith("run_")
+    assert values["SKILL_NAME"] == "demo"
+
+
+async def test_host_secret_in_the_callers_environment_is_not_visible_to_the_command(runtime, make_request, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2-secret")
+    result = await runtime.run(make_request("env; cat /proc/self/environ | tr '\\0' '\\n'"))
+    assert result.exit_code == 0
+    assert "hunter2-secret" not in result.stdout
+    assert "AWS_SECRET_ACCESS_KEY" not in result.stdout
+    names = {line.split("=", 1)[0] for line in result.stdout.splitlines() if "=" in line}
+    assert {"PATH", "HOME", "LANG", "WORKSPACE_DIR"} <= names
+
+
+async def test_request_env_reaches_the_command(runtime, make_request):
+    result = await runtime.run(make_request('echo "$REGION"', env={"REGION": "asia"}))
+    assert result.stdout == "asia\n"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"LD_PRELOAD": "/tmp/evil.so"}, "LD_PRELOAD may not be set"),
+        ({"BASH_ENV": "/tmp/x"}, "BASH_ENV may not be set"),
+        ({"1BAD": "x"}, "'1BAD' is not a valid environment variable name"),
+        ({"A-B": "x"}, "'A-B' is not a valid environment variable name"),
+        ({"OUTPUT_DIR": "/tmp"}, "OUTPUT_DIR is set by the workspace"),
+    ],
+)
+async def test_unsafe_env_is_refused_before_anything_is_created(runtime, make_request, work_root, env, message):
+    with pytest.raises(InvalidRunRequestError) as info:
+        await runtime.run(make_request("echo hi", env=env))
+    assert message in str(info.value)
+    assert info.value.field == "env"
+    assert not any(work_root.iterdir())
+
+
+def test_env_values_that_are_not_strings_are_refused(make_request):
+    with pytest.raises(ValueError, match="env"):
+        make_request("true", env={"N": 3})
+
+
+async def test_command_that_outlives_its_timeout_is_killed_with_its_process_group(runtime, make_request):
+    result = await runtime.run(make_request("sleep 60 & echo $! > $WORK_DIR/child.pid; sleep 60", timeout=0.5))
+    assert result.timed_out is True
+    assert result.exit_code == 124
+    workspace = workspace_dirs(runtime.work_root)[0]
+    child = int((workspace / "work" / "child.pid").read_text())
+    assert _wait_gone(child), f"background child {child} survived the timeout"
+
+
+async def test_backgrounded_child_holding_stdout_does_not_hold_the_run(runtime, make_request):
+    result = await runtime.run(make_request("sleep 60 & echo $! > $WORK_DIR/child.pid; echo done", timeout=60))
+    assert result.timed_out is False
+    assert result.exit_code == 0
+    assert result.stdout == "done\n"
+    child = int((workspace_dirs(runtime.work_root)[0] / "work" / "child.pid").read_text())
+    assert _wait_gone(child), "the child that held stdout open was left running"
+
+
+@pytest.mark.root
+async def test_detached_child_that_left_the_process_group_is_killed_by_its_user(runtime, make_request):
+    result = await runtime.run(make_request("setsid sleep 60 & echo $! > $WORK_DIR/child.pid; echo done", timeout=60))
+    assert result.exit_code == 0
+    assert "done" in result.stdout
+    child = int((workspace_dirs(runtime.work_root)[0] / "work" / "child.pid").read_text())
+    assert _wait_gone(child), "a setsid child holding the pipes survived the run"
+
+
+async def test_nonzero_exit_keeps_stdout_and_stderr(runtime, make_request):
+    result = await runtime.run(make_request("echo partial; echo broken >&2; exit 3"))
+    assert result.exit_code == 3
+    assert result.stdout == "partial\n"
+    assert result.stderr == "broken\n"
+    assert result.timed_out is False
+
+
+async def test_output_that_is_not_utf8_is_kept_with_replacement_characters(runtime, make_request):
+    result = await runtime.run(make_request("printf 'ok \\xff\\xfe end'"))
+    assert result.exit_code == 0
+    assert result.stdout == "ok \ufffd\ufffd end"
+
+
+async def test_stdout_beyond_its_cap_is_cut_with_a_marker(runtime, make_request):
+    result = await runtime.run(make_request("head -c 100000 /dev/zero | tr '\\0' 'a'", limits=RunLimits(stdout_bytes=1000)))
+    assert result.exit_code == 0
+    assert result.stdout_truncated is True
+    assert result.stdout.startswith("a" * 1000)
+    assert "99000 more bytes were not kept" in result.stdout
+
+
+async def test_resource_limits_are_applied_to_the_command(runtime, make_request):
+    limits = RunLimits(open_files=64, file_size_bytes=1024 * 1024, cpu_seconds=30)
+    result = await runtime.run(make_request("ulimit -n; ulimit -t; head -c 2000000 /dev/zero > $WORK_DIR/big", limits=limits))
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["64", "30"]
+    assert result.exit_code != 0  # the write past the file-size limit fails
+    assert os.path.getsize(workspace_dirs(runtime.work_root)[0] / "work" / "big") <= 1024 * 1024
+
+
+async def test_memory_limit_stops_a_large_allocation(runtime, make_request):
+    limits = RunLimits(memory_bytes=300 * 1024 * 1024)
+    result = await runtime.run(make_request("python3 -c 'x = bytearray(600 * 1024 * 1024)'", limits=limits))
+    assert result.exit_code != 0
+    assert "MemoryError" in result.stderr
+
+
+@pytest.mark.parametrize("cwd", ["/etc", "../../..", "$WORKSPACE_DIR/.."])
+async def test_cwd_outside_the_workspace_is_refused(runtime, make_request, work_root, cwd):
+    with pytest.raises(InvalidRunRequestError, match="outside the workspace") as info:
+        await runtime.run(make_request("touch escaped", cwd=cwd))
+    assert info.value.field == "cwd"
+    assert not any(work_root.iterdir())
+
+
+async def test_cwd_inside_the_workspace_is_used(runtime, make_request):
+    result = await runtime.run(make_request("pwd", cwd="$WORK_DIR"))
+    assert result.stdout.strip().endswith("/work")
+
+
+async def test_same_workspace_id_keeps_work_and_out_between_runs(runtime, make_request):
+    first = await runtime.run(make_request("echo 1 > $WORK_DIR/state; echo a > out/a.txt", workspace_id="session-1"))
+    second = await runtime.run(make_request("cat $WORK_DIR/state out/a.txt", workspace_id="session-1"))
+    assert first.exit_code == 0
+    assert second.stdout == "1\na\n"
+    assert len(workspace_dirs(runtime.work_root)) == 1
+
+
+async def test_workspace_is_found_again_by_a_new_runtime_instance(work_root, make_request):
+    from worker.runtimes.local import LocalWorkspaceRuntime
+
+    await LocalWorkspaceRuntime(work_root).run(make_request("echo kept > $WORK_DIR/f", workspace_id="s2"))
+    result = await LocalWorkspaceRuntime(work_root).run(make_request("cat $WORK_DIR/f", workspace_id="s2"))
+    assert result.stdout == "kept\n"
+
+
+async def test_different_workspace_ids_do_not_share_files(runtime, make_request):
+    await runtime.run(make_request("echo private > $WORK_DIR/f", workspace_id="a"))
+    result = await runtime.run(make_request("ls $WORK_DIR", workspace_id="b"))
+    assert "f" not in result.stdout.split()
+    assert len(workspace_dirs(runtime.work_root)) == 2
+
+
+async def test_workspace_layout_matches_the_guide(runtime, make_request):
+    await runtime.run(make_request("true", workspace_id="layout"))
+    (ws,) = workspace_dirs(runtime.work_root)
+    assert ws.name.startswith("ws_layout_")
+    assert {p.name for p in ws.iterdir()} == {"metadata.json", "out", "runs", "skills", "work"}
+    staged = ws / "skills" / "demo"
+    assert os.readlink(staged / "work") == "../../work"
+    assert os.readlink(staged / "out") == "../../out"
+    assert os.readlink(staged / "inputs") == "../../work/inputs"
+    assert (ws / "work" / "inputs").is_dir()
+    assert [p.name[:4] for p in (ws / "runs").iterdir()] == ["run_"]
+
+
+async def test_a_command_cannot_write_into_its_staged_skill(runtime, make_request, library):
+    result = await runtime.run(make_request("echo x > new-file; echo y >> SKILL.md; echo z > scripts/hello.sh"))
+    assert result.exit_code != 0
+    assert "Permission denied" in result.stderr or "Read-only" in result.stderr
+    (ws,) = workspace_dirs(runtime.work_root)
+    assert not (ws / "skills" / "demo" / "new-file").exists()
+    assert (library / "demo" / "SKILL.md").read_text().startswith("---")
+    assert "y" not in (library / "demo" / "SKILL.md").read_text().splitlines()
+
+
+@pytest.mark.root
+async def test_command_runs_as_its_workspace_user_not_root(runtime, make_request):
+    result = await runtime.run(make_request("id -u; cat /root/.bashrc /etc/shadow 2>&1 | head -2"))
+    uid = int(result.stdout.splitlines()[0])
+    assert uid != 0
+    assert "Permission denied" in result.stdout
+
+
+@pytest.mark.root
+async def test_library_stays_unchanged_even_when_the_host_runs_as_root(runtime, make_request, library):
+    before = {p: p.read_bytes() for p in (library / "demo").rglob("*") if p.is_file()}
+    result = await runtime.run(make_request(
+        "echo pwned >> $SKILLS_DIR/demo/SKILL.md; rm -f scripts/hello.sh; echo pwned > $(readlink -f SKILL.md); "
+        "chmod 777 $(readlink -f scripts); touch $(readlink -f scripts)/planted"
+    ))
+    assert result.exit_code != 0
+    after = {p: p.read_bytes() for p in (library / "demo").rglob("*") if p.is_file()}
+    assert after == before
+
+
+@pytest.mark.root
+async def test_a_command_cannot_read_another_workspace(runtime, make_request):
+    first = await runtime.run(make_request("echo secret > $WORK_DIR/secret; echo $WORK_DIR", workspace_id="victim"))
+    victim_work = first.stdout.strip()
+    result = await runtime.run(make_request(f"cat {victim_work}/secret; ls {victim_work}", workspace_id="attacker"))
+    assert "secret\n" not in result.stdout
+    assert "Permission denied" in result.stderr
+
+
+async def test_input_file_lands_in_work_inputs(runtime, make_request):
+    request = make_request("cat inputs/notes.txt; cat $WORK_DIR/inputs/sub/b.bin | wc -c", inputs=[
+        InputFile(name="notes.txt", content=b"hello notes"),
+        InputFile(name="sub/b.bin", content=bytes(range(256))),
+    ])
+    result = await runtime.run(request)
+    assert result.stdout == "hello notes256\n"
+
+
+@pytest.mark.parametrize("name", ["../../x", "/etc/passwd", "a/../../x", "..", "", "a\\..\\x"])
+async def test_input_destination_outside_work_inputs_is_refused(runtime, make_request, work_root, name):
+    with pytest.raises(InvalidRunRequestError, match="must be a relative path inside work/inputs"):
+        await runtime.run(make_request("true", inputs=[InputFile(name=name, content=b"x")]))
+    assert not any(work_root.iterdir())
+
+
+async def test_input_through_a_planted_symlink_is_refused(runtime, make_request, shared_dir):
+    target = shared_dir / "outside"
+    target.mkdir(mode=0o777)
+    target.chmod(0o777)
+    await runtime.run(make_request(f"ln -s {target} $WORK_DIR/inputs/evil", workspace_id="plant"))
+    with pytest.raises(InvalidRunRequestError, match="'evil' is not a folder"):
+        await runtime.run(make_request("true", workspace_id="plant", inputs=[InputFile(name="evil/x", content=b"x")]))
+    assert list(target.iterdir()) == []
+
+
+async def test_host_path_inputs_need_a_trusted_caller(runtime, make_request, shared_dir):
+    host_file = shared_dir / "host.txt"
+    host_file.write_text("from host")
+    request = make_request("cat inputs/h.txt", inputs=[InputFile(name="h.txt", host_path=str(host_file))])
+    with pytest.raises(InvalidRunRequestError, match="host paths are not allowed"):
+        await runtime.run(request)
+    result = await runtime.run(request, allow_host_paths=True)
+    assert result.stdout == "from host"
+
+
+async def test_input_over_the_size_cap_is_refused(work_root, make_request):
+    from worker.runtimes.local import LocalWorkspaceRuntime
+
+    runtime = LocalWorkspaceRuntime(work_root, input_file_bytes=1000)
+    with pytest.raises(InvalidRunRequestError, match="the limit is 1000"):
+        await runtime.run(make_request("true", inputs=[InputFile(name="big", content=b"x" * 1001)]))
+
+
+async def test_cancel_stops_a_running_command(runtime, make_request):
+    import asyncio
+
+    request = make_request("echo $$ > $WORK_DIR/pid; sleep 60", timeout=60)
+    task = asyncio.create_task(runtime.run(request))
+    for _ in range(500):
+        if runtime.cancel(request.run_id):
+            break
+        await asyncio.sleep(0.01)
+    result = await task
+    assert "cancelled" in result.stderr
+    assert result.exit_code != 0
+
+
+async def test_each_phase_is_timed(runtime, make_request):
+    result = await runtime.run(make_request("true"))
+    assert result.timings.total_ms >= result.timings.exec_ms > 0
+    assert result.worker_id
+    assert result.duration_ms >= 0
+
+
+def test_tests_know_whether_they_run_as_root():
+    assert IS_ROOT == (os.geteuid() == 0)

@@ -1,0 +1,127 @@
+"""A filesystem artifact store: output files kept byte for byte, versioned per name.
+
+::
+
+    <root>/<scope>/<quoted name>/<version>/data      the bytes
+    <root>/<scope>/<quoted name>/<version>/meta.json name, version, MIME type, size, sha256
+
+A scope is a workspace (session) id. Versions start at 1 and are allocated with an exclusive ``mkdir``, so
+concurrent writers never share a version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+from worker.contract import WORKSPACE_ID_PATTERN, ArtifactFile
+from worker.errors import ArtifactError
+
+COPY_CHUNK_BYTES = 1024 * 1024
+DEFAULT_MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
+
+
+class FileArtifactStore:
+    """Stores artifacts under ``root``."""
+
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+
+    def _name_dir(self, scope: str, name: str) -> Path:
+        if not WORKSPACE_ID_PATTERN.match(scope):
+            raise ArtifactError(f"invalid artifact scope {scope!r}")
+        if not name or "\0" in name or len(name) > 1024:
+            raise ArtifactError(f"invalid artifact name {name!r}")
+        return self.root / scope / urllib.parse.quote(name, safe="")
+
+    def save_fd(self, scope: str, name: str, fd: int, mime_type: str) -> ArtifactFile:
+        """Copy the whole file behind ``fd`` (from its start) as the next version of ``name``."""
+
+        def chunks() -> Iterator[bytes]:
+            offset = 0
+            while chunk := os.pread(fd, COPY_CHUNK_BYTES, offset):
+                offset += len(chunk)
+                yield chunk
+
+        return self._save(scope, name, chunks(), mime_type)
+
+    def save_bytes(self, scope: str, name: str, data: bytes, mime_type: str) -> ArtifactFile:
+        """Store ``data`` as the next version of ``name``."""
+        return self._save(scope, name, iter([data]), mime_type)
+
+    def _save(self, scope: str, name: str, chunks: Iterator[bytes], mime_type: str) -> ArtifactFile:
+        folder = self._name_dir(scope, name)
+        folder.mkdir(parents=True, exist_ok=True)
+        version_dir = self._next_version_dir(folder)
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with open(version_dir / "data", "wb") as out:
+                for chunk in chunks:
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise ArtifactError(f"artifact {name!r} is larger than {self.max_bytes} bytes")
+                    digest.update(chunk)
+                    out.write(chunk)
+            artifact = ArtifactFile(
+                name=name, version=int(version_dir.name), mime_type=mime_type, size=size, sha256=digest.hexdigest()
+            )
+            (version_dir / "meta.json").write_text(artifact.model_dump_json())
+        except BaseException:
+            for leftover in version_dir.iterdir():
+                leftover.unlink()
+            version_dir.rmdir()
+            raise
+        return artifact
+
+    def versions(self, scope: str, name: str) -> list[int]:
+        folder = self._name_dir(scope, name)
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / "meta.json").is_file())
+
+    def list(self, scope: str) -> list[ArtifactFile]:
+        """The latest version of every artifact in ``scope``."""
+        scope_dir = self.root / scope
+        if not WORKSPACE_ID_PATTERN.match(scope) or not scope_dir.is_dir():
+            return []
+        latest = []
+        for folder in sorted(scope_dir.iterdir()):
+            name = urllib.parse.unquote(folder.name)
+            versions = self.versions(scope, name)
+            if versions:
+                latest.append(self.info(scope, name, versions[-1]))
+        return latest
+
+    def info(self, scope: str, name: str, version: int | None = None) -> ArtifactFile:
+        folder = self._version_dir(scope, name, version)
+        return ArtifactFile.model_validate_json((folder / "meta.json").read_text())
+
+    def load(self, scope: str, name: str, version: int | None = None) -> bytes:
+        return (self._version_dir(scope, name, version) / "data").read_bytes()
+
+    def _version_dir(self, scope: str, name: str, version: int | None) -> Path:
+        versions = self.versions(scope, name)
+        if not versions:
+            raise ArtifactError(f"no artifact {name!r} in {scope!r}")
+        chosen = versions[-1] if version is None else version
+        if chosen not in versions:
+            raise ArtifactError(f"artifact {name!r} has no version {chosen} (versions: {versions})")
+        return self._name_dir(scope, name) / str(chosen)
+
+    @staticmethod
+    def _next_version_dir(folder: Path) -> Path:
+        existing = [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
+        version = max(existing, default=0) + 1
+        while True:
+            candidate = folder / str(version)
+            try:
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                version += 1

@@ -1,0 +1,188 @@
+"""The run contract: what a caller sends to a worker and what it gets back.
+
+These models travel as JSON (over the queue and the HTTP API), never pickled. ``RunResult`` keeps the field
+names of the guide's ``WorkspaceRunResult`` (``stdout, stderr, exit_code, timed_out, duration_ms,
+output_files, artifact_files``) and adds the run's identity, per-phase timings and what was refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import uuid
+from enum import Enum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, field_validator
+
+from worker import defaults
+
+WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SKILL_NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+def _decode_bytes(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError as exc:
+            raise ValueError("content must be base64") from exc
+    raise ValueError("content must be bytes or a base64 string")
+
+
+Base64Bytes = Annotated[
+    bytes,
+    PlainValidator(_decode_bytes),
+    PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
+]
+"""Bytes in Python, a base64 string in JSON."""
+
+
+class RuntimeName(str, Enum):
+    """Where a run executes."""
+
+    LOCAL = "local"
+    DOCKER = "docker"
+    CUBE = "cube"
+
+
+class SkillRef(BaseModel):
+    """Which skill to stage: its name and its folder inside a library root."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="The skill's name from its SKILL.md.")
+    root: str = Field(description="The library root the skill comes from (a directory).")
+    path: str = Field(default="", description="The skill's folder relative to the root; empty means the root itself.")
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not SKILL_NAME_PATTERN.match(value) or len(value) > 64:
+            raise ValueError("skill name must be lowercase letters, digits and hyphens, at most 64 characters")
+        return value
+
+
+class RunLimits(BaseModel):
+    """Resource limits of one run. ``None`` leaves a limit at the runtime's default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_seconds: int = Field(default=defaults.CPU_SECONDS, gt=0)
+    memory_bytes: int = Field(default=defaults.MEMORY_BYTES, gt=0)
+    file_size_bytes: int = Field(default=defaults.FILE_SIZE_BYTES, gt=0)
+    open_files: int = Field(default=defaults.OPEN_FILES, ge=16)
+    processes: int = Field(default=defaults.PROCESSES, gt=0)
+    stdout_bytes: int = Field(default=defaults.STDOUT_BYTES, ge=0)
+    stderr_bytes: int = Field(default=defaults.STDERR_BYTES, ge=0)
+    output_file_bytes: int = Field(default=defaults.OUTPUT_FILE_BYTES, ge=0)
+    output_total_bytes: int = Field(default=defaults.OUTPUT_TOTAL_BYTES, ge=0)
+    output_max_files: int = Field(default=defaults.OUTPUT_MAX_FILES, gt=0)
+
+
+class InputFile(BaseModel):
+    """A file placed in ``work/inputs/<name>`` before the command runs.
+
+    Either ``content`` (bytes; base64 in JSON) or ``host_path``. A host path is read only when the caller
+    that executes the request allows host paths (the CLI does; a model-driven tool call does not).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Destination relative to work/inputs.")
+    content: Base64Bytes | None = None
+    host_path: str | None = None
+
+
+class RunRequest(BaseModel):
+    """One command to run in a workspace with a staged skill."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    skill: SkillRef
+    command: str = Field(min_length=1)
+    cwd: str | None = Field(default=None, description="Working directory inside the workspace; default the skill folder.")
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float = Field(default=defaults.RUN_TIMEOUT_SECONDS, gt=0, le=defaults.MAX_RUN_TIMEOUT_SECONDS)
+    output_files: list[str] = Field(default_factory=list, description="Globs of files to collect after the run.")
+    inputs: list[InputFile] = Field(default_factory=list)
+    runtime: RuntimeName = RuntimeName.LOCAL
+    limits: RunLimits = Field(default_factory=RunLimits)
+    save_as_artifacts: bool = False
+    omit_inline_content: bool = False
+    workspace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+
+    @field_validator("workspace_id")
+    @classmethod
+    def _valid_workspace_id(cls, value: str) -> str:
+        if not WORKSPACE_ID_PATTERN.match(value):
+            raise ValueError("workspace id must be 1-64 characters of letters, digits, '.', '_' or '-'")
+        return value
+
+
+class OutputFile(BaseModel):
+    """A collected output file. ``content`` is text, base64 (``encoding == "base64"``) or omitted."""
+
+    name: str
+    content: str = ""
+    mime_type: str
+    size: int
+    truncated: bool = False
+    encoding: str = "utf-8"
+
+
+class ArtifactFile(BaseModel):
+    """An output file stored in the artifact store."""
+
+    name: str
+    version: int
+    mime_type: str
+    size: int
+    sha256: str
+
+
+class SkippedFile(BaseModel):
+    """A path an output glob matched that was refused, and why."""
+
+    name: str
+    reason: str
+
+
+class RunTimings(BaseModel):
+    """Milliseconds spent in each phase of a run."""
+
+    queue_ms: float = 0.0
+    stage_ms: float = 0.0
+    exec_ms: float = 0.0
+    collect_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class RunResult(BaseModel):
+    """What a run produced."""
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int
+    timed_out: bool = False
+    duration_ms: int = 0
+    output_files: list[OutputFile] = Field(default_factory=list)
+    artifact_files: list[ArtifactFile] = Field(default_factory=list)
+    run_id: str
+    workspace_id: str
+    runtime: RuntimeName
+    worker_id: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    skipped_files: list[SkippedFile] = Field(default_factory=list)
+    timings: RunTimings = Field(default_factory=RunTimings)
+
+    def tool_result(self) -> dict:
+        """The guide's ``WorkspaceRunResult`` shape, as the ``skill_run`` tool returns it to a model."""
+        return self.model_dump(
+            mode="json",
+            include={"stdout", "stderr", "exit_code", "timed_out", "duration_ms", "output_files", "artifact_files"},
+        )

@@ -1,0 +1,31 @@
+"""Numeric defaults of the execution plane, each named with its unit."""
+
+from __future__ import annotations
+
+RUN_TIMEOUT_SECONDS = 300.0
+MAX_RUN_TIMEOUT_SECONDS = 24 * 3600.0
+
+CPU_SECONDS = 600
+MEMORY_BYTES = 4 * 1024**3
+FILE_SIZE_BYTES = 1024**3
+OPEN_FILES = 1024
+PROCESSES = 512
+
+STDOUT_BYTES = 1024 * 1024
+STDERR_BYTES = 1024 * 1024
+
+OUTPUT_FILE_BYTES = 4 * 1024 * 1024
+OUTPUT_TOTAL_BYTES = 16 * 1024 * 1024
+OUTPUT_MAX_FILES = 1000
+
+INPUT_FILE_BYTES = 64 * 1024 * 1024
+
+KILL_GRACE_SECONDS = 0.5
+"""How long the pipes of a killed command are drained before they are closed."""
+
+SANDBOX_UID_BASE = 30000
+SANDBOX_UID_COUNT = 30000
+"""Range of user ids handed to workspaces when the host process runs as root."""
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+SANDBOX_LANG = "C.UTF-8"

@@ -1,0 +1,45 @@
+"""Errors of the execution plane.
+
+Every error the worker raises descends from one root::
+
+    WorkerError
+    ├── InvalidRunRequestError   a request field is unsafe or malformed (cwd, env, glob, input)
+    ├── WorkspaceError           a workspace cannot be created, found or used
+    ├── StagingError             a skill cannot be staged into a workspace
+    ├── RuntimeUnavailableError  a runtime cannot be used on this machine
+    └── ArtifactError            an artifact cannot be stored or read
+
+A command that fails, times out or writes hostile output files is *not* an error: it is reported in
+the ``RunResult`` (exit code, ``timed_out``, ``skipped_files``) so nothing the command produced is lost.
+"""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    """Root of every error raised by the ``worker`` package."""
+
+
+class InvalidRunRequestError(WorkerError, ValueError):
+    """A run request asks for something unsafe or malformed; nothing was executed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+class WorkspaceError(WorkerError):
+    """A workspace cannot be created, found or used."""
+
+
+class StagingError(WorkerError):
+    """A skill cannot be staged into a workspace."""
+
+
+class RuntimeUnavailableError(WorkerError):
+    """The requested runtime cannot be used here (unknown name, missing engine or extra)."""
+
+
+class ArtifactError(WorkerError):
+    """An artifact cannot be stored or read."""

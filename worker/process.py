@@ -1,0 +1,207 @@
+"""Running one shell command as a process group, with a deadline, resource limits and capped output.
+
+Blocking by design: callers in async code run it through ``asyncio.to_thread``. The command runs as
+``bash -c`` (not a login shell) in a new process group; resource limits are applied by ``ulimit`` in that
+shell before the command, so they need no ``preexec_fn`` and cannot be raised again by an unprivileged user.
+When the command ends, times out or is cancelled, its whole process group is killed, so a backgrounded child
+that holds stdout open does not hold the run; when the command runs as a dedicated user, a child that left
+the group (``setsid``) and still holds the pipes is found and killed by its user id.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from worker import defaults
+from worker.contract import RunLimits
+from worker.errors import RuntimeUnavailableError
+
+TIMEOUT_EXIT_CODE = 124
+READ_BYTES = 64 * 1024
+
+_ULIMIT_FLAGS = (
+    # (bash flag, resource, field of RunLimits, divisor to bash's unit)
+    ("-t", resource.RLIMIT_CPU, "cpu_seconds", 1),
+    ("-v", resource.RLIMIT_AS, "memory_bytes", 1024),
+    ("-f", resource.RLIMIT_FSIZE, "file_size_bytes", 1024),
+    ("-n", resource.RLIMIT_NOFILE, "open_files", 1),
+)
+
+
+@dataclass
+class ProcessOutcome:
+    stdout: bytes
+    stderr: bytes
+    stdout_omitted: int
+    stderr_omitted: int
+    exit_code: int
+    timed_out: bool
+    cancelled: bool
+    duration_ms: int
+    notes: list[str]
+
+
+def find_bash() -> str:
+    bash = shutil.which("bash", path=defaults.SANDBOX_PATH) or shutil.which("bash")
+    if bash is None:
+        raise RuntimeUnavailableError("bash is not installed; the local runtime runs commands with bash")
+    return bash
+
+
+def ulimit_prefix(limits: RunLimits, *, dedicated_user: bool) -> str:
+    """A ``ulimit`` line that lowers soft and hard limits to ``limits`` (never above the current hard limit).
+
+    The process-count limit is applied only for a dedicated user: it counts every process of the user, so on a
+    developer's own account it would count their whole desktop.
+    """
+    parts = []
+    flags = list(_ULIMIT_FLAGS)
+    if dedicated_user:
+        flags.append(("-u", resource.RLIMIT_NPROC, "processes", 1))
+    for flag, res, field, divisor in flags:
+        wanted = getattr(limits, field)
+        _, hard = resource.getrlimit(res)
+        if hard != resource.RLIM_INFINITY:
+            wanted = min(wanted, hard)
+        parts.append(f"{flag} {max(wanted // divisor, 1)}")
+    return f"ulimit -S -H {' '.join(parts)} || exit 125; "
+
+
+def run_process(
+    argv: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    timeout: float,
+    stdout_cap: int,
+    stderr_cap: int,
+    uid: int | None = None,
+    gid: int | None = None,
+    cancel: threading.Event | None = None,
+) -> ProcessOutcome:
+    """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started."""
+    started = time.monotonic()
+    user_kwargs = {} if uid is None else {"user": uid, "group": gid, "extra_groups": []}
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        process_group=0, close_fds=True, **user_kwargs,
+    )
+    pgid = proc.pid
+    notes: list[str] = []
+    buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    caps = {proc.stdout.fileno(): stdout_cap, proc.stderr.fileno(): stderr_cap}
+    omitted = {fd: 0 for fd in buffers}
+    pidfd = os.pidfd_open(proc.pid)
+    selector = selectors.DefaultSelector()
+    for fd in buffers:
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    selector.register(pidfd, selectors.EVENT_READ)
+    deadline = started + timeout
+    timed_out = cancelled = exited = swept = False
+    open_pipes = set(buffers)
+    drain_until = 0.0
+    try:
+        while open_pipes or not exited:
+            now = time.monotonic()
+            if not exited:
+                if cancel is not None and cancel.is_set() and not cancelled:
+                    cancelled = True
+                    _kill_group(pgid)
+                if now >= deadline and not timed_out:
+                    timed_out = True
+                    _kill_group(pgid)
+                if timed_out or cancelled:
+                    wait = 0.01  # killed: the exit notice is moments away
+                else:
+                    wait = deadline - now if cancel is None else min(deadline - now, 0.05)
+            elif now < drain_until:
+                wait = drain_until - now
+            elif uid is not None and not swept:
+                # The pipes outlived the group kill: a child left the group. Find it by its user id.
+                kill_user_processes(uid)
+                swept = True
+                drain_until = now + defaults.KILL_GRACE_SECONDS
+                continue
+            else:
+                notes.append("a detached process kept the output pipes open; they were closed")
+                break
+            for key, _ in selector.select(wait):
+                fd = key.fd
+                if fd == pidfd:
+                    selector.unregister(pidfd)
+                    exited = True
+                    # The command is done: whatever it left running in its group goes too.
+                    _kill_group(pgid)
+                    drain_until = time.monotonic() + defaults.KILL_GRACE_SECONDS
+                    continue
+                try:
+                    chunk = os.read(fd, READ_BYTES)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    selector.unregister(fd)
+                    open_pipes.discard(fd)
+                    continue
+                buf = buffers[fd]
+                room = caps[fd] - len(buf)
+                if room > 0:
+                    buf += chunk[:room]
+                omitted[fd] += max(len(chunk) - max(room, 0), 0)
+    finally:
+        selector.close()
+        os.close(pidfd)
+        if not exited:
+            _kill_group(pgid)
+        returncode = proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    if timed_out:
+        exit_code = TIMEOUT_EXIT_CODE
+    elif returncode < 0:
+        exit_code = 128 - returncode
+    else:
+        exit_code = returncode
+    out_fd, err_fd = list(buffers)
+    return ProcessOutcome(
+        stdout=bytes(buffers[out_fd]), stderr=bytes(buffers[err_fd]),
+        stdout_omitted=omitted[out_fd], stderr_omitted=omitted[err_fd],
+        exit_code=exit_code, timed_out=timed_out, cancelled=cancelled,
+        duration_ms=int((time.monotonic() - started) * 1000), notes=notes,
+    )
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_user_processes(uid: int) -> int:
+    """SIGKILL every process whose real user id is ``uid``; return how many were signalled."""
+    killed = 0
+    for _ in range(3):  # a process may fork while we look; look again
+        found = 0
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat().st_uid != uid:
+                    continue
+                os.kill(int(entry.name), signal.SIGKILL)
+                found += 1
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+        killed += found
+        if not found:
+            break
+    return killed

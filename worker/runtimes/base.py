@@ -1,0 +1,65 @@
+"""The workspace runtime interface, and the one table that maps runtime names to implementations.
+
+A runtime is like an httpx transport: one method (``run``) plus ``close`` and async context-manager support.
+Callers take ``runtime=None`` and build the default (``local``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import os
+from abc import ABC, abstractmethod
+from typing import Any
+
+from worker.contract import RunRequest, RunResult, RuntimeName
+from worker.errors import RuntimeUnavailableError
+
+
+def worker_id() -> str:
+    """Who executed a run: host name and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class BaseWorkspaceRuntime(ABC):
+    """Executes run requests in workspaces."""
+
+    name: RuntimeName
+
+    @abstractmethod
+    async def run(self, request: RunRequest, *, allow_host_paths: bool = False) -> RunResult:
+        """Create or reuse the request's workspace, stage its skill, run its command, collect its outputs.
+
+        ``allow_host_paths`` lets ``InputFile.host_path`` be read; only a trusted caller (the CLI, an operator)
+        sets it, never a model's tool call.
+        """
+
+    async def close(self) -> None:
+        """Release what the runtime holds (containers, sandboxes, connections)."""
+
+    async def __aenter__(self) -> "BaseWorkspaceRuntime":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+RUNTIME_CLASSES: dict[str, str] = {
+    RuntimeName.LOCAL.value: "worker.runtimes.local:LocalWorkspaceRuntime",
+}
+"""Runtime name → ``module:Class``. Optional runtimes are imported only when asked for."""
+
+
+def resolve_runtime(name: str | RuntimeName, **kwargs: Any) -> BaseWorkspaceRuntime:
+    """Build the runtime called ``name`` with ``kwargs``."""
+    key = name.value if isinstance(name, RuntimeName) else name
+    target = RUNTIME_CLASSES.get(key)
+    if target is None:
+        known = ", ".join(sorted(RUNTIME_CLASSES))
+        raise RuntimeUnavailableError(f"runtime {key!r} is not available in this installation (available: {known})")
+    module_name, class_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RuntimeUnavailableError(f"runtime {key!r} needs an optional dependency: {exc}") from exc
+    return getattr(module, class_name)(**kwargs)

@@ -1,0 +1,187 @@
+"""Staging: putting a skill's folder into a workspace as ``skills/<name>``.
+
+Two stagers:
+
+* ``LinkSkillStager`` (the default) links each top-level entry of the skill folder into the workspace: no copy,
+  and edits to the library show up at once.
+* ``CopySkillStager`` copies the folder (symlinks stay symlinks, never followed).
+
+Either way the staged folder gets the ``work``, ``out`` and ``inputs`` links of the guide, and is read-only to the
+command: when the host runs as root the command runs as the workspace's own user, who owns neither the staged
+folder nor the library; a library file that user could write (world-writable) is refused. Staging an unchanged
+skill again is a signature comparison and nothing more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from worker.contract import SkillRef
+from worker.errors import StagingError
+from worker.workspace import Workspace, reachable_by_others, remove_tree
+
+SKILL_FILE = "SKILL.md"
+WORKSPACE_LINKS = {"work": "../../work", "out": "../../out", "inputs": "../../work/inputs"}
+
+
+def resolve_skill_source(skill: SkillRef) -> Path:
+    """The real folder of ``skill`` inside its root, refusing paths that leave the root."""
+    root = Path(skill.root)
+    if not root.is_dir():
+        raise StagingError(f"skills root {skill.root!r} is not a directory")
+    real_root = root.resolve()
+    source = (real_root / skill.path).resolve()
+    if source != real_root and real_root not in source.parents:
+        raise StagingError(f"skill path {skill.path!r} leaves the skills root {skill.root!r}")
+    if not (source / SKILL_FILE).is_file():
+        raise StagingError(f"skill {skill.name!r}: no {SKILL_FILE} in {source}")
+    return source
+
+
+class BaseSkillStager(ABC):
+    """Puts a skill folder into a workspace's ``skills/`` directory."""
+
+    kind: str = "base"
+
+    def __init__(self) -> None:
+        self._signatures: dict[tuple[Path, str], str] = {}
+
+    def stage(self, workspace: Workspace, skill: SkillRef) -> Path:
+        """Stage ``skill`` into ``workspace`` (or do nothing if it is staged and unchanged); return its folder."""
+        source = resolve_skill_source(skill)
+        target = workspace.skills_dir / skill.name
+        signature = f"{self.kind}:{source}:{self.signature(source)}"
+        key = (workspace.path, skill.name)
+        if self._signatures.get(key) == signature and target.is_dir():
+            return target
+        meta = workspace.read_metadata()
+        staged = meta.setdefault("staged", {})
+        if staged.get(skill.name, {}).get("signature") == signature and target.is_dir():
+            self._signatures[key] = signature
+            return target
+        self._build(workspace, source, target)
+        staged[skill.name] = {"source": str(source), "stager": self.kind, "signature": signature}
+        workspace.write_metadata(meta)
+        self._signatures[key] = signature
+        return target
+
+    @abstractmethod
+    def signature(self, source: Path) -> str:
+        """A string that changes whenever the staged folder would have to be rebuilt."""
+
+    @abstractmethod
+    def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
+        """Put the skill's entries into the empty folder ``staging``."""
+
+    def _build(self, workspace: Workspace, source: Path, target: Path) -> None:
+        staging = target.with_name(f".staging-{target.name}-{os.getpid()}")
+        remove_tree(staging)
+        staging.mkdir(mode=0o755)
+        try:
+            self._fill(workspace, source, staging)
+            for name, link in WORKSPACE_LINKS.items():
+                os.symlink(link, staging / name)
+            if workspace.uid is None:
+                # Without a separate user, file modes are what keeps the command out of the staged folder.
+                staging.chmod(0o555)
+            old = target.with_name(f".old-{target.name}-{os.getpid()}")
+            if target.exists() or target.is_symlink():
+                os.rename(target, old)
+            os.rename(staging, target)
+            remove_tree(old)
+        except BaseException:
+            remove_tree(staging)
+            raise
+
+
+class CopySkillStager(BaseSkillStager):
+    """Copies the skill folder into the workspace; the copy is read-only."""
+
+    kind = "copy"
+
+    def signature(self, source: Path) -> str:
+        digest = hashlib.sha256()
+        for dirpath, dirnames, filenames in os.walk(source):
+            dirnames.sort()
+            for name in sorted(filenames) + dirnames:
+                path = os.path.join(dirpath, name)
+                info = os.lstat(path)
+                digest.update(f"{os.path.relpath(path, source)}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_mode}\n".encode())
+        return digest.hexdigest()
+
+    def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
+        for entry in os.scandir(source):
+            if entry.name in WORKSPACE_LINKS:
+                continue
+            dest = staging / entry.name
+            if entry.is_dir(follow_symlinks=False):
+                shutil.copytree(entry.path, dest, symlinks=True)
+            elif entry.is_symlink():
+                os.symlink(os.readlink(entry.path), dest)
+            else:
+                shutil.copy2(entry.path, dest)
+        _make_read_only(staging)
+
+
+class LinkSkillStager(BaseSkillStager):
+    """Links the skill's top-level entries into the workspace instead of copying them.
+
+    When commands run as a workspace user (host root), every library file must be unwritable by that user;
+    a world-writable file or folder is refused. When that user cannot reach the library at all (for example a
+    library under ``/root``), the skill is copied instead, unless ``fallback_to_copy`` is off.
+    """
+
+    kind = "link"
+
+    def __init__(self, fallback_to_copy: bool = True) -> None:
+        super().__init__()
+        self.fallback_to_copy = fallback_to_copy
+
+    def signature(self, source: Path) -> str:
+        info = source.stat()
+        return f"{info.st_mtime_ns}:{','.join(sorted(os.listdir(source)))}"
+
+    def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
+        if workspace.uid is not None:
+            _refuse_writable_by_others(source)
+            if not reachable_by_others(source):
+                if not self.fallback_to_copy:
+                    raise StagingError(
+                        f"the workspace user cannot read {source} (a parent folder is not searchable by others); "
+                        "use CopySkillStager or make the library readable"
+                    )
+                CopySkillStager()._fill(workspace, source, staging)
+                return
+        for entry in os.scandir(source):
+            if entry.name not in WORKSPACE_LINKS:
+                os.symlink(os.path.realpath(entry.path), staging / entry.name)
+
+
+def _make_read_only(top: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                mode = stat.S_IMODE(os.lstat(path).st_mode)
+                os.chmod(path, (mode & 0o555) | 0o444)
+        for name in dirnames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o555)
+
+
+def _refuse_writable_by_others(source: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(source):
+        for name in [""] + dirnames + filenames:
+            path = os.path.join(dirpath, name) if name else dirpath
+            info = os.lstat(path)
+            if not stat.S_ISLNK(info.st_mode) and info.st_mode & stat.S_IWOTH:
+                raise StagingError(
+                    f"library file {path} is writable by everyone, so a skill command could change it; "
+                    "remove its o+w bit (chmod o-w) before staging"
+                )

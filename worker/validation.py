@@ -1,0 +1,73 @@
+"""Checks on a run request that need no workspace: done before anything is created or executed."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import PurePosixPath
+
+from worker.collect import expand_variables, resolve_patterns
+from worker.contract import RunRequest
+from worker.errors import InvalidRunRequestError
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+WORKSPACE_VARIABLES = ("WORKSPACE_DIR", "SKILLS_DIR", "WORK_DIR", "OUTPUT_DIR", "RUN_DIR", "SKILL_NAME")
+FORBIDDEN_ENV = {"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "GCONV_PATH", "PROMPT_COMMAND", "PS4"}
+FORBIDDEN_ENV_PREFIXES = ("LD_", "BASH_FUNC_")
+
+_PLACEHOLDER_ROOT = "/skillrun-workspace"
+
+
+def validate_env(env: dict[str, str]) -> None:
+    """Refuse names that are not shell variables, that change how programs load, or that the workspace sets."""
+    for name, value in env.items():
+        if not ENV_NAME.match(name):
+            raise InvalidRunRequestError("env", f"{name!r} is not a valid environment variable name")
+        if name in FORBIDDEN_ENV or name.startswith(FORBIDDEN_ENV_PREFIXES):
+            raise InvalidRunRequestError("env", f"{name} may not be set by a run request: it changes how programs load")
+        if name in WORKSPACE_VARIABLES:
+            raise InvalidRunRequestError("env", f"{name} is set by the workspace and may not be overridden")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidRunRequestError("env", f"the value of {name} must be a string without NUL characters")
+
+
+def placeholder_variables(skill_name: str, root: str = _PLACEHOLDER_ROOT) -> dict[str, str]:
+    return {
+        "WORKSPACE_DIR": root,
+        "SKILLS_DIR": f"{root}/skills",
+        "WORK_DIR": f"{root}/work",
+        "OUTPUT_DIR": f"{root}/out",
+        "RUN_DIR": f"{root}/runs/run",
+        "SKILL_NAME": skill_name,
+    }
+
+
+def resolve_cwd(cwd: str, variables: dict[str, str], skill_dir: str) -> str:
+    """Where ``cwd`` points, lexically; refused when it leaves the workspace."""
+    root = variables["WORKSPACE_DIR"]
+    expanded = expand_variables(cwd, variables, field_name="cwd")
+    target = os.path.normpath(os.path.join(skill_dir, expanded))
+    if target != root and not target.startswith(root + os.sep):
+        raise InvalidRunRequestError("cwd", f"{cwd!r} is outside the workspace; a command may only run inside it")
+    return target
+
+
+def validate_input_name(name: str) -> PurePosixPath:
+    """An input's destination relative to ``work/inputs``; refused when it could leave that folder."""
+    path = PurePosixPath(name)
+    if not name or "\0" in name or "\\" in name or path.is_absolute() or ".." in path.parts or name.strip(".") == "":
+        raise InvalidRunRequestError("inputs", f"input destination {name!r} must be a relative path inside work/inputs")
+    return path
+
+
+def validate_request(request: RunRequest) -> None:
+    """Everything that can be checked before a workspace exists."""
+    validate_env(request.env)
+    variables = placeholder_variables(request.skill.name)
+    resolve_patterns(request.output_files, variables, PurePosixPath(variables["WORKSPACE_DIR"]))
+    if request.cwd is not None:
+        resolve_cwd(request.cwd, variables, f"{variables['SKILLS_DIR']}/{request.skill.name}")
+    for item in request.inputs:
+        validate_input_name(item.name)
+        if (item.content is None) == (item.host_path is None):
+            raise InvalidRunRequestError("inputs", f"input {item.name!r} needs exactly one of content or host_path")

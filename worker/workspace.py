@@ -1,0 +1,294 @@
+"""Workspaces: one directory per session id, laid out as the guide describes.
+
+::
+
+    <work_root>/ws_<id>_<time_ns>/
+    ├── metadata.json
+    ├── skills/<name>/        staged skill, read-only to the command, with work, out, inputs links
+    ├── work/inputs/          shared working directory and the run's input files
+    ├── out/                  output files
+    └── runs/run_<timestamp>/ one directory per run ($RUN_DIR, also the command's HOME and TMPDIR)
+
+The same workspace id always maps to the same directory (an index of links under ``<work_root>/.skillrun``),
+so ``work/`` and ``out/`` persist across a session's runs, also across processes.
+
+When the host process runs as root, file modes do not bind a command that runs as root, so every workspace
+gets a user id of its own (allocated from a range, exclusively, across processes): the command runs as that
+user, can write ``work/``, ``out/`` and its run directory, cannot write the staged skill or the library, and
+cannot read another workspace.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from worker import defaults
+from worker.contract import WORKSPACE_ID_PATTERN
+from worker.errors import WorkspaceError
+
+METADATA_FILE = "metadata.json"
+REGISTRY_DIR = ".skillrun"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A workspace directory and the identity its commands run under."""
+
+    id: str
+    path: Path
+    uid: int | None = None
+    gid: int | None = None
+
+    @property
+    def skills_dir(self) -> Path:
+        return self.path / "skills"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.path / "work"
+
+    @property
+    def inputs_dir(self) -> Path:
+        return self.path / "work" / "inputs"
+
+    @property
+    def out_dir(self) -> Path:
+        return self.path / "out"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.path / "runs"
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.path / METADATA_FILE
+
+    def variables(self, skill_name: str, run_dir: Path) -> dict[str, str]:
+        """The six workspace variables of the guide."""
+        return {
+            "WORKSPACE_DIR": str(self.path),
+            "SKILLS_DIR": str(self.skills_dir),
+            "WORK_DIR": str(self.work_dir),
+            "OUTPUT_DIR": str(self.out_dir),
+            "RUN_DIR": str(run_dir),
+            "SKILL_NAME": skill_name,
+        }
+
+    def read_metadata(self) -> dict:
+        try:
+            return json.loads(self.metadata_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def write_metadata(self, data: dict) -> None:
+        tmp = self.path / f".{METADATA_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+        os.replace(tmp, self.metadata_path)
+
+
+def default_work_root() -> Path:
+    """The guide puts workspaces in the system temporary directory."""
+    return Path(tempfile.gettempdir())
+
+
+class WorkspaceManager:
+    """Creates, finds and removes workspaces under one work root."""
+
+    def __init__(
+        self,
+        work_root: str | os.PathLike[str] | None = None,
+        *,
+        isolate_users: bool | None = None,
+        uid_base: int = defaults.SANDBOX_UID_BASE,
+        uid_count: int = defaults.SANDBOX_UID_COUNT,
+    ) -> None:
+        self.work_root = Path(work_root) if work_root is not None else default_work_root()
+        self.isolate_users = (os.geteuid() == 0) if isolate_users is None else isolate_users
+        if self.isolate_users and os.geteuid() != 0:
+            raise WorkspaceError("per-workspace users need the host process to run as root")
+        self.uid_base = uid_base
+        self.uid_count = uid_count
+        self._known: dict[str, Workspace] = {}
+
+    @property
+    def registry(self) -> Path:
+        return self.work_root / REGISTRY_DIR
+
+    def acquire(self, workspace_id: str) -> Workspace:
+        """Return the workspace of ``workspace_id``, creating it on first use."""
+        if not WORKSPACE_ID_PATTERN.match(workspace_id):
+            raise WorkspaceError(f"invalid workspace id {workspace_id!r}: use 1-64 letters, digits, '.', '_' or '-'")
+        known = self._known.get(workspace_id)
+        if known is not None and known.path.is_dir():
+            return known
+        self._ensure_registry()
+        workspace = self._find(workspace_id) or self._create(workspace_id)
+        self._known[workspace_id] = workspace
+        return workspace
+
+    def find(self, workspace_id: str) -> Workspace | None:
+        """The existing workspace of ``workspace_id``, or ``None``."""
+        if not WORKSPACE_ID_PATTERN.match(workspace_id) or not self.registry.is_dir():
+            return None
+        return self._find(workspace_id)
+
+    def remove(self, workspace_id: str) -> None:
+        """Delete a workspace, its index entry and its user id."""
+        workspace = self.find(workspace_id)
+        self._known.pop(workspace_id, None)
+        if workspace is None:
+            return
+        (self.registry / "workspaces" / workspace_id).unlink(missing_ok=True)
+        remove_tree(workspace.path)
+        if workspace.uid is not None:
+            (self.registry / "uids" / str(workspace.uid)).unlink(missing_ok=True)
+
+    def new_run_dir(self, workspace: Workspace) -> Path:
+        """Create ``runs/run_<timestamp>`` for one run (unique even for runs in the same microsecond)."""
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
+        base = workspace.runs_dir / f"run_{stamp}"
+        candidate, n = base, 0
+        while True:
+            try:
+                candidate.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                n += 1
+                candidate = base.with_name(f"{base.name}-{n}")
+        if workspace.uid is not None:
+            os.chown(candidate, workspace.uid, workspace.gid)
+        return candidate
+
+    def _ensure_registry(self) -> None:
+        if self.isolate_users and not reachable_by_others(self.work_root):
+            raise WorkspaceError(
+                f"work root {self.work_root} (or a folder above it) cannot be entered by other users, so commands "
+                "running as a workspace user could not reach their workspace; choose a work root under a folder "
+                "with mode o+x (for example /tmp or /var/lib/skillrun)"
+            )
+        for sub in ("workspaces", "uids"):
+            (self.registry / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = self.registry.lstat()
+        if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o022 or not stat.S_ISDIR(info.st_mode):
+            raise WorkspaceError(
+                f"{self.registry} must be a directory owned by uid {os.geteuid()} and writable only by it; "
+                "choose another work_root or fix its owner and mode"
+            )
+
+    def _find(self, workspace_id: str) -> Workspace | None:
+        link = self.registry / "workspaces" / workspace_id
+        try:
+            target = os.readlink(link)
+        except FileNotFoundError:
+            return None
+        path = self.work_root / target
+        meta_path = path / METADATA_FILE
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            # The directory was cleaned up from outside (or never finished): forget it and start again.
+            link.unlink(missing_ok=True)
+            return None
+        if meta.get("workspace_id") != workspace_id:
+            raise WorkspaceError(f"index entry for {workspace_id!r} points at another workspace ({path})")
+        return Workspace(id=workspace_id, path=path, uid=meta.get("uid"), gid=meta.get("gid"))
+
+    def _create(self, workspace_id: str) -> Workspace:
+        name = f"ws_{workspace_id}_{time.time_ns()}"
+        path = self.work_root / name
+        path.mkdir(mode=0o700)
+        uid = gid = None
+        try:
+            if self.isolate_users:
+                uid = gid = self._allocate_uid(workspace_id)
+            workspace = Workspace(id=workspace_id, path=path, uid=uid, gid=gid)
+            self._lay_out(workspace)
+            workspace.write_metadata(
+                {
+                    "workspace_id": workspace_id,
+                    "created_at": datetime.now(timezone.utc).isoformat(),
+                    "uid": uid,
+                    "gid": gid,
+                    "staged": {},
+                }
+            )
+            try:
+                os.symlink(name, self.registry / "workspaces" / workspace_id)
+            except FileExistsError:
+                # Another process created this workspace first: use theirs.
+                self._discard(path, uid)
+                found = self._find(workspace_id)
+                if found is None:
+                    raise WorkspaceError(f"workspace {workspace_id!r} is being created by another process; retry")
+                return found
+            return workspace
+        except BaseException:
+            self._discard(path, uid)
+            raise
+
+    def _discard(self, path: Path, uid: int | None) -> None:
+        remove_tree(path)
+        if uid is not None:
+            (self.registry / "uids" / str(uid)).unlink(missing_ok=True)
+
+    def _lay_out(self, workspace: Workspace) -> None:
+        # skills/ and runs/ belong to the host process: a command can neither change its staged skill nor plant
+        # links where the next run directory will be created.
+        for d in (workspace.skills_dir, workspace.runs_dir):
+            d.mkdir(mode=0o755)
+        for d in (workspace.work_dir, workspace.inputs_dir, workspace.out_dir):
+            d.mkdir(mode=0o700)
+        if workspace.uid is not None:
+            for d in (workspace.work_dir, workspace.inputs_dir, workspace.out_dir):
+                os.chown(d, workspace.uid, workspace.gid)
+            # root owns the workspace root and skills/; the workspace's group may enter, nobody else.
+            os.chown(workspace.path, 0, workspace.gid)
+            os.chmod(workspace.path, 0o750)
+
+    def _allocate_uid(self, workspace_id: str) -> int:
+        uids = self.registry / "uids"
+        start = int.from_bytes(hashlib.sha256(workspace_id.encode()).digest()[:8], "big") % self.uid_count
+        for i in range(self.uid_count):
+            uid = self.uid_base + (start + i) % self.uid_count
+            try:
+                fd = os.open(uids / str(uid), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(workspace_id)
+            return uid
+        raise WorkspaceError(f"all {self.uid_count} sandbox user ids are in use; remove idle workspaces")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree, including read-only parts a stager left behind."""
+
+    def _retry_writable(func, target, exc_info):  # noqa: ANN001 - shutil's callback signature
+        parent = os.path.dirname(target)
+        try:
+            os.chmod(parent, 0o700)
+            func(target)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, onerror=_retry_writable)
+
+
+def reachable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner may pass through every folder down to ``path``."""
+    path = Path(path).resolve()
+    return all(os.stat(folder).st_mode & stat.S_IXOTH for folder in [path, *path.parents])
