@@ -1,0 +1,58 @@
+"""Errors of the control plane.
+
+::
+
+    OrchestratorError
+    ├── SkillError
+    │   ├── SkillValidationError    a SKILL.md is malformed or breaks a rule (names the file and the field)
+    │   ├── SkillNotFoundError      no skill of that name in the repository
+    │   └── SkillsRootNotFoundError a configured skills root does not exist
+    └── DispatchError               a run could not be handed to a runtime
+
+Errors of the execution plane (``worker.errors``) pass through unchanged; their root is ``WorkerError``.
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Root of every error raised by the ``orchestrator`` package."""
+
+
+class SkillError(OrchestratorError):
+    """Something is wrong with a skill or the skill repository."""
+
+
+class SkillValidationError(SkillError):
+    """A ``SKILL.md`` is malformed or breaks a rule."""
+
+    def __init__(self, path: str, field: str, message: str) -> None:
+        self.path = path
+        self.field = field
+        self.message = message
+        super().__init__(f"{path}: {field}: {message}")
+
+
+class SkillNotFoundError(SkillError, KeyError):
+    """No skill of that name."""
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        self.name = name
+        self.available = available
+        listing = ", ".join(available) if available else "none"
+        super().__init__(f"unknown skill {name!r} (available: {listing})")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class SkillsRootNotFoundError(SkillError):
+    """A skills root that does not exist or is not a directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        super().__init__(f"skills root {root!r} does not exist or is not a directory")
+
+
+class DispatchError(OrchestratorError):
+    """A run could not be dispatched."""

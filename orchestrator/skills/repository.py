@@ -1,0 +1,247 @@
+"""Skill repositories: find the skills under one or more roots, list them, load them.
+
+A root is a folder that is a skill (has ``SKILL.md``) or holds skill folders, nested up to ``MAX_DEPTH`` deep.
+A broken ``SKILL.md`` is reported in ``problems()`` and never hides the other skills; when two folders declare
+the same name, the first (in root order) is used and the second is reported.
+
+``FsSkillRepository`` reads the disk on every call. ``CachedSkillRepository`` keeps what it parsed and checks
+file and folder modification times on each call, so edited, added and removed skills are noticed without
+parsing everything again.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, SkillValidationError
+from orchestrator.skills.skill import SKILL_FILE, Skill, SkillSummary, list_docs, load_skill, split_front_matter, validate_summary
+from worker.contract import SkillRef
+from worker.runtimes.base import BaseWorkspaceRuntime
+
+MAX_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class SkillProblem:
+    """Why a skill folder was left out (or a skill is only partly usable)."""
+
+    path: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.field}: {self.message}"
+
+
+@dataclass
+class _Entry:
+    summary: SkillSummary
+    skill_dir: Path
+    root: Path
+
+
+@dataclass
+class _Scan:
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    problems: list[SkillProblem] = field(default_factory=list)
+    folders: dict[Path, int] = field(default_factory=dict)  # scanned folder → mtime_ns
+    skill_files: dict[Path, tuple[int, int]] = field(default_factory=dict)  # SKILL.md → (mtime_ns, size)
+
+
+class BaseSkillRepository(ABC):
+    """Where an agent and the CLI find skills."""
+
+    def __init__(self, workspace_runtime: BaseWorkspaceRuntime | None = None) -> None:
+        self.workspace_runtime = workspace_runtime
+
+    @abstractmethod
+    def summaries(self) -> list[SkillSummary]:
+        """Name and description of every usable skill, sorted by name (the overview tier)."""
+
+    @abstractmethod
+    def get(self, name: str) -> Skill:
+        """The whole skill: body, tools, docs. Raises ``SkillNotFoundError`` or ``SkillValidationError``."""
+
+    @abstractmethod
+    def path(self, name: str) -> Path:
+        """The folder of the skill ``name``."""
+
+    @abstractmethod
+    def problems(self) -> list[SkillProblem]:
+        """Skill folders that could not be used, and why."""
+
+    @abstractmethod
+    def skill_ref(self, name: str) -> SkillRef:
+        """What a run request needs to stage the skill ``name``."""
+
+    def skill_list(self) -> list[str]:
+        return [s.name for s in self.summaries()]
+
+
+class FsSkillRepository(BaseSkillRepository):
+    """Skills read from folders on disk, read again on every call."""
+
+    def __init__(
+        self, paths: str | os.PathLike[str] | list[str | os.PathLike[str]], workspace_runtime: BaseWorkspaceRuntime | None = None
+    ) -> None:
+        super().__init__(workspace_runtime)
+        raw = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+        self.roots: list[Path] = []
+        for root in raw:
+            path = Path(root)
+            if not path.is_dir():
+                raise SkillsRootNotFoundError(str(root))
+            self.roots.append(path.resolve())
+
+    def _current(self) -> _Scan:
+        return self._scan()
+
+    def summaries(self) -> list[SkillSummary]:
+        scan = self._current()
+        return [scan.entries[name].summary for name in sorted(scan.entries)]
+
+    def problems(self) -> list[SkillProblem]:
+        return list(self._current().problems)
+
+    def _entry(self, name: str) -> _Entry:
+        scan = self._current()
+        entry = scan.entries.get(name)
+        if entry is None:
+            raise SkillNotFoundError(name, sorted(scan.entries))
+        return entry
+
+    def path(self, name: str) -> Path:
+        return self._entry(name).skill_dir
+
+    def get(self, name: str) -> Skill:
+        entry = self._entry(name)
+        return load_skill(entry.skill_dir, entry.root)
+
+    def skill_ref(self, name: str) -> SkillRef:
+        entry = self._entry(name)
+        return SkillRef(name=name, root=str(entry.root), path=entry.skill_dir.relative_to(entry.root).as_posix())
+
+    def _scan(self, previous: _Scan | None = None) -> _Scan:
+        scan = _Scan()
+        for root in self.roots:
+            for skill_dir in self._skill_dirs(root, scan):
+                skill_file = skill_dir / SKILL_FILE
+                try:
+                    info = skill_file.stat()
+                except OSError:
+                    continue
+                scan.skill_files[skill_file] = (info.st_mtime_ns, info.st_size)
+                reused = self._reuse(previous, skill_dir, skill_file, scan.skill_files[skill_file])
+                try:
+                    summary = reused if reused is not None else _read_summary(skill_file)
+                except SkillValidationError as exc:
+                    scan.problems.append(SkillProblem(exc.path, exc.field, exc.message))
+                    continue
+                other = scan.entries.get(summary.name)
+                if other is not None:
+                    scan.problems.append(
+                        SkillProblem(
+                            str(skill_file), "name",
+                            f"{summary.name!r} is already declared by {other.skill_dir / SKILL_FILE}; this one is ignored",
+                        )
+                    )
+                    continue
+                scan.entries[summary.name] = _Entry(summary, skill_dir, root)
+        return scan
+
+    @staticmethod
+    def _reuse(previous: _Scan | None, skill_dir: Path, skill_file: Path, stamp: tuple[int, int]) -> SkillSummary | None:
+        if previous is None or previous.skill_files.get(skill_file) != stamp:
+            return None
+        return next((e.summary for e in previous.entries.values() if e.skill_dir == skill_dir), None)
+
+    @staticmethod
+    def _skill_dirs(root: Path, scan: _Scan) -> list[Path]:
+        found: list[Path] = []
+
+        def walk(folder: Path, depth: int) -> None:
+            try:
+                scan.folders[folder] = folder.stat().st_mtime_ns
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError as exc:
+                scan.problems.append(SkillProblem(str(folder), "folder", f"cannot be read: {exc.strerror}"))
+                return
+            if any(e.name == SKILL_FILE and e.is_file() for e in entries):
+                found.append(folder)
+                return
+            if depth >= MAX_DEPTH:
+                return
+            for entry in entries:
+                if entry.is_dir() and not entry.name.startswith("."):
+                    walk(Path(entry.path), depth + 1)
+
+        walk(root, 0)
+        return found
+
+
+class CachedSkillRepository(FsSkillRepository):
+    """Like ``FsSkillRepository``, but parses a file again only when its modification time or size changed."""
+
+    def __init__(self, paths, workspace_runtime: BaseWorkspaceRuntime | None = None) -> None:  # noqa: ANN001
+        super().__init__(paths, workspace_runtime)
+        self._cached: _Scan | None = None
+        self._skills: dict[str, tuple[tuple, Skill]] = {}
+
+    def _current(self) -> _Scan:
+        cached = self._cached
+        if cached is None or not self._still_valid(cached):
+            cached = self._cached = self._scan(previous=cached)
+        return cached
+
+    @staticmethod
+    def _still_valid(scan: _Scan) -> bool:
+        try:
+            if any(folder.stat().st_mtime_ns != mtime for folder, mtime in scan.folders.items()):
+                return False
+            for skill_file, stamp in scan.skill_files.items():
+                info = skill_file.stat()
+                if (info.st_mtime_ns, info.st_size) != stamp:
+                    return False
+        except OSError:
+            return False
+        return True
+
+    def get(self, name: str) -> Skill:
+        entry = self._entry(name)
+        stamp = _tree_stamp(entry.skill_dir)
+        hit = self._skills.get(name)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        skill = load_skill(entry.skill_dir, entry.root)
+        self._skills[name] = (stamp, skill)
+        return skill
+
+
+def _read_summary(skill_file: Path) -> SkillSummary:
+    try:
+        text = skill_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SkillValidationError(str(skill_file), "encoding", "SKILL.md must be UTF-8 text") from exc
+    data, _ = split_front_matter(text, str(skill_file))
+    return validate_summary(data, str(skill_file))
+
+
+def _tree_stamp(skill_dir: Path) -> tuple:
+    paths = [skill_dir / SKILL_FILE, *list_docs(skill_dir)]
+    stamps = []
+    for path in paths:
+        info = path.stat()
+        stamps.append((str(path), info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
+
+
+def create_default_skill_repository(
+    paths: str | os.PathLike[str] | list[str | os.PathLike[str]],
+    workspace_runtime: BaseWorkspaceRuntime | None = None,
+    use_cached_repository: bool = False,
+) -> BaseSkillRepository:
+    """The guide's entry point: a repository over ``paths`` (one root or a list), cached if asked."""
+    cls = CachedSkillRepository if use_cached_repository else FsSkillRepository
+    return cls(paths, workspace_runtime=workspace_runtime)

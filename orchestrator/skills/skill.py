@@ -1,0 +1,217 @@
+"""One skill: ``SKILL.md`` parsing and validation, the ``Tools:`` section, and the skill's docs.
+
+``SKILL.md`` is YAML front matter (``name`` and ``description`` required; ``license``, ``allowed-tools`` and
+``metadata`` kept) followed by a Markdown body. The ``Tools:`` section of the body lists the tools the skill
+declares::
+
+    Tools:
+    - get_current_weather
+    - get_weather_forecast: three days ahead      # "- name: text" declares "name"
+    # - old_weather_api                           # a line starting with a single '#' is a comment
+
+The section ends at a Markdown heading (``## Usage``) or a plain paragraph. Docs are the skill folder's other
+``.md`` and ``.txt`` files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from orchestrator.errors import SkillValidationError
+
+SKILL_FILE = "SKILL.md"
+MAX_NAME_LENGTH = 64
+MAX_DESCRIPTION_LENGTH = 1024
+MAX_DOC_BYTES = 1024 * 1024
+DOC_SUFFIXES = (".md", ".txt")
+NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_TOOLS_HEADER = re.compile(r"^\s*(?:#{1,6}\s*)?\**Tools\**:?\**\s*$", re.IGNORECASE)
+_LIST_ITEM = re.compile(r"^\s*[-*+]\s+(.*)$")
+_TOOL_NAME = re.compile(r"^`?([A-Za-z_][\w.-]*)`?")
+
+
+@dataclass(frozen=True)
+class SkillSummary:
+    """The overview tier: what every model request carries about a skill."""
+
+    name: str
+    description: str
+
+
+@dataclass(frozen=True)
+class SkillDoc:
+    """A doc file of a skill, by its path relative to the skill folder."""
+
+    name: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Skill:
+    """A parsed skill: summary, body, declared tools, docs and where it lives."""
+
+    summary: SkillSummary
+    body: str
+    tools: list[str]
+    docs: list[SkillDoc]
+    path: Path
+    root: Path
+    license: str | None = None
+    allowed_tools: list[str] = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.summary.name
+
+    @property
+    def description(self) -> str:
+        return self.summary.description
+
+    @property
+    def doc_names(self) -> list[str]:
+        return [doc.name for doc in self.docs]
+
+    def doc(self, name: str) -> SkillDoc | None:
+        return next((doc for doc in self.docs if doc.name == name), None)
+
+
+def split_front_matter(text: str, path: str) -> tuple[dict, str]:
+    """Return (front matter mapping, body) of a ``SKILL.md`` text."""
+    text = text.removeprefix("\ufeff")
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        raise SkillValidationError(path, "front matter", "SKILL.md must start with a '---' line and YAML front matter")
+    for index in range(1, len(lines)):
+        if lines[index].strip() == "---":
+            header, body = "".join(lines[1:index]), "".join(lines[index + 1 :])
+            break
+    else:
+        raise SkillValidationError(path, "front matter", "the front matter has no closing '---' line")
+    try:
+        data = yaml.safe_load(header)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 2})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SkillValidationError(path, "front matter", f"malformed YAML{where}: {problem}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SkillValidationError(path, "front matter", "the front matter must be a YAML mapping of fields")
+    return data, body
+
+
+def validate_summary(data: dict, path: str) -> SkillSummary:
+    name = data.get("name")
+    if name is None or (isinstance(name, str) and not name.strip()):
+        raise SkillValidationError(path, "name", "is required")
+    if not isinstance(name, str):
+        raise SkillValidationError(path, "name", "must be a string")
+    if len(name) > MAX_NAME_LENGTH:
+        raise SkillValidationError(path, "name", f"is {len(name)} characters; at most {MAX_NAME_LENGTH} are allowed")
+    if not NAME_PATTERN.match(name):
+        raise SkillValidationError(
+            path, "name", f"{name!r} may only use lowercase letters, digits and single hyphens between them"
+        )
+    description = data.get("description")
+    if description is None or (isinstance(description, str) and not description.strip()):
+        raise SkillValidationError(path, "description", "is required")
+    if not isinstance(description, str):
+        raise SkillValidationError(path, "description", "must be a string")
+    if len(description) > MAX_DESCRIPTION_LENGTH:
+        raise SkillValidationError(
+            path, "description", f"is {len(description)} characters; at most {MAX_DESCRIPTION_LENGTH} are allowed"
+        )
+    return SkillSummary(name=name, description=description.strip())
+
+
+def parse_tools(body: str) -> list[str]:
+    """The tool names of the body's ``Tools:`` section (see the module docstring for the grammar)."""
+    tools: list[str] = []
+    in_section = in_fence = False
+    for line in body.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            in_fence = not in_fence
+            if in_section:
+                break
+            continue
+        if in_fence:
+            continue
+        if not in_section:
+            in_section = bool(_TOOLS_HEADER.match(line))
+            continue
+        if not stripped:
+            continue
+        if stripped.startswith("#"):
+            if stripped.startswith("##"):
+                break  # a Markdown heading ends the section
+            continue  # a '# ...' line is a comment
+        item = _LIST_ITEM.match(line)
+        if item is None:
+            break  # a plain paragraph ends the section
+        name = _TOOL_NAME.match(item.group(1).strip())
+        if name and name.group(1) not in tools:
+            tools.append(name.group(1))
+    return tools
+
+
+def list_docs(skill_dir: Path) -> list[Path]:
+    """The doc files of a skill folder: every ``.md``/``.txt`` but ``SKILL.md``, hidden folders skipped."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(skill_dir):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for filename in sorted(filenames):
+            path = Path(dirpath) / filename
+            if filename.startswith(".") or not filename.lower().endswith(DOC_SUFFIXES):
+                continue
+            if path.parent == skill_dir and filename == SKILL_FILE:
+                continue
+            found.append(path)
+    return found
+
+
+def load_skill(skill_dir: Path, root: Path) -> Skill:
+    """Parse and validate the skill in ``skill_dir``; raise ``SkillValidationError`` naming file and field."""
+    skill_file = skill_dir / SKILL_FILE
+    path = str(skill_file)
+    try:
+        text = skill_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SkillValidationError(path, "encoding", "SKILL.md must be UTF-8 text") from exc
+    except OSError as exc:
+        raise SkillValidationError(path, "file", f"cannot be read: {exc.strerror}") from exc
+    data, body = split_front_matter(text, path)
+    summary = validate_summary(data, path)
+    allowed = data.get("allowed-tools") or []
+    if isinstance(allowed, str):
+        allowed = allowed.replace(",", " ").split()
+    if not isinstance(allowed, list) or not all(isinstance(t, str) for t in allowed):
+        raise SkillValidationError(path, "allowed-tools", "must be a list of tool names or a space-separated string")
+    metadata = data.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise SkillValidationError(path, "metadata", "must be a mapping")
+    license_ = data.get("license")
+    docs = []
+    for doc_path in list_docs(skill_dir):
+        name = doc_path.relative_to(skill_dir).as_posix()
+        if doc_path.stat().st_size > MAX_DOC_BYTES:
+            raise SkillValidationError(str(doc_path), "doc", f"{name} is larger than {MAX_DOC_BYTES} bytes")
+        docs.append(SkillDoc(name=name, content=doc_path.read_text(encoding="utf-8", errors="replace")))
+    return Skill(
+        summary=summary,
+        body=body.strip("\n"),
+        tools=parse_tools(body),
+        docs=docs,
+        path=skill_dir,
+        root=root,
+        license=None if license_ is None else str(license_),
+        allowed_tools=list(allowed),
+        metadata=metadata,
+    )

@@ -1,0 +1,116 @@
+"""Skill repositories: listing, lookup, problems, caching."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, SkillValidationError
+from orchestrator.skills import CachedSkillRepository, FsSkillRepository, create_default_skill_repository
+from tests.conftest import write_skill
+
+
+def _bump(path):
+    """Make a change visible to mtime checks even on coarse-grained clocks."""
+    later = time.time() + 2
+    os.utime(path, (later, later))
+
+
+def test_a_broken_skill_is_reported_and_does_not_hide_the_others(tmp_path):
+    write_skill(tmp_path, "good-one")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "SKILL.md").write_text("---\nname: [oops\n---\n")
+    write_skill(tmp_path, "good-two")
+    repo = FsSkillRepository(tmp_path)
+    assert repo.skill_list() == ["good-one", "good-two"]
+    (problem,) = repo.problems()
+    assert problem.path.endswith("broken/SKILL.md")
+    assert "malformed YAML" in problem.message
+
+
+def test_the_same_name_in_two_roots_is_reported_and_the_first_wins(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    write_skill(first, "same")
+    write_skill(second, "same")
+    repo = FsSkillRepository([first, second])
+    assert repo.path("same") == (first / "same").resolve()
+    (problem,) = repo.problems()
+    assert problem.field == "name"
+    assert str(second / "same" / "SKILL.md") in problem.path
+    assert str(first / "same" / "SKILL.md") in problem.message
+
+
+def test_unknown_skill_error_lists_the_available_ones(tmp_path):
+    write_skill(tmp_path, "alpha")
+    repo = FsSkillRepository(tmp_path)
+    with pytest.raises(SkillNotFoundError, match=r"unknown skill 'beta' \(available: alpha\)"):
+        repo.get("beta")
+
+
+def test_skills_root_that_does_not_exist_is_a_clear_error(tmp_path):
+    with pytest.raises(SkillsRootNotFoundError, match="does not exist"):
+        FsSkillRepository(tmp_path / "missing")
+
+
+def test_a_root_that_is_itself_a_skill_and_nested_libraries_are_found(tmp_path):
+    write_skill(tmp_path / "team" / "docs", "nested")
+    solo = write_skill(tmp_path, "solo")
+    assert FsSkillRepository(tmp_path).skill_list() == ["nested", "solo"]
+    assert FsSkillRepository(solo).skill_list() == ["solo"]
+    ref = FsSkillRepository(tmp_path).skill_ref("nested")
+    assert (ref.name, ref.path) == ("nested", "team/docs/nested")
+
+
+def test_get_returns_body_tools_and_docs(tmp_path):
+    write_skill(tmp_path, "weather", body="Tools:\n- get_weather\n\nOverview\n", files={"API.md": "api"})
+    skill = FsSkillRepository(tmp_path).get("weather")
+    assert skill.tools == ["get_weather"]
+    assert skill.doc_names == ["API.md"]
+    assert "Overview" in skill.body
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_repository_notices_edited_added_and_removed_skills(tmp_path, cached):
+    folder = write_skill(tmp_path, "alpha")
+    repo = create_default_skill_repository(str(tmp_path), use_cached_repository=cached)
+    assert isinstance(repo, CachedSkillRepository) == cached
+    assert repo.summaries()[0].description == "The alpha skill."
+    assert repo.get("alpha").body == "Run things."
+
+    (folder / "SKILL.md").write_text("---\nname: alpha\ndescription: Edited.\n---\nNew body.\n")
+    _bump(folder / "SKILL.md")
+    assert repo.summaries()[0].description == "Edited."
+    assert repo.get("alpha").body == "New body."
+
+    write_skill(tmp_path, "beta")
+    _bump(tmp_path)
+    assert repo.skill_list() == ["alpha", "beta"]
+
+    (folder / "SKILL.md").unlink()
+    folder.rmdir()
+    _bump(tmp_path)
+    assert repo.skill_list() == ["beta"]
+
+
+def test_cached_repository_parses_an_unchanged_skill_once(tmp_path, monkeypatch):
+    from orchestrator.skills import repository as module
+
+    write_skill(tmp_path, "alpha")
+    repo = CachedSkillRepository(tmp_path)
+    calls = []
+    real = module.load_skill
+    monkeypatch.setattr(module, "load_skill", lambda *a: calls.append(a) or real(*a))
+    repo.get("alpha")
+    repo.get("alpha")
+    assert len(calls) == 1
+
+
+def test_a_skill_whose_doc_is_broken_raises_on_get_with_the_file(tmp_path, monkeypatch):
+    from orchestrator.skills import skill as skill_module
+
+    write_skill(tmp_path, "alpha", files={"BIG.md": "x" * 100})
+    monkeypatch.setattr(skill_module, "MAX_DOC_BYTES", 10)
+    with pytest.raises(SkillValidationError, match="BIG.md is larger than 10 bytes"):
+        FsSkillRepository(tmp_path).get("alpha")
