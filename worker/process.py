@@ -10,6 +10,7 @@ the group (``setsid``) and still holds the pipes is found and killed by its user
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import selectors
@@ -47,6 +48,17 @@ class ProcessOutcome:
     cancelled: bool
     duration_ms: int
     notes: list[str]
+
+
+SETPRIV_HARDENING = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all")
+"""Also drop every capability from the bounding set and forbid setuid binaries from raising privileges."""
+
+
+@functools.cache
+def find_setpriv() -> str | None:
+    """util-linux's ``setpriv`` switches user in the exec'd child, so the (large) host process can spawn with
+    vfork instead of fork: several milliseconds less per run than ``Popen(user=...)``."""
+    return shutil.which("setpriv", path=defaults.SANDBOX_PATH + ":/usr/sbin:/sbin")
 
 
 def find_bash() -> str:
@@ -89,7 +101,13 @@ def run_process(
 ) -> ProcessOutcome:
     """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started."""
     started = time.monotonic()
-    user_kwargs = {} if uid is None else {"user": uid, "group": gid, "extra_groups": []}
+    user_kwargs: dict = {}
+    if uid is not None:
+        setpriv = find_setpriv()
+        if setpriv is not None:
+            argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *SETPRIV_HARDENING, *argv]
+        else:
+            user_kwargs = {"user": uid, "group": gid, "extra_groups": []}
     proc = subprocess.Popen(
         argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         process_group=0, close_fds=True, **user_kwargs,

@@ -1,0 +1,92 @@
+"""Per-run overhead of the local runtime against a bare ``subprocess.run(["bash", "-c", cmd])``.
+
+Both are measured in this process, interleaved, so a noisy machine slows both alike; the figure that matters is
+the ratio of medians. Three series:
+
+* bare       subprocess.run(["bash", "-c", cmd], capture_output=True)
+* warm       a run in an existing workspace (skill already staged): the everyday case
+* cold       the first run of a new workspace: create + stage + run
+* shared-uid (as root only) a warm run with per-workspace users turned off, to show what that isolation costs
+
+Usage: .venv/bin/python benchmarks/local_run.py [--runs N] [--command CMD]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from worker.contract import RunRequest, SkillRef  # noqa: E402
+from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
+
+LIBRARY = Path(__file__).resolve().parent.parent / "skills"
+
+
+def _summary(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[int(len(ordered) * 0.95) - 1]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--command", default="echo hello")
+    args = parser.parse_args()
+
+    work_root = Path(tempfile.mkdtemp(prefix="skillrun-bench-"))
+    work_root.chmod(0o755)
+    runtime = LocalWorkspaceRuntime(work_root)
+    as_root = os.geteuid() == 0
+    shared_runtime = LocalWorkspaceRuntime(work_root / "shared", isolate_users=False) if as_root else None
+    skill = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
+    bare, warm, cold, shared = [], [], [], []
+    try:
+        await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
+        if shared_runtime is not None:
+            await shared_runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
+        for i in range(args.runs):
+            t = time.perf_counter()
+            subprocess.run(["bash", "-c", args.command], capture_output=True)
+            bare.append(time.perf_counter() - t)
+
+            t = time.perf_counter()
+            result = await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
+            warm.append(time.perf_counter() - t)
+            assert result.exit_code == 0, result.stderr
+
+            t = time.perf_counter()
+            result = await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id=f"cold-{i}"))
+            cold.append(time.perf_counter() - t)
+            assert result.exit_code == 0, result.stderr
+
+            if shared_runtime is not None:
+                t = time.perf_counter()
+                result = await shared_runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
+                shared.append(time.perf_counter() - t)
+            if (i + 1) % 50 == 0:
+                print(f"  {i + 1}/{args.runs} runs of each", file=sys.stderr)
+    finally:
+        shutil.rmtree(work_root, ignore_errors=True)
+
+    bare_med, bare_p95 = _summary(bare)
+    print(f"local runtime vs bare bash -c, {args.runs} runs each, command {args.command!r}, "
+          f"{'root (per-workspace users)' if as_root else 'non-root'}")
+    print(f"{'series':<10} {'median ms':>10} {'p95 ms':>8} {'ratio (median)':>15}")
+    series = [("bare", bare), ("warm", warm), ("cold", cold)] + ([("shared-uid", shared)] if shared else [])
+    for name, samples in series:
+        med, p95 = _summary(samples)
+        print(f"{name:<10} {med * 1000:>10.2f} {p95 * 1000:>8.2f} {med / bare_med:>15.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

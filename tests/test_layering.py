@@ -1,0 +1,45 @@
+"""The two planes: worker never imports orchestrator; public names are exported."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+
+import orchestrator
+import worker
+
+
+def _modules(package) -> list[str]:
+    return [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+
+
+def test_no_worker_module_loads_orchestrator():
+    modules = _modules(worker)
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'orchestrator'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_module_imports():
+    for name in _modules(worker) + _modules(orchestrator):
+        importlib.import_module(name)
+
+
+def test_public_names_are_exported_and_listed():
+    for package in (worker, orchestrator, importlib.import_module("orchestrator.skills"),
+                    importlib.import_module("worker.runtimes")):
+        for name in package.__all__:
+            assert hasattr(package, name), f"{package.__name__}.{name} is in __all__ but missing"
+
+
+def test_seed_import_paths_resolve():
+    from orchestrator.code_executors import create_local_workspace_runtime  # noqa: F401
+    from orchestrator.skills import create_default_skill_repository  # noqa: F401
+    from orchestrator.skills.tools import LinkSkillStager  # noqa: F401
