@@ -69,9 +69,10 @@ def work_root(shared_dir: Path) -> Path:
     return path
 
 
-@pytest.fixture
-async def runtime(work_root: Path) -> LocalWorkspaceRuntime:
-    rt = LocalWorkspaceRuntime(work_root)
+@pytest.fixture(params=["direct", "spawner"] if IS_ROOT else ["direct"])
+async def runtime(request: pytest.FixtureRequest, work_root: Path) -> LocalWorkspaceRuntime:
+    """The local runtime; as root, once starting each command directly (setpriv) and once through a spawner."""
+    rt = LocalWorkspaceRuntime(work_root, spawners="off" if request.param == "direct" else "eager")
     yield rt
     await rt.close()
 

@@ -19,11 +19,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from worker import defaults
 from worker.contract import RunLimits
 from worker.errors import RuntimeUnavailableError
+from worker.spawner import Spawner
 
 TIMEOUT_EXIT_CODE = 124
 READ_BYTES = 64 * 1024
@@ -87,20 +89,17 @@ def ulimit_prefix(limits: RunLimits, *, dedicated_user: bool) -> str:
     return f"ulimit -S -H {' '.join(parts)} || exit 125; "
 
 
-def run_process(
-    argv: list[str],
-    *,
-    cwd: str,
-    env: dict[str, str],
-    timeout: float,
-    stdout_cap: int,
-    stderr_cap: int,
-    uid: int | None = None,
-    gid: int | None = None,
-    cancel: threading.Event | None = None,
-) -> ProcessOutcome:
-    """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started."""
-    started = time.monotonic()
+class _Started:
+    """A started command: its pid (also its process group), the read ends of its pipes, and how to get its status."""
+
+    def __init__(self, pid: int, out_fd: int, err_fd: int, status: Callable[[], int | None]) -> None:
+        self.pid = pid
+        self.out_fd = out_fd
+        self.err_fd = err_fd
+        self.status = status
+
+
+def _start_direct(argv: list[str], cwd: str, env: dict[str, str], uid: int | None, gid: int | None) -> tuple[_Started, subprocess.Popen]:
     user_kwargs: dict = {}
     if uid is not None:
         setpriv = find_setpriv()
@@ -112,21 +111,67 @@ def run_process(
         argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         process_group=0, close_fds=True, **user_kwargs,
     )
-    pgid = proc.pid
+    return _Started(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), proc.wait), proc
+
+
+def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner) -> _Started:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = spawner.spawn(argv, env, cwd, out_w, err_w)
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return _Started(pid, out_r, err_r, lambda: spawner.exit_status(pid))
+
+
+def run_process(
+    argv: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    timeout: float,
+    stdout_cap: int,
+    stderr_cap: int,
+    uid: int | None = None,
+    gid: int | None = None,
+    cancel: threading.Event | None = None,
+    spawner: Spawner | None = None,
+) -> ProcessOutcome:
+    """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started.
+
+    With a ``spawner`` (of the workspace user ``uid``) the command is started by it; otherwise directly, switching to
+    ``uid``/``gid`` when given. A ``SpawnerError`` means nothing was started and the caller may start it directly.
+    """
+    started = time.monotonic()
+    proc = None
+    if spawner is not None:
+        handle = _start_spawned(argv, cwd, env, spawner)
+    else:
+        handle, proc = _start_direct(argv, cwd, env, uid, gid)
+    pgid = handle.pid
     notes: list[str] = []
-    buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    caps = {proc.stdout.fileno(): stdout_cap, proc.stderr.fileno(): stderr_cap}
+    buffers = {handle.out_fd: bytearray(), handle.err_fd: bytearray()}
+    caps = {handle.out_fd: stdout_cap, handle.err_fd: stderr_cap}
     omitted = {fd: 0 for fd in buffers}
-    pidfd = os.pidfd_open(proc.pid)
     selector = selectors.DefaultSelector()
     for fd in buffers:
         os.set_blocking(fd, False)
         selector.register(fd, selectors.EVENT_READ)
-    selector.register(pidfd, selectors.EVENT_READ)
+    try:
+        pidfd: int | None = os.pidfd_open(handle.pid)
+        selector.register(pidfd, selectors.EVENT_READ)
+    except ProcessLookupError:  # already gone (and reaped by the spawner)
+        pidfd = None
     deadline = started + timeout
-    timed_out = cancelled = exited = swept = False
+    timed_out = cancelled = swept = False
+    exited = pidfd is None
     open_pipes = set(buffers)
-    drain_until = 0.0
+    drain_until = time.monotonic() + defaults.KILL_GRACE_SECONDS if exited else 0.0
     try:
         while open_pipes or not exited:
             now = time.monotonic()
@@ -176,19 +221,27 @@ def run_process(
                 omitted[fd] += max(len(chunk) - max(room, 0), 0)
     finally:
         selector.close()
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
         if not exited:
             _kill_group(pgid)
-        returncode = proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        returncode = handle.status()
+        if proc is not None:
+            proc.stdout.close()
+            proc.stderr.close()
+        else:
+            os.close(handle.out_fd)
+            os.close(handle.err_fd)
+    if returncode is None:
+        notes.append("the exit status was lost (the spawner stopped); reported as killed")
+        returncode = -signal.SIGKILL
     if timed_out:
         exit_code = TIMEOUT_EXIT_CODE
     elif returncode < 0:
         exit_code = 128 - returncode
     else:
         exit_code = returncode
-    out_fd, err_fd = list(buffers)
+    out_fd, err_fd = handle.out_fd, handle.err_fd
     return ProcessOutcome(
         stdout=bytes(buffers[out_fd]), stderr=bytes(buffers[err_fd]),
         stdout_omitted=omitted[out_fd], stderr_omitted=omitted[err_fd],

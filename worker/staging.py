@@ -50,12 +50,19 @@ class BaseSkillStager(ABC):
 
     def __init__(self) -> None:
         self._signatures: dict[tuple[Path, str], str] = {}
+        self._sources: dict[tuple[str, str], Path] = {}
 
     def stage(self, workspace: Workspace, skill: SkillRef) -> Path:
         """Stage ``skill`` into ``workspace`` (or do nothing if it is staged and unchanged); return its folder."""
-        source = resolve_skill_source(skill)
+        source = self._sources.get((skill.root, skill.path))
+        if source is None:
+            source = self._sources[(skill.root, skill.path)] = resolve_skill_source(skill)
         target = workspace.skills_dir / skill.name
-        signature = f"{self.kind}:{source}:{self.signature(source)}"
+        try:
+            signature = f"{self.kind}:{source}:{self.signature(source)}"
+        except FileNotFoundError as exc:
+            self._sources.pop((skill.root, skill.path), None)
+            raise StagingError(f"skill {skill.name!r}: {source} is gone from its skills root") from exc
         key = (workspace.path, skill.name)
         if self._signatures.get(key) == signature and target.is_dir():
             return target

@@ -109,3 +109,13 @@ def test_library_the_workspace_user_cannot_reach_is_copied(workspace, shared_dir
         LinkSkillStager(fallback_to_copy=False).stage(
             WorkspaceManager(workspace.path.parent).acquire("other"), SkillRef(name="demo", root=str(private), path="demo")
         )
+
+
+def test_skill_removed_from_its_root_after_staging_is_a_clear_error(workspace, library):
+    import shutil
+
+    stager = LinkSkillStager()
+    stager.stage(workspace, _ref(library))
+    shutil.rmtree(library / "demo")
+    with pytest.raises(StagingError, match="is gone from its skills root"):
+        stager.stage(workspace, _ref(library))

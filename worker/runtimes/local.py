@@ -13,21 +13,28 @@ import shutil
 import stat
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
+from typing import Literal
 
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.collect import ArtifactSink, collect_outputs, resolve_patterns
 from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RunTimings, RuntimeName
 from worker.errors import InvalidRunRequestError, WorkspaceError
-from worker.process import find_bash, kill_user_processes, run_process, ulimit_prefix
+from worker.process import SETPRIV_HARDENING, find_bash, find_setpriv, kill_user_processes, run_process, ulimit_prefix
 from worker.runtimes.base import BaseWorkspaceRuntime, worker_id
+from worker.spawner import Spawner, SpawnerError, spawner_python
 from worker.staging import BaseSkillStager, LinkSkillStager
 from worker.validation import resolve_cwd, validate_input_name, validate_request
 from worker.workspace import Workspace, WorkspaceManager
 
 TRUNCATION_MARKER = "\n[skillrun: output truncated here; {omitted} more bytes were not kept]\n"
 COPY_CHUNK_BYTES = 1024 * 1024
+MAX_SPAWNERS = 64
+"""Spawner processes kept at once (one per recently used workspace); the least recently used is stopped."""
+
+SpawnerMode = Literal["auto", "eager", "off"]
 
 
 class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
@@ -44,7 +51,11 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
         isolate_users: bool | None = None,
         sandbox_path: str = defaults.SANDBOX_PATH,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
+        spawners: SpawnerMode = "auto",
     ) -> None:
+        """``spawners`` applies when commands run as workspace users: ``auto`` starts a workspace's spawner when the
+        workspace is used a second time and uses it once ready (a one-off run never pays for one), ``eager`` starts
+        it at once and waits for it, ``off`` never uses one (every run switches user through ``setpriv``)."""
         self.workspaces = WorkspaceManager(work_root, isolate_users=isolate_users)
         self.stager = stager or LinkSkillStager()
         self.artifact_store = artifact_store or FileArtifactStore(self.workspaces.registry / "artifacts")
@@ -52,6 +63,10 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
         self.input_file_bytes = input_file_bytes
         self._bash: str | None = None
         self._cancels: dict[str, threading.Event] = {}
+        self.spawner_mode: SpawnerMode = spawners
+        self._spawners: OrderedDict[str, Spawner] = OrderedDict()
+        self._used_once: OrderedDict[str, None] = OrderedDict()
+        self._spawners_lock = threading.Lock()
 
     @property
     def work_root(self) -> Path:
@@ -88,17 +103,26 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
             self._write_input(workspace, item)
         staged = time.monotonic()
 
-        env = {"PATH": self.sandbox_path, "HOME": str(run_dir), "TMPDIR": str(run_dir), "LANG": defaults.SANDBOX_LANG}
-        env.update(request.env)
-        env.update(variables)
         if self._bash is None:
             self._bash = find_bash()
+        # SHELL and HOME set up front also spare bash a user-database lookup of the (unlisted) workspace user.
+        env = {
+            "PATH": self.sandbox_path, "HOME": str(run_dir), "TMPDIR": str(run_dir), "LANG": defaults.SANDBOX_LANG,
+            "SHELL": self._bash,
+        }
+        env.update(request.env)
+        env.update(variables)
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None) + request.command
-        outcome = run_process(
-            [self._bash, "-c", script], cwd=cwd, env=env, timeout=request.timeout,
-            stdout_cap=request.limits.stdout_bytes, stderr_cap=request.limits.stderr_bytes,
-            uid=workspace.uid, gid=workspace.gid, cancel=cancel,
+        process_args = dict(
+            cwd=cwd, env=env, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
+            stderr_cap=request.limits.stderr_bytes, uid=workspace.uid, gid=workspace.gid, cancel=cancel,
         )
+        spawner = self._spawner(workspace)
+        try:
+            outcome = run_process([self._bash, "-c", script], spawner=spawner, **process_args)
+        except SpawnerError:
+            self._drop_spawner(workspace.id)
+            outcome = run_process([self._bash, "-c", script], **process_args)
         executed = time.monotonic()
 
         sink = self._artifact_sink(request.workspace_id) if request.save_as_artifacts else None
@@ -207,15 +231,55 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
 
         return sink
 
+    def _spawner(self, workspace: Workspace) -> Spawner | None:
+        """The workspace's ready spawner, starting one if there is none (see ``spawners``)."""
+        if workspace.uid is None or self.spawner_mode == "off":
+            return None
+        with self._spawners_lock:
+            spawner = self._spawners.get(workspace.id)
+            if spawner is not None and not spawner.alive:
+                self._spawners.pop(workspace.id)
+                spawner = None
+            if spawner is None and self.spawner_mode == "auto" and workspace.id not in self._used_once:
+                self._used_once[workspace.id] = None
+                while len(self._used_once) > MAX_SPAWNERS * 64:
+                    self._used_once.popitem(last=False)
+                return None
+            if spawner is None:
+                setpriv, python = find_setpriv(), spawner_python()
+                if setpriv is None or python is None:
+                    return None
+                spawner = Spawner(workspace.uid, workspace.gid, setpriv=setpriv, python=python, hardening=SETPRIV_HARDENING)
+                self._spawners[workspace.id] = spawner
+                while len(self._spawners) > MAX_SPAWNERS:
+                    _, oldest = self._spawners.popitem(last=False)
+                    oldest.close()
+            self._spawners.move_to_end(workspace.id)
+        if self.spawner_mode == "eager":
+            spawner.wait_ready()
+        return spawner if spawner.ready else None
+
+    def _drop_spawner(self, workspace_id: str) -> None:
+        with self._spawners_lock:
+            spawner = self._spawners.pop(workspace_id, None)
+        if spawner is not None:
+            spawner.close()
+
     async def close(self) -> None:
         for event in self._cancels.values():
             event.set()
+        with self._spawners_lock:
+            spawners = list(self._spawners.values())
+            self._spawners.clear()
+        for spawner in spawners:
+            await asyncio.to_thread(spawner.close)
 
     def remove_workspace(self, workspace_id: str) -> None:
         """Delete a workspace and everything in it (its processes too, when it has its own user)."""
         workspace = self.workspaces.find(workspace_id)
         if workspace is None:
             raise WorkspaceError(f"no workspace {workspace_id!r}")
+        self._drop_spawner(workspace_id)
         if workspace.uid is not None:
             kill_user_processes(workspace.uid)
         self.workspaces.remove(workspace_id)
