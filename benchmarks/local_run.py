@@ -63,6 +63,9 @@ async def main() -> None:
             result = await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
             warm.append(time.perf_counter() - t)
             assert result.exit_code == 0, result.stderr
+            # Between two runs of a session a model is thinking; let the runtime's housekeeping finish, so it does
+            # not land on the next series.
+            await runtime.idle()
 
             t = time.perf_counter()
             result = await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id=f"cold-{i}"))

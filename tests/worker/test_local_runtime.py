@@ -198,7 +198,18 @@ async def test_workspace_layout_matches_the_guide(runtime, make_request):
     assert os.readlink(staged / "out") == "../../out"
     assert os.readlink(staged / "inputs") == "../../work/inputs"
     assert (ws / "work" / "inputs").is_dir()
-    assert [p.name[:4] for p in (ws / "runs").iterdir()] == ["run_"]
+    runs = [p.name for p in (ws / "runs").iterdir() if not p.name.startswith(".")]
+    assert len(runs) == 1 and runs[0].startswith("run_")
+
+
+async def test_every_run_gets_its_own_run_directory_writable_by_the_command(runtime, make_request):
+    seen = set()
+    for _ in range(5):
+        result = await runtime.run(make_request("touch $RUN_DIR/mine && echo $RUN_DIR", workspace_id="runs"))
+        assert result.exit_code == 0, result.stderr
+        seen.add(result.stdout.strip())
+    assert len(seen) == 5
+    assert all(os.path.basename(path).startswith("run_") for path in seen)
 
 
 async def test_a_command_cannot_write_into_its_staged_skill(runtime, make_request, library):

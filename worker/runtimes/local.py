@@ -34,6 +34,9 @@ COPY_CHUNK_BYTES = 1024 * 1024
 MAX_SPAWNERS = 64
 """Spawner processes kept at once (one per recently used workspace); the least recently used is stopped."""
 
+MAX_REMEMBERED_WORKSPACES = 4096
+"""Workspaces whose reuse the runtime remembers (a reused workspace gets a spawner and spare run folders)."""
+
 SpawnerMode = Literal["auto", "eager", "off"]
 
 
@@ -65,7 +68,8 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
         self._cancels: dict[str, threading.Event] = {}
         self.spawner_mode: SpawnerMode = spawners
         self._spawners: OrderedDict[str, Spawner] = OrderedDict()
-        self._used_once: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._background: set[asyncio.Future] = set()
         self._spawners_lock = threading.Lock()
 
     @property
@@ -79,9 +83,31 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
         cancel = threading.Event()
         self._cancels[request.run_id] = cancel
         try:
-            return await asyncio.to_thread(self._run_blocking, request, cancel)
+            result = await asyncio.to_thread(self._run_blocking, request, cancel)
         finally:
             self._cancels.pop(request.run_id, None)
+        self._prepare_next_run(request.workspace_id)
+        return result
+
+    def _reused(self, workspace_id: str) -> bool:
+        """Whether this runtime ran in ``workspace_id`` before the current run (remembers the recent ones)."""
+        return workspace_id in self._seen and self._seen[workspace_id] is not None
+
+    def _note_use(self, workspace_id: str) -> None:
+        with self._spawners_lock:
+            self._seen[workspace_id] = True if workspace_id in self._seen else None
+            self._seen.move_to_end(workspace_id)
+            while len(self._seen) > MAX_REMEMBERED_WORKSPACES:
+                self._seen.popitem(last=False)
+
+    def _prepare_next_run(self, workspace_id: str) -> None:
+        """Make a reused workspace's next run directory in the background, while the caller reads this result."""
+        workspace = self.workspaces.find_known(workspace_id)
+        if workspace is None or not self._reused(workspace_id):
+            return
+        task = asyncio.get_running_loop().run_in_executor(None, self.workspaces.prepare_run_dir, workspace)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def cancel(self, run_id: str) -> bool:
         """Stop a run in progress (its whole process group is killed); ``False`` if it is not running here."""
@@ -93,6 +119,7 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
 
     def _run_blocking(self, request: RunRequest, cancel: threading.Event) -> RunResult:
         started = time.monotonic()
+        self._note_use(request.workspace_id)
         workspace = self.workspaces.acquire(request.workspace_id)
         skill_dir = self.stager.stage(workspace, request.skill)
         run_dir = self.workspaces.new_run_dir(workspace)
@@ -240,10 +267,7 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
             if spawner is not None and not spawner.alive:
                 self._spawners.pop(workspace.id)
                 spawner = None
-            if spawner is None and self.spawner_mode == "auto" and workspace.id not in self._used_once:
-                self._used_once[workspace.id] = None
-                while len(self._used_once) > MAX_SPAWNERS * 64:
-                    self._used_once.popitem(last=False)
+            if spawner is None and self.spawner_mode == "auto" and not self._reused(workspace.id):
                 return None
             if spawner is None:
                 setpriv, python = find_setpriv(), spawner_python()
@@ -265,9 +289,15 @@ class LocalWorkspaceRuntime(BaseWorkspaceRuntime):
         if spawner is not None:
             spawner.close()
 
+    async def idle(self) -> None:
+        """Wait until background housekeeping (spare run folders) is done."""
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
     async def close(self) -> None:
         for event in self._cancels.values():
             event.set()
+        await self.idle()
         with self._spawners_lock:
             spawners = list(self._spawners.values())
             self._spawners.clear()
