@@ -7,7 +7,10 @@
     │   ├── SkillValidationError    a SKILL.md is malformed or breaks a rule (names the file and the field)
     │   ├── SkillNotFoundError      no skill of that name in the repository
     │   └── SkillsRootNotFoundError a configured skills root does not exist
-    └── DispatchError               a run could not be handed to a runtime
+    ├── DispatchError               a run could not be handed to a runtime
+    ├── SessionError                a session does not exist or already exists
+    ├── ModelError                  the model endpoint failed (after retries) or answered nonsense
+    └── ToolError                   a tool is misdeclared (bad schema, duplicate name)
 
 Errors of the execution plane (``worker.errors``) pass through unchanged; their root is ``WorkerError``.
 """
@@ -56,3 +59,15 @@ class SkillsRootNotFoundError(SkillError):
 
 class DispatchError(OrchestratorError):
     """A run could not be dispatched."""
+
+
+class SessionError(OrchestratorError):
+    """A session does not exist, or already exists."""
+
+
+class ModelError(OrchestratorError):
+    """The model endpoint failed after retries, or sent something that cannot be used."""
+
+
+class ToolError(OrchestratorError):
+    """A tool is declared wrongly (a type with no JSON schema, a duplicate registered name)."""

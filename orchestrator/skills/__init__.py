@@ -1,4 +1,4 @@
-"""Agent Skills on the control plane: parsing, repositories, and (from ``.tools``) the stagers."""
+"""Agent Skills on the control plane: parsing, repositories, three-tier injection, the skill tool sets."""
 
 from orchestrator.skills.repository import (
     BaseSkillRepository,
@@ -8,15 +8,18 @@ from orchestrator.skills.repository import (
     create_default_skill_repository,
 )
 from orchestrator.skills.skill import Skill, SkillDoc, SkillSummary, load_skill, parse_tools
+from orchestrator.skills.tools import DynamicSkillToolSet, SkillToolSet
 
 __all__ = [
     "BaseSkillRepository",
     "CachedSkillRepository",
+    "DynamicSkillToolSet",
     "FsSkillRepository",
     "Skill",
     "SkillDoc",
     "SkillProblem",
     "SkillSummary",
+    "SkillToolSet",
     "create_default_skill_repository",
     "load_skill",
     "parse_tools",

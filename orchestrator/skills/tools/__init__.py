@@ -1,5 +1,14 @@
-"""Skill tooling under the guide's import path (``skills.tools``): the stagers that put skills in workspaces."""
+"""Skill tools under the guide's import path: the tool sets and the stagers."""
 
+from orchestrator.skills.tools.dynamic_toolset import DynamicSkillToolSet
+from orchestrator.skills.tools.skill_toolset import SkillToolSet, workspace_id_for
 from worker.staging import BaseSkillStager, CopySkillStager, LinkSkillStager
 
-__all__ = ["BaseSkillStager", "CopySkillStager", "LinkSkillStager"]
+__all__ = [
+    "BaseSkillStager",
+    "CopySkillStager",
+    "DynamicSkillToolSet",
+    "LinkSkillStager",
+    "SkillToolSet",
+    "workspace_id_for",
+]

@@ -1,0 +1,28 @@
+"""A session: one conversation's events and state."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from orchestrator.events import Event
+
+TEMP_PREFIX = "temp:"
+"""State keys with this prefix live for one invocation and are never persisted."""
+
+
+class Session(BaseModel):
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    app_name: str
+    user_id: str
+    state: dict[str, Any] = Field(default_factory=dict)
+    events: list[Event] = Field(default_factory=list)
+    last_update_time: float = Field(default_factory=time.time)
+
+
+def persistent_delta(delta: dict[str, Any]) -> dict[str, Any]:
+    """The part of a state delta that is kept in the session (everything but ``temp:`` keys)."""
+    return {k: v for k, v in delta.items() if not k.startswith(TEMP_PREFIX)}

@@ -1,0 +1,255 @@
+"""``SkillToolSet``: the seven skill tools of the guide.
+
+``skill_list``, ``skill_list_tools``, ``skill_load``, ``skill_select_tools``, ``skill_list_docs``,
+``skill_select_docs`` and ``skill_run``. Loading and selecting write the ``temp:skill:*`` state keys through the
+tool call's ``state_delta``; ``skill_run`` goes through a dispatcher (the same the HTTP API uses) with the
+session id as the workspace id, so a session's ``work/`` and ``out/`` persist across its runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from orchestrator.code_executors import create_local_workspace_runtime
+from orchestrator.context import InvocationContext
+from orchestrator.dispatch import BaseDispatcher, InlineDispatcher
+from orchestrator.errors import SkillError
+from orchestrator.skills.injection import (
+    ALL_DOCS,
+    DOCS_PREFIX,
+    LOADED_PREFIX,
+    TOOLS_PREFIX,
+    selected_docs,
+    selected_tools,
+)
+from orchestrator.skills.repository import BaseSkillRepository
+from orchestrator.tools.base import BaseTool
+from orchestrator.tools.function_tool import FunctionTool
+from orchestrator.tools.toolset import BaseToolSet
+from worker.contract import WORKSPACE_ID_PATTERN, RunRequest
+from worker.errors import WorkerError
+from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.staging import BaseSkillStager
+
+Mode = Literal["add", "replace", "clear"]
+RUN_TOOL_OPTIONS = {"save_as_artifacts", "omit_inline_content", "timeout", "runtime", "limits"}
+
+
+def workspace_id_for(session_id: str) -> str:
+    """A session's workspace id: the session id itself when it is a valid workspace id, else its hash."""
+    if WORKSPACE_ID_PATTERN.match(session_id):
+        return session_id
+    return "s" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
+
+
+class SkillToolSet(BaseToolSet):
+    """The skill tools over ``repository``."""
+
+    def __init__(
+        self,
+        repository: BaseSkillRepository,
+        skill_stager: BaseSkillStager | None = None,
+        run_tool_kwargs: dict[str, Any] | None = None,
+        dispatcher: BaseDispatcher | None = None,
+        name: str = "skill_tools",
+    ) -> None:
+        super().__init__(name=name)
+        unknown = set(run_tool_kwargs or {}) - RUN_TOOL_OPTIONS
+        if unknown:
+            raise ValueError(f"unknown run_tool_kwargs: {', '.join(sorted(unknown))} (known: {', '.join(sorted(RUN_TOOL_OPTIONS))})")
+        self.repository = repository
+        self.skill_stager = skill_stager
+        self.run_tool_kwargs = dict(run_tool_kwargs or {})
+        self._dispatcher = dispatcher
+        self._owns_dispatcher = dispatcher is None
+        self._tools: list[BaseTool] = [
+            FunctionTool(f) for f in (
+                self.skill_list, self.skill_list_tools, self.skill_load, self.skill_select_tools,
+                self.skill_list_docs, self.skill_select_docs, self.skill_run,
+            )
+        ]
+
+    async def get_tools(self, invocation_context: InvocationContext | None = None) -> list[BaseTool]:
+        return list(self._tools)
+
+    @property
+    def dispatcher(self) -> BaseDispatcher:
+        if self._dispatcher is None:
+            runtime = self.repository.workspace_runtime or create_local_workspace_runtime(stager=self.skill_stager)
+            if self.skill_stager is not None and isinstance(runtime, LocalWorkspaceRuntime):
+                runtime.stager = self.skill_stager
+            self._dispatcher = InlineDispatcher({runtime.name.value: runtime})
+        return self._dispatcher
+
+    async def close(self) -> None:
+        if self._owns_dispatcher and self._dispatcher is not None:
+            await self._dispatcher.close()
+            self._dispatcher = None
+
+    def skill_list(self) -> list[str]:
+        """List the names of all available skills."""
+        return self.repository.skill_list()
+
+    def skill_list_tools(self, skill_name: str) -> Any:
+        """List the tools a skill declares in the Tools: section of its SKILL.md.
+
+        Args:
+            skill_name: The skill's name, as skill_list returns it.
+        """
+        try:
+            return self.repository.get(skill_name).tools
+        except SkillError as exc:
+            return {"error": str(exc)}
+
+    def skill_load(
+        self, skill_name: str, tool_context: InvocationContext, docs: list[str] | None = None, include_all_docs: bool = False
+    ) -> Any:
+        """Load a skill: its full instructions join the context, and all its declared tools are selected.
+
+        Args:
+            skill_name: The skill to load.
+            docs: Doc file names to load with it (see skill_list_docs).
+            include_all_docs: Load every doc of the skill.
+        """
+        try:
+            skill = self.repository.get(skill_name)
+        except SkillError as exc:
+            return {"error": str(exc)}
+        delta = tool_context.actions.state_delta
+        delta[LOADED_PREFIX + skill_name] = "1"
+        if include_all_docs:
+            delta[DOCS_PREFIX + skill_name] = ALL_DOCS
+        elif docs:
+            unknown = [d for d in docs if skill.doc(d) is None]
+            if unknown:
+                return {"error": f"skill {skill_name!r} has no doc {', '.join(map(repr, unknown))} (docs: {skill.doc_names})"}
+            delta[DOCS_PREFIX + skill_name] = json.dumps(list(docs))
+        if selected_tools(tool_context.state, skill_name) is None:
+            delta[TOOLS_PREFIX + skill_name] = json.dumps(skill.tools)
+        return f"skill {skill_name!r} loaded"
+
+    def skill_select_tools(
+        self,
+        skill_name: str,
+        tool_context: InvocationContext,
+        tools: list[str] | None = None,
+        include_all_tools: bool = False,
+        mode: Mode = "replace",
+    ) -> Any:
+        """Choose which of a loaded skill's tools are offered, to save tokens.
+
+        Args:
+            skill_name: The skill whose tools to choose.
+            tools: Tool names (from skill_list_tools).
+            include_all_tools: Select every declared tool.
+            mode: "add" to the selection, "replace" it (default), or "clear" it.
+        """
+        try:
+            declared = self.repository.get(skill_name).tools
+        except SkillError as exc:
+            return {"error": str(exc)}
+        unknown = [t for t in tools or [] if t not in declared]
+        if unknown:
+            return {"error": f"skill {skill_name!r} does not declare {', '.join(map(repr, unknown))} (tools: {declared})"}
+        current = selected_tools(tool_context.state, skill_name) or []
+        if mode == "clear":
+            chosen: list[str] = []
+        elif include_all_tools:
+            chosen = list(declared)
+        elif mode == "add":
+            chosen = current + [t for t in tools or [] if t not in current]
+        else:
+            chosen = list(dict.fromkeys(tools or []))
+        tool_context.actions.state_delta[TOOLS_PREFIX + skill_name] = json.dumps(chosen)
+        return {"selected_tools": chosen, "include_all_tools": bool(include_all_tools and mode != "clear")}
+
+    def skill_list_docs(self, skill_name: str) -> Any:
+        """List the doc files of a skill.
+
+        Args:
+            skill_name: The skill whose docs to list.
+        """
+        try:
+            return self.repository.get(skill_name).doc_names
+        except SkillError as exc:
+            return {"error": str(exc)}
+
+    def skill_select_docs(
+        self,
+        skill_name: str,
+        tool_context: InvocationContext,
+        docs: list[str] | None = None,
+        include_all_docs: bool = False,
+        mode: Mode = "replace",
+    ) -> Any:
+        """Choose which docs of a skill join the context.
+
+        Args:
+            skill_name: The skill whose docs to choose.
+            docs: Doc file names (from skill_list_docs).
+            include_all_docs: Select every doc.
+            mode: "add" to the selection, "replace" it (default), or "clear" it.
+        """
+        try:
+            skill = self.repository.get(skill_name)
+        except SkillError as exc:
+            return {"error": str(exc)}
+        unknown = [d for d in docs or [] if skill.doc(d) is None]
+        if unknown:
+            return {"error": f"skill {skill_name!r} has no doc {', '.join(map(repr, unknown))} (docs: {skill.doc_names})"}
+        current = selected_docs(tool_context.state, skill_name)
+        key = DOCS_PREFIX + skill_name
+        if mode == "clear":
+            tool_context.actions.state_delta[key] = json.dumps([])
+            return {"selected_docs": [], "include_all_docs": False}
+        if include_all_docs:
+            tool_context.actions.state_delta[key] = ALL_DOCS
+            return {"selected_docs": skill.doc_names, "include_all_docs": True}
+        if mode == "add":
+            base = skill.doc_names if current == ALL_DOCS else list(current)
+            chosen = base + [d for d in docs or [] if d not in base]
+        else:
+            chosen = list(dict.fromkeys(docs or []))
+        tool_context.actions.state_delta[key] = json.dumps(chosen)
+        return {"selected_docs": chosen, "include_all_docs": False}
+
+    async def skill_run(
+        self,
+        skill: str,
+        command: str,
+        tool_context: InvocationContext,
+        output_files: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Run a shell command in the skill's folder inside this session's isolated workspace.
+
+        Args:
+            skill: The skill whose folder the command runs in.
+            command: The shell command (bash). Use $WORK_DIR, $OUTPUT_DIR and the other workspace variables.
+            output_files: Glob patterns of files to return, e.g. ["out/*.txt", "$OUTPUT_DIR/result.json"].
+            env: Extra environment variables for the command.
+            timeout: Seconds before the command is killed.
+        """
+        try:
+            ref = self.repository.skill_ref(skill)
+            fields: dict[str, Any] = {k: v for k, v in self.run_tool_kwargs.items()}
+            if timeout is not None:
+                fields["timeout"] = timeout
+            request = RunRequest(
+                skill=ref, command=command, output_files=output_files or [], env=env or {},
+                workspace_id=workspace_id_for(tool_context.session.id), **fields,
+            )
+            result = await self.dispatcher.run(request)
+        except (SkillError, WorkerError) as exc:
+            return {"error": str(exc)}
+        except ValidationError as exc:
+            return {"error": "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())}
+        answer = result.tool_result()
+        if result.skipped_files:
+            answer["skipped_files"] = [s.model_dump() for s in result.skipped_files]
+        return answer
