@@ -43,3 +43,9 @@ def test_seed_import_paths_resolve():
     from orchestrator.code_executors import create_local_workspace_runtime  # noqa: F401
     from orchestrator.skills import create_default_skill_repository  # noqa: F401
     from orchestrator.skills.tools import LinkSkillStager  # noqa: F401
+
+
+def test_the_cli_starts_without_loading_the_model_sdk():
+    code = "import sys, orchestrator.cli; print('openai' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

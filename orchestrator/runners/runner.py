@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-from orchestrator.agents.base import BaseAgent
 from orchestrator.context import InvocationContext
 from orchestrator.events import Event
 from orchestrator.sessions.base import BaseSessionService
 from orchestrator.sessions.in_memory import InMemorySessionService
 from orchestrator.types import Content
 
+if TYPE_CHECKING:  # annotations only: importing the agents package would load the model SDK
+    from orchestrator.agents.base import BaseAgent
+
 
 class Runner:
     """Runs ``agent`` for ``app_name``, keeping conversations in ``session_service``."""
 
-    def __init__(self, app_name: str, agent: BaseAgent, session_service: BaseSessionService | None = None) -> None:
+    def __init__(self, app_name: str, agent: "BaseAgent", session_service: BaseSessionService | None = None) -> None:
         self.app_name = app_name
         self.agent = agent
         self.session_service = session_service or InMemorySessionService()

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.agents.base import BaseAgent
 from orchestrator.context import InvocationContext
 from orchestrator.runners.runner import Runner
 from orchestrator.sessions.in_memory import InMemorySessionService
 from orchestrator.tools.base import BaseTool
 from orchestrator.types import Content, Part
+
+if TYPE_CHECKING:  # annotations only: importing the agents package would load the model SDK
+    from orchestrator.agents.base import BaseAgent
 
 
 class AgentTool(BaseTool):
@@ -19,7 +21,7 @@ class AgentTool(BaseTool):
     handed back to the calling model to summarize.
     """
 
-    def __init__(self, agent: BaseAgent, skip_summarization: bool = False, filters_name: list[str] | None = None) -> None:
+    def __init__(self, agent: "BaseAgent", skip_summarization: bool = False, filters_name: list[str] | None = None) -> None:
         super().__init__(name=agent.name, description=agent.description, filters_name=filters_name)
         self.agent = agent
         self.skip_summarization = skip_summarization
