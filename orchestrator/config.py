@@ -23,6 +23,18 @@ class Settings(BaseSettings):
     )
     work_root: Path | None = Field(default=None, description="Where workspaces are created (default: the temp dir).")
     artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored (default: under work_root).")
+    data_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".local" / "share" / "skillrun",
+        description="Where the embedded default keeps sessions.",
+    )
+    redis_url: str | None = Field(default=None, description="Redis for sessions (and, later, the run queue).")
+    model: str = Field(default="gpt-4o-mini", description="The chat model's name at the OpenAI-compatible endpoint.")
+    openai_api_key: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "SKILLRUN_OPENAI_API_KEY"))
+    openai_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "SKILLRUN_OPENAI_BASE_URL")
+    )
+    app_name: str = Field(default="skillrun", description="The app name sessions are filed under.")
+    max_steps: int = Field(default=25, gt=0, description="Model calls per message before the agent stops.")
 
     def skills_roots(self) -> list[str]:
         return [part.strip() for part in self.skills_root.split(",") if part.strip()]

@@ -6,13 +6,16 @@ fresh folder in /tmp with mode 0755 (pytest's own tmp_path is private to its use
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+import redis
 
+from tests.services import RedisServer
 from worker.contract import RunRequest, SkillRef
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.workspace import remove_tree
@@ -88,3 +91,23 @@ def make_request(library: Path):
 
 def workspace_dirs(work_root: Path) -> list[Path]:
     return sorted(p for p in work_root.iterdir() if p.name.startswith("ws_"))
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> RedisServer:
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+_databases = itertools.cycle(range(1, 64))
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """An empty database of the test Redis server, for one test."""
+    url = redis_server.url(next(_databases))
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    return url

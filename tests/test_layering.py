@@ -12,7 +12,7 @@ import worker
 
 
 def _modules(package) -> list[str]:
-    return [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+    return [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".") if not m.name.endswith("__main__")]
 
 
 def test_no_worker_module_loads_orchestrator():

@@ -8,7 +8,7 @@ from typing import Any
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.sessions.base import BaseSessionService
-from orchestrator.sessions.session import Session, persistent_delta
+from orchestrator.sessions.session import Session, apply_delta, persistent_delta
 
 
 class InMemorySessionService(BaseSessionService):
@@ -48,7 +48,7 @@ class InMemorySessionService(BaseSessionService):
         kept = event.model_copy(deep=True)
         kept.actions.state_delta = persistent_delta(kept.actions.state_delta)
         for target in (stored, session):
-            target.state.update(kept.actions.state_delta)
+            apply_delta(target.state, kept.actions.state_delta)
             target.events.append(kept)
             target.last_update_time = time.time()
         return event

@@ -26,3 +26,12 @@ class Session(BaseModel):
 def persistent_delta(delta: dict[str, Any]) -> dict[str, Any]:
     """The part of a state delta that is kept in the session (everything but ``temp:`` keys)."""
     return {k: v for k, v in delta.items() if not k.startswith(TEMP_PREFIX)}
+
+
+def apply_delta(state: dict[str, Any], delta: dict[str, Any]) -> None:
+    """Apply a (persistent) state delta: a ``None`` value removes the key."""
+    for key, value in delta.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value

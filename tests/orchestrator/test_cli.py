@@ -124,3 +124,38 @@ def test_run_bad_input_exits_2_and_creates_no_workspace(cli, library, work_root,
     assert result.returncode == 2
     assert message in result.stderr
     assert workspace_dirs(work_root) == []
+
+
+def test_chat_streams_the_answer_and_tool_calls_and_continues_a_session(cli, work_root, shared_dir):
+    from tests.model_server import ScriptedModelServer
+
+    server = ScriptedModelServer().start()
+    try:
+        server.add(
+            {"tool_calls": [{"name": "skill_list", "arguments": {}}]},
+            {"text": "You have the demo skill."},
+            {"text": "Still here."},
+        )
+        env = {
+            "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k", "SKILLRUN_MODEL": "m",
+            "SKILLRUN_DATA_DIR": str(shared_dir / "data"), "SKILLS_ROOT": str(work_root.parent / "library"),
+            "SKILLRUN_WORK_ROOT": str(work_root),
+        }
+        first = cli("chat", "what skills?", "--session", "c1", env=env)
+        assert first.returncode == 0, first.stderr
+        assert "→ skill_list({})" in first.stdout
+        assert '← skill_list: {"result": ["demo"]}' in first.stdout
+        assert "You have the demo skill." in first.stdout
+        assert "--session c1" in first.stderr
+        second = cli("chat", "again", "--session", "c1", env=env)
+        assert "Still here." in second.stdout
+        history = [m["role"] for m in server.requests[-1]["messages"]]
+        assert history == ["system", "user", "assistant", "tool", "assistant", "user"]
+    finally:
+        server.stop()
+
+
+def test_chat_without_a_model_configured_says_what_to_set(cli):
+    result = cli("chat", "hi", env={"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""})
+    assert result.returncode == 2
+    assert "set OPENAI_API_KEY" in result.stderr

@@ -1,0 +1,86 @@
+"""The ``skillrun`` command line.
+
+Every command prints a readable table by default and JSON with ``--json``. Bad input exits with status 2 and a
+message that says what was wrong; ``skillrun run`` exits with the command's own exit status (124 on timeout).
+Each command's module is imported only when that command runs, so ``skillrun skills list`` does not pay for the
+model SDK that ``skillrun chat`` needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from orchestrator.errors import OrchestratorError
+from worker.errors import WorkerError
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return USAGE_ERROR
+    module_name, function = args.handler.split(":")
+    handler = getattr(importlib.import_module(module_name), function)
+    try:
+        return handler(args)
+    except (UsageError, OrchestratorError, WorkerError) as exc:
+        print(f"skillrun: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "request"
+            print(f"skillrun: error: {where}: {err['msg']}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--skills-root", action="append", metavar="ROOT",
+        help="a skills root (repeatable); default $SKILLS_ROOT, else ./skills",
+    )
+    common.add_argument("--json", action="store_true", help="print JSON for machines")
+
+    parser = argparse.ArgumentParser(prog="skillrun", description="Run Agent Skills safely.")
+    commands = parser.add_subparsers(title="commands")
+
+    skills = commands.add_parser("skills", help="list and inspect skills")
+    skill_commands = skills.add_subparsers(title="skills commands")
+    listing = skill_commands.add_parser("list", parents=[common], help="name and description of each skill")
+    listing.set_defaults(handler="orchestrator.cli.skills:list_skills")
+    show = skill_commands.add_parser("show", parents=[common], help="one skill: body, docs, tools, problems")
+    show.add_argument("name")
+    show.set_defaults(handler="orchestrator.cli.skills:show_skill")
+
+    run = commands.add_parser("run", parents=[common], help="run a command of a skill in a workspace")
+    run.add_argument("skill")
+    run.add_argument("command")
+    run.add_argument("-o", "--output", action="append", default=[], metavar="GLOB", help="collect matching files")
+    run.add_argument("--env", action="append", default=[], metavar="K=V", help="set a variable for the command")
+    run.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds before the command is killed")
+    run.add_argument(
+        "--input", action="append", default=[], metavar="PATH[=NAME]", help="copy a file into work/inputs/NAME"
+    )
+    run.add_argument("--workspace", metavar="ID", help="reuse the workspace of this id (work/ and out/ persist)")
+    run.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    run.add_argument("--artifacts", action="store_true", help="also store the output files as artifacts")
+    run.set_defaults(handler="orchestrator.cli.run:run_skill")
+
+    chat = commands.add_parser("chat", parents=[common], help="talk to the skill assistant (streams its answer)")
+    chat.add_argument("message")
+    chat.add_argument("--session", metavar="ID", help="continue this session (default: a new one)")
+    chat.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    chat.set_defaults(handler="orchestrator.cli.chat:chat")
+    return parser

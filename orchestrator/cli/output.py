@@ -1,0 +1,42 @@
+"""Output helpers of the command line: readable tables, sizes, JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell; the last column is cut to the terminal width."""
+    width = shutil.get_terminal_size((120, 24)).columns
+    cols = len(headers)
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(cols)]
+    fixed = sum(widths[:-1]) + 2 * (cols - 1)
+    widths[-1] = max(min(widths[-1], width - fixed), 10)
+
+    def fmt(row: list[str]) -> str:
+        cells = [str(c) for c in row]
+        last = cells[-1] if len(cells[-1]) <= widths[-1] else cells[-1][: widths[-1] - 1] + "…"
+        return "  ".join([c.ljust(w) for c, w in zip(cells[:-1], widths)] + [last]).rstrip()
+
+    return "\n".join([fmt(headers), *(fmt(r) for r in rows)])
+
+
+def size(n: int) -> str:
+    """A byte count for people: 23 B, 1.1 KiB, 4.0 MiB."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))

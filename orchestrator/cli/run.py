@@ -1,0 +1,77 @@
+"""``skillrun run``: one skill command in a workspace on the local runtime."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import uuid
+
+from orchestrator.cli import UsageError
+from orchestrator.cli.common import repository
+from orchestrator.cli.output import print_json, size, table
+from orchestrator.code_executors import create_local_workspace_runtime
+from orchestrator.config import get_settings
+from orchestrator.dispatch import InlineDispatcher
+from worker.artifacts import FileArtifactStore
+from worker.contract import InputFile, RunRequest, RunResult
+from worker.process import TIMEOUT_EXIT_CODE
+
+
+def run_skill(args: argparse.Namespace) -> int:
+    repo = repository(args)
+    ref = repo.skill_ref(args.skill)
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    inputs = []
+    for item in args.input:
+        path, sep, name = item.rpartition("=")
+        if not sep:
+            path, name = item, os.path.basename(item)
+        if not os.path.isfile(path):
+            raise UsageError(f"--input {item!r}: {path!r} is not a file")
+        inputs.append(InputFile(name=name, host_path=os.path.abspath(path)))
+    fields: dict = {
+        "skill": ref, "command": args.command, "env": env, "output_files": args.output, "inputs": inputs,
+        "workspace_id": args.workspace or uuid.uuid4().hex[:12], "save_as_artifacts": args.artifacts,
+    }
+    if args.timeout is not None:
+        fields["timeout"] = args.timeout
+    request = RunRequest(**fields)
+    settings = get_settings()
+    work_root = args.work_root or settings.work_root
+    runtime = create_local_workspace_runtime(
+        work_root, artifact_store=FileArtifactStore(settings.artifacts_dir) if settings.artifacts_dir else None
+    )
+    result = asyncio.run(_dispatch(InlineDispatcher({"local": runtime}), request))
+    if args.json:
+        print_json(result.model_dump(mode="json"))
+    else:
+        _print_result(result)
+    return TIMEOUT_EXIT_CODE if result.timed_out else result.exit_code
+
+
+async def _dispatch(dispatcher: InlineDispatcher, request: RunRequest) -> RunResult:
+    async with dispatcher:
+        return await dispatcher.run(request, trusted=True)
+
+
+def _print_result(result: RunResult) -> None:
+    sys.stdout.write(result.stdout)
+    sys.stdout.flush()
+    sys.stderr.write(result.stderr)
+    status = f"timed out (killed, exit {TIMEOUT_EXIT_CODE})" if result.timed_out else f"exit {result.exit_code}"
+    lines = [f"── {status} · {result.duration_ms} ms · workspace {result.workspace_id} (reuse: --workspace {result.workspace_id})"]
+    if result.output_files:
+        rows = [[f.name, size(f.size) + (" (truncated)" if f.truncated else ""), f.mime_type] for f in result.output_files]
+        lines.append(table(["OUTPUT FILE", "SIZE", "MIME TYPE"], rows))
+    for artifact in result.artifact_files:
+        lines.append(f"artifact {artifact.name} v{artifact.version} ({size(artifact.size)})")
+    for skipped in result.skipped_files:
+        lines.append(f"skipped {skipped.name}: {skipped.reason}")
+    print("\n".join(lines), file=sys.stderr)

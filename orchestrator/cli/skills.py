@@ -1,0 +1,68 @@
+"""``skillrun skills list`` and ``skillrun skills show``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from orchestrator.cli.common import repository
+from orchestrator.cli.output import print_json, table
+
+
+def list_skills(args: argparse.Namespace) -> int:
+    repo = repository(args)
+    summaries = repo.summaries()
+    problems = repo.problems()
+    if args.json:
+        print_json(
+            {
+                "skills": [{"name": s.name, "description": s.description} for s in summaries],
+                "problems": [p.__dict__ for p in problems],
+            }
+        )
+        return 0
+    if summaries:
+        print(table(["NAME", "DESCRIPTION"], [[s.name, s.description] for s in summaries]))
+    else:
+        print("no skills found")
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    return 0
+
+
+def show_skill(args: argparse.Namespace) -> int:
+    repo = repository(args)
+    skill = repo.get(args.name)
+    problems = [p for p in repo.problems() if Path(p.path).parent == skill.path or str(skill.path) in p.message]
+    if args.json:
+        print_json(
+            {
+                "name": skill.name,
+                "description": skill.description,
+                "path": str(skill.path),
+                "license": skill.license,
+                "allowed_tools": skill.allowed_tools,
+                "metadata": skill.metadata,
+                "tools": skill.tools,
+                "docs": [{"name": d.name, "size": len(d.content.encode())} for d in skill.docs],
+                "body": skill.body,
+                "problems": [p.__dict__ for p in problems],
+            }
+        )
+        return 0
+    rows = [
+        ["name", skill.name],
+        ["description", skill.description],
+        ["path", str(skill.path)],
+        ["tools", ", ".join(skill.tools) or "-"],
+        ["docs", ", ".join(skill.doc_names) or "-"],
+    ]
+    if skill.license:
+        rows.append(["license", skill.license])
+    print(table(["FIELD", "VALUE"], rows))
+    for problem in problems:
+        print(f"problem: {problem}")
+    print()
+    print(skill.body)
+    return 0
