@@ -83,4 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--session", metavar="ID", help="continue this session (default: a new one)")
     chat.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
     chat.set_defaults(handler="orchestrator.cli.chat:chat")
+
+    serve = commands.add_parser("serve", help="serve the HTTP API")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.set_defaults(handler="orchestrator.cli.serve:serve")
     return parser

@@ -1,0 +1,92 @@
+"""Sessions: create one, read its events and state, post a message and stream the agent's answer (SSE).
+
+The stream's events, each ``event: <kind>`` with a JSON ``data`` line:
+``text_delta`` / ``thought_delta`` (partial text), ``tool_call_delta`` (a streaming tool's argument delta),
+``tool_call`` and ``tool_result`` (complete), ``message`` (the agent's final answer), ``error``, and ``done``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi.responses import StreamingResponse
+
+from orchestrator.api.schemas import MessageCreate, SessionCreate, SessionPublic
+from orchestrator.api.services import DEFAULT_USER, Services, get_services
+from orchestrator.errors import SessionError
+from orchestrator.events import Event
+from orchestrator.models.constants import TOOL_STREAMING_ARGS
+from orchestrator.types import Content, Part
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+SSE_MEDIA_TYPE = "text/event-stream"
+
+
+@router.post("", response_model=SessionPublic, status_code=status.HTTP_201_CREATED)
+async def create_session(body: SessionCreate, services: Services = Depends(get_services)) -> SessionPublic:
+    """Start a conversation with the skill assistant."""
+    try:
+        session = await services.session_service.create_session(
+            app_name=services.app_name, user_id=DEFAULT_USER, session_id=body.session_id, state=body.state
+        )
+    except SessionError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    return SessionPublic(**session.model_dump())
+
+
+@router.get("/{session_id}", response_model=SessionPublic)
+async def get_session(session_id: str, services: Services = Depends(get_services)) -> SessionPublic:
+    """A session's events and state."""
+    session = await services.session_service.get_session(app_name=services.app_name, user_id=DEFAULT_USER, session_id=session_id)
+    if session is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
+    return SessionPublic(**session.model_dump())
+
+
+@router.post(
+    "/{session_id}/messages",
+    response_class=StreamingResponse,
+    responses={200: {"content": {SSE_MEDIA_TYPE: {}}, "description": "The agent's events as server-sent events."}},
+)
+async def post_message(session_id: str, body: MessageCreate, services: Services = Depends(get_services)) -> StreamingResponse:
+    """Send a message; the answer streams back as server-sent events while the agent works."""
+    session = await services.session_service.get_session(app_name=services.app_name, user_id=DEFAULT_USER, session_id=session_id)
+    if session is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
+    runner = services.runner()
+    events = runner.run_async(user_id=DEFAULT_USER, session_id=session_id, new_message=Content(parts=[Part.from_text(body.text)]))
+    return StreamingResponse(_sse(events), media_type=SSE_MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
+
+
+async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[str]:
+    async for event in events:
+        for kind, data in sse_items(event):
+            yield f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    yield "event: done\ndata: {}\n\n"
+
+
+def sse_items(event: Event) -> list[tuple[str, dict]]:
+    """How one agent event is told on the stream."""
+    base = {"event_id": event.id, "author": event.author}
+    if event.error_message:
+        return [("error", {**base, "code": event.error_code, "message": event.error_message})]
+    if event.content is None:
+        return []
+    items: list[tuple[str, dict]] = []
+    for part in event.content.parts:
+        if event.partial:
+            if part.function_call is not None and event.streaming_tool_call:
+                items.append(("tool_call_delta", {**base, "id": part.function_call.id, "name": part.function_call.name,
+                                                  "delta": part.function_call.args.get(TOOL_STREAMING_ARGS, "")}))
+            elif part.text:
+                items.append(("thought_delta" if part.thought else "text_delta", {**base, "text": part.text}))
+        elif part.function_call is not None:
+            items.append(("tool_call", {**base, **part.function_call.model_dump()}))
+        elif part.function_response is not None:
+            items.append(("tool_result", {**base, **part.function_response.model_dump()}))
+    if event.is_final_response():
+        items.append(("message", {**base, "text": event.content.text, "usage": event.usage.model_dump() if event.usage else None}))
+    return items
