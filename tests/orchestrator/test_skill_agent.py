@@ -12,29 +12,13 @@ from orchestrator.runners import Runner
 from orchestrator.sessions import InMemorySessionService
 from orchestrator.skills import DynamicSkillToolSet, SkillToolSet, create_default_skill_repository
 from orchestrator.skills.tools import LinkSkillStager
-from orchestrator.tools import FunctionTool, register_tool
+from orchestrator.tools import FunctionTool
 from orchestrator.types import Content, Part
 from tests.orchestrator.conftest import declared_tools, system_message, tool_messages
+from tests.orchestrator.weather_tools import ask_name_information
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
-
-
-@register_tool("get_current_weather")
-def get_current_weather(city: str, unit: str = "celsius") -> dict:
-    """Get the current weather of a city."""
-    return {"city": city, "temperature": 22, "unit": unit}
-
-
-@register_tool("get_weather_forecast")
-def get_weather_forecast(city: str, days: int = 3) -> dict:
-    """Get the weather forecast of a city."""
-    return {"city": city, "days": days}
-
-
-def ask_name_information(name: str, country: str = "China") -> dict:
-    """Ask for a person's name information."""
-    return {"name": name, "country": country}
 
 
 @pytest.fixture
@@ -129,7 +113,7 @@ async def test_dynamic_tool_set_declares_only_the_tools_loaded_skills_select(mod
     )
     dynamic = DynamicSkillToolSet(
         skill_repository=repository,
-        available_tools=["get_current_weather", "get_weather_forecast", "search_city_by_name", FunctionTool(ask_name_information)],
+        available_tools=["get_current_weather", "get_weather_forecast", FunctionTool(ask_name_information)],
     )
     agent = LlmAgent(name="a", model=model, tools=[SkillToolSet(repository), dynamic], skill_repository=repository)
     runner = Runner(app_name="t", agent=agent, session_service=InMemorySessionService())
@@ -139,9 +123,9 @@ async def test_dynamic_tool_set_declares_only_the_tools_loaded_skills_select(mod
     extra = [set(declared_tools(b)) - skill_tools for b in model_server.requests]
     assert extra[0] == set()
     assert extra[1] == set()  # before skill_load
-    assert extra[2] == {"get_current_weather", "get_weather_forecast"}  # search_city_by_name resolves to no tool
+    assert extra[2] == {"get_current_weather", "get_weather_forecast"}  # search_city_by_name is not in the pool
     assert extra[3] == {"get_current_weather"}
-    assert _tool_result(model_server.requests[4]) == {"city": "Beijing", "temperature": 22, "unit": "celsius"}
+    assert _tool_result(model_server.requests[4])["temperature"] == 22
     assert extra[5] == set()
     assert "ask_name_information" not in str(extra)
     warnings = [r for r in caplog.records if "search_city_by_name" in r.getMessage()]
