@@ -54,8 +54,9 @@ class SkillRef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="The skill's name from its SKILL.md.")
-    root: str = Field(description="The library root the skill comes from (a directory).")
+    root: str = Field(description="The library root the skill comes from: a directory, or the URL of an archive.")
     path: str = Field(default="", description="The skill's folder relative to the root; empty means the root itself.")
+    digest: str | None = Field(default=None, description="sha256 of the root's archive, when the root is a URL.")
 
     @field_validator("name")
     @classmethod

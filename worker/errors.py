@@ -7,7 +7,9 @@ Every error the worker raises descends from one root::
     ├── WorkspaceError           a workspace cannot be created, found or used
     ├── StagingError             a skill cannot be staged into a workspace
     ├── RuntimeUnavailableError  a runtime cannot be used on this machine
-    └── ArtifactError            an artifact cannot be stored or read
+    ├── ArtifactError            an artifact cannot be stored or read
+    └── SkillRootError           a skills root URL cannot be fetched (also a RuntimeError, as the guide says)
+        └── UnsafeArchiveError   an archive breaks a path rule or a limit; nothing of it is kept
 
 A command that fails, times out or writes hostile output files is *not* an error: it is reported in
 the ``RunResult`` (exit code, ``timed_out``, ``skipped_files``) so nothing the command produced is lost.
@@ -43,3 +45,11 @@ class RuntimeUnavailableError(WorkerError):
 
 class ArtifactError(WorkerError):
     """An artifact cannot be stored or read."""
+
+
+class SkillRootError(WorkerError, RuntimeError):
+    """A skills root cannot be used: the URL fails, times out, or does not hold skills."""
+
+
+class UnsafeArchiveError(SkillRootError):
+    """An archive has a hostile entry (absolute path, ``..``, link, device...) or exceeds a limit."""

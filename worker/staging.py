@@ -23,6 +23,7 @@ from pathlib import Path
 
 from worker.contract import SkillRef
 from worker.errors import StagingError
+from worker.roots import is_url, resolve_root
 from worker.workspace import Workspace, reachable_by_others, remove_tree
 
 SKILL_FILE = "SKILL.md"
@@ -30,8 +31,9 @@ WORKSPACE_LINKS = {"work": "../../work", "out": "../../out", "inputs": "../../wo
 
 
 def resolve_skill_source(skill: SkillRef) -> Path:
-    """The real folder of ``skill`` inside its root, refusing paths that leave the root."""
-    root = Path(skill.root)
+    """The real folder of ``skill`` inside its root (a URL root is fetched into the cache once), refusing paths
+    that leave the root."""
+    root = resolve_root(skill.root, expected_sha256=skill.digest) if is_url(skill.root) else Path(skill.root)
     if not root.is_dir():
         raise StagingError(f"skills root {skill.root!r} is not a directory")
     real_root = root.resolve()

@@ -18,6 +18,8 @@ from pathlib import Path
 from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, SkillValidationError
 from orchestrator.skills.skill import SKILL_FILE, Skill, SkillSummary, list_docs, load_skill, split_front_matter, validate_summary
 from worker.contract import SkillRef
+from worker.errors import SkillRootError
+from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root
 from worker.runtimes.base import BaseWorkspaceRuntime
 
 MAX_DEPTH = 4
@@ -84,16 +86,30 @@ class FsSkillRepository(BaseSkillRepository):
     """Skills read from folders on disk, read again on every call."""
 
     def __init__(
-        self, paths: str | os.PathLike[str] | list[str | os.PathLike[str]], workspace_runtime: BaseWorkspaceRuntime | None = None
+        self,
+        paths: str | os.PathLike[str] | list[str | os.PathLike[str]],
+        workspace_runtime: BaseWorkspaceRuntime | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        fetch_limits: FetchLimits | None = None,
     ) -> None:
+        """``paths``: folders, ``file://`` URLs, or http(s) URLs of archives or of one SKILL.md (fetched into the
+        cache here, once; see ``worker.roots``)."""
         super().__init__(workspace_runtime)
         raw = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
         self.roots: list[Path] = []
+        self._origins: dict[Path, tuple[str, str | None]] = {}
         for root in raw:
-            path = Path(root)
-            if not path.is_dir():
-                raise SkillsRootNotFoundError(str(root))
-            self.roots.append(path.resolve())
+            text = os.fspath(root)
+            if is_url(text) and not text.startswith("file:"):
+                path = resolve_root(text, cache_dir=cache_dir, limits=fetch_limits).resolve()
+                self._origins[path] = (text, cached_sha256(path))
+            else:
+                try:
+                    path = resolve_root(text).resolve()
+                except SkillRootError as exc:
+                    raise SkillsRootNotFoundError(text) from exc
+            self.roots.append(path)
 
     def _current(self) -> _Scan:
         return self._scan()
@@ -120,8 +136,10 @@ class FsSkillRepository(BaseSkillRepository):
         return load_skill(entry.skill_dir, entry.root)
 
     def skill_ref(self, name: str) -> SkillRef:
+        """A URL root is referred to by its URL and archive digest, so a worker elsewhere fetches the same bytes."""
         entry = self._entry(name)
-        return SkillRef(name=name, root=str(entry.root), path=entry.skill_dir.relative_to(entry.root).as_posix())
+        url, digest = self._origins.get(entry.root, (str(entry.root), None))
+        return SkillRef(name=name, root=url, digest=digest, path=entry.skill_dir.relative_to(entry.root).as_posix())
 
     def _scan(self, previous: _Scan | None = None) -> _Scan:
         scan = _Scan()
@@ -184,8 +202,15 @@ class FsSkillRepository(BaseSkillRepository):
 class CachedSkillRepository(FsSkillRepository):
     """Like ``FsSkillRepository``, but parses a file again only when its modification time or size changed."""
 
-    def __init__(self, paths, workspace_runtime: BaseWorkspaceRuntime | None = None) -> None:  # noqa: ANN001
-        super().__init__(paths, workspace_runtime)
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | list[str | os.PathLike[str]],
+        workspace_runtime: BaseWorkspaceRuntime | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        fetch_limits: FetchLimits | None = None,
+    ) -> None:
+        super().__init__(paths, workspace_runtime, cache_dir=cache_dir, fetch_limits=fetch_limits)
         self._cached: _Scan | None = None
         self._skills: dict[str, tuple[tuple, Skill]] = {}
 
@@ -241,7 +266,10 @@ def create_default_skill_repository(
     paths: str | os.PathLike[str] | list[str | os.PathLike[str]],
     workspace_runtime: BaseWorkspaceRuntime | None = None,
     use_cached_repository: bool = False,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    fetch_limits: FetchLimits | None = None,
 ) -> BaseSkillRepository:
-    """The guide's entry point: a repository over ``paths`` (one root or a list), cached if asked."""
+    """The guide's entry point: a repository over ``paths`` (one root or a list; folders or URLs), cached if asked."""
     cls = CachedSkillRepository if use_cached_repository else FsSkillRepository
-    return cls(paths, workspace_runtime=workspace_runtime)
+    return cls(paths, workspace_runtime=workspace_runtime, cache_dir=cache_dir, fetch_limits=fetch_limits)

@@ -1,0 +1,331 @@
+"""URL skills roots: download, cache, limits and path safety, each with the hostile input it refuses."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import io
+import os
+import stat
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.skills import create_default_skill_repository
+from tests.file_server import FileServer
+from worker.archives import ArchiveLimits
+from worker.contract import RunRequest
+from worker.errors import SkillRootError, UnsafeArchiveError
+from worker.roots import READY_FILE, FetchLimits, fetch_url_root, resolve_root
+from worker.runtimes.local import LocalWorkspaceRuntime
+
+SKILL_MD = b"---\nname: remote-skill\ndescription: Fetched from a URL.\n---\nDo remote things.\n"
+
+
+@pytest.fixture
+def server() -> FileServer:
+    srv = FileServer().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def cache(tmp_path) -> Path:
+    return tmp_path / "cache"
+
+
+def tar_gz(entries: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for info, data in entries:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def file_entry(name: str, data: bytes = b"x", mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.mode = mode
+    return info, data
+
+
+def library_tar() -> bytes:
+    return tar_gz([file_entry("lib/remote-skill/SKILL.md", SKILL_MD), file_entry("lib/remote-skill/run.sh", b"echo hi\n", 0o755)])
+
+
+def zip_bytes(files: dict[str, bytes], *, attrs: dict[str, int] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            if attrs and name in attrs:
+                info.external_attr = attrs[name] << 16
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
+def assert_nothing_left(cache: Path) -> None:
+    leftovers = [p.name for p in cache.iterdir()] if cache.exists() else []
+    assert leftovers == [], f"left behind in the cache: {leftovers}"
+
+
+def test_tar_gz_root_is_extracted_into_the_cache_with_a_ready_sentinel(server, cache):
+    url = server.add("/lib.tar.gz", library_tar())
+    root = fetch_url_root(url, cache_dir=cache)
+    assert root == cache / hashlib.sha256(url.encode()).hexdigest()
+    assert (root / "lib" / "remote-skill" / "SKILL.md").read_bytes() == SKILL_MD
+    assert (root / READY_FILE).is_file()
+    assert os.stat(root / "lib" / "remote-skill" / "run.sh").st_mode & 0o111
+    assert [p.name for p in cache.iterdir()] == [root.name]
+
+
+def test_an_intact_entry_is_used_without_downloading_again(server, cache):
+    url = server.add("/lib.tgz", library_tar())
+    first = fetch_url_root(url, cache_dir=cache)
+    second = fetch_url_root(url, cache_dir=cache)
+    assert first == second
+    assert server.hits["/lib.tgz"] == 1
+
+
+def test_an_entry_without_ready_is_cleared_and_fetched_again(server, cache):
+    url = server.add("/lib.tgz", library_tar())
+    root = fetch_url_root(url, cache_dir=cache)
+    (root / READY_FILE).unlink()
+    (root / "stale-file").write_text("from an interrupted fetch")
+    again = fetch_url_root(url, cache_dir=cache)
+    assert not (again / "stale-file").exists()
+    assert server.hits["/lib.tgz"] == 2
+
+
+def test_zip_and_magic_bytes_without_a_telling_extension(server, cache):
+    zipped = server.add("/download?id=7", zip_bytes({"remote-skill/SKILL.md": SKILL_MD}))
+    gz = server.add("/blob", library_tar())
+    assert (fetch_url_root(zipped, cache_dir=cache) / "remote-skill" / "SKILL.md").is_file()
+    assert (fetch_url_root(gz, cache_dir=cache) / "lib" / "remote-skill" / "SKILL.md").is_file()
+
+
+def test_a_single_skill_md_url_is_a_root_holding_that_skill(server, cache):
+    root = fetch_url_root(server.add("/skills/SKILL.md", SKILL_MD), cache_dir=cache)
+    assert (root / "SKILL.md").read_bytes() == SKILL_MD
+
+
+def test_expected_sha256_is_verified_before_extraction(server, cache):
+    data = library_tar()
+    url = server.add("/lib.tar.gz", data)
+    good = hashlib.sha256(data).hexdigest()
+    assert fetch_url_root(url, cache_dir=cache, expected_sha256=good).is_dir()
+    with pytest.raises(SkillRootError, match=f"sha256 is {good}, expected 00ff"):
+        fetch_url_root(server.add("/other.tar.gz", data), cache_dir=cache, expected_sha256="00ff")
+    assert len(list(cache.iterdir())) == 1
+
+
+def test_concurrent_fetches_of_one_url_all_succeed_with_one_entry(server, cache):
+    def slow(out):
+        time.sleep(0.2)
+        out.write(library_tar())
+
+    url = server.add("/slow.tar.gz", slow)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        roots = list(pool.map(lambda _: fetch_url_root(url, cache_dir=cache), range(4)))
+    assert len(set(roots)) == 1
+    assert [p.name for p in cache.iterdir()] == [roots[0].name]
+    assert (roots[0] / READY_FILE).is_file()
+
+
+def _hostile(name: str) -> bytes:
+    """A tar whose second entry is called ``name`` (through a PAX header, which can carry any byte)."""
+    info, data = file_entry("ok/placeholder", b"pwned")
+    info.pax_headers = {"path": name}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        skill, skill_data = file_entry("ok/SKILL.md", SKILL_MD)
+        skill.size = len(skill_data)
+        tar.addfile(skill, io.BytesIO(skill_data))
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("archive", "message"),
+    [
+        (_hostile("/etc/evil"), "is an absolute path"),
+        (_hostile("ok/../../evil"), "climbs out of the archive"),
+        (_hostile("C:evil"), "starts with a drive letter"),
+        (_hostile("ok\\..\\evil"), "uses a backslash"),
+        (_hostile("ok/evil\x00name"), "NUL or control character"),
+        (_hostile("ok/evil\nname"), "NUL or control character"),
+        (_hostile("ok/\x1b[31mred"), "NUL or control character"),
+    ],
+)
+def test_path_rules_refuse_hostile_tar_names(server, cache, archive, message):
+    with pytest.raises(UnsafeArchiveError, match=message):
+        fetch_url_root(server.add("/h.tar.gz", archive), cache_dir=cache)
+    assert_nothing_left(cache)
+
+
+def _link(kind: bytes, name: str = "ok/link", target: str = "/etc/passwd") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = target
+    return info
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (_link(tarfile.SYMTYPE), "is a symbolic link"),
+        (_link(tarfile.LNKTYPE, target="ok/SKILL.md"), "is a hard link"),
+        (_link(tarfile.CHRTYPE, target=""), "is a device"),
+        (_link(tarfile.FIFOTYPE, target=""), "is a FIFO"),
+    ],
+)
+def test_links_devices_and_fifos_in_tar_are_refused(server, cache, entry, message):
+    archive = tar_gz([file_entry("ok/SKILL.md", SKILL_MD), (entry, None)])
+    with pytest.raises(UnsafeArchiveError, match=message):
+        fetch_url_root(server.add("/l.tar.gz", archive), cache_dir=cache)
+    assert_nothing_left(cache)
+
+
+def test_symlink_in_zip_external_attributes_is_refused(server, cache):
+    archive = zip_bytes({"ok/SKILL.md": SKILL_MD, "ok/link": b"/etc/passwd"}, attrs={"ok/link": stat.S_IFLNK | 0o777})
+    with pytest.raises(UnsafeArchiveError, match="is a symbolic link"):
+        fetch_url_root(server.add("/s.zip", archive), cache_dir=cache)
+    assert_nothing_left(cache)
+
+
+def test_duplicate_entries_that_would_overwrite_are_refused(server, cache):
+    archive = tar_gz([file_entry("ok/SKILL.md", SKILL_MD), file_entry("ok/SKILL.md", b"---\nname: evil\n---\n")])
+    with pytest.raises(UnsafeArchiveError, match="appears twice"):
+        fetch_url_root(server.add("/d.tar.gz", archive), cache_dir=cache)
+    zipped = zip_bytes({"ok/SKILL.md": SKILL_MD, "ok//SKILL.md": b"again"})
+    with pytest.raises(UnsafeArchiveError, match="appears twice"):
+        fetch_url_root(server.add("/d.zip", zipped), cache_dir=cache)
+    assert_nothing_left(cache)
+
+
+@pytest.mark.parametrize(
+    ("limits", "archive", "message"),
+    [
+        (ArchiveLimits(max_entries=3), tar_gz([file_entry(f"ok/f{i}") for i in range(5)]), "more than 3 entries"),
+        (ArchiveLimits(max_entry_bytes=1000), tar_gz([file_entry("ok/SKILL.md", SKILL_MD), file_entry("ok/big", b"a" * 2000)]),
+         "larger than 1000 bytes"),
+        (ArchiveLimits(max_total_bytes=3000), tar_gz([file_entry(f"ok/f{i}", b"a" * 900) for i in range(5)]),
+         "unpacks to more than 3000 bytes"),
+    ],
+)
+def test_archive_limits_are_enforced(server, cache, limits, archive, message):
+    with pytest.raises(UnsafeArchiveError, match=message):
+        fetch_url_root(server.add("/x.tar.gz", archive), cache_dir=cache, limits=FetchLimits(archive=limits))
+    assert_nothing_left(cache)
+
+
+def test_a_zip_bomb_is_refused_by_the_compression_ratio(server, cache):
+    bomb = zip_bytes({"ok/SKILL.md": SKILL_MD, "ok/zeros": b"\0" * (50 * 1024 * 1024)})
+    assert len(bomb) < 100 * 1024
+    with pytest.raises(UnsafeArchiveError, match="compression bomb"):
+        fetch_url_root(server.add("/bomb.zip", bomb), cache_dir=cache)
+    assert_nothing_left(cache)
+
+
+def test_a_nested_bomb_is_refused_and_inner_archives_are_never_opened(server, cache):
+    inner = zip_bytes({f"layer{i}": b"\0" * (10 * 1024 * 1024) for i in range(8)})
+    outer = zip_bytes({"ok/SKILL.md": SKILL_MD, **{f"ok/nested{i}.zip": inner for i in range(40)}})
+    with pytest.raises(UnsafeArchiveError, match="compression bomb|unpacks to more than"):
+        fetch_url_root(server.add("/nested.zip", outer), cache_dir=cache, limits=FetchLimits(archive=ArchiveLimits(max_ratio=20)))
+    assert_nothing_left(cache)
+    # A quine-style archive (one that contains itself) is stored as a file, not unpacked again.
+    quine_like = zip_bytes({"ok/SKILL.md": SKILL_MD, "ok/self.zip": inner})
+    root = fetch_url_root(server.add("/quine.zip", quine_like), cache_dir=cache)
+    assert (root / "ok" / "self.zip").read_bytes() == inner
+    assert not (root / "ok" / "layer0").exists()
+
+
+def test_a_gzip_bomb_inside_a_tar_is_refused(server, cache):
+    bomb = tar_gz([file_entry("ok/SKILL.md", SKILL_MD), file_entry("ok/zeros", b"\0" * (60 * 1024 * 1024))])
+    with pytest.raises(UnsafeArchiveError, match="compression bomb|larger than"):
+        fetch_url_root(server.add("/bomb.tar.gz", bomb), cache_dir=cache)
+    assert_nothing_left(cache)
+
+
+def test_download_size_limit(server, cache):
+    url = server.add("/big.tar.gz", library_tar() + b"\0" * 50_000)
+    with pytest.raises(UnsafeArchiveError, match="download limit"):
+        fetch_url_root(url, cache_dir=cache, limits=FetchLimits(max_download_bytes=10_000))
+
+    def endless(out):
+        for _ in range(1000):
+            out.write(b"\0" * 10_000)
+
+    with pytest.raises(UnsafeArchiveError, match="exceeds the 10000-byte limit"):
+        fetch_url_root(server.add("/endless.tar.gz", endless), cache_dir=cache, limits=FetchLimits(max_download_bytes=10_000))
+    assert_nothing_left(cache)
+
+
+def test_redirects_are_followed_up_to_the_limit(server, cache):
+    server.add("/real.tar.gz", library_tar())
+    for i in range(4):
+        server.add(f"/hop{i}", b"", status=302, headers={"Location": f"/hop{i + 1}" if i < 3 else "/real.tar.gz"})
+    assert fetch_url_root(server.url("/hop0"), cache_dir=cache, limits=FetchLimits(max_redirects=5)).is_dir()
+    with pytest.raises(SkillRootError, match="more than 2 redirects"):
+        fetch_url_root(server.url("/hop1"), cache_dir=cache / "b", limits=FetchLimits(max_redirects=2))
+    assert_nothing_left(cache / "b")
+
+
+def test_a_download_that_never_finishes_times_out(server, cache):
+    def trickle(out):
+        for _ in range(100):
+            out.write(b"\x1f")
+            out.flush()
+            time.sleep(0.1)
+
+    with pytest.raises(SkillRootError, match="longer than 0.5 s|timed out"):
+        fetch_url_root(server.add("/trickle.tar.gz", trickle), cache_dir=cache, limits=FetchLimits(download_seconds=0.5))
+    assert_nothing_left(cache)
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "body", "headers", "message"),
+    [
+        ("/missing.tar.gz", 404, b"no", {}, "HTTP 404"),
+        ("/broken.tar.gz", 500, b"oops", {}, "HTTP 500"),
+        ("/SKILL.md", 200, b"<!DOCTYPE html><html>login</html>", {"Content-Type": "text/html"}, "HTML page"),
+        ("/notes", 200, b"just some text", {}, "not a SKILL.md"),
+        ("/empty.zip", 200, zip_bytes({"readme.txt": b"hi"}), {}, "holds no SKILL.md"),
+        ("/garbage.zip", 200, b"PK\x03\x04 not really", {}, "not a readable zip"),
+    ],
+)
+def test_bad_urls_get_a_clear_error_and_leave_nothing(server, cache, path, status, body, headers, message):
+    url = server.add(path, body, status=status, headers=headers)
+    with pytest.raises(SkillRootError, match=message):
+        fetch_url_root(url, cache_dir=cache)
+    assert_nothing_left(cache)
+
+
+def test_local_paths_and_file_urls(tmp_path):
+    assert resolve_root(str(tmp_path)) == tmp_path
+    assert resolve_root(f"file://{tmp_path}") == tmp_path
+    with pytest.raises(SkillRootError, match="only http"):
+        resolve_root(f"file://{tmp_path}", allow_local=False)
+    with pytest.raises(SkillRootError, match="unsupported URL scheme 'ftp'"):
+        resolve_root("ftp://example.invalid/x.tgz")
+
+
+async def test_a_url_root_serves_the_repository_and_runs_through_a_worker(server, cache, monkeypatch, work_root):
+    monkeypatch.setenv("SKILLS_CACHE_DIR", str(cache))
+    data = library_tar()
+    url = server.add("/team-lib.tar.gz", data)
+    repo = create_default_skill_repository(url, use_cached_repository=True)
+    assert repo.skill_list() == ["remote-skill"]
+    ref = repo.skill_ref("remote-skill")
+    assert (ref.root, ref.digest, ref.path) == (url, hashlib.sha256(data).hexdigest(), "lib/remote-skill")
+    async with LocalWorkspaceRuntime(work_root) as runtime:
+        result = await runtime.run(RunRequest(skill=ref, command="bash run.sh; cat SKILL.md | head -2"))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("hi\n---\nname: remote-skill")
+    assert server.hits["/team-lib.tar.gz"] == 1
