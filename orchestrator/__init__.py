@@ -1,29 +1,34 @@
-"""Skillrun's control plane: skill repositories and three-tier injection, dispatch of runs, the CLI.
+"""Skillrun's control plane: skills and three-tier injection, agents, models, tools, sessions, dispatch, the API.
 
 Import paths follow the guide's SDK with ``trpc_agent_sdk`` replaced by ``orchestrator``
-(``orchestrator.skills.create_default_skill_repository``, ``orchestrator.code_executors.create_local_workspace_runtime``).
+(``orchestrator.agents.LlmAgent``, ``orchestrator.skills.create_default_skill_repository``,
+``orchestrator.code_executors.create_local_workspace_runtime``, ...). The root package itself exports only the
+settings and the error tree, so importing any one part stays cheap.
 """
 
 from orchestrator.config import Settings, get_settings
-from orchestrator.dispatch import BaseDispatcher, InlineDispatcher
 from orchestrator.errors import (
     DispatchError,
+    ModelError,
     OrchestratorError,
+    SessionError,
     SkillError,
     SkillNotFoundError,
     SkillsRootNotFoundError,
     SkillValidationError,
+    ToolError,
 )
 
 __all__ = [
-    "BaseDispatcher",
     "DispatchError",
-    "InlineDispatcher",
+    "ModelError",
     "OrchestratorError",
+    "SessionError",
     "Settings",
     "SkillError",
     "SkillNotFoundError",
     "SkillValidationError",
     "SkillsRootNotFoundError",
+    "ToolError",
     "get_settings",
 ]

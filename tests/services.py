@@ -46,12 +46,18 @@ def free_port() -> int:
 class RedisServer:
     """A private redis-server: loopback only, no persistence, its own temporary directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, persistent: bool = False) -> None:
         self.binary = ensure_installed("redis-server", "redis-server")
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="skillrun-redis-")
+        self.persistent = persistent
+        self.start()
+
+    def start(self) -> None:
+        """Start (or restart) the server; a persistent one keeps its data in an append-only file across restarts."""
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always",
              "--dir", self.dir, "--databases", "64"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -70,10 +76,15 @@ class RedisServer:
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the server process, keeping its data folder."""
         self.proc.terminate()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.dir, ignore_errors=True)

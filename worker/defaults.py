@@ -29,3 +29,15 @@ SANDBOX_UID_COUNT = 30000
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 SANDBOX_LANG = "C.UTF-8"
+
+RESULT_TTL_SECONDS = 24 * 3600
+"""How long a finished run's record and result are kept."""
+
+JOB_TIMEOUT_MARGIN_SECONDS = 60
+"""Added to a run's own timeout for the queue's job timeout (the runtime enforces the run's timeout itself)."""
+
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_TTL_SECONDS = 10
+"""A started run whose worker has not beaten for this long is lost: retried or failed."""
+
+MAX_ATTEMPTS = 2

@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import PurePosixPath
 
+from worker import defaults
 from worker.collect import expand_variables, resolve_patterns
 from worker.contract import RunRequest
 from worker.errors import InvalidRunRequestError
@@ -71,3 +72,7 @@ def validate_request(request: RunRequest) -> None:
         validate_input_name(item.name)
         if (item.content is None) == (item.host_path is None):
             raise InvalidRunRequestError("inputs", f"input {item.name!r} needs exactly one of content or host_path")
+        if item.content is not None and len(item.content) > defaults.INPUT_FILE_BYTES:
+            raise InvalidRunRequestError(
+                "inputs", f"input {item.name!r} is {len(item.content)} bytes; the limit is {defaults.INPUT_FILE_BYTES}"
+            )

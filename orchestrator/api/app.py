@@ -7,25 +7,38 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from orchestrator.api.routes import health, sessions
+from orchestrator.api.routes import health, metrics, runs, sessions, skills
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.config import Settings, get_settings
-from orchestrator.dispatch import InlineDispatcher
+from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
+from worker.artifacts import FileArtifactStore
+from worker.workspace import REGISTRY_DIR, default_work_root
 
 
 def build_services(settings: Settings) -> Services:
-    """The embedded default: runs execute in this process; sessions in Redis or in files."""
+    """With ``SKILLRUN_REDIS_URL`` runs go onto the queue for ``skillrun worker`` processes and sessions live in
+    Redis; without it (the embedded default) runs execute in this process and sessions are files."""
     repository = create_default_skill_repository(settings.skills_roots(), use_cached_repository=True)
-    dispatcher = InlineDispatcher({"local": create_local_workspace_runtime(settings.work_root)})
+    dispatcher: BaseDispatcher
+    if settings.redis_url:
+        dispatcher = QueueDispatcher(settings.redis_url)
+        artifacts = FileArtifactStore(settings.artifacts_dir or default_work_root() / REGISTRY_DIR / "artifacts")
+    else:
+        runtime = create_local_workspace_runtime(
+            settings.work_root, artifact_store=FileArtifactStore(settings.artifacts_dir) if settings.artifacts_dir else None
+        )
+        dispatcher = InlineDispatcher({"local": runtime})
+        artifacts = runtime.artifact_store
     return Services(
         repository=repository,
         dispatcher=dispatcher,
         session_service=create_session_service(settings),
         agent=create_assistant(settings, repository, dispatcher),
         app_name=settings.app_name,
+        artifact_store=artifacts,
     )
 
 
@@ -45,6 +58,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         lifespan=lifespan,
     )
     app.state.services = services
-    app.include_router(health.router)
-    app.include_router(sessions.router)
+    for module in (health, metrics, skills, runs, sessions):
+        app.include_router(module.router)
     return app

@@ -11,6 +11,7 @@ from orchestrator.dispatch import BaseDispatcher
 from orchestrator.runners import Runner
 from orchestrator.sessions import BaseSessionService
 from orchestrator.skills import BaseSkillRepository
+from worker.artifacts import FileArtifactStore
 
 DEFAULT_USER = "default"
 """Whose sessions a request touches until requests carry team API keys."""
@@ -23,6 +24,7 @@ class Services:
     session_service: BaseSessionService
     agent: BaseAgent
     app_name: str
+    artifact_store: FileArtifactStore
 
     def runner(self) -> Runner:
         return Runner(app_name=self.app_name, agent=self.agent, session_service=self.session_service)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from orchestrator.errors import OrchestratorError
+from worker.cli import add_arguments as add_worker_arguments
 from worker.errors import WorkerError
 
 USAGE_ERROR = 2
@@ -83,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--session", metavar="ID", help="continue this session (default: a new one)")
     chat.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
     chat.set_defaults(handler="orchestrator.cli.chat:chat")
+
+    worker = commands.add_parser("worker", help="execute queued runs (needs Redis)")
+    add_worker_arguments(worker)
+    worker.set_defaults(handler="worker.consumer:serve_worker")
 
     serve = commands.add_parser("serve", help="serve the HTTP API")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

@@ -22,9 +22,11 @@ LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 def _services(model_server, work_root, session_service) -> Services:
     settings = Settings(model="m", openai_api_key="k", openai_base_url=model_server.base_url)
     repository = create_default_skill_repository(str(LIBRARY), use_cached_repository=True)
-    dispatcher = InlineDispatcher({"local": LocalWorkspaceRuntime(work_root)})
+    runtime = LocalWorkspaceRuntime(work_root)
+    dispatcher = InlineDispatcher({"local": runtime})
     agent = create_assistant(settings, repository, dispatcher)
-    return Services(repository=repository, dispatcher=dispatcher, session_service=session_service, agent=agent, app_name="skillrun")
+    return Services(repository=repository, dispatcher=dispatcher, session_service=session_service, agent=agent,
+                    app_name="skillrun", artifact_store=runtime.artifact_store)
 
 
 def _client(services: Services) -> httpx.AsyncClient:

@@ -34,6 +34,10 @@ class BaseWorkspaceRuntime(ABC):
         sets it, never a model's tool call.
         """
 
+    def cancel(self, run_id: str) -> bool:
+        """Stop a run in progress here; ``False`` if it is not running here."""
+        return False
+
     async def close(self) -> None:
         """Release what the runtime holds (containers, sandboxes, connections)."""
 

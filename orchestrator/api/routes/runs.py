@@ -1,0 +1,131 @@
+"""Runs: submit (202), read (optionally waiting), list, cancel, follow as SSE, download files and artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
+from fastapi.responses import StreamingResponse
+
+from orchestrator.api.schemas import RunCreate, RunPublic, RunsPublic
+from orchestrator.api.services import Services, get_services
+from orchestrator.errors import DispatchError, SkillNotFoundError
+from worker.contract import InputFile, RunRequest
+from worker.errors import ArtifactError
+from worker.run_store import RunRecord, RunStatus
+from worker.validation import validate_request
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+MAX_WAIT_SECONDS = 300.0
+EVENT_WAIT_SECONDS = 15.0
+
+
+async def _record(services: Services, run_id: str) -> RunRecord:
+    record = await services.dispatcher.get(run_id)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run_id!r}")
+    return record
+
+
+@router.post("", response_model=RunPublic, status_code=status.HTTP_202_ACCEPTED)
+async def submit_run(body: RunCreate, services: Services = Depends(get_services)) -> RunPublic:
+    """Accept a run; it executes in the background (in this process, or on a worker when Redis is configured)."""
+    try:
+        ref = services.repository.skill_ref(body.skill)
+    except SkillNotFoundError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id"})
+    request = RunRequest(
+        skill=ref, inputs=[InputFile(name=i.name, content=i.content) for i in body.inputs],
+        **({"workspace_id": body.workspace_id} if body.workspace_id else {}), **fields,
+    )
+    try:
+        validate_request(request)
+        record = await services.dispatcher.submit(request, priority=body.priority)
+    except (ValueError, DispatchError) as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+    return RunPublic.of(record)
+
+
+@router.get("", response_model=RunsPublic)
+async def list_runs(
+    status_filter: RunStatus | None = Query(default=None, alias="status"),
+    limit: int = Query(default=100, ge=1, le=1000),
+    services: Services = Depends(get_services),
+) -> RunsPublic:
+    """Recent runs, newest first, optionally of one status."""
+    records = await services.dispatcher.list(status_filter, limit)
+    return RunsPublic(data=[RunPublic.of(r) for r in records], count=len(records))
+
+
+@router.get("/{run_id}", response_model=RunPublic)
+async def get_run(
+    run_id: str,
+    wait: float = Query(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS, description="Seconds to wait for the run to end."),
+    services: Services = Depends(get_services),
+) -> RunPublic:
+    """A run; with ``wait`` the answer comes when the run ends or after that many seconds."""
+    record = await _record(services, run_id)
+    if wait and not record.status.done:
+        record = await services.dispatcher.wait(run_id, wait) or record
+    return RunPublic.of(record)
+
+
+@router.post("/{run_id}/cancel", response_model=RunPublic)
+async def cancel_run(run_id: str, services: Services = Depends(get_services)) -> RunPublic:
+    """Cancel a run: a queued one at once, a started one is stopped (its processes killed) by its worker."""
+    await _record(services, run_id)
+    return RunPublic.of(await services.dispatcher.cancel(run_id))
+
+
+@router.get("/{run_id}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": "queued, started, finished..."}})
+async def run_events(run_id: str, services: Services = Depends(get_services)) -> StreamingResponse:
+    """The run's events as server-sent events (with timings), until it ends."""
+    await _record(services, run_id)
+    return StreamingResponse(_events(services, run_id), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _events(services: Services, run_id: str) -> AsyncIterator[str]:
+    seen = 0
+    while True:
+        events = await services.dispatcher.events(run_id, seen, EVENT_WAIT_SECONDS)
+        for event in events:
+            yield f"event: {event.type}\ndata: {json.dumps(event.model_dump())}\n\n"
+        seen += len(events)
+        record = await services.dispatcher.get(run_id)
+        if record is None or (record.status.done and not events):
+            return
+
+
+@router.get("/{run_id}/files/{name:path}", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."}})
+async def get_file(run_id: str, name: str, services: Services = Depends(get_services)) -> Response:
+    """An output file of a finished run, with its MIME type (``X-Skillrun-Truncated`` when it was capped)."""
+    record = await _record(services, run_id)
+    found = next((f for f in (record.result.output_files if record.result else []) if f.name == name), None)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} has no output file {name!r}")
+    if found.encoding == "none":
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{name!r} was collected without content; save it as an artifact")
+    data = base64.b64decode(found.content) if found.encoding == "base64" else found.content.encode()
+    return Response(data, media_type=found.mime_type, headers={"X-Skillrun-Truncated": str(found.truncated).lower()})
+
+
+@router.get("/{run_id}/artifacts/{name:path}", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."}})
+async def get_artifact(run_id: str, name: str, services: Services = Depends(get_services)) -> Response:
+    """An artifact a run saved, byte for byte, with its MIME type."""
+    record = await _record(services, run_id)
+    found = next((a for a in (record.result.artifact_files if record.result else []) if a.name == name), None)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} has no artifact {name!r}")
+    try:
+        data = await asyncio.to_thread(services.artifact_store.load, record.request.workspace_id, name, found.version)
+    except ArtifactError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    return Response(data, media_type=found.mime_type)

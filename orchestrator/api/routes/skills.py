@@ -1,0 +1,30 @@
+"""``GET /v1/skills`` and ``GET /v1/skills/{name}``: the library's overview and one skill."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, status
+
+from orchestrator.api.schemas import SkillPublic, SkillSummaryPublic
+from orchestrator.api.services import Services, get_services
+from orchestrator.errors import SkillNotFoundError, SkillValidationError
+
+router = APIRouter(prefix="/v1/skills", tags=["skills"])
+
+
+@router.get("", response_model=list[SkillSummaryPublic])
+def list_skills(services: Services = Depends(get_services)) -> list[SkillSummaryPublic]:
+    """Name and description of each skill (the overview tier)."""
+    return [SkillSummaryPublic(name=s.name, description=s.description) for s in services.repository.summaries()]
+
+
+@router.get("/{name}", response_model=SkillPublic)
+def get_skill(name: str, services: Services = Depends(get_services)) -> SkillPublic:
+    """One skill: body, declared tools, doc names."""
+    try:
+        skill = services.repository.get(name)
+    except SkillNotFoundError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    except SkillValidationError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+    return SkillPublic(name=skill.name, description=skill.description, body=skill.body, tools=skill.tools,
+                       docs=skill.doc_names)

@@ -1,0 +1,224 @@
+"""Runs over a real Redis with RQ and real worker processes: results, cancel, a killed worker, a restarted Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.dispatch import QueueDispatcher
+from orchestrator.skills import create_default_skill_repository
+from tests.services import RedisServer
+from worker import jobs
+from worker.config import get_worker_settings
+from worker.contract import InputFile, RunRequest
+from worker.run_store import RunStatus
+
+LIBRARY = Path(__file__).resolve().parents[2] / "skills"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def repo():
+    return create_default_skill_repository(str(LIBRARY))
+
+
+@pytest.fixture
+def worker_env(work_root, shared_dir, monkeypatch):
+    env = {
+        "SKILLRUN_WORK_ROOT": str(work_root), "SKILLRUN_ARTIFACTS_DIR": str(shared_dir / "artifacts"),
+        "SKILLRUN_HEARTBEAT_TTL_SECONDS": "2",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    get_worker_settings.cache_clear()
+    jobs._runtimes.clear()
+    yield env
+    get_worker_settings.cache_clear()
+    jobs._runtimes.clear()
+
+
+class Workers:
+    """Worker processes started for one test, always stopped at its end."""
+
+    def __init__(self, url: str, env: dict[str, str]) -> None:
+        self.url = url
+        self.env = {**os.environ, **env}
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", self.url, *extra], env=self.env, cwd=REPO)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def workers(redis_url, worker_env):
+    group = Workers(redis_url, worker_env)
+    yield group
+    group.stop()
+
+
+def burst(url: str, env: dict[str, str]) -> None:
+    """Drain the local queue with a worker process that exits once the queue is empty."""
+    subprocess.run([sys.executable, "-m", "worker", "--redis-url", url, "--burst"], env={**os.environ, **env},
+                   cwd=REPO, check=True, timeout=120)
+
+
+async def _wait_status(dispatcher: QueueDispatcher, run_id: str, status: RunStatus, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        record = await dispatcher.get(run_id)
+        if record is not None and record.status == status:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run_id} never reached {status.value}")
+
+
+async def test_a_queued_run_is_executed_by_a_worker_with_timings_and_worker_id(redis_url, worker_env, repo):
+    dispatcher = QueueDispatcher(redis_url)
+    request = RunRequest(
+        skill=repo.skill_ref("python-math"), command="python3 scripts/fib.py 6 > out/fib.txt; cat inputs/n.txt",
+        output_files=["out/fib.txt"], inputs=[InputFile(name="n.txt", content=b"note")], save_as_artifacts=True,
+    )
+    record = await dispatcher.submit(request)
+    assert record.status == RunStatus.QUEUED
+    await asyncio.to_thread(burst, redis_url, worker_env)
+    done = await dispatcher.wait(record.id, 5)
+    assert done.status == RunStatus.FINISHED
+    result = done.result
+    assert result.stdout == "note"
+    assert result.output_files[0].content.split() == ["0", "1", "1", "2", "3", "5"]
+    assert result.worker_id and result.timings.queue_ms > 0 and result.timings.exec_ms > 0
+    assert [e.type for e in await dispatcher.events(record.id)] == ["queued", "started", "finished"]
+    assert result.artifact_files[0].name == "out/fib.txt"
+    await dispatcher.close()
+
+
+async def test_host_path_inputs_cannot_travel_over_the_queue(redis_url, repo, tmp_path):
+    dispatcher = QueueDispatcher(redis_url)
+    request = RunRequest(skill=repo.skill_ref("python-math"), command="true",
+                         inputs=[InputFile(name="x", host_path=str(tmp_path))])
+    with pytest.raises(Exception, match="host paths cannot travel"):
+        await dispatcher.submit(request, trusted=True)
+    assert await dispatcher.list() == []
+    await dispatcher.close()
+
+
+async def test_waiting_for_a_result_blocks_until_a_worker_process_finishes_it(redis_url, workers, repo):
+    workers.start()
+    dispatcher = QueueDispatcher(redis_url)
+    result = await dispatcher.run(RunRequest(skill=repo.skill_ref("python-math"), command="echo from a worker process"))
+    assert result.stdout == "from a worker process\n"
+    await dispatcher.close()
+
+
+async def test_cancelling_a_started_run_kills_its_processes(redis_url, workers, repo, work_root):
+    workers.start()
+    dispatcher = QueueDispatcher(redis_url)
+    request = RunRequest(skill=repo.skill_ref("python-math"), command="echo $$ > $WORK_DIR/pid; sleep 60", timeout=120,
+                         workspace_id="cancel-me")
+    record = await dispatcher.submit(request)
+    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
+    pid_file = next(work_root.glob("ws_cancel-me_*")) / "work" / "pid"
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        await asyncio.sleep(0.05)
+    pid = int(pid_file.read_text())
+    await dispatcher.cancel(record.id)
+    done = await dispatcher.wait(record.id, 30)
+    assert done.status == RunStatus.CANCELLED
+    assert "cancelled" in done.result.stderr
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    await dispatcher.close()
+
+
+async def test_cancelling_a_queued_run_means_it_never_starts(redis_url, worker_env, repo):
+    dispatcher = QueueDispatcher(redis_url)
+    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="touch /tmp/should-not-run"))
+    cancelled = await dispatcher.cancel(record.id)
+    assert cancelled.status == RunStatus.CANCELLED
+    await asyncio.to_thread(burst, redis_url, worker_env)
+    assert (await dispatcher.get(record.id)).status == RunStatus.CANCELLED
+    assert [e.type for e in await dispatcher.events(record.id)] == ["queued", "cancelled"]
+    await dispatcher.close()
+
+
+FIRST_ATTEMPT_HANGS = (
+    "if [ -e $WORK_DIR/attempted ]; then echo second attempt; else touch $WORK_DIR/attempted; sleep 60; fi"
+)
+
+
+async def test_a_worker_killed_mid_run_gets_the_run_retried_and_the_caller_can_tell(redis_url, workers, repo):
+    victim = workers.start()
+    dispatcher = QueueDispatcher(redis_url, max_attempts=2)
+    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command=FIRST_ATTEMPT_HANGS,
+                                                timeout=120, workspace_id="retry-ws"))
+    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    workers.start()
+    done = await dispatcher.wait(record.id, 60)
+    assert done.status == RunStatus.FINISHED, done
+    assert done.result.stdout == "second attempt\n"
+    assert done.attempts == 2
+    events = await dispatcher.events(record.id)
+    retried = [e for e in events if e.type == "retried"]
+    assert len(retried) == 1 and "stopped beating" in retried[0].data["reason"]
+    await dispatcher.close()
+
+
+async def test_a_run_out_of_attempts_fails_with_the_reason(redis_url, workers, repo):
+    victim = workers.start()
+    dispatcher = QueueDispatcher(redis_url, max_attempts=1)
+    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120))
+    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
+    victim.send_signal(signal.SIGKILL)
+    done = await dispatcher.wait(record.id, 60)
+    assert done.status == RunStatus.FAILED
+    assert "stopped beating" in done.error
+    await dispatcher.close()
+
+
+async def test_queued_runs_survive_a_redis_restart(worker_env, repo):
+    server = RedisServer(persistent=True)
+    try:
+        url = server.url(0)
+        dispatcher = QueueDispatcher(url)
+        ids = [(await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command=f"echo {i}"))).id
+               for i in range(3)]
+        await dispatcher.close()
+        server.halt()
+        server.start()
+        dispatcher = QueueDispatcher(url)
+        assert {r.id for r in await dispatcher.list(RunStatus.QUEUED)} == set(ids)
+        await asyncio.to_thread(burst, url, worker_env)
+        results = [await dispatcher.wait(i, 5) for i in ids]
+        assert [r.result.stdout for r in results] == ["0\n", "1\n", "2\n"]
+        await dispatcher.close()
+    finally:
+        server.stop()
+
+
+async def test_a_run_whose_request_cannot_execute_fails_with_the_reason(redis_url, worker_env, repo):
+    dispatcher = QueueDispatcher(redis_url)
+    ref = repo.skill_ref("python-math").model_copy(update={"path": "no-such-skill"})
+    record = await dispatcher.submit(RunRequest(skill=ref, command="true"))
+    await asyncio.to_thread(burst, redis_url, worker_env)
+    done = await dispatcher.wait(record.id, 5)
+    assert done.status == RunStatus.FAILED
+    assert "StagingError" in done.error and "no SKILL.md" in done.error
+    await dispatcher.close()

@@ -1,0 +1,29 @@
+"""Settings of the execution plane (``SKILLRUN_*``), read by queue workers."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker import defaults
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore")
+
+    redis_url: str | None = Field(default=None, description="The Redis the run queue lives in.")
+    work_root: Path | None = Field(default=None, description="Where workspaces are created; shared by all workers.")
+    artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored; shared by all workers.")
+    result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0)
+    max_attempts: int = Field(default=defaults.MAX_ATTEMPTS, ge=1, description="Tries of a run whose worker died.")
+    heartbeat_ttl_seconds: int = Field(
+        default=defaults.HEARTBEAT_TTL_SECONDS, ge=2, description="Silence after which a started run's worker is lost."
+    )
+
+
+@lru_cache
+def get_worker_settings() -> WorkerSettings:
+    return WorkerSettings()

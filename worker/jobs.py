@@ -1,0 +1,86 @@
+"""The queue's job function: execute one stored run request on this worker.
+
+``execute_run(run_id)`` is what the dispatcher enqueues (RQ, JSON-serialized: the job carries only the run id;
+the request lives in the run store). It marks the run started, renews its heartbeat from a thread (which also
+notices a cancel request and stops the command), runs it with this process's runtime, and stores the result.
+A worker process keeps one event loop and one runtime per kind, so workspaces' spawners and staging caches
+survive from job to job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from rq import get_current_job
+
+from worker import defaults
+from worker.artifacts import FileArtifactStore
+from worker.config import get_worker_settings
+from worker.contract import RunResult
+from worker.run_store import BaseRunStore, RedisRunStore
+from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
+from worker.runtimes.base import worker_id
+
+_loop: asyncio.AbstractEventLoop | None = None
+_runtimes: dict[str, BaseWorkspaceRuntime] = {}
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+    return _loop
+
+
+def runtime_for(name: str) -> BaseWorkspaceRuntime:
+    """This process's runtime of kind ``name``, built from the worker settings on first use."""
+    if name not in _runtimes:
+        settings = get_worker_settings()
+        options: dict[str, Any] = {"work_root": settings.work_root}
+        if settings.artifacts_dir is not None:
+            options["artifact_store"] = FileArtifactStore(settings.artifacts_dir)
+        _runtimes[name] = resolve_runtime(name, **options)
+    return _runtimes[name]
+
+
+def execute_run(run_id: str) -> dict[str, Any]:
+    """Run the stored request ``run_id``; return a short summary (the result itself goes to the run store)."""
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("execute_run runs inside an RQ job; call execute_stored_run directly otherwise")
+    settings = get_worker_settings()
+    store = RedisRunStore(job.connection, result_ttl=settings.result_ttl_seconds, heartbeat_ttl=settings.heartbeat_ttl_seconds)
+    return execute_stored_run(store, run_id, worker_id())
+
+
+def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, Any]:
+    record = store.start(run_id, who)
+    if record is None:
+        return {"run_id": run_id, "skipped": "not queued (cancelled or already taken)"}
+    runtime = runtime_for(record.request.runtime.value)
+    stop = threading.Event()
+    beat = threading.Thread(target=_beat, args=(store, run_id, runtime, stop), daemon=True, name=f"heartbeat-{run_id}")
+    beat.start()
+    try:
+        result: RunResult = _event_loop().run_until_complete(runtime.run(record.request))
+    except Exception as exc:  # a bad request or an unusable runtime: the run fails with the reason
+        store.fail(run_id, f"{type(exc).__name__}: {exc}")
+        return {"run_id": run_id, "failed": str(exc)}
+    finally:
+        stop.set()
+        beat.join()
+    result.worker_id = who
+    result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
+    cancelled = bool((store.get(run_id) or record).cancel_requested)
+    store.finish(run_id, result, cancelled=cancelled)
+    return {"run_id": run_id, "exit_code": result.exit_code}
+
+
+def _beat(store: BaseRunStore, run_id: str, runtime: BaseWorkspaceRuntime, stop: threading.Event) -> None:
+    while not stop.wait(defaults.HEARTBEAT_SECONDS):
+        store.heartbeat(run_id)
+        record = store.get(run_id)
+        if record is not None and record.cancel_requested:
+            runtime.cancel(run_id)

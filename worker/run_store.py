@@ -1,0 +1,313 @@
+"""Run records: what happened to each submitted run, shared by whoever submits, executes and watches it.
+
+A record holds the request, its status (``queued → started → finished | failed | cancelled``), the result,
+the failure reason, the attempts and the worker; each change is also an event (``queued``, ``started``,
+``finished``, ``failed``, ``cancelled``, ``retried``) that watchers can wait for without polling. Two stores:
+``MemoryRunStore`` (the embedded default, one process) and ``RedisRunStore`` (API processes and queue workers).
+
+A started run carries a heartbeat its worker renews; a run whose heartbeat expired is *lost*: the dispatcher
+retries it (event ``retried`` with the reason) until ``max_attempts``, then fails it with the reason. A run is
+never left "started" forever.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from enum import Enum
+from typing import Any
+
+import redis
+from pydantic import BaseModel, Field
+
+from worker import defaults
+from worker.contract import RunRequest, RunResult
+
+
+MAX_BLOCK_SECONDS = 2.0
+"""Longest single blocking read on Redis (under any client socket timeout); waits loop over such reads."""
+
+DURATION_BUCKETS_SECONDS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
+
+
+def duration_bucket(seconds: float) -> str:
+    """The histogram bucket (upper bound, as Prometheus' ``le``) a run duration falls in."""
+    return next((f"{b:g}" for b in DURATION_BUCKETS_SECONDS if seconds <= b), "+Inf")
+
+
+class RunStatus(str, Enum):
+    QUEUED = "queued"
+    STARTED = "started"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def done(self) -> bool:
+        return self in {RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED}
+
+
+class RunEvent(BaseModel):
+    type: str
+    at: float = Field(default_factory=time.time)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunRecord(BaseModel):
+    id: str
+    request: RunRequest
+    status: RunStatus = RunStatus.QUEUED
+    result: RunResult | None = None
+    error: str | None = None
+    worker_id: str | None = None
+    attempts: int = 0
+    created_at: float = Field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    cancel_requested: bool = False
+
+
+class BaseRunStore(ABC):
+    """Blocking by design (Redis calls, waits); async callers go through ``asyncio.to_thread``."""
+
+    @abstractmethod
+    def create(self, request: RunRequest) -> RunRecord: ...
+
+    @abstractmethod
+    def get(self, run_id: str) -> RunRecord | None: ...
+
+    @abstractmethod
+    def save(self, record: RunRecord, event: RunEvent | None = None, previous: RunStatus | None = None) -> None:
+        """Store ``record`` (whose status was ``previous``) and append ``event`` to its events (waking waiters)."""
+
+    @abstractmethod
+    def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
+        """Events after the first ``after`` ones; waits up to ``timeout`` seconds for one when there are none."""
+
+    @abstractmethod
+    def list(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]: ...
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counts of runs by status, and a histogram of finished runs' durations (for ``/metrics``)."""
+
+    def heartbeat(self, run_id: str) -> None:
+        """The worker executing ``run_id`` is alive."""
+
+    def alive(self, record: RunRecord) -> bool:
+        """Whether a started run's worker is still beating."""
+        return True
+
+    def start(self, run_id: str, worker_id: str) -> RunRecord | None:
+        """Mark a queued run started by ``worker_id``; ``None`` when it is not queued (cancelled meanwhile)."""
+        record = self.get(run_id)
+        if record is None or record.status != RunStatus.QUEUED:
+            return None
+        previous = record.status
+        record.status = RunStatus.STARTED
+        record.worker_id = worker_id
+        record.attempts += 1
+        record.started_at = time.time()
+        self.heartbeat(run_id)
+        self.save(record, RunEvent(type="started", data={"worker_id": worker_id, "attempt": record.attempts,
+                                                         "queue_ms": round((record.started_at - record.created_at) * 1000, 3)}), previous)
+        return record
+
+    def finish(self, run_id: str, result: RunResult, cancelled: bool = False) -> RunRecord | None:
+        record = self.get(run_id)
+        if record is None:
+            return None
+        previous = record.status
+        record.result = result
+        record.status = RunStatus.CANCELLED if cancelled else RunStatus.FINISHED
+        record.finished_at = time.time()
+        self.save(record, RunEvent(type=record.status.value, data={
+            "exit_code": result.exit_code, "timed_out": result.timed_out, "timings": result.timings.model_dump()}), previous)
+        return record
+
+    def fail(self, run_id: str, reason: str) -> RunRecord | None:
+        record = self.get(run_id)
+        if record is None or record.status.done:
+            return record
+        previous = record.status
+        record.status = RunStatus.FAILED
+        record.error = reason
+        record.finished_at = time.time()
+        self.save(record, RunEvent(type="failed", data={"reason": reason}), previous)
+        return record
+
+    def request_cancel(self, run_id: str) -> RunRecord | None:
+        """Cancel a queued run at once; ask the worker of a started one to stop it."""
+        record = self.get(run_id)
+        if record is None or record.status.done:
+            return record
+        record.cancel_requested = True
+        if record.status == RunStatus.QUEUED:
+            record.status = RunStatus.CANCELLED
+            record.finished_at = time.time()
+            self.save(record, RunEvent(type="cancelled", data={"reason": "cancelled before it started"}), RunStatus.QUEUED)
+        else:
+            self.save(record, RunEvent(type="cancelling"))
+        return record
+
+    def wait(self, run_id: str, timeout: float) -> RunRecord | None:
+        """The record once it is done, or as it is after ``timeout`` seconds. No polling: waits on its events."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            record = self.get(run_id)
+            if record is None or record.status.done:
+                return record
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return record
+            seen = max(seen, len(self.events(run_id)))
+            self.events(run_id, after=seen, timeout=min(remaining, defaults.HEARTBEAT_TTL_SECONDS / 2))
+            record = self.get(run_id)
+            if record is not None and record.status == RunStatus.STARTED and not self.alive(record):
+                return record
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class MemoryRunStore(BaseRunStore):
+    """Records in this process (the embedded default)."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, RunRecord] = {}
+        self._events: dict[str, list[RunEvent]] = {}
+        self._changed = threading.Condition()
+
+    def create(self, request: RunRequest) -> RunRecord:
+        record = RunRecord(id=request.run_id, request=request)
+        self.save(record, RunEvent(type="queued"))
+        return record
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._changed:
+            record = self._records.get(run_id)
+            return record.model_copy(deep=True) if record else None
+
+    def save(self, record: RunRecord, event: RunEvent | None = None, previous: RunStatus | None = None) -> None:
+        with self._changed:
+            self._records[record.id] = record.model_copy(deep=True)
+            if event is not None:
+                self._events.setdefault(record.id, []).append(event)
+            self._changed.notify_all()
+
+    def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
+        with self._changed:
+            self._changed.wait_for(lambda: len(self._events.get(run_id, [])) > after, timeout)
+            return list(self._events.get(run_id, [])[after:])
+
+    def list(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        with self._changed:
+            records = sorted(self._records.values(), key=lambda r: r.created_at, reverse=True)
+            return [r.model_copy(deep=True) for r in records if status is None or r.status == status][:limit]
+
+    def stats(self) -> dict[str, Any]:
+        with self._changed:
+            by_status: dict[str, int] = {}
+            durations: dict[str, int] = {}
+            total = 0.0
+            for record in self._records.values():
+                by_status[record.status.value] = by_status.get(record.status.value, 0) + 1
+                if record.status.done and record.started_at and record.finished_at:
+                    seconds = record.finished_at - record.started_at
+                    durations[duration_bucket(seconds)] = durations.get(duration_bucket(seconds), 0) + 1
+                    total += seconds
+            return {"status": by_status, "duration_buckets": durations, "duration_sum": total}
+
+
+class RedisRunStore(BaseRunStore):
+    """Records in Redis: ``<prefix>:<id>`` (the record as JSON), ``<prefix>:<id>:events`` (a stream),
+    ``<prefix>:<id>:heartbeat`` (expires when the worker stops beating), and the index ``<prefix>:index``."""
+
+    def __init__(
+        self,
+        connection: redis.Redis,
+        *,
+        prefix: str = "skillrun:run",
+        result_ttl: int = defaults.RESULT_TTL_SECONDS,
+        heartbeat_ttl: int = defaults.HEARTBEAT_TTL_SECONDS,
+    ) -> None:
+        self.redis = connection
+        self.prefix = prefix
+        self.result_ttl = result_ttl
+        self.heartbeat_ttl = heartbeat_ttl
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> "RedisRunStore":
+        return cls(redis.Redis.from_url(url), **kwargs)
+
+    def _key(self, run_id: str, part: str = "") -> str:
+        return f"{self.prefix}:{run_id}{':' + part if part else ''}"
+
+    def create(self, request: RunRequest) -> RunRecord:
+        record = RunRecord(id=request.run_id, request=request)
+        if not self.redis.set(self._key(record.id), record.model_dump_json(), nx=True):
+            raise ValueError(f"run {record.id!r} already exists")
+        self.redis.zadd(f"{self.prefix}:index", {record.id: record.created_at})
+        self.redis.hincrby(f"{self.prefix}:stats", f"status:{RunStatus.QUEUED.value}", 1)
+        self.redis.xadd(self._key(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
+        return record
+
+    def get(self, run_id: str) -> RunRecord | None:
+        raw = self.redis.get(self._key(run_id))
+        return RunRecord.model_validate_json(raw) if raw else None
+
+    def save(self, record: RunRecord, event: RunEvent | None = None, previous: RunStatus | None = None) -> None:
+        ttl = self.result_ttl if record.status.done else None
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._key(record.id), record.model_dump_json(), ex=ttl)
+            if previous is not None and previous != record.status:
+                pipe.hincrby(f"{self.prefix}:stats", f"status:{previous.value}", -1)
+                pipe.hincrby(f"{self.prefix}:stats", f"status:{record.status.value}", 1)
+            if record.status.done and record.started_at and record.finished_at:
+                seconds = record.finished_at - record.started_at
+                pipe.hincrby(f"{self.prefix}:stats", f"duration:{duration_bucket(seconds)}", 1)
+                pipe.hincrbyfloat(f"{self.prefix}:stats", "duration_sum", seconds)
+            if event is not None:
+                pipe.xadd(self._key(record.id, "events"), {"event": event.model_dump_json()})
+            if ttl:
+                pipe.expire(self._key(record.id, "events"), ttl)
+                pipe.delete(self._key(record.id, "heartbeat"))
+            pipe.execute()
+
+    def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
+        key = self._key(run_id, "events")
+        entries = self.redis.xrange(key)
+        if len(entries) <= after and timeout > 0:
+            last = entries[-1][0] if entries else b"0-0"
+            self.redis.xread({key: last}, block=max(int(min(timeout, MAX_BLOCK_SECONDS) * 1000), 1))
+            entries = self.redis.xrange(key)
+        return [RunEvent.model_validate_json(fields[b"event"]) for _, fields in entries[after:]]
+
+    def list(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        ids = self.redis.zrevrange(f"{self.prefix}:index", 0, max(limit * 5, 500))
+        records = []
+        for raw in self.redis.mget([self._key(i.decode()) for i in ids]) if ids else []:
+            if raw:
+                record = RunRecord.model_validate_json(raw)
+                if status is None or record.status == status:
+                    records.append(record)
+        return records[:limit]
+
+    def stats(self) -> dict[str, Any]:
+        raw = {k.decode(): float(v) for k, v in self.redis.hgetall(f"{self.prefix}:stats").items()}
+        return {
+            "status": {k.split(":", 1)[1]: int(v) for k, v in raw.items() if k.startswith("status:")},
+            "duration_buckets": {k.split(":", 1)[1]: int(v) for k, v in raw.items() if k.startswith("duration:")},
+            "duration_sum": raw.get("duration_sum", 0.0),
+        }
+
+    def heartbeat(self, run_id: str) -> None:
+        self.redis.set(self._key(run_id, "heartbeat"), "1", ex=self.heartbeat_ttl)
+
+    def alive(self, record: RunRecord) -> bool:
+        return bool(self.redis.exists(self._key(record.id, "heartbeat")))
+
+    def close(self) -> None:
+        self.redis.close()
