@@ -47,7 +47,7 @@ async def submit_run(body: RunCreate, services: Services = Depends(get_services)
         validate_request(request)
         record = await services.dispatcher.submit(request, priority=body.priority)
     except (ValueError, DispatchError) as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+        raise HTTPException(422, str(exc)) from exc
     return RunPublic.of(record)
 
 

@@ -25,6 +25,6 @@ def get_skill(name: str, services: Services = Depends(get_services)) -> SkillPub
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except SkillValidationError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+        raise HTTPException(422, str(exc)) from exc
     return SkillPublic(name=skill.name, description=skill.description, body=skill.body, tools=skill.tools,
                        docs=skill.doc_names)
