@@ -15,6 +15,7 @@ import pytest
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from tests.services import RedisServer
+from tests.processes import wait_gone
 from worker import jobs
 from worker.config import get_worker_settings
 from worker.contract import InputFile, RunRequest
@@ -142,7 +143,7 @@ async def test_cancelling_a_started_run_kills_its_processes(redis_url, workers, 
     done = await dispatcher.wait(record.id, 30)
     assert done.status == RunStatus.CANCELLED
     assert "cancelled" in done.result.stderr
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    assert wait_gone(pid), f"the cancelled command ({pid}) is still running"
     await dispatcher.close()
 
 

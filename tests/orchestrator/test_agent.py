@@ -12,6 +12,8 @@ from orchestrator.sessions import InMemorySessionService
 from orchestrator.tools import AgentTool, BaseTool, BaseToolSet, FunctionTool, StreamingFunctionTool
 from orchestrator.types import Content, Part
 from tests.orchestrator.conftest import declared_tools, tool_messages
+from orchestrator.context import InvocationContext
+from orchestrator.models import LlmResponse
 
 
 async def _run(agent, text: str, *, session_service=None, session_id: str = "s1"):
@@ -173,8 +175,6 @@ async def test_parallel_tool_calls_run_concurrently(model_server, model):
 
 
 async def test_state_delta_is_on_tool_events_and_temp_keys_are_not_persisted(model_server, model):
-    from orchestrator.context import InvocationContext
-
     def remember(tool_context: InvocationContext) -> str:
         """Remember."""
         tool_context.actions.state_delta["user_type"] = "vip"
@@ -296,8 +296,6 @@ async def test_callbacks_can_watch_and_replace_model_and_tool_steps(model_server
 
 
 async def test_before_model_callback_can_answer_without_calling_the_model(model_server, model):
-    from orchestrator.models import LlmResponse
-
     def canned(ctx, request):
         return LlmResponse(content=Content(role="model", parts=[Part.from_text("canned")]))
 

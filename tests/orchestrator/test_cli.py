@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import workspace_dirs, write_skill
+from tests.model_server import ScriptedModelServer
 
 
 @pytest.fixture
@@ -127,8 +128,6 @@ def test_run_bad_input_exits_2_and_creates_no_workspace(cli, library, work_root,
 
 
 def test_chat_streams_the_answer_and_tool_calls_and_continues_a_session(cli, work_root, shared_dir):
-    from tests.model_server import ScriptedModelServer
-
     server = ScriptedModelServer().start()
     try:
         server.add(

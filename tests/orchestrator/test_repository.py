@@ -10,6 +10,8 @@ import pytest
 from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, SkillValidationError
 from orchestrator.skills import CachedSkillRepository, FsSkillRepository, create_default_skill_repository
 from tests.conftest import write_skill
+from orchestrator.skills import repository as repository_module
+from orchestrator.skills import skill as skill_module
 
 
 def _bump(path):
@@ -95,21 +97,17 @@ def test_repository_notices_edited_added_and_removed_skills(tmp_path, cached):
 
 
 def test_cached_repository_parses_an_unchanged_skill_once(tmp_path, monkeypatch):
-    from orchestrator.skills import repository as module
-
     write_skill(tmp_path, "alpha")
     repo = CachedSkillRepository(tmp_path)
     calls = []
-    real = module.load_skill
-    monkeypatch.setattr(module, "load_skill", lambda *a: calls.append(a) or real(*a))
+    real = repository_module.load_skill
+    monkeypatch.setattr(repository_module, "load_skill", lambda *a: calls.append(a) or real(*a))
     repo.get("alpha")
     repo.get("alpha")
     assert len(calls) == 1
 
 
 def test_a_skill_whose_doc_is_broken_raises_on_get_with_the_file(tmp_path, monkeypatch):
-    from orchestrator.skills import skill as skill_module
-
     write_skill(tmp_path, "alpha", files={"BIG.md": "x" * 100})
     monkeypatch.setattr(skill_module, "MAX_DOC_BYTES", 10)
     with pytest.raises(SkillValidationError, match="BIG.md is larger than 10 bytes"):

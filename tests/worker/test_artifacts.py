@@ -8,6 +8,7 @@ import pytest
 
 from worker.artifacts import FileArtifactStore
 from worker.errors import ArtifactError
+from worker.contract import RunLimits
 
 
 def test_binary_content_is_stored_byte_for_byte_and_versioned(tmp_path):
@@ -40,8 +41,6 @@ def test_artifact_over_the_cap_leaves_no_partial_version(tmp_path):
 
 
 async def test_save_as_artifacts_stores_whole_files_beyond_the_inline_cap(runtime, make_request):
-    from worker.contract import RunLimits
-
     request = make_request(
         "head -c 300000 /dev/urandom > out/noise.bin; echo text > out/t.txt",
         output_files=["out/*"], save_as_artifacts=True, limits=RunLimits(output_file_bytes=1000),

@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import IS_ROOT, workspace_dirs
+from tests.processes import wait_gone
 from worker.contract import InputFile, RunLimits
 from worker.errors import InvalidRunRequestError
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pid: int, seconds: float = 5.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if not _alive(pid):
-            return True
-        time.sleep(0.02)
-    return False
+from worker.runtimes.local import LocalWorkspaceRuntime
 
 
 async def test_command_runs_in_the_staged_skill_folder_with_the_six_variables(runtime, make_request):
@@ -93,7 +78,7 @@ async def test_command_that_outlives_its_timeout_is_killed_with_its_process_grou
     assert result.exit_code == 124
     workspace = workspace_dirs(runtime.work_root)[0]
     child = int((workspace / "work" / "child.pid").read_text())
-    assert _wait_gone(child), f"background child {child} survived the timeout"
+    assert wait_gone(child), f"background child {child} survived the timeout"
 
 
 async def test_backgrounded_child_holding_stdout_does_not_hold_the_run(runtime, make_request):
@@ -102,7 +87,7 @@ async def test_backgrounded_child_holding_stdout_does_not_hold_the_run(runtime, 
     assert result.exit_code == 0
     assert result.stdout == "done\n"
     child = int((workspace_dirs(runtime.work_root)[0] / "work" / "child.pid").read_text())
-    assert _wait_gone(child), "the child that held stdout open was left running"
+    assert wait_gone(child), "the child that held stdout open was left running"
 
 
 @pytest.mark.root
@@ -111,7 +96,7 @@ async def test_detached_child_that_left_the_process_group_is_killed_by_its_user(
     assert result.exit_code == 0
     assert "done" in result.stdout
     child = int((workspace_dirs(runtime.work_root)[0] / "work" / "child.pid").read_text())
-    assert _wait_gone(child), "a setsid child holding the pipes survived the run"
+    assert wait_gone(child), "a setsid child holding the pipes survived the run"
 
 
 async def test_nonzero_exit_keeps_stdout_and_stderr(runtime, make_request):
@@ -174,8 +159,6 @@ async def test_same_workspace_id_keeps_work_and_out_between_runs(runtime, make_r
 
 
 async def test_workspace_is_found_again_by_a_new_runtime_instance(work_root, make_request):
-    from worker.runtimes.local import LocalWorkspaceRuntime
-
     await LocalWorkspaceRuntime(work_root).run(make_request("echo kept > $WORK_DIR/f", workspace_id="s2"))
     result = await LocalWorkspaceRuntime(work_root).run(make_request("cat $WORK_DIR/f", workspace_id="s2"))
     assert result.stdout == "kept\n"
@@ -288,16 +271,12 @@ async def test_host_path_inputs_need_a_trusted_caller(runtime, make_request, sha
 
 
 async def test_input_over_the_size_cap_is_refused(work_root, make_request):
-    from worker.runtimes.local import LocalWorkspaceRuntime
-
     runtime = LocalWorkspaceRuntime(work_root, input_file_bytes=1000)
     with pytest.raises(InvalidRunRequestError, match="the limit is 1000"):
         await runtime.run(make_request("true", inputs=[InputFile(name="big", content=b"x" * 1001)]))
 
 
 async def test_cancel_stops_a_running_command(runtime, make_request):
-    import asyncio
-
     request = make_request("echo $$ > $WORK_DIR/pid; sleep 60", timeout=60)
     task = asyncio.create_task(runtime.run(request))
     for _ in range(500):

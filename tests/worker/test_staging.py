@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,6 @@ def test_library_the_workspace_user_cannot_reach_is_copied(workspace, shared_dir
 
 
 def test_skill_removed_from_its_root_after_staging_is_a_clear_error(workspace, library):
-    import shutil
-
     stager = LinkSkillStager()
     stager.stage(workspace, _ref(library))
     shutil.rmtree(library / "demo")
