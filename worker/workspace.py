@@ -199,6 +199,7 @@ class WorkspaceManager:
         os.rename(making, spare)
 
     def _ensure_registry(self) -> None:
+        self.work_root.mkdir(parents=True, exist_ok=True, mode=0o755)
         if self.isolate_users and not reachable_by_others(self.work_root):
             raise WorkspaceError(
                 f"work root {self.work_root} (or a folder above it) cannot be entered by other users, so commands "

@@ -297,3 +297,9 @@ async def test_each_phase_is_timed(runtime, make_request):
 
 def test_tests_know_whether_they_run_as_root():
     assert IS_ROOT == (os.geteuid() == 0)
+
+
+async def test_a_work_root_that_does_not_exist_yet_is_created(shared_dir, make_request):
+    runtime = LocalWorkspaceRuntime(shared_dir / "new" / "root")
+    result = await runtime.run(make_request("echo ok"))
+    assert result.stdout == "ok\n"

@@ -1,0 +1,103 @@
+"""Round trip of a trivial run: through the queue (Redis + RQ + a worker process) vs the inline dispatcher.
+
+Three series, interleaved, in one process: ``inline`` (InlineDispatcher.run in this process), ``queue``
+(QueueDispatcher.run: Redis, a worker process, the result back), and ``api`` (POST /v1/runs then
+GET /v1/runs/{id}?wait=30 through the ASGI app on the queue). Prints medians, p95 and what the queue adds.
+Starts its own redis-server on a free port (needs ``redis-server`` installed).
+
+Usage: .venv/bin/python benchmarks/queue_roundtrip.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from orchestrator.api import Services, create_app  # noqa: E402
+from orchestrator.assistant import create_assistant  # noqa: E402
+from orchestrator.config import Settings  # noqa: E402
+from orchestrator.dispatch import InlineDispatcher, QueueDispatcher  # noqa: E402
+from orchestrator.sessions import InMemorySessionService  # noqa: E402
+from orchestrator.skills import create_default_skill_repository  # noqa: E402
+from tests.services import RedisServer  # noqa: E402
+from worker.artifacts import FileArtifactStore  # noqa: E402
+from worker.contract import RunRequest  # noqa: E402
+from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
+
+
+def summary(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered) * 1000, ordered[int(len(ordered) * 0.95) - 1] * 1000
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=200)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="skillrun-bench-"))
+    work.chmod(0o755)
+    redis_server = RedisServer()
+    env = {**os.environ, "SKILLRUN_WORK_ROOT": str(work / "queue"), "SKILLRUN_ARTIFACTS_DIR": str(work / "artifacts")}
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url()], env=env, cwd=ROOT)
+    repository = create_default_skill_repository(str(ROOT / "skills"))
+    ref = repository.skill_ref("python-math")
+    inline = InlineDispatcher({"local": LocalWorkspaceRuntime(work / "inline")})
+    queue = QueueDispatcher(redis_server.url())
+    settings = Settings(model="m", openai_api_key="k", openai_base_url="http://127.0.0.1:9/v1")
+    services = Services(repository=repository, dispatcher=queue, session_service=InMemorySessionService(),
+                        agent=create_assistant(settings, repository, queue), app_name="bench",
+                        artifact_store=FileArtifactStore(work / "artifacts"))
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://bench")
+    series: dict[str, list[float]] = {"inline": [], "queue": [], "api": []}
+    try:
+        await queue.run(RunRequest(skill=ref, command="true", workspace_id="warm"))  # the worker is up
+        for i in range(args.runs):
+            t = time.perf_counter()
+            await inline.run(RunRequest(skill=ref, command="echo hi", workspace_id="warm"))
+            series["inline"].append(time.perf_counter() - t)
+
+            t = time.perf_counter()
+            result = await queue.run(RunRequest(skill=ref, command="echo hi", workspace_id="warm"))
+            series["queue"].append(time.perf_counter() - t)
+            assert result.stdout == "hi\n"
+
+            t = time.perf_counter()
+            run_id = (await client.post("/v1/runs", json={"skill": "python-math", "command": "echo hi",
+                                                          "workspace_id": "warm"})).json()["id"]
+            done = (await client.get(f"/v1/runs/{run_id}", params={"wait": 30})).json()
+            series["api"].append(time.perf_counter() - t)
+            assert done["status"] == "finished", done
+            if (i + 1) % 50 == 0:
+                print(f"  {i + 1}/{args.runs}", file=sys.stderr)
+    finally:
+        await client.aclose()
+        await inline.close()
+        await queue.close()
+        worker.terminate()
+        worker.wait()
+        redis_server.stop()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+    base, _ = summary(series["inline"])
+    print(f"trivial run round trip, {args.runs} runs each (one worker process)")
+    print(f"{'series':<8} {'median ms':>10} {'p95 ms':>8} {'added over inline (median)':>28}")
+    for name, samples in series.items():
+        med, p95 = summary(samples)
+        print(f"{name:<8} {med:>10.2f} {p95:>8.2f} {med - base:>25.2f} ms")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
