@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker import defaults as run_defaults
+
 DEFAULT_SKILLS_ROOT = "./skills"
 
 
@@ -34,6 +36,8 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "SKILLRUN_OPENAI_BASE_URL")
     )
     app_name: str = Field(default="skillrun", description="The app name sessions are filed under.")
+    max_attempts: int = Field(default=run_defaults.MAX_ATTEMPTS, ge=1, description="Tries of a run whose worker was lost.")
+    result_ttl_seconds: int = Field(default=run_defaults.RESULT_TTL_SECONDS, gt=0, description="How long run records are kept.")
     max_steps: int = Field(default=25, gt=0, description="Model calls per message before the agent stops.")
 
     def skills_roots(self) -> list[str]:

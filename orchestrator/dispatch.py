@@ -154,7 +154,9 @@ class InlineDispatcher(BaseDispatcher):
 class QueueDispatcher(BaseDispatcher):
     """Runs through Redis and RQ: ``skillrun worker`` processes execute them."""
 
-    def __init__(self, redis_url: str, *, max_attempts: int = defaults.MAX_ATTEMPTS, result_ttl: int = defaults.RESULT_TTL_SECONDS) -> None:
+    def __init__(
+        self, redis_url: str, *, max_attempts: int = defaults.MAX_ATTEMPTS, result_ttl: int = defaults.RESULT_TTL_SECONDS
+    ) -> None:
         self.redis = redis.Redis.from_url(redis_url)
         self.store = RedisRunStore(self.redis, result_ttl=result_ttl)
         self.max_attempts = max_attempts

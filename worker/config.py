@@ -18,7 +18,6 @@ class WorkerSettings(BaseSettings):
     work_root: Path | None = Field(default=None, description="Where workspaces are created; shared by all workers.")
     artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored; shared by all workers.")
     result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0)
-    max_attempts: int = Field(default=defaults.MAX_ATTEMPTS, ge=1, description="Tries of a run whose worker died.")
     heartbeat_ttl_seconds: int = Field(
         default=defaults.HEARTBEAT_TTL_SECONDS, ge=2, description="Silence after which a started run's worker is lost."
     )

@@ -24,7 +24,9 @@ def build_services(settings: Settings) -> Services:
     repository = create_default_skill_repository(settings.skills_roots(), use_cached_repository=True)
     dispatcher: BaseDispatcher
     if settings.redis_url:
-        dispatcher = QueueDispatcher(settings.redis_url)
+        dispatcher = QueueDispatcher(
+            settings.redis_url, max_attempts=settings.max_attempts, result_ttl=settings.result_ttl_seconds
+        )
         artifacts = FileArtifactStore(settings.artifacts_dir or default_work_root() / REGISTRY_DIR / "artifacts")
     else:
         runtime = create_local_workspace_runtime(
