@@ -1,0 +1,267 @@
+"""Runtimes whose workspaces live on this host's file system (local processes, Docker containers).
+
+Everything but starting the command is shared: finding or creating the workspace, staging the skill, the run
+directory, inputs written without following planted links, the command's environment built from scratch,
+output collection with caps and MIME types, artifacts, timings. A subclass says how the command is executed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+import threading
+import time
+from abc import abstractmethod
+from collections import OrderedDict
+from pathlib import Path
+
+from worker import defaults
+from worker.artifacts import FileArtifactStore
+from worker.collect import ArtifactSink, collect_outputs, resolve_patterns
+from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RunTimings
+from worker.errors import InvalidRunRequestError, WorkspaceError
+from worker.process import ProcessOutcome
+from worker.runtimes.base import BaseWorkspaceRuntime, worker_id
+from worker.staging import BaseSkillStager, LinkSkillStager
+from worker.validation import resolve_cwd, validate_input_name, validate_request
+from worker.workspace import Workspace, WorkspaceManager
+
+TRUNCATION_MARKER = "\n[skillrun: output truncated here; {omitted} more bytes were not kept]\n"
+COPY_CHUNK_BYTES = 1024 * 1024
+MAX_REMEMBERED_WORKSPACES = 4096
+"""Workspaces whose reuse a runtime remembers (a reused workspace gets spare run folders, and maybe a spawner)."""
+
+
+class HostWorkspaceRuntime(BaseWorkspaceRuntime):
+    """A runtime with workspaces under ``workspaces.work_root`` on this host."""
+
+    def __init__(
+        self,
+        workspaces: WorkspaceManager,
+        *,
+        stager: BaseSkillStager | None = None,
+        artifact_store: FileArtifactStore | None = None,
+        input_file_bytes: int = defaults.INPUT_FILE_BYTES,
+    ) -> None:
+        self.workspaces = workspaces
+        self.stager = stager or LinkSkillStager()
+        self.artifact_store = artifact_store or FileArtifactStore(self.workspaces.registry / "artifacts")
+        self.input_file_bytes = input_file_bytes
+        self._cancels: dict[str, threading.Event] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._background: set[asyncio.Future] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def work_root(self) -> Path:
+        return self.workspaces.work_root
+
+    async def run(self, request: RunRequest, *, allow_host_paths: bool = False) -> RunResult:
+        validate_request(request)
+        if any(item.host_path is not None for item in request.inputs) and not allow_host_paths:
+            raise InvalidRunRequestError("inputs", "host paths are not allowed for this caller; send the content instead")
+        cancel = threading.Event()
+        self._cancels[request.run_id] = cancel
+        try:
+            result = await asyncio.to_thread(self._run_blocking, request, cancel)
+        finally:
+            self._cancels.pop(request.run_id, None)
+        self._prepare_next_run(request.workspace_id)
+        return result
+
+    def _reused(self, workspace_id: str) -> bool:
+        """Whether this runtime ran in ``workspace_id`` before the current run (remembers the recent ones)."""
+        return workspace_id in self._seen and self._seen[workspace_id] is not None
+
+    def _note_use(self, workspace_id: str) -> None:
+        with self._lock:
+            self._seen[workspace_id] = True if workspace_id in self._seen else None
+            self._seen.move_to_end(workspace_id)
+            while len(self._seen) > MAX_REMEMBERED_WORKSPACES:
+                self._seen.popitem(last=False)
+
+    def _prepare_next_run(self, workspace_id: str) -> None:
+        """Make a reused workspace's next run directory in the background, while the caller reads this result."""
+        workspace = self.workspaces.find_known(workspace_id)
+        if workspace is None or not self._reused(workspace_id):
+            return
+        task = asyncio.get_running_loop().run_in_executor(None, self.workspaces.prepare_run_dir, workspace)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def cancel(self, run_id: str) -> bool:
+        """Stop a run in progress (its whole process group is killed); ``False`` if it is not running here."""
+        event = self._cancels.get(run_id)
+        if event is None:
+            return False
+        event.set()
+        return True
+
+    @abstractmethod
+    def base_environment(self, run_dir: Path) -> dict[str, str]:
+        """The command's environment before the request's variables and the workspace's six are added."""
+
+    @abstractmethod
+    def _execute(
+        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: threading.Event
+    ) -> ProcessOutcome:
+        """Run ``request.command`` (blocking) in ``cwd`` with ``env``, within its timeout, limits and ``cancel``."""
+
+    def _forget_workspace(self, workspace: Workspace) -> None:
+        """Release what this runtime holds for a workspace that is being removed."""
+
+    def _run_blocking(self, request: RunRequest, cancel: threading.Event) -> RunResult:
+        started = time.monotonic()
+        self._note_use(request.workspace_id)
+        workspace = self.workspaces.acquire(request.workspace_id)
+        skill_dir = self.stager.stage(workspace, request.skill)
+        run_dir = self.workspaces.new_run_dir(workspace)
+        variables = workspace.variables(request.skill.name, run_dir)
+        cwd = self._cwd(request, variables, skill_dir, workspace)
+        patterns = resolve_patterns(request.output_files, variables, workspace.path)
+        for item in request.inputs:
+            self._write_input(workspace, item)
+        staged = time.monotonic()
+
+        env = self.base_environment(run_dir)
+        env.update(request.env)
+        env.update(variables)
+        outcome = self._execute(workspace, request, cwd, env, cancel)
+        executed = time.monotonic()
+
+        sink = self._artifact_sink(request.workspace_id) if request.save_as_artifacts else None
+        collection = collect_outputs(
+            patterns, workspace_root=workspace.path, skill_dir=skill_dir, limits=request.limits,
+            omit_inline_content=request.omit_inline_content, artifact_sink=sink,
+        )
+        finished = time.monotonic()
+
+        stderr = _decode(outcome.stderr, outcome.stderr_omitted)
+        if outcome.cancelled:
+            stderr += "\n[skillrun: the run was cancelled]\n"
+        for note in outcome.notes:
+            stderr += f"\n[skillrun: {note}]\n"
+        return RunResult(
+            stdout=_decode(outcome.stdout, outcome.stdout_omitted),
+            stderr=stderr,
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            duration_ms=outcome.duration_ms,
+            output_files=collection.files,
+            artifact_files=collection.artifacts,
+            run_id=request.run_id,
+            workspace_id=request.workspace_id,
+            runtime=self.name,
+            worker_id=worker_id(),
+            stdout_truncated=outcome.stdout_omitted > 0,
+            stderr_truncated=outcome.stderr_omitted > 0,
+            skipped_files=collection.skipped,
+            timings=RunTimings(
+                stage_ms=_ms(staged - started), exec_ms=_ms(executed - staged),
+                collect_ms=_ms(finished - executed), total_ms=_ms(finished - started),
+            ),
+        )
+
+    def _cwd(self, request: RunRequest, variables: dict[str, str], skill_dir: Path, workspace: Workspace) -> str:
+        if request.cwd is None:
+            return str(skill_dir)
+        target = resolve_cwd(request.cwd, variables, str(skill_dir))
+        real, root = os.path.realpath(target), os.path.realpath(workspace.path)
+        if real != root and not real.startswith(root + os.sep):
+            raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
+        if not os.path.isdir(real):
+            raise InvalidRunRequestError("cwd", f"{request.cwd!r} is not a directory in the workspace")
+        return real
+
+    def _write_input(self, workspace: Workspace, item: InputFile) -> None:
+        """Write one input under ``work/inputs`` without following any link a command may have planted there."""
+        rel = validate_input_name(item.name)
+        src_fd = None
+        if item.host_path is not None:
+            try:
+                src_fd = os.open(item.host_path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise InvalidRunRequestError("inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}") from exc
+            size = os.fstat(src_fd).st_size
+            if not stat.S_ISREG(os.fstat(src_fd).st_mode):
+                os.close(src_fd)
+                raise InvalidRunRequestError("inputs", f"host path {item.host_path!r} is not a regular file")
+        else:
+            size = len(item.content or b"")
+        if size > self.input_file_bytes:
+            if src_fd is not None:
+                os.close(src_fd)
+            raise InvalidRunRequestError("inputs", f"input {item.name!r} is {size} bytes; the limit is {self.input_file_bytes}")
+        dir_fd = os.open(workspace.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in ("work", "inputs", *rel.parts[:-1]):
+                try:
+                    os.mkdir(part, 0o755, dir_fd=dir_fd)
+                    if workspace.uid is not None:
+                        os.chown(part, workspace.uid, workspace.gid, dir_fd=dir_fd, follow_symlinks=False)
+                except FileExistsError:
+                    pass
+                try:
+                    next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                except OSError as exc:
+                    raise InvalidRunRequestError("inputs", f"cannot place {item.name!r}: {part!r} is not a folder") from exc
+                os.close(dir_fd)
+                dir_fd = next_fd
+            try:
+                out_fd = os.open(
+                    rel.parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
+                )
+            except OSError as exc:
+                raise InvalidRunRequestError("inputs", f"cannot write {item.name!r}: {exc.strerror}") from exc
+            with os.fdopen(out_fd, "wb") as out:
+                if src_fd is not None:
+                    with os.fdopen(src_fd, "rb") as src:
+                        src_fd = None
+                        shutil.copyfileobj(src, out, COPY_CHUNK_BYTES)
+                else:
+                    out.write(item.content or b"")
+                if workspace.uid is not None:
+                    os.fchown(out.fileno(), workspace.uid, workspace.gid)
+        finally:
+            os.close(dir_fd)
+            if src_fd is not None:
+                os.close(src_fd)
+
+    def _artifact_sink(self, scope: str) -> ArtifactSink:
+        store = self.artifact_store
+
+        def sink(name: str, fd: int, mime_type: str) -> ArtifactFile:
+            return store.save_fd(scope, name, fd, mime_type)
+
+        return sink
+
+    async def idle(self) -> None:
+        """Wait until background housekeeping (spare run folders) is done."""
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def close(self) -> None:
+        for event in self._cancels.values():
+            event.set()
+        await self.idle()
+
+    def remove_workspace(self, workspace_id: str) -> None:
+        """Delete a workspace and everything in it."""
+        workspace = self.workspaces.find(workspace_id)
+        if workspace is None:
+            raise WorkspaceError(f"no workspace {workspace_id!r}")
+        self._forget_workspace(workspace)
+        self.workspaces.remove(workspace_id)
+
+
+def _decode(data: bytes, omitted: int) -> str:
+    text = data.decode("utf-8", "replace")
+    if omitted:
+        text += TRUNCATION_MARKER.format(omitted=omitted)
+    return text
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
