@@ -1,4 +1,4 @@
-"""Real services for tests: a Redis server started on a free loopback port.
+"""Real services for tests: a Redis server started on a free loopback port, and a Docker engine.
 
 When ``redis-server`` is missing it is installed with apt-get where the tests run as root; otherwise the test
 fails under CI (``CI=true``) and is skipped elsewhere, with a message saying what to install.
@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 
+import docker
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -88,3 +89,60 @@ class RedisServer:
     def stop(self) -> None:
         self.halt()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+SANDBOX_IMAGE = "skillrun/sandbox:latest"
+
+
+class DockerEngine:
+    """A Docker engine to test against: the running one, or a ``dockerd`` started (and installed) here as root;
+    plus the sandbox image, built with ``images/build.sh`` when missing."""
+
+    def __init__(self, repo_root: str) -> None:
+        self._docker = docker
+        self.started: subprocess.Popen | None = None
+        self.client = self._connect() or self._start_engine()
+        self._ensure_image(repo_root)
+
+    def _connect(self):  # noqa: ANN202 - a DockerClient or None
+        try:
+            client = self._docker.from_env(timeout=10)
+            client.ping()
+            return client
+        except Exception:  # noqa: BLE001 - any failure means: no engine answers
+            return None
+
+    def _start_engine(self):  # noqa: ANN202
+        if os.geteuid() != 0:
+            unavailable("no Docker engine answers: start one (sudo dockerd) or run the tests as root to start it")
+        ensure_installed("dockerd", "docker.io")
+        log = open(os.path.join(tempfile.gettempdir(), "skillrun-test-dockerd.log"), "ab")
+        self.started = subprocess.Popen(["dockerd"], stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            client = self._connect()
+            if client is not None:
+                return client
+            time.sleep(0.5)
+        unavailable("dockerd did not come up within 60 s; see /tmp/skillrun-test-dockerd.log")
+
+    def _ensure_image(self, repo_root: str) -> None:
+        try:
+            self.client.images.get(SANDBOX_IMAGE)
+            return
+        except self._docker.errors.ImageNotFound:
+            pass
+        ensure_installed("debootstrap", "debootstrap")
+        bundle = "/etc/ssl/certs/ca-certificates.crt"
+        args = ["bash", os.path.join(repo_root, "images", "build.sh")] + (["--ca-bundle", bundle] if os.path.exists(bundle) else [])
+        if subprocess.run(args, cwd=repo_root, timeout=1200).returncode != 0:
+            unavailable(f"could not build {SANDBOX_IMAGE} with images/build.sh")
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.started is not None:
+            self.started.terminate()
+            try:
+                self.started.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.started.kill()

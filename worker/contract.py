@@ -114,6 +114,7 @@ class RunRequest(BaseModel):
     limits: RunLimits = Field(default_factory=RunLimits)
     save_as_artifacts: bool = False
     omit_inline_content: bool = False
+    network: bool = Field(default=False, description="Ask for network access (container runtimes; where the operator allows it).")
     workspace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
 
     @field_validator("workspace_id")
@@ -179,6 +180,7 @@ class RunResult(BaseModel):
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     skipped_files: list[SkippedFile] = Field(default_factory=list)
+    oom_killed: bool = False
     timings: RunTimings = Field(default_factory=RunTimings)
 
     def tool_result(self) -> dict:

@@ -50,6 +50,7 @@ class ProcessOutcome:
     cancelled: bool
     duration_ms: int
     notes: list[str]
+    oom_killed: bool = False
 
 
 SETPRIV_HARDENING = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all")

@@ -113,11 +113,15 @@ class WorkspaceManager:
         isolate_users: bool | None = None,
         uid_base: int = defaults.SANDBOX_UID_BASE,
         uid_count: int = defaults.SANDBOX_UID_COUNT,
+        fixed_uid: int | None = None,
     ) -> None:
+        """``isolate_users`` gives each workspace a user of its own (default: when running as root);
+        ``fixed_uid`` instead gives every workspace the same owner (a container's user, for example)."""
         self.work_root = Path(work_root) if work_root is not None else default_work_root()
-        self.isolate_users = (os.geteuid() == 0) if isolate_users is None else isolate_users
-        if self.isolate_users and os.geteuid() != 0:
-            raise WorkspaceError("per-workspace users need the host process to run as root")
+        self.fixed_uid = fixed_uid
+        self.isolate_users = fixed_uid is None and ((os.geteuid() == 0) if isolate_users is None else isolate_users)
+        if (self.isolate_users or fixed_uid is not None) and os.geteuid() != 0:
+            raise WorkspaceError("per-workspace users and workspace owners need the host process to run as root")
         self.uid_base = uid_base
         self.uid_count = uid_count
         self._known: dict[str, Workspace] = {}
@@ -156,7 +160,7 @@ class WorkspaceManager:
             return
         (self.registry / "workspaces" / workspace_id).unlink(missing_ok=True)
         remove_tree(workspace.path)
-        if workspace.uid is not None:
+        if workspace.uid is not None and self.isolate_users:
             (self.registry / "uids" / str(workspace.uid)).unlink(missing_ok=True)
 
     def new_run_dir(self, workspace: Workspace) -> Path:
@@ -241,6 +245,8 @@ class WorkspaceManager:
         try:
             if self.isolate_users:
                 uid = gid = self._allocate_uid(workspace_id)
+            elif self.fixed_uid is not None:
+                uid = gid = self.fixed_uid
             workspace = Workspace(id=workspace_id, path=path, uid=uid, gid=gid)
             self._lay_out(workspace)
             workspace.write_metadata(
@@ -268,7 +274,7 @@ class WorkspaceManager:
 
     def _discard(self, path: Path, uid: int | None) -> None:
         remove_tree(path)
-        if uid is not None:
+        if uid is not None and self.isolate_users:
             (self.registry / "uids" / str(uid)).unlink(missing_ok=True)
 
     def _lay_out(self, workspace: Workspace) -> None:

@@ -75,6 +75,7 @@ class RunCreate(BaseModel):
     limits: RunLimits = Field(default_factory=RunLimits)
     save_as_artifacts: bool = False
     omit_inline_content: bool = False
+    network: bool = False
     workspace_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     priority: bool = Field(default=False, description="Put the run at the front of its queue.")
 

@@ -50,6 +50,7 @@ class BaseWorkspaceRuntime(ABC):
 
 RUNTIME_CLASSES: dict[str, str] = {
     RuntimeName.LOCAL.value: "worker.runtimes.local:LocalWorkspaceRuntime",
+    RuntimeName.DOCKER.value: "worker.runtimes.container:ContainerWorkspaceRuntime",
 }
 """Runtime name → ``module:Class``. Optional runtimes are imported only when asked for."""
 

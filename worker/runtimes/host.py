@@ -158,6 +158,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             stdout_truncated=outcome.stdout_omitted > 0,
             stderr_truncated=outcome.stderr_omitted > 0,
             skipped_files=collection.skipped,
+            oom_killed=outcome.oom_killed,
             timings=RunTimings(
                 stage_ms=_ms(staged - started), exec_ms=_ms(executed - staged),
                 collect_ms=_ms(finished - executed), total_ms=_ms(finished - started),

@@ -1,0 +1,97 @@
+"""The Docker runtime's hardening, each shown by a hostile command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from worker.contract import RunLimits, RunRequest, SkillRef
+from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
+
+pytestmark = pytest.mark.docker
+
+LIBRARY = Path(__file__).resolve().parents[2] / "skills"
+SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
+UNLIMITED = RunLimits(memory_bytes=16 * 1024**3, processes=1_000_000)
+
+
+def _request(command: str, **fields) -> RunRequest:
+    fields.setdefault("workspace_id", "hostile")
+    return RunRequest(skill=SKILL, command=command, **fields)
+
+
+async def test_one_container_per_workspace_reused_and_hardened(docker_runtime_factory, docker_engine):
+    runtime = docker_runtime_factory()
+    await runtime.run(_request("true", workspace_id="a"))
+    first = runtime.container_id("a")
+    await runtime.run(_request("true", workspace_id="a"))
+    await runtime.run(_request("true", workspace_id="b"))
+    assert runtime.container_id("a") == first != runtime.container_id("b")
+    config = docker_engine.client.api.inspect_container(first)["HostConfig"]
+    assert config["NetworkMode"] == "none" and config["ReadonlyRootfs"] is True
+    assert config["CapDrop"] == ["ALL"] and "no-new-privileges" in config["SecurityOpt"][0]
+    assert config["Memory"] == runtime.memory_bytes and config["PidsLimit"] == runtime.pids
+    assert "/tmp" in config["Tmpfs"]
+    result = await runtime.run(_request("id -u; cat /proc/self/status | grep CapEff", workspace_id="a"))
+    assert result.stdout.splitlines() == ["1000", "CapEff:\t0000000000000000"]
+
+
+async def test_network_is_off_and_a_request_for_it_is_refused_unless_allowed(docker_runtime_factory):
+    runtime = docker_runtime_factory()
+    result = await runtime.run(_request(
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 9), timeout=2)\" 2>&1; "
+        "python3 -c \"import socket; print(socket.if_nameindex())\""))
+    assert result.stdout.strip().splitlines()[-1] == "[(1, 'lo')]"
+    with pytest.raises(InvalidRunRequestError, match="network access is not allowed"):
+        await runtime.run(_request("true", network=True))
+
+
+async def test_a_fork_bomb_is_stopped_by_the_pids_limit(docker_runtime_factory):
+    runtime = docker_runtime_factory(pids=64)
+    result = await runtime.run(_request("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=20, limits=UNLIMITED))
+    assert "fork" in result.stderr and "retry" in result.stderr.lower() or "Resource temporarily unavailable" in result.stderr
+    after = await runtime.run(_request("echo still usable", limits=UNLIMITED))
+    assert after.stdout == "still usable\n"
+
+
+async def test_allocating_past_the_memory_limit_is_reported_as_oom(docker_runtime_factory):
+    runtime = docker_runtime_factory(memory_bytes=256 * 1024**2)
+    result = await runtime.run(_request("python3 -c 'x = bytearray(600 * 1024 * 1024)'", limits=UNLIMITED))
+    assert result.oom_killed is True
+    assert result.exit_code == 137
+    assert "memory limit" in result.stderr
+
+
+async def test_the_skill_folder_library_and_root_file_system_are_read_only(docker_runtime_factory):
+    runtime = docker_runtime_factory()
+    before = (LIBRARY / "python-math" / "SKILL.md").read_bytes()
+    result = await runtime.run(_request(
+        "echo x >> SKILL.md; echo y > planted; echo z > $(readlink -f scripts)/evil.py; touch /etc/evil; echo done"))
+    assert result.stdout == "done\n"
+    assert result.stderr.count("Read-only file system") >= 2 and "Permission denied" in result.stderr
+    assert (LIBRARY / "python-math" / "SKILL.md").read_bytes() == before
+    assert not (LIBRARY / "python-math" / "scripts" / "evil.py").exists()
+
+
+async def test_another_workspace_cannot_be_read(docker_runtime_factory):
+    runtime = docker_runtime_factory()
+    victim = await runtime.run(_request("echo secret > $WORK_DIR/s; echo $WORK_DIR", workspace_id="victim"))
+    path = victim.stdout.strip()
+    result = await runtime.run(_request(f"cat {path}/s; ls $(dirname $WORKSPACE_DIR)", workspace_id="attacker"))
+    assert "secret" not in result.stdout
+    assert "No such file or directory" in result.stderr
+
+
+async def test_a_timed_out_run_has_its_processes_killed_in_the_container(docker_runtime_factory, docker_engine):
+    runtime = docker_runtime_factory()
+    result = await runtime.run(_request("sleep 100 & sleep 100", timeout=1))
+    assert result.timed_out
+    top = docker_engine.client.api.top(runtime.container_id("hostile"))
+    assert not [p for p in top["Processes"] if "sleep 100" in " ".join(p)]
+
+
+async def test_a_container_that_cannot_start_fails_with_the_engines_reason(docker_runtime_factory):
+    runtime = docker_runtime_factory(image="skillrun/no-such-image:latest")
+    with pytest.raises(RuntimeUnavailableError, match="workspace 'hostile'.*image not found.*no-such-image.*images/build.sh"):
+        await runtime.run(_request("true"))
