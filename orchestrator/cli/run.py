@@ -11,12 +11,12 @@ import uuid
 from orchestrator.cli import UsageError
 from orchestrator.cli.common import repository
 from orchestrator.cli.output import print_json, size, table
-from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.config import get_settings
 from orchestrator.dispatch import InlineDispatcher
 from worker.artifacts import FileArtifactStore
 from worker.contract import InputFile, RunRequest, RunResult
 from worker.process import TIMEOUT_EXIT_CODE
+from worker.runtimes import resolve_runtime
 
 
 def run_skill(args: argparse.Namespace) -> int:
@@ -42,13 +42,13 @@ def run_skill(args: argparse.Namespace) -> int:
     }
     if args.timeout is not None:
         fields["timeout"] = args.timeout
-    request = RunRequest(**fields)
+    request = RunRequest(runtime=args.runtime, **fields)
     settings = get_settings()
-    work_root = args.work_root or settings.work_root
-    runtime = create_local_workspace_runtime(
-        work_root, artifact_store=FileArtifactStore(settings.artifacts_dir) if settings.artifacts_dir else None
-    )
-    result = asyncio.run(_dispatch(InlineDispatcher({"local": runtime}), request))
+    options: dict = {"work_root": args.work_root or settings.work_root}
+    if settings.artifacts_dir:
+        options["artifact_store"] = FileArtifactStore(settings.artifacts_dir)
+    runtime = resolve_runtime(args.runtime, **options)
+    result = asyncio.run(_dispatch(InlineDispatcher({args.runtime: runtime}), request))
     if args.json:
         print_json(result.model_dump(mode="json"))
     else:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +99,44 @@ async def test_a_container_that_cannot_start_fails_with_the_engines_reason(docke
     runtime = docker_runtime_factory(image="skillrun/no-such-image:latest")
     with pytest.raises(RuntimeUnavailableError, match="workspace 'hostile'.*image not found.*no-such-image.*images/build.sh"):
         await runtime.run(_request("true"))
+
+
+async def test_cancel_stops_the_command_in_the_container(docker_runtime_factory, docker_engine):
+    """Cancelling kills the command's processes, the background one included; the container stays for reuse."""
+    runtime = docker_runtime_factory()
+    request = _request("sleep 60 & sleep 60", timeout=120)
+    task = asyncio.create_task(runtime.run(request))
+    for _ in range(400):  # cancel once the command runs
+        container = runtime.container_id("hostile")
+        if container and [p for p in docker_engine.client.api.top(container)["Processes"] if "sleep 60" in " ".join(p)]:
+            break
+        await asyncio.sleep(0.025)
+    assert runtime.cancel(request.run_id)
+    result = await task
+    assert "cancelled" in result.stderr
+    top = docker_engine.client.api.top(runtime.container_id("hostile"))
+    assert not [p for p in top["Processes"] if "sleep 60" in " ".join(p)]
+
+
+def test_skillrun_run_in_docker_from_the_command_line(docker_engine, work_root):
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "run", "python-math", "id -u; python3 scripts/fib.py 7 | tail -1",
+         "--runtime", "docker", "--work-root", str(work_root / "cli"), "--skills-root", str(LIBRARY), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["runtime"], data["stdout"]) == ("docker", "1000\n8\n")
+    assert not docker_engine.client.containers.list(all=True, filters={"label": f"skillrun.work_root={work_root / 'cli'}"})
+
+
+async def test_a_cancel_before_the_command_starts_still_ends_the_run_cleanly(docker_runtime_factory):
+    runtime = docker_runtime_factory()
+    request = _request("sleep 60", timeout=120)
+    task = asyncio.create_task(runtime.run(request))
+    while not runtime.cancel(request.run_id):
+        await asyncio.sleep(0.001)
+    result = await task
+    assert "cancelled" in result.stderr and result.exit_code != 0
+    again = await runtime.run(_request("echo next"))
+    assert again.stdout == "next\n"

@@ -190,13 +190,14 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
                     omitted[target] += max(len(payload) - max(room, 0), 0)
         finally:
             raw.close()
-        if not exited:
+        code = None
+        with contextlib.suppress(docker.errors.NotFound):  # gone with its container after a kill of everything
             for _ in range(100):
-                if not api.exec_inspect(exec_id)["Running"]:
+                info = api.exec_inspect(exec_id)
+                if not info["Running"]:
+                    code = info.get("ExitCode")
                     break
                 time.sleep(POLL_SECONDS)
-        info = api.exec_inspect(exec_id)
-        code = info.get("ExitCode")
         exit_code = TIMEOUT_EXIT_CODE if timed_out else (code if code is not None else 128 + 9)
         return ProcessOutcome(
             stdout=bytes(buffers[1]), stderr=bytes(buffers[2]), stdout_omitted=omitted[1], stderr_omitted=omitted[2],
@@ -208,7 +209,12 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         """SIGKILL the command's process group (each exec starts its own session, so the group is the command and
         what it started). From the host when it may signal the container's processes, else from inside."""
         with contextlib.suppress(docker.errors.DockerException):
-            pid = self.client.api.exec_inspect(exec_id).get("Pid")
+            pid = 0
+            for _ in range(40):  # the exec may be a moment from starting its process
+                pid = self.client.api.exec_inspect(exec_id).get("Pid") or 0
+                if pid:
+                    break
+                time.sleep(POLL_SECONDS / 2)
             if pid:
                 try:
                     os.killpg(pid, signal.SIGKILL)
