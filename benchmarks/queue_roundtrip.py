@@ -29,8 +29,11 @@ from orchestrator.api import Services, create_app  # noqa: E402
 from orchestrator.assistant import create_assistant  # noqa: E402
 from orchestrator.config import Settings  # noqa: E402
 from orchestrator.dispatch import InlineDispatcher, QueueDispatcher  # noqa: E402
+from orchestrator.documents import FileDocuments  # noqa: E402
+from orchestrator.libraries import LibraryRegistry  # noqa: E402
 from orchestrator.sessions import InMemorySessionService  # noqa: E402
 from orchestrator.skills import create_default_skill_repository  # noqa: E402
+from orchestrator.teams import TeamStore  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
 from worker.artifacts import FileArtifactStore  # noqa: E402
 from worker.contract import RunRequest  # noqa: E402
@@ -57,10 +60,15 @@ async def main() -> None:
     inline = InlineDispatcher({"local": LocalWorkspaceRuntime(work / "inline")})
     queue = QueueDispatcher(redis_server.url())
     settings = Settings(model="m", openai_api_key="k", openai_base_url="http://127.0.0.1:9/v1")
+    documents = FileDocuments(work / "registry")
     services = Services(repository=repository, dispatcher=queue, session_service=InMemorySessionService(),
-                        agent=create_assistant(settings, repository, queue), app_name="bench",
-                        artifact_store=FileArtifactStore(work / "artifacts"))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://bench")
+                        agent_factory=lambda repo: create_assistant(settings, repo, queue), app_name="bench",
+                        artifact_store=FileArtifactStore(work / "artifacts"), teams=TeamStore(documents),
+                        libraries=LibraryRegistry(documents, work / "libraries"))
+    services.teams.create_team("bench")
+    key = services.teams.create_key("bench")[1]
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://bench",
+                               headers={"Authorization": f"Bearer {key}"})
     series: dict[str, list[float]] = {"inline": [], "queue": [], "api": []}
     try:
         await queue.run(RunRequest(skill=ref, command="true", workspace_id="warm"))  # the worker is up

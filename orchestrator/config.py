@@ -29,7 +29,8 @@ class Settings(BaseSettings):
         default_factory=lambda: Path.home() / ".local" / "share" / "skillrun",
         description="Where the embedded default keeps sessions.",
     )
-    redis_url: str | None = Field(default=None, description="Redis for sessions (and, later, the run queue).")
+    redis_url: str | None = Field(default=None, description="Redis for the run queue, run records, sessions, registries.")
+    libraries_dir: Path | None = Field(default=None, description="Where library versions are extracted (default: data_dir/libraries).")
     model: str = Field(default="gpt-4o-mini", description="The chat model's name at the OpenAI-compatible endpoint.")
     openai_api_key: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "SKILLRUN_OPENAI_API_KEY"))
     openai_base_url: str | None = Field(
@@ -47,3 +48,7 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def libraries_dir(settings: Settings) -> Path:
+    return settings.libraries_dir or settings.data_dir / "libraries"

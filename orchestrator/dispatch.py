@@ -36,14 +36,17 @@ class BaseDispatcher(ABC):
     store: BaseRunStore
 
     @abstractmethod
-    async def submit(self, request: RunRequest, *, trusted: bool = False, priority: bool = False) -> RunRecord:
-        """Accept ``request`` for execution. ``trusted`` callers (not a model) may use host paths for inputs."""
+    async def submit(
+        self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
+    ) -> RunRecord:
+        """Accept ``request`` for execution. ``trusted`` callers (not a model) may use host paths for inputs;
+        ``owner`` (a team) is recorded so that only it sees the run."""
 
     async def get(self, run_id: str) -> RunRecord | None:
         return await asyncio.to_thread(self.store.get, run_id)
 
-    async def list(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
-        return await asyncio.to_thread(self.store.list, status, limit)
+    async def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
+        return await asyncio.to_thread(self.store.list, status, limit, owner)
 
     async def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
         return await asyncio.to_thread(self.store.events, run_id, after, timeout)
@@ -103,9 +106,11 @@ class InlineDispatcher(BaseDispatcher):
             self._runtimes[name] = resolve_runtime(name, **self._options.get(name, {}))
         return self._runtimes[name]
 
-    async def submit(self, request: RunRequest, *, trusted: bool = False, priority: bool = False) -> RunRecord:
+    async def submit(
+        self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
+    ) -> RunRecord:
         runtime = self.runtime(request.runtime.value)
-        record = self.store.create(request)
+        record = self.store.create(request, owner)
         task = asyncio.create_task(self._execute(runtime, request, trusted))
         self._tasks[request.run_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(request.run_id, None))
@@ -165,13 +170,15 @@ class QueueDispatcher(BaseDispatcher):
     def queue(self, runtime: str) -> Queue:
         return Queue(queue_name(runtime), connection=self.redis, serializer=JSONSerializer)
 
-    async def submit(self, request: RunRequest, *, trusted: bool = False, priority: bool = False) -> RunRecord:
+    async def submit(
+        self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
+    ) -> RunRecord:
         if any(item.host_path is not None for item in request.inputs):
             raise DispatchError("inputs with host paths cannot travel over the queue; send their content")
-        return await asyncio.to_thread(self._submit, request, priority)
+        return await asyncio.to_thread(self._submit, request, priority, owner)
 
-    def _submit(self, request: RunRequest, priority: bool) -> RunRecord:
-        record = self.store.create(request)
+    def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:
+        record = self.store.create(request, owner)
         self._enqueue(record, priority)
         return record
 

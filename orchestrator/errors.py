@@ -10,7 +10,9 @@
     ├── DispatchError               a run could not be handed to a runtime
     ├── SessionError                a session does not exist or already exists
     ├── ModelError                  the model endpoint failed (after retries) or answered nonsense
-    └── ToolError                   a tool is misdeclared (bad schema, duplicate name)
+    ├── ToolError                   a tool is misdeclared (bad schema, duplicate name)
+    ├── TeamError                   (orchestrator.teams) an unknown team or key, a bad team name
+    └── LibraryError                (orchestrator.libraries) a library that cannot be registered or changed
 
 Errors of the execution plane (``worker.errors``) pass through unchanged; their root is ``WorkerError``.
 """

@@ -40,9 +40,20 @@ def test_public_names_are_exported_and_listed():
 
 
 def test_seed_import_paths_resolve():
-    from orchestrator.code_executors import create_local_workspace_runtime  # noqa: F401
-    from orchestrator.skills import create_default_skill_repository  # noqa: F401
-    from orchestrator.skills.tools import LinkSkillStager  # noqa: F401
+    for module, name in [
+        ("orchestrator.code_executors", "create_local_workspace_runtime"),
+        ("orchestrator.skills", "create_default_skill_repository"),
+        ("orchestrator.skills", "SkillToolSet"),
+        ("orchestrator.skills.tools", "LinkSkillStager"),
+        ("orchestrator.agents", "LlmAgent"),
+        ("orchestrator.runners", "Runner"),
+        ("orchestrator.sessions", "InMemorySessionService"),
+        ("orchestrator.types", "Content"),
+        ("orchestrator.tools", "FunctionTool"),
+        ("orchestrator.models", "OpenAIModel"),
+        ("orchestrator.context", "InvocationContext"),
+    ]:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
 
 
 def test_the_cli_starts_without_loading_the_model_sdk():

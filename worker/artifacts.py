@@ -12,7 +12,6 @@ concurrent writers never share a version.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import urllib.parse
 from collections.abc import Iterator

@@ -106,20 +106,55 @@ def fetch_url_root(
         digest, content_type = _download(url, download, limits)
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise SkillRootError(f"{url}: sha256 is {digest}, expected {expected_sha256}")
-        root = work / "root"
-        root.mkdir()
-        _unpack(url, download, content_type, root, limits.archive)
-        (root / READY_FILE).write_text(json.dumps({"url": url, "sha256": digest, "fetched_at": time.time()}))
-        try:
-            os.rename(root, final)
-        except OSError:
-            winner = _cached(final, expected_sha256)
-            if winner is None:
-                raise SkillRootError(f"{url}: could not place the cache entry at {final}") from None
-            return winner
-        return final
+        return _extract_and_place(work, download, content_type, final, url, digest, limits.archive, expected_sha256)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def download_archive(url: str, target: Path, limits: FetchLimits | None = None) -> tuple[str, str]:
+    """Download ``url`` into ``target`` within the limits; return (sha256, content type)."""
+    return _download(url, target, limits or FetchLimits())
+
+
+def install_archive(
+    archive: Path, *, source: str, content_type: str = "", into: Path, limits: ArchiveLimits | None = None
+) -> tuple[Path, str]:
+    """Extract ``archive`` (or a single SKILL.md) into ``into/<sha256 of the archive>/``, content-addressed and
+    immutable: an intact folder is reused. Returns (folder, sha256)."""
+    digest = hashlib.sha256()
+    with open(archive, "rb") as f:
+        while chunk := f.read(1024 * 1024):
+            digest.update(chunk)
+    sha = digest.hexdigest()
+    into.mkdir(parents=True, exist_ok=True)
+    final = into / sha
+    if _cached(final, sha) is not None:
+        return final, sha
+    shutil.rmtree(final, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix="tmp-skill-root-", dir=into))
+    try:
+        return _extract_and_place(work, archive, content_type, final, source, sha, limits or ArchiveLimits(), sha), sha
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _extract_and_place(
+    work: Path, archive: Path, content_type: str, final: Path, source: str, digest: str, limits: ArchiveLimits,
+    expected_sha256: str | None,
+) -> Path:
+    """Extract into ``work/root``, mark it ready, rename it to ``final``; another process's entry wins a race."""
+    root = work / "root"
+    root.mkdir()
+    _unpack(source, archive, content_type, root, limits)
+    (root / READY_FILE).write_text(json.dumps({"source": source, "sha256": digest, "fetched_at": time.time()}))
+    try:
+        os.rename(root, final)
+    except OSError:
+        winner = _cached(final, expected_sha256)
+        if winner is None:
+            raise SkillRootError(f"{source}: could not place the cache entry at {final}") from None
+        return winner
+    return final
 
 
 def cached_sha256(folder: Path) -> str | None:

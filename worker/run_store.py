@@ -66,13 +66,15 @@ class RunRecord(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     cancel_requested: bool = False
+    owner: str | None = None
+    """Who submitted the run (a team); only they see it."""
 
 
 class BaseRunStore(ABC):
     """Blocking by design (Redis calls, waits); async callers go through ``asyncio.to_thread``."""
 
     @abstractmethod
-    def create(self, request: RunRequest) -> RunRecord: ...
+    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord: ...
 
     @abstractmethod
     def get(self, run_id: str) -> RunRecord | None: ...
@@ -86,7 +88,8 @@ class BaseRunStore(ABC):
         """Events after the first ``after`` ones; waits up to ``timeout`` seconds for one when there are none."""
 
     @abstractmethod
-    def list(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]: ...
+    def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
+        """Newest first; only ``owner``'s runs when given."""
 
     @abstractmethod
     def stats(self) -> dict[str, Any]:
@@ -180,8 +183,8 @@ class MemoryRunStore(BaseRunStore):
         self._events: dict[str, list[RunEvent]] = {}
         self._changed = threading.Condition()
 
-    def create(self, request: RunRequest) -> RunRecord:
-        record = RunRecord(id=request.run_id, request=request)
+    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
+        record = RunRecord(id=request.run_id, request=request, owner=owner)
         self.save(record, RunEvent(type="queued"))
         return record
 
@@ -202,10 +205,11 @@ class MemoryRunStore(BaseRunStore):
             self._changed.wait_for(lambda: len(self._events.get(run_id, [])) > after, timeout)
             return list(self._events.get(run_id, [])[after:])
 
-    def list(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+    def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
         with self._changed:
             records = sorted(self._records.values(), key=lambda r: r.created_at, reverse=True)
-            return [r.model_copy(deep=True) for r in records if status is None or r.status == status][:limit]
+            return [r.model_copy(deep=True) for r in records
+                    if (status is None or r.status == status) and (owner is None or r.owner == owner)][:limit]
 
     def stats(self) -> dict[str, Any]:
         with self._changed:
@@ -245,11 +249,13 @@ class RedisRunStore(BaseRunStore):
     def _key(self, run_id: str, part: str = "") -> str:
         return f"{self.prefix}:{run_id}{':' + part if part else ''}"
 
-    def create(self, request: RunRequest) -> RunRecord:
-        record = RunRecord(id=request.run_id, request=request)
+    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
+        record = RunRecord(id=request.run_id, request=request, owner=owner)
         if not self.redis.set(self._key(record.id), record.model_dump_json(), nx=True):
             raise ValueError(f"run {record.id!r} already exists")
         self.redis.zadd(f"{self.prefix}:index", {record.id: record.created_at})
+        if owner is not None:
+            self.redis.zadd(f"{self.prefix}:index:{owner}", {record.id: record.created_at})
         self.redis.hincrby(f"{self.prefix}:stats", f"status:{RunStatus.QUEUED.value}", 1)
         self.redis.xadd(self._key(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
         return record
@@ -285,8 +291,9 @@ class RedisRunStore(BaseRunStore):
             entries = self.redis.xrange(key)
         return [RunEvent.model_validate_json(fields[b"event"]) for _, fields in entries[after:]]
 
-    def list(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
-        ids = self.redis.zrevrange(f"{self.prefix}:index", 0, max(limit * 5, 500))
+    def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
+        index = f"{self.prefix}:index" if owner is None else f"{self.prefix}:index:{owner}"
+        ids = self.redis.zrevrange(index, 0, max(limit * 5, 500))
         records = []
         for raw in self.redis.mget([self._key(i.decode()) for i in ids]) if ids else []:
             if raw:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from orchestrator.agents.base import BaseAgent
@@ -32,10 +32,11 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_STEPS = 25
 
-BeforeModel = Callable[[InvocationContext, LlmRequest], "LlmResponse | None | Awaitable[LlmResponse | None]"]
-AfterModel = Callable[[InvocationContext, LlmResponse], "LlmResponse | None | Awaitable[LlmResponse | None]"]
-BeforeTool = Callable[[BaseTool, dict, InvocationContext], "dict | None | Awaitable[dict | None]"]
-AfterTool = Callable[[BaseTool, dict, InvocationContext, dict], "dict | None | Awaitable[dict | None]"]
+# Callbacks may be plain or async functions; a non-None return replaces the request's answer or the tool's result.
+BeforeModel = Callable[[InvocationContext, LlmRequest], Any]
+AfterModel = Callable[[InvocationContext, LlmResponse], Any]
+BeforeTool = Callable[[BaseTool, dict, InvocationContext], Any]
+AfterTool = Callable[[BaseTool, dict, InvocationContext, dict], Any]
 
 
 class LlmAgent(BaseAgent):

@@ -7,21 +7,32 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from orchestrator.api.routes import health, metrics, runs, sessions, skills
+from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.code_executors import create_local_workspace_runtime
-from orchestrator.config import Settings, get_settings
+from orchestrator.config import Settings, get_settings, libraries_dir
+from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
+from orchestrator.libraries import LibraryRegistry
+from orchestrator.teams import TeamStore
 from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from worker.artifacts import FileArtifactStore
 from worker.workspace import REGISTRY_DIR, default_work_root
 
 
+def create_documents(settings: Settings) -> BaseDocuments:
+    """Where teams, keys and libraries are kept: Redis when configured, else files under the data dir."""
+    if settings.redis_url:
+        return RedisDocuments(settings.redis_url)
+    return FileDocuments(settings.data_dir / "registry")
+
+
 def build_services(settings: Settings) -> Services:
     """With ``SKILLRUN_REDIS_URL`` runs go onto the queue for ``skillrun worker`` processes and sessions live in
     Redis; without it (the embedded default) runs execute in this process and sessions are files."""
     repository = create_default_skill_repository(settings.skills_roots(), use_cached_repository=True)
+    documents = create_documents(settings)
     dispatcher: BaseDispatcher
     if settings.redis_url:
         dispatcher = QueueDispatcher(
@@ -38,9 +49,11 @@ def build_services(settings: Settings) -> Services:
         repository=repository,
         dispatcher=dispatcher,
         session_service=create_session_service(settings),
-        agent=create_assistant(settings, repository, dispatcher),
+        agent_factory=lambda repo: create_assistant(settings, repo, dispatcher),
         app_name=settings.app_name,
         artifact_store=artifacts,
+        teams=TeamStore(documents),
+        libraries=LibraryRegistry(documents, libraries_dir(settings)),
     )
 
 
@@ -60,6 +73,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         lifespan=lifespan,
     )
     app.state.services = services
-    for module in (health, metrics, skills, runs, sessions):
+    for module in (health, metrics, libraries, skills, runs, sessions):
         app.include_router(module.router)
     return app

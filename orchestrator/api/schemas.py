@@ -76,7 +76,8 @@ class RunCreate(BaseModel):
     save_as_artifacts: bool = False
     omit_inline_content: bool = False
     network: bool = False
-    workspace_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    workspace_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,30}$",
+                                     description="Runs with the same id share work/ and out/ (within the team).")
     priority: bool = Field(default=False, description="Put the run at the front of its queue.")
 
 
@@ -107,3 +108,31 @@ class RunPublic(BaseModel):
 class RunsPublic(BaseModel):
     data: list[RunPublic]
     count: int
+
+
+class LibraryCreate(BaseModel):
+    """Register (a new version of) a library from the URL of an archive or of one SKILL.md."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    url: str
+
+
+class LibraryVersionPublic(BaseModel):
+    version: int
+    sha256: str
+    size: int
+    skill_count: int
+    source: str
+    created_at: float
+
+
+class LibraryPublic(BaseModel):
+    name: str
+    current: int | None
+    versions: list[LibraryVersionPublic]
+
+
+class CurrentVersion(BaseModel):
+    version: int

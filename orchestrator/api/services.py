@@ -2,37 +2,61 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from orchestrator.agents.base import BaseAgent
 from orchestrator.dispatch import BaseDispatcher
+from orchestrator.libraries import LibraryRegistry
 from orchestrator.runners import Runner
 from orchestrator.sessions import BaseSessionService
-from orchestrator.skills import BaseSkillRepository
+from orchestrator.skills import BaseSkillRepository, CachedSkillRepository
+from orchestrator.teams import Team, TeamStore
 from worker.artifacts import FileArtifactStore
 
-DEFAULT_USER = "default"
-"""Whose sessions a request touches until requests carry team API keys."""
+AgentFactory = Callable[[BaseSkillRepository], BaseAgent]
 
 
 @dataclass
 class Services:
     repository: BaseSkillRepository
+    """The server's own library, for teams that registered none."""
     dispatcher: BaseDispatcher
     session_service: BaseSessionService
-    agent: BaseAgent
+    agent_factory: AgentFactory
     app_name: str
     artifact_store: FileArtifactStore
+    teams: TeamStore
+    libraries: LibraryRegistry
+    _repositories: dict[tuple[str, ...], BaseSkillRepository] = field(default_factory=dict)
+    _agents: dict[int, BaseAgent] = field(default_factory=dict)
 
-    def runner(self) -> Runner:
-        return Runner(app_name=self.app_name, agent=self.agent, session_service=self.session_service)
+    def repository_for(self, team: Team) -> BaseSkillRepository:
+        """The skills a team sees: the current versions of its libraries, or the server's library if it has none."""
+        roots = tuple(str(r) for r in self.libraries.current_roots(team.id))
+        if not roots:
+            return self.repository
+        if roots not in self._repositories:
+            self._repositories[roots] = CachedSkillRepository(list(roots))
+        return self._repositories[roots]
+
+    def agent_for(self, team: Team) -> BaseAgent:
+        repository = self.repository_for(team)
+        if id(repository) not in self._agents:
+            self._agents[id(repository)] = self.agent_factory(repository)
+        return self._agents[id(repository)]
+
+    def runner(self, team: Team) -> Runner:
+        return Runner(app_name=self.app_name, agent=self.agent_for(team), session_service=self.session_service)
 
     async def close(self) -> None:
-        await self.agent.close()
+        for agent in self._agents.values():
+            await agent.close()
         await self.session_service.close()
         await self.dispatcher.close()
+        self.teams.docs.close()
 
 
 def get_services(request: Request) -> Services:

@@ -32,7 +32,7 @@ def docker_runtime_factory(docker_engine, work_root, request):
     yield make
     for runtime in made:
         runtime.remove_containers()
-    leftovers = docker_engine.client.containers.list(all=True, filters={"label": f"skillrun.work_root"})
+    leftovers = docker_engine.client.containers.list(all=True, filters={"label": "skillrun.work_root"})
     for container in leftovers:
         if str(work_root) in container.labels.get("skillrun.work_root", ""):
             print(f"removing leftover container {container.id[:12]} of {request.node.name}")

@@ -9,15 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-from orchestrator.api import Services, create_app
-from orchestrator.assistant import create_assistant
-from orchestrator.config import Settings
 from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
-from orchestrator.sessions import InMemorySessionService
-from orchestrator.skills import create_default_skill_repository
+from tests.orchestrator.api_helpers import client as api_client
+from tests.orchestrator.api_helpers import make_services, new_team
 from tests.orchestrator.test_api_sessions import parse_sse
 from worker.artifacts import FileArtifactStore
 from worker.runtimes.local import LocalWorkspaceRuntime
@@ -26,21 +22,18 @@ REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "skills"
 
 
-def _services(dispatcher, artifact_store) -> Services:
-    settings = Settings(model="m", openai_api_key="k", openai_base_url="http://127.0.0.1:9/v1")
-    repository = create_default_skill_repository(str(LIBRARY), use_cached_repository=True)
-    return Services(repository=repository, dispatcher=dispatcher, session_service=InMemorySessionService(),
-                    agent=create_assistant(settings, repository, dispatcher), app_name="skillrun",
-                    artifact_store=artifact_store)
+@pytest.fixture
+async def services(work_root):
+    runtime = LocalWorkspaceRuntime(work_root)
+    built = make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data")
+    yield built
+    await built.close()
 
 
 @pytest.fixture
-async def client(work_root):
-    runtime = LocalWorkspaceRuntime(work_root)
-    services = _services(InlineDispatcher({"local": runtime}), runtime.artifact_store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://t") as c:
+async def client(services):
+    async with api_client(services, new_team(services, "team-a")) as c:
         yield c
-    await services.close()
 
 
 async def test_skills_overview_and_one_skill(client):
@@ -137,8 +130,8 @@ async def test_metrics_in_prometheus_text(client):
 async def test_the_api_over_the_queue_with_a_worker_process(redis_url, work_root, shared_dir):
     env = {**os.environ, "SKILLRUN_WORK_ROOT": str(work_root), "SKILLRUN_ARTIFACTS_DIR": str(shared_dir / "artifacts")}
     dispatcher = QueueDispatcher(redis_url)
-    services = _services(dispatcher, FileArtifactStore(shared_dir / "artifacts"))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://t") as c:
+    services = make_services(dispatcher, FileArtifactStore(shared_dir / "artifacts"), shared_dir / "data")
+    async with api_client(services, new_team(services, "team-q")) as c:
         ids = [(await c.post("/v1/runs", json={"skill": "python-math", "command": f"echo {i} > out/n.txt",
                                                "output_files": ["out/n.txt"], "save_as_artifacts": True})).json()["id"]
                for i in range(3)]

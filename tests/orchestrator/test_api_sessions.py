@@ -3,34 +3,24 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
-import pytest
 
-from orchestrator.api import Services, create_app
-from orchestrator.assistant import create_assistant
-from orchestrator.config import Settings
+from orchestrator.api import Services
 from orchestrator.dispatch import InlineDispatcher
 from orchestrator.sessions import InMemorySessionService, RedisSessionService
-from orchestrator.skills import create_default_skill_repository
+from tests.orchestrator.api_helpers import client, make_services, new_team
 from worker.runtimes.local import LocalWorkspaceRuntime
-
-LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 
 
 def _services(model_server, work_root, session_service) -> Services:
-    settings = Settings(model="m", openai_api_key="k", openai_base_url=model_server.base_url)
-    repository = create_default_skill_repository(str(LIBRARY), use_cached_repository=True)
     runtime = LocalWorkspaceRuntime(work_root)
-    dispatcher = InlineDispatcher({"local": runtime})
-    agent = create_assistant(settings, repository, dispatcher)
-    return Services(repository=repository, dispatcher=dispatcher, session_service=session_service, agent=agent,
-                    app_name="skillrun", artifact_store=runtime.artifact_store)
+    return make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data",
+                         model_url=model_server.base_url, session_service=session_service)
 
 
 def _client(services: Services) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://test")
+    return client(services, new_team(services, "team-a"))
 
 
 def parse_sse(text: str) -> list[tuple[str, dict]]:

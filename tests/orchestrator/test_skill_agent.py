@@ -149,7 +149,7 @@ async def test_skill_run_executes_in_the_sessions_workspace(model_server, model,
     assert first["output_files"][0]["name"] == "out/fib.txt"
     assert first["output_files"][0]["content"].split()[-1] == "34"
     assert _tool_result(model_server.requests[2])["stdout"].strip() == "10"
-    assert [p.name.split("_")[1] for p in work_root.glob("ws_*")] == ["fib-session"]
+    assert [p.name.split("_")[1] for p in work_root.glob("ws_*")] == ["u.fib-session"]
 
 
 @pytest.mark.parametrize(

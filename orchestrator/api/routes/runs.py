@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
 from fastapi.responses import StreamingResponse
 
+from orchestrator.api.auth import current_team
 from orchestrator.api.schemas import RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import DispatchError, SkillNotFoundError
+from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest
 from worker.errors import ArtifactError
 from worker.run_store import RunRecord, RunStatus
@@ -24,28 +27,32 @@ MAX_WAIT_SECONDS = 300.0
 EVENT_WAIT_SECONDS = 15.0
 
 
-async def _record(services: Services, run_id: str) -> RunRecord:
+async def _record(services: Services, run_id: str, team: Team) -> RunRecord:
+    """The team's run ``run_id``; another team's run is answered as if it did not exist."""
     record = await services.dispatcher.get(run_id)
-    if record is None:
+    if record is None or record.owner != team.id:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run_id!r}")
     return record
 
 
 @router.post("", response_model=RunPublic, status_code=status.HTTP_202_ACCEPTED)
-async def submit_run(body: RunCreate, services: Services = Depends(get_services)) -> RunPublic:
-    """Accept a run; it executes in the background (in this process, or on a worker when Redis is configured)."""
+async def submit_run(
+    body: RunCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
+) -> RunPublic:
+    """Accept a run; it executes in the background (in this process, or on a worker when Redis is configured).
+    The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given)."""
     try:
-        ref = services.repository.skill_ref(body.skill)
+        ref = services.repository_for(team).skill_ref(body.skill)
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id"})
     request = RunRequest(
         skill=ref, inputs=[InputFile(name=i.name, content=i.content) for i in body.inputs],
-        **({"workspace_id": body.workspace_id} if body.workspace_id else {}), **fields,
+        workspace_id=f"{team.id}.{body.workspace_id or uuid.uuid4().hex[:16]}", **fields,
     )
     try:
         validate_request(request)
-        record = await services.dispatcher.submit(request, priority=body.priority)
+        record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
     except (ValueError, DispatchError) as exc:
         raise HTTPException(422, str(exc)) from exc
     return RunPublic.of(record)
@@ -55,10 +62,11 @@ async def submit_run(body: RunCreate, services: Services = Depends(get_services)
 async def list_runs(
     status_filter: RunStatus | None = Query(default=None, alias="status"),
     limit: int = Query(default=100, ge=1, le=1000),
+    team: Team = Depends(current_team),
     services: Services = Depends(get_services),
 ) -> RunsPublic:
-    """Recent runs, newest first, optionally of one status."""
-    records = await services.dispatcher.list(status_filter, limit)
+    """The team's recent runs, newest first, optionally of one status."""
+    records = await services.dispatcher.list(status_filter, limit, owner=team.id)
     return RunsPublic(data=[RunPublic.of(r) for r in records], count=len(records))
 
 
@@ -66,27 +74,28 @@ async def list_runs(
 async def get_run(
     run_id: str,
     wait: float = Query(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS, description="Seconds to wait for the run to end."),
+    team: Team = Depends(current_team),
     services: Services = Depends(get_services),
 ) -> RunPublic:
     """A run; with ``wait`` the answer comes when the run ends or after that many seconds."""
-    record = await _record(services, run_id)
+    record = await _record(services, run_id, team)
     if wait and not record.status.done:
         record = await services.dispatcher.wait(run_id, wait) or record
     return RunPublic.of(record)
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic)
-async def cancel_run(run_id: str, services: Services = Depends(get_services)) -> RunPublic:
+async def cancel_run(run_id: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> RunPublic:
     """Cancel a run: a queued one at once, a started one is stopped (its processes killed) by its worker."""
-    await _record(services, run_id)
+    await _record(services, run_id, team)
     return RunPublic.of(await services.dispatcher.cancel(run_id))
 
 
 @router.get("/{run_id}/events", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": "queued, started, finished..."}})
-async def run_events(run_id: str, services: Services = Depends(get_services)) -> StreamingResponse:
+async def run_events(run_id: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
     """The run's events as server-sent events (with timings), until it ends."""
-    await _record(services, run_id)
+    await _record(services, run_id, team)
     return StreamingResponse(_events(services, run_id), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
@@ -104,9 +113,9 @@ async def _events(services: Services, run_id: str) -> AsyncIterator[str]:
 
 @router.get("/{run_id}/files/{name:path}", response_class=Response,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."}})
-async def get_file(run_id: str, name: str, services: Services = Depends(get_services)) -> Response:
+async def get_file(run_id: str, name: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
     """An output file of a finished run, with its MIME type (``X-Skillrun-Truncated`` when it was capped)."""
-    record = await _record(services, run_id)
+    record = await _record(services, run_id, team)
     found = next((f for f in (record.result.output_files if record.result else []) if f.name == name), None)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} has no output file {name!r}")
@@ -118,9 +127,9 @@ async def get_file(run_id: str, name: str, services: Services = Depends(get_serv
 
 @router.get("/{run_id}/artifacts/{name:path}", response_class=Response,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."}})
-async def get_artifact(run_id: str, name: str, services: Services = Depends(get_services)) -> Response:
+async def get_artifact(run_id: str, name: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
     """An artifact a run saved, byte for byte, with its MIME type."""
-    record = await _record(services, run_id)
+    record = await _record(services, run_id, team)
     found = next((a for a in (record.result.artifact_files if record.result else []) if a.name == name), None)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} has no artifact {name!r}")

@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, HTTPException, status
 from fastapi.responses import StreamingResponse
 
+from orchestrator.api.auth import current_team
 from orchestrator.api.schemas import MessageCreate, SessionCreate, SessionPublic
-from orchestrator.api.services import DEFAULT_USER, Services, get_services
+from orchestrator.api.services import Services, get_services
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.models.constants import TOOL_STREAMING_ARGS
+from orchestrator.teams import Team
 from orchestrator.types import Content, Part
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -26,11 +28,13 @@ SSE_MEDIA_TYPE = "text/event-stream"
 
 
 @router.post("", response_model=SessionPublic, status_code=status.HTTP_201_CREATED)
-async def create_session(body: SessionCreate, services: Services = Depends(get_services)) -> SessionPublic:
+async def create_session(
+    body: SessionCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
+) -> SessionPublic:
     """Start a conversation with the skill assistant."""
     try:
         session = await services.session_service.create_session(
-            app_name=services.app_name, user_id=DEFAULT_USER, session_id=body.session_id, state=body.state
+            app_name=services.app_name, user_id=team.id, session_id=body.session_id, state=body.state
         )
     except SessionError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
@@ -38,9 +42,11 @@ async def create_session(body: SessionCreate, services: Services = Depends(get_s
 
 
 @router.get("/{session_id}", response_model=SessionPublic)
-async def get_session(session_id: str, services: Services = Depends(get_services)) -> SessionPublic:
+async def get_session(
+    session_id: str, team: Team = Depends(current_team), services: Services = Depends(get_services)
+) -> SessionPublic:
     """A session's events and state."""
-    session = await services.session_service.get_session(app_name=services.app_name, user_id=DEFAULT_USER, session_id=session_id)
+    session = await services.session_service.get_session(app_name=services.app_name, user_id=team.id, session_id=session_id)
     if session is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
     return SessionPublic(**session.model_dump())
@@ -51,13 +57,15 @@ async def get_session(session_id: str, services: Services = Depends(get_services
     response_class=StreamingResponse,
     responses={200: {"content": {SSE_MEDIA_TYPE: {}}, "description": "The agent's events as server-sent events."}},
 )
-async def post_message(session_id: str, body: MessageCreate, services: Services = Depends(get_services)) -> StreamingResponse:
+async def post_message(
+    session_id: str, body: MessageCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
+) -> StreamingResponse:
     """Send a message; the answer streams back as server-sent events while the agent works."""
-    session = await services.session_service.get_session(app_name=services.app_name, user_id=DEFAULT_USER, session_id=session_id)
+    session = await services.session_service.get_session(app_name=services.app_name, user_id=team.id, session_id=session_id)
     if session is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
-    runner = services.runner()
-    events = runner.run_async(user_id=DEFAULT_USER, session_id=session_id, new_message=Content(parts=[Part.from_text(body.text)]))
+    runner = services.runner(team)
+    events = runner.run_async(user_id=team.id, session_id=session_id, new_message=Content(parts=[Part.from_text(body.text)]))
     return StreamingResponse(_sse(events), media_type=SSE_MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
 
 

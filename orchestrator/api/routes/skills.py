@@ -4,24 +4,26 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException, status
 
+from orchestrator.api.auth import current_team
 from orchestrator.api.schemas import SkillPublic, SkillSummaryPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import SkillNotFoundError, SkillValidationError
+from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/skills", tags=["skills"])
 
 
 @router.get("", response_model=list[SkillSummaryPublic])
-def list_skills(services: Services = Depends(get_services)) -> list[SkillSummaryPublic]:
-    """Name and description of each skill (the overview tier)."""
-    return [SkillSummaryPublic(name=s.name, description=s.description) for s in services.repository.summaries()]
+def list_skills(team: Team = Depends(current_team), services: Services = Depends(get_services)) -> list[SkillSummaryPublic]:
+    """Name and description of each skill the team sees (the overview tier)."""
+    return [SkillSummaryPublic(name=s.name, description=s.description) for s in services.repository_for(team).summaries()]
 
 
 @router.get("/{name}", response_model=SkillPublic)
-def get_skill(name: str, services: Services = Depends(get_services)) -> SkillPublic:
+def get_skill(name: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> SkillPublic:
     """One skill: body, declared tools, doc names."""
     try:
-        skill = services.repository.get(name)
+        skill = services.repository_for(team).get(name)
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except SkillValidationError as exc:

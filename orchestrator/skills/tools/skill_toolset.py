@@ -39,11 +39,13 @@ Mode = Literal["add", "replace", "clear"]
 RUN_TOOL_OPTIONS = {"save_as_artifacts", "omit_inline_content", "timeout", "runtime", "limits"}
 
 
-def workspace_id_for(session_id: str) -> str:
-    """A session's workspace id: the session id itself when it is a valid workspace id, else its hash."""
-    if WORKSPACE_ID_PATTERN.match(session_id):
-        return session_id
-    return "s" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
+def workspace_id_for(user_id: str, session_id: str) -> str:
+    """A session's workspace id: ``<user>.<session>`` when that is a valid workspace id, else its hash, so two
+    users' sessions of the same id never share a workspace."""
+    candidate = f"{user_id}.{session_id}"
+    if WORKSPACE_ID_PATTERN.match(candidate):
+        return candidate
+    return "s" + hashlib.sha256(candidate.encode()).hexdigest()[:40]
 
 
 class SkillToolSet(BaseToolSet):
@@ -242,7 +244,7 @@ class SkillToolSet(BaseToolSet):
                 fields["timeout"] = timeout
             request = RunRequest(
                 skill=ref, command=command, output_files=output_files or [], env=env or {},
-                workspace_id=workspace_id_for(tool_context.session.id), **fields,
+                workspace_id=workspace_id_for(tool_context.session.user_id, tool_context.session.id), **fields,
             )
             result = await self.dispatcher.run(request)
         except (SkillError, WorkerError) as exc:

@@ -1,0 +1,126 @@
+"""Team skill libraries: named, versioned sets of skills, each version pinned by its archive's sha256.
+
+A version comes from a URL (fetched with the limits of ``worker.roots``) or an uploaded archive; it is extracted
+once, safely, into ``<libraries dir>/<sha256>/`` (content-addressed, immutable, shared by every worker through the
+same volume). Each library has a current version; a team's runs and agents see its libraries' current versions.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from orchestrator.documents import BaseDocuments
+from orchestrator.errors import OrchestratorError, SkillError
+from orchestrator.skills.repository import FsSkillRepository
+from worker.errors import SkillRootError
+from worker.roots import FetchLimits, download_archive, install_archive
+
+LIBRARY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+class LibraryError(OrchestratorError):
+    """A library cannot be registered or changed; the message says why."""
+
+
+class LibraryVersion(BaseModel):
+    version: int
+    sha256: str
+    size: int
+    skill_count: int
+    source: str
+    created_at: float = Field(default_factory=time.time)
+
+
+class Library(BaseModel):
+    team_id: str
+    name: str
+    versions: list[LibraryVersion] = Field(default_factory=list)
+    current: int | None = None
+
+    def version(self, number: int | None = None) -> LibraryVersion | None:
+        number = self.current if number is None else number
+        return next((v for v in self.versions if v.version == number), None)
+
+
+class LibraryRegistry:
+    def __init__(self, documents: BaseDocuments, libraries_dir: Path, limits: FetchLimits | None = None) -> None:
+        self.docs = documents
+        self.dir = Path(libraries_dir)
+        self.limits = limits or FetchLimits()
+
+    @staticmethod
+    def _doc_id(team_id: str, name: str) -> str:
+        if not LIBRARY_NAME.match(name):
+            raise LibraryError(f"library name {name!r}: use 1-64 lowercase letters, digits, '-' and '_' (no '/' or '..')")
+        return f"{team_id}.{name}"
+
+    def get(self, team_id: str, name: str) -> Library | None:
+        doc = self.docs.get("libraries", self._doc_id(team_id, name))
+        return Library(**doc) if doc else None
+
+    def list(self, team_id: str) -> list[Library]:
+        return [Library(**d) for d in self.docs.all("libraries") if d["team_id"] == team_id]
+
+    def root(self, version: LibraryVersion) -> Path:
+        return self.dir / version.sha256
+
+    def current_roots(self, team_id: str) -> list[Path]:
+        """The folders of the team's libraries' current versions."""
+        return [self.root(v) for lib in self.list(team_id) if (v := lib.version()) is not None]
+
+    def add_from_url(self, team_id: str, name: str, url: str) -> Library:
+        if not url.startswith(("http://", "https://")):
+            raise LibraryError(f"{url!r}: a library URL must be http(s)")
+        self._doc_id(team_id, name)
+        with tempfile.TemporaryDirectory(dir=self._tmp()) as tmp:
+            archive = Path(tmp) / "download"
+            try:
+                _, content_type = download_archive(url, archive, self.limits)
+            except SkillRootError as exc:
+                raise LibraryError(str(exc)) from exc
+            return self._add(team_id, name, archive, url, content_type)
+
+    def add_from_file(self, team_id: str, name: str, archive: Path, filename: str = "upload") -> Library:
+        self._doc_id(team_id, name)
+        return self._add(team_id, name, archive, f"upload:{filename}", "")
+
+    def set_current(self, team_id: str, name: str, number: int) -> Library:
+        library = self.get(team_id, name)
+        if library is None:
+            raise LibraryError(f"no library {name!r}")
+        if library.version(number) is None:
+            raise LibraryError(f"library {name!r} has no version {number} (versions: {[v.version for v in library.versions]})")
+        library.current = number
+        self.docs.put("libraries", self._doc_id(team_id, name), library.model_dump())
+        return library
+
+    def _tmp(self) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        return self.dir
+
+    def _add(self, team_id: str, name: str, archive: Path, source: str, content_type: str) -> Library:
+        try:
+            root, sha = install_archive(archive, source=source, content_type=content_type, into=self._tmp(),
+                                        limits=self.limits.archive)
+        except SkillRootError as exc:
+            raise LibraryError(f"{source}: {exc}") from exc
+        try:
+            skills = FsSkillRepository(root).summaries()
+        except SkillError as exc:
+            raise LibraryError(f"{source}: {exc}") from exc
+        if not skills:
+            raise LibraryError(f"{source}: no usable skill in the archive")
+        library = self.get(team_id, name) or Library(team_id=team_id, name=name)
+        existing = next((v for v in library.versions if v.sha256 == sha), None)
+        if existing is None:
+            existing = LibraryVersion(version=max((v.version for v in library.versions), default=0) + 1, sha256=sha,
+                                      size=archive.stat().st_size, skill_count=len(skills), source=source)
+            library.versions.append(existing)
+        library.current = existing.version
+        self.docs.put("libraries", self._doc_id(team_id, name), library.model_dump())
+        return library
