@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import tempfile
 import textwrap
 from pathlib import Path
@@ -37,6 +38,11 @@ def shared_dir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="skillrun-test-"))
     path.chmod(0o755)
     yield path
+    # Workspace disks (loop mounts) a test left mounted go first.
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(str(path) + "/")]
+    for point in sorted(points, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
     remove_tree(path)
 
 

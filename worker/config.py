@@ -18,6 +18,9 @@ class WorkerSettings(BaseSettings):
     work_root: Path | None = Field(default=None, description="Where workspaces are created; shared by all workers.")
     artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored; shared by all workers.")
     result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0)
+    workspace_disk_bytes: int | None = Field(
+        default=None, description="Give each workspace a file system of this size (root; loop-mounted ext4)."
+    )
     heartbeat_ttl_seconds: int = Field(
         default=defaults.HEARTBEAT_TTL_SECONDS, ge=2, description="Silence after which a started run's worker is lost."
     )

@@ -38,7 +38,7 @@ def runtime_for(name: str) -> BaseWorkspaceRuntime:
     """This process's runtime of kind ``name``, built from the worker settings on first use."""
     if name not in _runtimes:
         settings = get_worker_settings()
-        options: dict[str, Any] = {"work_root": settings.work_root}
+        options: dict[str, Any] = {"work_root": settings.work_root, "disk_bytes": settings.workspace_disk_bytes}
         if settings.artifacts_dir is not None:
             options["artifact_store"] = FileArtifactStore(settings.artifacts_dir)
         _runtimes[name] = resolve_runtime(name, **options)

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import threading
 import time
@@ -40,6 +41,7 @@ from worker.errors import WorkspaceError
 METADATA_FILE = "metadata.json"
 REGISTRY_DIR = ".skillrun"
 SPARE_RUN_DIR = ".next"
+MIN_DISK_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -114,11 +116,17 @@ class WorkspaceManager:
         uid_base: int = defaults.SANDBOX_UID_BASE,
         uid_count: int = defaults.SANDBOX_UID_COUNT,
         fixed_uid: int | None = None,
+        disk_bytes: int | None = None,
     ) -> None:
         """``isolate_users`` gives each workspace a user of its own (default: when running as root);
-        ``fixed_uid`` instead gives every workspace the same owner (a container's user, for example)."""
+        ``fixed_uid`` instead gives every workspace the same owner (a container's user, for example);
+        ``disk_bytes`` gives each workspace a file system of that size of its own (a loop-mounted ext4 image, root
+        only), so a command that fills its workspace gets "no space left" and nothing else runs out of disk."""
         self.work_root = Path(work_root) if work_root is not None else default_work_root()
         self.fixed_uid = fixed_uid
+        if disk_bytes is not None and (disk_bytes < MIN_DISK_BYTES or os.geteuid() != 0):
+            raise WorkspaceError(f"a workspace disk needs root and at least {MIN_DISK_BYTES} bytes")
+        self.disk_bytes = disk_bytes
         self.isolate_users = fixed_uid is None and ((os.geteuid() == 0) if isolate_users is None else isolate_users)
         if (self.isolate_users or fixed_uid is not None) and os.geteuid() != 0:
             raise WorkspaceError("per-workspace users and workspace owners need the host process to run as root")
@@ -159,6 +167,7 @@ class WorkspaceManager:
         if workspace is None:
             return
         (self.registry / "workspaces" / workspace_id).unlink(missing_ok=True)
+        self._unmount_disk(workspace.path)
         remove_tree(workspace.path)
         if workspace.uid is not None and self.isolate_users:
             (self.registry / "uids" / str(workspace.uid)).unlink(missing_ok=True)
@@ -243,6 +252,8 @@ class WorkspaceManager:
         path.mkdir(mode=0o700)
         uid = gid = None
         try:
+            if self.disk_bytes is not None:
+                self._mount_disk(path)
             if self.isolate_users:
                 uid = gid = self._allocate_uid(workspace_id)
             elif self.fixed_uid is not None:
@@ -272,7 +283,34 @@ class WorkspaceManager:
             self._discard(path, uid)
             raise
 
+    def _disk_image(self, path: Path) -> Path:
+        return self.registry / "disks" / f"{path.name}.img"
+
+    def _mount_disk(self, path: Path) -> None:
+        image = self._disk_image(path)
+        image.parent.mkdir(mode=0o700, exist_ok=True)
+        with open(image, "wb") as f:
+            f.truncate(self.disk_bytes)
+        for argv in (["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image)],
+                     ["mount", "-o", "loop,nosuid,nodev", str(image), str(path)]):
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode != 0:
+                image.unlink(missing_ok=True)
+                raise WorkspaceError(
+                    f"cannot give workspace {path.name} a {self.disk_bytes}-byte disk: {argv[0]} said "
+                    f"{done.stderr.strip() or done.returncode}; this needs root, e2fsprogs and loop devices"
+                )
+        (path / "lost+found").rmdir()
+        path.chmod(0o700)
+
+    def _unmount_disk(self, path: Path) -> None:
+        image = self._disk_image(path)
+        if image.exists():
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+            image.unlink(missing_ok=True)
+
     def _discard(self, path: Path, uid: int | None) -> None:
+        self._unmount_disk(path)
         remove_tree(path)
         if uid is not None and self.isolate_users:
             (self.registry / "uids" / str(uid)).unlink(missing_ok=True)

@@ -140,3 +140,10 @@ async def test_a_cancel_before_the_command_starts_still_ends_the_run_cleanly(doc
     assert "cancelled" in result.stderr and result.exit_code != 0
     again = await runtime.run(_request("echo next"))
     assert again.stdout == "next\n"
+
+
+async def test_filling_the_workspace_past_its_cap_stops_at_the_cap(docker_runtime_factory):
+    runtime = docker_runtime_factory(disk_bytes=16 * 1024 * 1024)
+    result = await runtime.run(_request("head -c 64M /dev/zero > $WORK_DIR/fill; echo status=$?",
+                                        limits=RunLimits(file_size_bytes=1024**3)))
+    assert "No space left on device" in result.stderr and "status=1" in result.stdout

@@ -303,3 +303,21 @@ async def test_a_work_root_that_does_not_exist_yet_is_created(shared_dir, make_r
     runtime = LocalWorkspaceRuntime(shared_dir / "new" / "root")
     result = await runtime.run(make_request("echo ok"))
     assert result.stdout == "ok\n"
+
+
+@pytest.mark.root
+async def test_filling_a_workspace_past_its_disk_cap_fails_inside_it_only(shared_dir, make_request):
+    runtime = LocalWorkspaceRuntime(shared_dir / "capped", disk_bytes=16 * 1024 * 1024)
+    other = await runtime.run(make_request("echo fine > $WORK_DIR/a", workspace_id="neighbour"))
+    result = await runtime.run(make_request(
+        "head -c 64M /dev/zero > $WORK_DIR/fill; echo status=$?; echo still > out/ok.txt", workspace_id="filler",
+        output_files=["out/ok.txt"], limits=RunLimits(file_size_bytes=1024**3)))
+    assert "No space left on device" in result.stderr
+    assert "status=1" in result.stdout
+    assert other.exit_code == 0
+    again = await runtime.run(make_request("cat $WORK_DIR/a; df -k $WORK_DIR | tail -1", workspace_id="neighbour"))
+    assert again.stdout.startswith("fine\n")
+    runtime.remove_workspace("filler")
+    runtime.remove_workspace("neighbour")
+    assert not [p for p in (shared_dir / "capped").iterdir() if p.name.startswith("ws_")]
+    assert not list((shared_dir / "capped" / ".skillrun" / "disks").iterdir())

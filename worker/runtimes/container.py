@@ -82,8 +82,10 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         stager: BaseSkillStager | None = None,
         artifact_store: FileArtifactStore | None = None,
         client: docker.DockerClient | None = None,
+        disk_bytes: int | None = None,
     ) -> None:
-        super().__init__(WorkspaceManager(work_root, fixed_uid=SANDBOX_UID), stager=stager, artifact_store=artifact_store)
+        super().__init__(WorkspaceManager(work_root, fixed_uid=SANDBOX_UID, disk_bytes=disk_bytes), stager=stager,
+                         artifact_store=artifact_store)
         self.image = image
         self.allow_network = allow_network
         self.memory_bytes = memory_bytes

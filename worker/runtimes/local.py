@@ -52,12 +52,14 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         sandbox_path: str = defaults.SANDBOX_PATH,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
         spawners: SpawnerMode = "auto",
+        disk_bytes: int | None = None,
     ) -> None:
         """``spawners`` applies when commands run as workspace users: ``auto`` starts a workspace's spawner when the
         workspace is used a second time and uses it once ready (a one-off run never pays for one), ``eager`` starts
         it at once and waits for it, ``off`` never uses one (every run switches user through ``setpriv``)."""
         super().__init__(
-            WorkspaceManager(work_root, isolate_users=isolate_users), stager=stager, artifact_store=artifact_store,
+            WorkspaceManager(work_root, isolate_users=isolate_users, disk_bytes=disk_bytes), stager=stager,
+            artifact_store=artifact_store,
             input_file_bytes=input_file_bytes,
         )
         self.sandbox_path = sandbox_path
