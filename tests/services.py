@@ -92,6 +92,7 @@ class RedisServer:
 
 
 SANDBOX_IMAGE = "skillrun/sandbox:latest"
+IMAGES = (SANDBOX_IMAGE, "skillrun/worker:latest", "skillrun/api:latest")
 
 
 class DockerEngine:
@@ -128,7 +129,8 @@ class DockerEngine:
 
     def _ensure_image(self, repo_root: str) -> None:
         try:
-            self.client.images.get(SANDBOX_IMAGE)
+            for image in IMAGES:
+                self.client.images.get(image)
             return
         except self._docker.errors.ImageNotFound:
             pass
@@ -136,7 +138,7 @@ class DockerEngine:
         bundle = "/etc/ssl/certs/ca-certificates.crt"
         args = ["bash", os.path.join(repo_root, "images", "build.sh")] + (["--ca-bundle", bundle] if os.path.exists(bundle) else [])
         if subprocess.run(args, cwd=repo_root, timeout=1200).returncode != 0:
-            unavailable(f"could not build {SANDBOX_IMAGE} with images/build.sh")
+            unavailable(f"could not build {', '.join(IMAGES)} with images/build.sh")
 
     def stop(self) -> None:
         self.client.close()
