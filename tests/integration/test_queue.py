@@ -34,7 +34,7 @@ def repo():
 def worker_env(work_root, shared_dir, monkeypatch):
     env = {
         "SKILLRUN_WORK_ROOT": str(work_root), "SKILLRUN_ARTIFACTS_DIR": str(shared_dir / "artifacts"),
-        "SKILLRUN_HEARTBEAT_TTL_SECONDS": "2",
+        "SKILLRUN_HEARTBEAT_TTL_SECONDS": "4",  # short, yet safe from a loaded machine's stalls
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
