@@ -147,3 +147,14 @@ async def test_filling_the_workspace_past_its_cap_stops_at_the_cap(docker_runtim
     result = await runtime.run(_request("head -c 64M /dev/zero > $WORK_DIR/fill; echo status=$?",
                                         limits=RunLimits(file_size_bytes=1024**3)))
     assert "No space left on device" in result.stderr and "status=1" in result.stdout
+
+
+async def test_idle_containers_are_removed_and_their_workspace_kept(docker_runtime_factory, docker_engine):
+    runtime = docker_runtime_factory(idle_seconds=0)
+    await runtime.run(_request("echo kept > $WORK_DIR/k", workspace_id="idle"))
+    idle_container = runtime.container_id("idle")
+    await runtime.run(_request("true", workspace_id="busy"))
+    assert runtime.container_id("idle") is None
+    assert not docker_engine.client.containers.list(all=True, filters={"id": idle_container})
+    again = await runtime.run(_request("cat $WORK_DIR/k", workspace_id="idle"))
+    assert again.stdout == "kept\n"

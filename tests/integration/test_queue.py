@@ -223,3 +223,25 @@ async def test_a_run_whose_request_cannot_execute_fails_with_the_reason(redis_ur
     assert done.status == RunStatus.FAILED
     assert "StagingError" in done.error and "no SKILL.md" in done.error
     await dispatcher.close()
+
+
+async def test_a_priority_run_starts_before_the_runs_queued_ahead_of_it(redis_url, worker_env, repo):
+    dispatcher = QueueDispatcher(redis_url)
+    normal = [await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="true")) for _ in range(3)]
+    urgent = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="true"), priority=True)
+    await asyncio.to_thread(burst, redis_url, worker_env)
+    started = {r.id: (await dispatcher.get(r.id)).started_at for r in [*normal, urgent]}
+    assert min(started, key=started.get) == urgent.id
+    await dispatcher.close()
+
+
+async def test_finished_runs_are_kept_for_the_result_ttl_only(redis_url, worker_env, repo, monkeypatch):
+    monkeypatch.setenv("SKILLRUN_RESULT_TTL_SECONDS", "1")
+    dispatcher = QueueDispatcher(redis_url, result_ttl=1)
+    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="echo bye"))
+    await asyncio.to_thread(burst, redis_url, {**worker_env, "SKILLRUN_RESULT_TTL_SECONDS": "1"})
+    assert (await dispatcher.get(record.id)).status == RunStatus.FINISHED
+    await asyncio.sleep(2.2)
+    assert await dispatcher.get(record.id) is None
+    assert await dispatcher.events(record.id) == []
+    await dispatcher.close()
