@@ -19,7 +19,7 @@ from typing import Any
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.sessions.base import BaseSessionService
-from orchestrator.sessions.session import Session, apply_delta, persistent_delta
+from orchestrator.sessions.session import Session, already_exists, apply_delta, new_session, persistent_delta
 
 _SAFE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -66,15 +66,13 @@ class FileSessionService(BaseSessionService):
     async def create_session(
         self, *, app_name: str, user_id: str, session_id: str | None = None, state: dict[str, Any] | None = None
     ) -> Session:
-        session = Session(app_name=app_name, user_id=user_id, state=persistent_delta(dict(state or {})))
-        if session_id is not None:
-            session.id = session_id
+        session = new_session(app_name, user_id, session_id, state)
         path = self._path(app_name, user_id, session.id)
 
         def create() -> Session:
             with self._locked(path):
                 if path.exists():
-                    raise SessionError(f"session {session.id!r} already exists for {user_id!r} in {app_name!r}")
+                    raise already_exists(session)
                 self._write(path, session)
             return session
 

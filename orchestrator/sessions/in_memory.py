@@ -8,7 +8,7 @@ from typing import Any
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.sessions.base import BaseSessionService
-from orchestrator.sessions.session import Session, apply_delta, persistent_delta
+from orchestrator.sessions.session import Session, already_exists, apply_delta, new_session, persistent_delta
 
 
 class InMemorySessionService(BaseSessionService):
@@ -20,12 +20,10 @@ class InMemorySessionService(BaseSessionService):
     async def create_session(
         self, *, app_name: str, user_id: str, session_id: str | None = None, state: dict[str, Any] | None = None
     ) -> Session:
-        session = Session(app_name=app_name, user_id=user_id, state=persistent_delta(dict(state or {})))
-        if session_id is not None:
-            session.id = session_id
+        session = new_session(app_name, user_id, session_id, state)
         key = (app_name, user_id, session.id)
         if key in self._sessions:
-            raise SessionError(f"session {session.id!r} already exists for {user_id!r} in {app_name!r}")
+            raise already_exists(session)
         self._sessions[key] = session
         return session.model_copy(deep=True)
 

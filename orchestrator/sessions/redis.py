@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.sessions.base import BaseSessionService
-from orchestrator.sessions.session import Session, apply_delta, persistent_delta
+from orchestrator.sessions.session import Session, already_exists, apply_delta, new_session, persistent_delta
 
 DEFAULT_PREFIX = "skillrun:session"
 
@@ -42,13 +42,11 @@ class RedisSessionService(BaseSessionService):
     async def create_session(
         self, *, app_name: str, user_id: str, session_id: str | None = None, state: dict[str, Any] | None = None
     ) -> Session:
-        session = Session(app_name=app_name, user_id=user_id, state=persistent_delta(dict(state or {})))
-        if session_id is not None:
-            session.id = session_id
+        session = new_session(app_name, user_id, session_id, state)
         meta = self._key(app_name, user_id, session.id, "meta")
         created = await self._client.hsetnx(meta, "id", session.id)
         if not created:
-            raise SessionError(f"session {session.id!r} already exists for {user_id!r} in {app_name!r}")
+            raise already_exists(session)
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.hset(meta, mapping={"last_update_time": session.last_update_time})
             if session.state:

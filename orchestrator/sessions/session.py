@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from orchestrator.errors import SessionError
 from orchestrator.events import Event
 
 TEMP_PREFIX = "temp:"
@@ -35,3 +36,15 @@ def apply_delta(state: dict[str, Any], delta: dict[str, Any]) -> None:
             state.pop(key, None)
         else:
             state[key] = value
+
+
+def new_session(app_name: str, user_id: str, session_id: str | None, state: dict[str, Any] | None) -> Session:
+    """A new session (with a generated id unless one is given), keeping only the persistent part of ``state``."""
+    session = Session(app_name=app_name, user_id=user_id, state=persistent_delta(dict(state or {})))
+    if session_id is not None:
+        session.id = session_id
+    return session
+
+
+def already_exists(session: Session) -> SessionError:
+    return SessionError(f"session {session.id!r} already exists for {session.user_id!r} in {session.app_name!r}")

@@ -15,6 +15,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, SkillValidationError
 from orchestrator.skills.skill import SKILL_FILE, Skill, SkillSummary, list_docs, load_skill, split_front_matter, validate_summary
 from worker.contract import SkillRef
@@ -200,17 +201,11 @@ class FsSkillRepository(BaseSkillRepository):
 
 
 class CachedSkillRepository(FsSkillRepository):
-    """Like ``FsSkillRepository``, but parses a file again only when its modification time or size changed."""
+    """Like ``FsSkillRepository`` (same arguments), but parses a file again only when its modification time or
+    size changed."""
 
-    def __init__(
-        self,
-        paths: str | os.PathLike[str] | list[str | os.PathLike[str]],
-        workspace_runtime: BaseWorkspaceRuntime | None = None,
-        *,
-        cache_dir: str | os.PathLike[str] | None = None,
-        fetch_limits: FetchLimits | None = None,
-    ) -> None:
-        super().__init__(paths, workspace_runtime, cache_dir=cache_dir, fetch_limits=fetch_limits)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._cached: _Scan | None = None
         self._skills: dict[str, tuple[tuple, Skill]] = {}
 
