@@ -7,6 +7,9 @@ A URL root is downloaded once and cached, as the guide lays out::
     <cache>/tmp-skill-root-XXXXXX/root/.ready   written last
     <cache>/<sha256(url)>/                      the root/ folder, renamed into place atomically
 
+A URL may pin its archive: ``https://host/lib.tgz#sha256=<hex>`` (or ``expected_sha256=``); the download is then
+checked before anything is extracted.
+
 An entry with ``.ready`` is used without downloading again (when an expected sha256 is given it must match the
 recorded one); an entry without it is cleared and fetched again. When several processes fetch one URL at once,
 the first rename wins and the others use its entry. Any failure removes the temporary folder and raises
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -72,7 +76,10 @@ def resolve_root(
     text = os.fspath(root)
     scheme = urllib.parse.urlsplit(text).scheme
     if scheme in {"http", "https"}:
-        return fetch_url_root(text, cache_dir=cache_dir, limits=limits, expected_sha256=expected_sha256)
+        url, pinned = split_pin(text)
+        if pinned and expected_sha256 and pinned != expected_sha256.lower():
+            raise SkillRootError(f"{text}: pinned to {pinned} but {expected_sha256} was expected")
+        return fetch_url_root(url, cache_dir=cache_dir, limits=limits, expected_sha256=expected_sha256 or pinned)
     if not allow_local:
         raise SkillRootError(f"skills root {text!r}: only http(s) URLs are allowed here")
     path = Path(urllib.parse.unquote(urllib.parse.urlsplit(text).path)) if scheme == "file" else Path(text)
@@ -81,6 +88,17 @@ def resolve_root(
     if not path.is_dir():
         raise SkillRootError(f"skills root {text!r} does not exist or is not a directory")
     return path
+
+
+def split_pin(url: str) -> tuple[str, str | None]:
+    """``https://host/lib.tgz#sha256=<hex>`` → (the URL without the fragment, the expected sha256)."""
+    base, sep, fragment = url.partition("#")
+    if not sep or not fragment.startswith("sha256="):
+        return url, None
+    digest = fragment[len("sha256="):].lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise SkillRootError(f"{url}: '#sha256=' must be followed by 64 hexadecimal digits")
+    return base, digest
 
 
 def fetch_url_root(

@@ -20,7 +20,7 @@ from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, Ski
 from orchestrator.skills.skill import SKILL_FILE, Skill, SkillSummary, list_docs, load_skill, split_front_matter, validate_summary
 from worker.contract import SkillRef
 from worker.errors import SkillRootError
-from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root
+from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root, split_pin
 from worker.runtimes.base import BaseWorkspaceRuntime
 
 MAX_DEPTH = 4
@@ -104,7 +104,7 @@ class FsSkillRepository(BaseSkillRepository):
             text = os.fspath(root)
             if is_url(text) and not text.startswith("file:"):
                 path = resolve_root(text, cache_dir=cache_dir, limits=fetch_limits).resolve()
-                self._origins[path] = (text, cached_sha256(path))
+                self._origins[path] = (split_pin(text)[0], cached_sha256(path))
             else:
                 try:
                     path = resolve_root(text).resolve()

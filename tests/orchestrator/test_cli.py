@@ -16,7 +16,9 @@ from tests.model_server import ScriptedModelServer
 @pytest.fixture
 def cli(library, work_root):
     def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        full_env = {k: v for k, v in os.environ.items() if k not in {"SKILLS_ROOT", "SKILLRUN_SKILLS_ROOT"}}
+        # The host's own model and skillrun settings must not reach the command under test.
+        full_env = {k: v for k, v in os.environ.items()
+                    if k not in {"SKILLS_ROOT", "SKILLS_CACHE_DIR"} and not k.startswith(("SKILLRUN_", "OPENAI_"))}
         full_env.update(env or {})
         return subprocess.run(
             [sys.executable, "-m", "orchestrator.cli", *args],
@@ -158,3 +160,19 @@ def test_chat_without_a_model_configured_says_what_to_set(cli):
     result = cli("chat", "hi", env={"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""})
     assert result.returncode == 2
     assert "set OPENAI_API_KEY" in result.stderr
+
+
+def test_chat_reads_the_model_from_a_dot_env_file(cli, work_root, shared_dir):
+    server = ScriptedModelServer().start()
+    try:
+        server.add({"text": "configured by .env"})
+        (work_root / ".env").write_text(
+            f"OPENAI_BASE_URL={server.base_url}\nOPENAI_API_KEY=from-dotenv\nSKILLRUN_MODEL=dotenv-model\n"
+            f"SKILLRUN_DATA_DIR={shared_dir / 'data'}\nSKILLS_ROOT={work_root.parent / 'library'}\n"
+        )
+        result = cli("chat", "hello")
+        assert result.returncode == 0, result.stderr
+        assert "configured by .env" in result.stdout
+        assert server.requests[0]["model"] == "dotenv-model"
+    finally:
+        server.stop()

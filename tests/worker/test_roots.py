@@ -329,3 +329,16 @@ async def test_a_url_root_serves_the_repository_and_runs_through_a_worker(server
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("hi\n---\nname: remote-skill")
     assert server.hits["/team-lib.tar.gz"] == 1
+
+
+def test_a_sha256_pinned_in_the_url_fragment_is_checked_before_extraction(server, cache):
+    data = library_tar()
+    good = hashlib.sha256(data).hexdigest()
+    url = server.add("/pinned.tar.gz", data)
+    root = resolve_root(f"{url}#sha256={good}", cache_dir=cache)
+    assert (root / "lib" / "remote-skill" / "SKILL.md").is_file()
+    with pytest.raises(SkillRootError, match=f"sha256 is {good}, expected {'0' * 64}"):
+        resolve_root(f"{server.add('/other.tar.gz', data)}#sha256={'0' * 64}", cache_dir=cache)
+    with pytest.raises(SkillRootError, match="64 hexadecimal digits"):
+        resolve_root(f"{url}#sha256=abc", cache_dir=cache)
+    assert len(list(cache.iterdir())) == 1
