@@ -131,8 +131,7 @@ class InlineDispatcher(BaseDispatcher):
             return None
         result.worker_id = self._who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
-        current = self.store.get(request.run_id)
-        self.store.finish(request.run_id, result, cancelled=bool(current and current.cancel_requested))
+        self.store.finish(request.run_id, result)
         return result
 
     async def run(self, request: RunRequest, *, trusted: bool = False) -> RunResult:
@@ -202,20 +201,14 @@ class QueueDispatcher(BaseDispatcher):
                 return record
 
     def _checked(self, run_id: str) -> RunRecord | None:
-        """The record, after recovering it if its worker was lost."""
+        """The record, after recovering it if its worker was lost (retried, or failed once out of attempts)."""
         record = self.store.get(run_id)
         if record is None or record.status != RunStatus.STARTED or self.store.alive(record):
             return record
-        reason = f"worker {record.worker_id} stopped beating (lost during attempt {record.attempts})"
-        if record.attempts < self.max_attempts and not record.cancel_requested:
-            record.status = RunStatus.QUEUED
-            record.worker_id = None
-            self.store.save(
-                record, RunEvent(type="retried", data={"reason": reason, "attempt": record.attempts + 1}), RunStatus.STARTED
-            )
+        record, requeue = self.store.requeue_lost(run_id, self.max_attempts)
+        if requeue and record is not None:
             self._enqueue(record, priority=True)
-            return record
-        return self.store.fail(run_id, reason)
+        return record
 
     async def queue_depths(self) -> dict[str, int]:
         def count() -> dict[str, int]:

@@ -73,8 +73,7 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, 
         beat.join()
     result.worker_id = who
     result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
-    cancelled = bool((store.get(run_id) or record).cancel_requested)
-    store.finish(run_id, result, cancelled=cancelled)
+    store.finish(run_id, result)
     return {"run_id": run_id, "exit_code": result.exit_code}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -70,6 +71,9 @@ class RunRecord(BaseModel):
     """Who submitted the run (a team); only they see it."""
 
 
+Mutation = Callable[["RunRecord"], "RunEvent | None"]
+
+
 class BaseRunStore(ABC):
     """Blocking by design (Redis calls, waits); async callers go through ``asyncio.to_thread``."""
 
@@ -80,8 +84,10 @@ class BaseRunStore(ABC):
     def get(self, run_id: str) -> RunRecord | None: ...
 
     @abstractmethod
-    def save(self, record: RunRecord, event: RunEvent | None = None, previous: RunStatus | None = None) -> None:
-        """Store ``record`` (whose status was ``previous``) and append ``event`` to its events (waking waiters)."""
+    def update(self, run_id: str, mutate: Mutation) -> RunRecord | None:
+        """Change the stored record atomically: ``mutate`` edits a copy in place and returns the event to record, or
+        ``None`` to leave the record as it is. A concurrent change makes the update start again, so no update is
+        ever lost. Returns the record as stored afterwards, or ``None`` when there is no such run."""
 
     @abstractmethod
     def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
@@ -100,59 +106,92 @@ class BaseRunStore(ABC):
 
     def alive(self, record: RunRecord) -> bool:
         """Whether a started run's worker is still beating."""
-        return True
+        return self.alive_id(record.id)
 
     def start(self, run_id: str, worker_id: str) -> RunRecord | None:
-        """Mark a queued run started by ``worker_id``; ``None`` when it is not queued (cancelled meanwhile)."""
-        record = self.get(run_id)
-        if record is None or record.status != RunStatus.QUEUED:
-            return None
-        previous = record.status
-        record.status = RunStatus.STARTED
-        record.worker_id = worker_id
-        record.attempts += 1
-        record.started_at = time.time()
-        self.heartbeat(run_id)
-        self.save(record, RunEvent(type="started", data={"worker_id": worker_id, "attempt": record.attempts,
-                                                         "queue_ms": round((record.started_at - record.created_at) * 1000, 3)}), previous)
-        return record
+        """Mark a queued run started by ``worker_id``; ``None`` when it is not queued (cancelled, or taken)."""
+        self.heartbeat(run_id)  # before the status changes: a started run is never seen without a heartbeat
 
-    def finish(self, run_id: str, result: RunResult, cancelled: bool = False) -> RunRecord | None:
-        record = self.get(run_id)
-        if record is None:
-            return None
-        previous = record.status
-        record.result = result
-        record.status = RunStatus.CANCELLED if cancelled else RunStatus.FINISHED
-        record.finished_at = time.time()
-        self.save(record, RunEvent(type=record.status.value, data={
-            "exit_code": result.exit_code, "timed_out": result.timed_out, "timings": result.timings.model_dump()}), previous)
-        return record
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if record.status != RunStatus.QUEUED:
+                return None
+            record.status = RunStatus.STARTED
+            record.worker_id = worker_id
+            record.attempts += 1
+            record.started_at = time.time()
+            return RunEvent(type="started", data={"worker_id": worker_id, "attempt": record.attempts,
+                                                  "queue_ms": round((record.started_at - record.created_at) * 1000, 3)})
+
+        record = self.update(run_id, mutate)
+        return record if record is not None and record.status == RunStatus.STARTED and record.worker_id == worker_id else None
+
+    def finish(self, run_id: str, result: RunResult) -> RunRecord | None:
+        """Store a started run's result: ``cancelled`` when a cancel was asked for meanwhile, else ``finished``."""
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if record.status.done:
+                return None
+            record.result = result
+            record.status = RunStatus.CANCELLED if record.cancel_requested else RunStatus.FINISHED
+            record.finished_at = time.time()
+            return RunEvent(type=record.status.value, data={
+                "exit_code": result.exit_code, "timed_out": result.timed_out, "timings": result.timings.model_dump()})
+
+        return self.update(run_id, mutate)
 
     def fail(self, run_id: str, reason: str) -> RunRecord | None:
-        record = self.get(run_id)
-        if record is None or record.status.done:
-            return record
-        previous = record.status
-        record.status = RunStatus.FAILED
-        record.error = reason
-        record.finished_at = time.time()
-        self.save(record, RunEvent(type="failed", data={"reason": reason}), previous)
-        return record
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if record.status.done:
+                return None
+            record.status = RunStatus.FAILED
+            record.error = reason
+            record.finished_at = time.time()
+            return RunEvent(type="failed", data={"reason": reason})
+
+        return self.update(run_id, mutate)
 
     def request_cancel(self, run_id: str) -> RunRecord | None:
         """Cancel a queued run at once; ask the worker of a started one to stop it."""
-        record = self.get(run_id)
-        if record is None or record.status.done:
-            return record
-        record.cancel_requested = True
-        if record.status == RunStatus.QUEUED:
-            record.status = RunStatus.CANCELLED
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if record.status.done or record.cancel_requested:
+                return None
+            record.cancel_requested = True
+            if record.status == RunStatus.QUEUED:
+                record.status = RunStatus.CANCELLED
+                record.finished_at = time.time()
+                return RunEvent(type="cancelled", data={"reason": "cancelled before it started"})
+            return RunEvent(type="cancelling")
+
+        return self.update(run_id, mutate)
+
+    def requeue_lost(self, run_id: str, max_attempts: int) -> tuple[RunRecord | None, bool]:
+        """A started run whose worker stopped beating: back to the queue while attempts remain, else failed.
+        Returns the record and whether it must be enqueued again."""
+        if self.alive_id(run_id):
+            return self.get(run_id), False
+        requeued = False
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            nonlocal requeued
+            if record.status != RunStatus.STARTED:
+                return None
+            reason = f"worker {record.worker_id} stopped beating (lost during attempt {record.attempts})"
+            if record.attempts < max_attempts and not record.cancel_requested:
+                record.status = RunStatus.QUEUED
+                record.worker_id = None
+                requeued = True
+                return RunEvent(type="retried", data={"reason": reason, "attempt": record.attempts + 1})
+            record.status = RunStatus.FAILED
+            record.error = reason
             record.finished_at = time.time()
-            self.save(record, RunEvent(type="cancelled", data={"reason": "cancelled before it started"}), RunStatus.QUEUED)
-        else:
-            self.save(record, RunEvent(type="cancelling"))
-        return record
+            return RunEvent(type="failed", data={"reason": reason})
+
+        return self.update(run_id, mutate), requeued
+
+    def alive_id(self, run_id: str) -> bool:
+        """Whether the worker of run ``run_id`` is beating."""
+        return True
 
     def wait(self, run_id: str, timeout: float) -> RunRecord | None:
         """The record once it is done, or as it is after ``timeout`` seconds. No polling: waits on its events."""
@@ -185,7 +224,12 @@ class MemoryRunStore(BaseRunStore):
 
     def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
         record = RunRecord(id=request.run_id, request=request, owner=owner)
-        self.save(record, RunEvent(type="queued"))
+        with self._changed:
+            if record.id in self._records:
+                raise ValueError(f"run {record.id!r} already exists")
+            self._records[record.id] = record.model_copy(deep=True)
+            self._events[record.id] = [RunEvent(type="queued")]
+            self._changed.notify_all()
         return record
 
     def get(self, run_id: str) -> RunRecord | None:
@@ -193,12 +237,19 @@ class MemoryRunStore(BaseRunStore):
             record = self._records.get(run_id)
             return record.model_copy(deep=True) if record else None
 
-    def save(self, record: RunRecord, event: RunEvent | None = None, previous: RunStatus | None = None) -> None:
+    def update(self, run_id: str, mutate: Mutation) -> RunRecord | None:
         with self._changed:
-            self._records[record.id] = record.model_copy(deep=True)
-            if event is not None:
-                self._events.setdefault(record.id, []).append(event)
+            stored = self._records.get(run_id)
+            if stored is None:
+                return None
+            record = stored.model_copy(deep=True)
+            event = mutate(record)
+            if event is None:
+                return stored.model_copy(deep=True)
+            self._records[run_id] = record.model_copy(deep=True)
+            self._events.setdefault(run_id, []).append(event)
             self._changed.notify_all()
+            return record
 
     def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
         with self._changed:
@@ -264,23 +315,42 @@ class RedisRunStore(BaseRunStore):
         raw = self.redis.get(self._key(run_id))
         return RunRecord.model_validate_json(raw) if raw else None
 
-    def save(self, record: RunRecord, event: RunEvent | None = None, previous: RunStatus | None = None) -> None:
+    def update(self, run_id: str, mutate: Mutation) -> RunRecord | None:
+        key = self._key(run_id)
+        while True:
+            with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    if not raw:
+                        return None
+                    record = RunRecord.model_validate_json(raw)
+                    previous = record.status
+                    event = mutate(record)
+                    if event is None:
+                        pipe.unwatch()
+                        return RunRecord.model_validate_json(raw)
+                    pipe.multi()
+                    self._write(pipe, record, event, previous)
+                    pipe.execute()
+                    return record
+                except redis.WatchError:
+                    continue  # changed meanwhile: read it again and re-apply
+
+    def _write(self, pipe: redis.client.Pipeline, record: RunRecord, event: RunEvent, previous: RunStatus) -> None:
         ttl = self.result_ttl if record.status.done else None
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self._key(record.id), record.model_dump_json(), ex=ttl)
-            if previous is not None and previous != record.status:
-                pipe.hincrby(f"{self.prefix}:stats", f"status:{previous.value}", -1)
-                pipe.hincrby(f"{self.prefix}:stats", f"status:{record.status.value}", 1)
-            if record.status.done and record.started_at and record.finished_at:
-                seconds = record.finished_at - record.started_at
-                pipe.hincrby(f"{self.prefix}:stats", f"duration:{duration_bucket(seconds)}", 1)
-                pipe.hincrbyfloat(f"{self.prefix}:stats", "duration_sum", seconds)
-            if event is not None:
-                pipe.xadd(self._key(record.id, "events"), {"event": event.model_dump_json()})
-            if ttl:
-                pipe.expire(self._key(record.id, "events"), ttl)
-                pipe.delete(self._key(record.id, "heartbeat"))
-            pipe.execute()
+        pipe.set(self._key(record.id), record.model_dump_json(), ex=ttl)
+        pipe.xadd(self._key(record.id, "events"), {"event": event.model_dump_json()})
+        if previous != record.status:
+            pipe.hincrby(f"{self.prefix}:stats", f"status:{previous.value}", -1)
+            pipe.hincrby(f"{self.prefix}:stats", f"status:{record.status.value}", 1)
+        if record.status.done and record.started_at and record.finished_at:
+            seconds = record.finished_at - record.started_at
+            pipe.hincrby(f"{self.prefix}:stats", f"duration:{duration_bucket(seconds)}", 1)
+            pipe.hincrbyfloat(f"{self.prefix}:stats", "duration_sum", seconds)
+        if ttl:
+            pipe.expire(self._key(record.id, "events"), ttl)
+            pipe.delete(self._key(record.id, "heartbeat"))
 
     def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
         key = self._key(run_id, "events")
@@ -313,8 +383,8 @@ class RedisRunStore(BaseRunStore):
     def heartbeat(self, run_id: str) -> None:
         self.redis.set(self._key(run_id, "heartbeat"), "1", ex=self.heartbeat_ttl)
 
-    def alive(self, record: RunRecord) -> bool:
-        return bool(self.redis.exists(self._key(record.id, "heartbeat")))
+    def alive_id(self, run_id: str) -> bool:
+        return bool(self.redis.exists(self._key(run_id, "heartbeat")))
 
     def close(self) -> None:
         self.redis.close()

@@ -18,7 +18,7 @@ from tests.services import RedisServer
 from tests.processes import wait_gone
 from worker import jobs
 from worker.config import get_worker_settings
-from worker.contract import InputFile, RunRequest
+from worker.contract import InputFile, RunRequest, RunResult
 from worker.run_store import RunStatus
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
@@ -244,4 +244,20 @@ async def test_finished_runs_are_kept_for_the_result_ttl_only(redis_url, worker_
     await asyncio.sleep(2.2)
     assert await dispatcher.get(record.id) is None
     assert await dispatcher.events(record.id) == []
+    await dispatcher.close()
+
+
+async def test_a_cancel_racing_the_finish_loses_neither(redis_url, repo):
+    """Both sides update the record at once; the optimistic transaction keeps both changes."""
+    dispatcher = QueueDispatcher(redis_url)
+    store = dispatcher.store
+    for _ in range(20):
+        record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="true"))
+        store.start(record.id, "w")
+        result = RunResult(exit_code=0, run_id=record.id, workspace_id="w", runtime="local")
+        await asyncio.gather(asyncio.to_thread(store.finish, record.id, result), dispatcher.cancel(record.id))
+        final = await dispatcher.get(record.id)
+        assert final.status in {RunStatus.FINISHED, RunStatus.CANCELLED}
+        assert final.result is not None
+        assert final.status == RunStatus.CANCELLED or not final.cancel_requested
     await dispatcher.close()
