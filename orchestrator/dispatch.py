@@ -196,7 +196,8 @@ class QueueDispatcher(BaseDispatcher):
         deadline = time.monotonic() + timeout
         while True:
             record = await asyncio.to_thread(self.store.wait, run_id, max(deadline - time.monotonic(), 0))
-            record = await asyncio.to_thread(self._checked, run_id) if record is not None else None
+            if record is not None and not record.status.done:
+                record = await asyncio.to_thread(self._checked, run_id)
             if record is None or record.status.done or time.monotonic() >= deadline:
                 return record
 

@@ -101,6 +101,9 @@ class BaseRunStore(ABC):
     def stats(self) -> dict[str, Any]:
         """Counts of runs by status, and a histogram of finished runs' durations (for ``/metrics``)."""
 
+    def event_count(self, run_id: str) -> int:
+        return len(self.events(run_id))
+
     def heartbeat(self, run_id: str) -> None:
         """The worker executing ``run_id`` is alive."""
 
@@ -204,7 +207,7 @@ class BaseRunStore(ABC):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return record
-            seen = max(seen, len(self.events(run_id)))
+            seen = max(seen, self.event_count(run_id))
             self.events(run_id, after=seen, timeout=min(remaining, defaults.HEARTBEAT_TTL_SECONDS / 2))
             record = self.get(run_id)
             if record is not None and record.status == RunStatus.STARTED and not self.alive(record):
@@ -302,13 +305,19 @@ class RedisRunStore(BaseRunStore):
 
     def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
         record = RunRecord(id=request.run_id, request=request, owner=owner)
-        if not self.redis.set(self._key(record.id), record.model_dump_json(), nx=True):
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._key(record.id), record.model_dump_json(), nx=True)
+            pipe.exists(self._key(record.id, "events"))
+            created, had_events = pipe.execute()
+        if not created or had_events:
             raise ValueError(f"run {record.id!r} already exists")
-        self.redis.zadd(f"{self.prefix}:index", {record.id: record.created_at})
-        if owner is not None:
-            self.redis.zadd(f"{self.prefix}:index:{owner}", {record.id: record.created_at})
-        self.redis.hincrby(f"{self.prefix}:stats", f"status:{RunStatus.QUEUED.value}", 1)
-        self.redis.xadd(self._key(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(f"{self.prefix}:index", {record.id: record.created_at})
+            if owner is not None:
+                pipe.zadd(f"{self.prefix}:index:{owner}", {record.id: record.created_at})
+            pipe.hincrby(f"{self.prefix}:stats", f"status:{RunStatus.QUEUED.value}", 1)
+            pipe.xadd(self._key(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
+            pipe.execute()
         return record
 
     def get(self, run_id: str) -> RunRecord | None:
@@ -351,6 +360,9 @@ class RedisRunStore(BaseRunStore):
         if ttl:
             pipe.expire(self._key(record.id, "events"), ttl)
             pipe.delete(self._key(record.id, "heartbeat"))
+
+    def event_count(self, run_id: str) -> int:
+        return int(self.redis.xlen(self._key(run_id, "events")))
 
     def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
         key = self._key(run_id, "events")
