@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tarfile
 import shutil
 import subprocess
 import time
@@ -72,3 +74,19 @@ def test_compose_runs_a_sessions_runs_on_scaled_workers_sharing_its_workspace(co
             results.append(done)
     assert [r["result"]["stdout"].strip() for r in results] == ["1", "2", "3", "4", "5", "6"]
     assert len({r["worker_id"] for r in results}) >= 1
+
+    # A team library uploaded to the API is seen by the workers (the shared libraries volume).
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for name, data in {"lib/hello/SKILL.md": b"---\nname: hello\ndescription: Says hello.\n---\nRun it.\n",
+                           "lib/hello/hi.sh": b"echo hello from the team library\n"}.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+        uploaded = client.post("/v1/libraries/team/upload", params={"filename": "lib.tar.gz"}, content=archive.getvalue())
+        assert uploaded.status_code == 201, uploaded.text
+        run_id = client.post("/v1/runs", json={"skill": "hello", "command": "bash hi.sh"}).json()["id"]
+        done = client.get(f"/v1/runs/{run_id}", params={"wait": 60}).json()
+        assert done["status"] == "finished", done
+        assert done["result"]["stdout"] == "hello from the team library\n"
