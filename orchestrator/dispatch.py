@@ -27,7 +27,7 @@ from worker.contract import RunRequest, RunResult, RuntimeName
 from worker.consumer import queue_name
 from worker.jobs import execute_run
 from worker.run_store import BaseRunStore, MemoryRunStore, RedisRunStore, RunEvent, RunRecord, RunStatus
-from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
+from worker.runtimes import RUNTIME_CLASSES, BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 
 class BaseDispatcher(ABC):
@@ -174,6 +174,9 @@ class QueueDispatcher(BaseDispatcher):
     ) -> RunRecord:
         if any(item.host_path is not None for item in request.inputs):
             raise DispatchError("inputs with host paths cannot travel over the queue; send their content")
+        if request.runtime.value not in RUNTIME_CLASSES:
+            raise DispatchError(f"runtime {request.runtime.value!r} is not available in this installation "
+                                f"(available: {', '.join(sorted(RUNTIME_CLASSES))})")
         return await asyncio.to_thread(self._submit, request, priority, owner)
 
     def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:

@@ -19,6 +19,7 @@ import re
 import stat
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -193,7 +194,11 @@ def extract_zip(archive: Path, dest: Path, limits: ArchiveLimits) -> None:
                     continue
                 with zf.open(info) as source:
                     writer.file(rel, source, bool(mode & 0o111))
-    except zipfile.BadZipFile as exc:
+    except (zipfile.BadZipFile, zlib.error, NotImplementedError, EOFError, ValueError) as exc:
+        raise UnsafeArchiveError(f"not a readable zip archive: {exc}") from exc
+    except OSError as exc:
+        if isinstance(exc, UnsafeArchiveError):
+            raise
         raise UnsafeArchiveError(f"not a readable zip archive: {exc}") from exc
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.contract import ArtifactFile, OutputFile, RunLimits, SkippedFile
-from worker.errors import InvalidRunRequestError
+from worker.errors import ArtifactError, InvalidRunRequestError
 from worker.mime import detect_mime, is_text
 
 MAX_BRACE_EXPANSIONS = 256
@@ -139,7 +139,7 @@ def collect_outputs(
             if len(result.files) >= limits.output_max_files:
                 result.skipped.append(SkippedFile(name=name, reason=f"more than {limits.output_max_files} output files"))
                 continue
-            collected = _read_one(real, name, min(limits.output_file_bytes, remaining), omit_inline_content, artifact_sink)
+            collected = _read_one(root, real, name, min(limits.output_file_bytes, remaining), omit_inline_content, artifact_sink)
             if isinstance(collected, SkippedFile):
                 result.skipped.append(collected)
                 continue
@@ -154,6 +154,11 @@ def collect_outputs(
 
 def _inside(real: str, root: str) -> bool:
     return real == root or real.startswith(root + os.sep)
+
+
+def _toward_or_inside(real: str, root: str) -> bool:
+    """Inside the workspace, or one of the folders above it that an absolute pattern passes through."""
+    return _inside(real, root) or root.startswith(real.rstrip(os.sep) + os.sep)
 
 
 def _match(base: str, segments: list[str], root: str) -> list[str]:
@@ -187,7 +192,8 @@ def _match(base: str, segments: list[str], root: str) -> list[str]:
             return
         path = os.path.join(directory, seg)
         if rest:
-            if os.path.isdir(path):
+            # Never descend (and so never list) outside the workspace, whatever link a command planted.
+            if os.path.isdir(path) and _toward_or_inside(os.path.realpath(path), root):
                 walk(path, rest)
         elif os.path.lexists(path):
             found.append(path)
@@ -204,18 +210,36 @@ def _entries(directory: str) -> list[os.DirEntry[str]]:
         return []
 
 
+def _open_beneath(root: str, real: str) -> int:
+    """Open ``real`` (inside ``root``) one component at a time, refusing any symlink on the way, so a command that
+    swaps a folder for a link while collection runs cannot make it read outside the workspace."""
+    parts = os.path.relpath(real, root).split(os.sep)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def _read_one(
-    real: str, name: str, budget: int, omit_inline: bool, sink: ArtifactSink | None
+    root: str, real: str, name: str, budget: int, omit_inline: bool, sink: ArtifactSink | None
 ) -> tuple[OutputFile | None, ArtifactFile | None, int] | SkippedFile:
-    info = os.lstat(real)
+    try:
+        info = os.lstat(real)
+    except OSError as exc:
+        return SkippedFile(name=name, reason=f"cannot be read: {exc.strerror or exc}")
     if stat.S_ISDIR(info.st_mode):
         return SkippedFile(name=name, reason="is a directory")
     if not stat.S_ISREG(info.st_mode):
         return SkippedFile(name=name, reason=f"is not a regular file ({_kind(info.st_mode)})")
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = _open_beneath(root, real)
     except OSError as exc:
-        return SkippedFile(name=name, reason=f"cannot be opened: {exc.strerror}")
+        return SkippedFile(name=name, reason=f"cannot be opened (it changed while being collected?): {exc.strerror}")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # swapped after the lstat
@@ -223,7 +247,10 @@ def _read_one(
         data = _read_at_most(fd, max(budget, 0))
         head = data[:8192] if data else os.pread(fd, 8192, 0)
         mime = detect_mime(name, head)
-        artifact = sink(name, fd, mime) if sink is not None else None
+        try:
+            artifact = sink(name, fd, mime) if sink is not None else None
+        except (ArtifactError, OSError) as exc:
+            return SkippedFile(name=name, reason=f"could not be stored as an artifact: {exc}")
     finally:
         os.close(fd)
     truncated = info.st_size > len(data)

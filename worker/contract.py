@@ -67,20 +67,20 @@ class SkillRef(BaseModel):
 
 
 class RunLimits(BaseModel):
-    """Resource limits of one run. ``None`` leaves a limit at the runtime's default."""
+    """Resource limits of one run, each with a ceiling a request cannot go past."""
 
     model_config = ConfigDict(extra="forbid")
 
-    cpu_seconds: int = Field(default=defaults.CPU_SECONDS, gt=0)
-    memory_bytes: int = Field(default=defaults.MEMORY_BYTES, gt=0)
-    file_size_bytes: int = Field(default=defaults.FILE_SIZE_BYTES, gt=0)
-    open_files: int = Field(default=defaults.OPEN_FILES, ge=16)
-    processes: int = Field(default=defaults.PROCESSES, gt=0)
-    stdout_bytes: int = Field(default=defaults.STDOUT_BYTES, ge=0)
-    stderr_bytes: int = Field(default=defaults.STDERR_BYTES, ge=0)
-    output_file_bytes: int = Field(default=defaults.OUTPUT_FILE_BYTES, ge=0)
-    output_total_bytes: int = Field(default=defaults.OUTPUT_TOTAL_BYTES, ge=0)
-    output_max_files: int = Field(default=defaults.OUTPUT_MAX_FILES, gt=0)
+    cpu_seconds: int = Field(default=defaults.CPU_SECONDS, gt=0, le=24 * 3600)
+    memory_bytes: int = Field(default=defaults.MEMORY_BYTES, gt=0, le=64 * 1024**3)
+    file_size_bytes: int = Field(default=defaults.FILE_SIZE_BYTES, gt=0, le=64 * 1024**3)
+    open_files: int = Field(default=defaults.OPEN_FILES, ge=16, le=65536)
+    processes: int = Field(default=defaults.PROCESSES, gt=0, le=65536)
+    stdout_bytes: int = Field(default=defaults.STDOUT_BYTES, ge=0, le=64 * 1024**2)
+    stderr_bytes: int = Field(default=defaults.STDERR_BYTES, ge=0, le=64 * 1024**2)
+    output_file_bytes: int = Field(default=defaults.OUTPUT_FILE_BYTES, ge=0, le=256 * 1024**2)
+    output_total_bytes: int = Field(default=defaults.OUTPUT_TOTAL_BYTES, ge=0, le=1024**3)
+    output_max_files: int = Field(default=defaults.OUTPUT_MAX_FILES, gt=0, le=100_000)
 
 
 class InputFile(BaseModel):

@@ -11,9 +11,11 @@ import pytest
 
 from tests.conftest import workspace_dirs
 from worker import mime
+from worker.artifacts import FileArtifactStore
 from worker.collect import expand_braces
 from worker.contract import RunLimits
 from worker.errors import InvalidRunRequestError
+from worker.runtimes.local import LocalWorkspaceRuntime
 
 
 def _png() -> bytes:
@@ -134,4 +136,22 @@ async def test_library_files_reached_through_links_are_not_collected(runtime, ma
     assert result.output_files == []
     (ws,) = workspace_dirs(runtime.work_root)
     if os.path.islink(ws / "skills" / "demo" / "scripts"):
-        assert "outside the workspace" in result.skipped_files[0].reason
+        assert result.skipped_files == []  # the library folder is not even listed
+
+
+async def test_a_link_in_a_literal_part_of_a_glob_is_not_followed_out_of_the_workspace(runtime, make_request):
+    result = await runtime.run(make_request("ln -s /etc $OUTPUT_DIR/l", output_files=["$OUTPUT_DIR/l/*", "out/l/passwd"]))
+    assert result.output_files == []
+    names = [s.name for s in result.skipped_files]
+    assert not any(n.endswith(("hostname", "hosts", "shadow", "passwd")) for n in names)
+
+
+async def test_a_dangling_symlink_or_an_artifact_too_large_is_skipped_and_the_run_kept(work_root, make_request):
+    runtime = LocalWorkspaceRuntime(work_root, artifact_store=FileArtifactStore(work_root / "a", max_bytes=10))
+    result = await runtime.run(make_request(
+        "ln -s nowhere $OUTPUT_DIR/gone.txt; head -c 100 /dev/zero > out/big.bin; echo kept",
+        output_files=["$OUTPUT_DIR/*"], save_as_artifacts=True))
+    assert result.stdout == "kept\n"
+    reasons = {s.name: s.reason for s in result.skipped_files}
+    assert "could not be stored as an artifact" in reasons["out/big.bin"]
+    assert "cannot be read" in reasons["out/nowhere"]  # the dangling link, named by where it points

@@ -321,3 +321,21 @@ async def test_filling_a_workspace_past_its_disk_cap_fails_inside_it_only(shared
     runtime.remove_workspace("neighbour")
     assert not [p for p in (shared_dir / "capped").iterdir() if p.name.startswith("ws_")]
     assert not list((shared_dir / "capped" / ".skillrun" / "disks").iterdir())
+
+
+async def test_a_fifo_planted_at_an_input_name_is_replaced_not_opened(runtime, make_request):
+    await runtime.run(make_request("mkfifo $WORK_DIR/inputs/data.txt", workspace_id="fifo"))
+    result = await runtime.run(make_request("cat inputs/data.txt", workspace_id="fifo",
+                                            inputs=[InputFile(name="data.txt", content=b"real data")]))
+    assert result.stdout == "real data"
+
+
+async def test_shell_in_the_request_env_does_not_choose_the_program(runtime, make_request):
+    result = await runtime.run(make_request("echo $SHELL; ulimit -n", env={"SHELL": "/bin/echo"}))
+    assert result.stdout.splitlines()[0].endswith("bash")
+    assert result.stdout.splitlines()[1] == "1024"
+
+
+def test_limits_have_ceilings(make_request):
+    with pytest.raises(ValueError, match="stdout_bytes"):
+        make_request("true", limits={"stdout_bytes": 10**12})

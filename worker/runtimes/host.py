@@ -8,6 +8,7 @@ output collection with caps and MIME types, artifacts, timings. A subclass says 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -126,8 +127,10 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         staged = time.monotonic()
 
         env = self.base_environment(run_dir)
+        shell = env["SHELL"]
         env.update(request.env)
         env.update(variables)
+        env["SHELL"] = shell  # the shell that runs the command is the runtime's, whatever the request says
         outcome = self._execute(workspace, request, cwd, env, cancel)
         executed = time.monotonic()
 
@@ -211,8 +214,11 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
                 os.close(dir_fd)
                 dir_fd = next_fd
             try:
+                # Whatever a command left at this name (a FIFO, a hard link, a symlink) is replaced, never opened.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(rel.parts[-1], dir_fd=dir_fd)
                 out_fd = os.open(
-                    rel.parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
+                    rel.parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
                 )
             except OSError as exc:
                 raise InvalidRunRequestError("inputs", f"cannot write {item.name!r}: {exc.strerror}") from exc

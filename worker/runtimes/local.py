@@ -80,7 +80,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: threading.Event
     ) -> ProcessOutcome:
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None) + request.command
-        argv = [env["SHELL"], "-c", script]
+        argv = [self._bash or find_bash(), "-c", script]
         process_args = dict(
             cwd=cwd, env=env, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
             stderr_cap=request.limits.stderr_bytes, uid=workspace.uid, gid=workspace.gid, cancel=cancel,

@@ -17,7 +17,7 @@ from orchestrator.api.services import Services, get_services
 from orchestrator.errors import DispatchError, SkillNotFoundError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest
-from worker.errors import ArtifactError
+from worker.errors import ArtifactError, WorkerError
 from worker.run_store import RunRecord, RunStatus
 from worker.validation import validate_request
 
@@ -53,7 +53,7 @@ async def submit_run(
     try:
         validate_request(request)
         record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
-    except (ValueError, DispatchError) as exc:
+    except (ValueError, DispatchError, WorkerError) as exc:
         raise HTTPException(422, str(exc)) from exc
     return RunPublic.of(record)
 
