@@ -10,6 +10,7 @@ survive from job to job.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
@@ -22,6 +23,8 @@ from worker.contract import RunResult
 from worker.run_store import BaseRunStore, RedisRunStore
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
+
+logger = logging.getLogger(__name__)
 
 _loop: asyncio.AbstractEventLoop | None = None
 _runtimes: dict[str, BaseWorkspaceRuntime] = {}
@@ -73,13 +76,17 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, 
         beat.join()
     result.worker_id = who
     result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
-    store.finish(run_id, result)
+    store.finish(run_id, result, worker_id=who)
     return {"run_id": run_id, "exit_code": result.exit_code}
 
 
 def _beat(store: BaseRunStore, run_id: str, runtime: BaseWorkspaceRuntime, stop: threading.Event) -> None:
     while not stop.wait(defaults.HEARTBEAT_SECONDS):
-        store.heartbeat(run_id)
-        record = store.get(run_id)
+        try:
+            store.heartbeat(run_id)
+            record = store.get(run_id)
+        except Exception:  # a Redis hiccup must not end the heartbeat: the next beat tries again
+            logger.warning("heartbeat of run %s failed; trying again", run_id, exc_info=True)
+            continue
         if record is not None and record.cancel_requested:
             runtime.cancel(run_id)

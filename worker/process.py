@@ -10,6 +10,7 @@ the group (``setsid``) and still holds the pipes is found and killed by its user
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import resource
@@ -100,7 +101,9 @@ class _Started:
         self.status = status
 
 
-def _start_direct(argv: list[str], cwd: str, env: dict[str, str], uid: int | None, gid: int | None) -> tuple[_Started, subprocess.Popen]:
+def _start_direct(
+    argv: list[str], cwd: str, env: dict[str, str], uid: int | None, gid: int | None, no_network: bool
+) -> tuple[_Started, subprocess.Popen]:
     user_kwargs: dict = {}
     if uid is not None:
         setpriv = find_setpriv()
@@ -108,6 +111,8 @@ def _start_direct(argv: list[str], cwd: str, env: dict[str, str], uid: int | Non
             argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *SETPRIV_HARDENING, *argv]
         else:
             user_kwargs = {"user": uid, "group": gid, "extra_groups": []}
+    if no_network:
+        argv = [*network_off_prefix(), *argv]
     proc = subprocess.Popen(
         argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         process_group=0, close_fds=True, **user_kwargs,
@@ -142,6 +147,7 @@ def run_process(
     gid: int | None = None,
     cancel: threading.Event | None = None,
     spawner: Spawner | None = None,
+    no_network: bool = False,
 ) -> ProcessOutcome:
     """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started.
 
@@ -153,8 +159,9 @@ def run_process(
     if spawner is not None:
         handle = _start_spawned(argv, cwd, env, spawner)
     else:
-        handle, proc = _start_direct(argv, cwd, env, uid, gid)
+        handle, proc = _start_direct(argv, cwd, env, uid, gid, no_network)
     pgid = handle.pid
+    keep = frozenset({spawner.pid}) if spawner is not None else frozenset()
     notes: list[str] = []
     buffers = {handle.out_fd: bytearray(), handle.err_fd: bytearray()}
     caps = {handle.out_fd: stdout_cap, handle.err_fd: stderr_cap}
@@ -179,10 +186,10 @@ def run_process(
             if not exited:
                 if cancel is not None and cancel.is_set() and not cancelled:
                     cancelled = True
-                    _kill_group(pgid)
+                    _kill_everything(pgid, pidfd, uid, keep)
                 if now >= deadline and not timed_out:
                     timed_out = True
-                    _kill_group(pgid)
+                    _kill_everything(pgid, pidfd, uid, keep)
                 if timed_out or cancelled:
                     wait = 0.01  # killed: the exit notice is moments away
                 else:
@@ -191,7 +198,7 @@ def run_process(
                 wait = drain_until - now
             elif uid is not None and not swept:
                 # The pipes outlived the group kill: a child left the group. Find it by its user id.
-                kill_user_processes(uid)
+                kill_user_processes(uid, keep)
                 swept = True
                 drain_until = now + defaults.KILL_GRACE_SECONDS
                 continue
@@ -251,6 +258,26 @@ def run_process(
     )
 
 
+def _kill_everything(pgid: int, pidfd: int | None, uid: int | None, keep: frozenset[int]) -> None:
+    """On timeout or cancel: the group, the command itself even if it moved to another group, and, with a
+    workspace user, every process of that user (but its spawner)."""
+    _kill_group(pgid)
+    if pidfd is not None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    if uid is not None:
+        kill_user_processes(uid, keep)
+
+
+@functools.cache
+def network_off_prefix() -> tuple[str, ...]:
+    """What to run a command under so it has no network: a new, empty network namespace (root only)."""
+    unshare = shutil.which("unshare", path=defaults.SANDBOX_PATH + ":/usr/sbin:/sbin")
+    if unshare is None:
+        raise RuntimeUnavailableError("util-linux unshare is needed to run commands without network")
+    return (unshare, "--net", "--")
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -258,8 +285,8 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def kill_user_processes(uid: int) -> int:
-    """SIGKILL every process whose real user id is ``uid``; return how many were signalled."""
+def kill_user_processes(uid: int, keep: frozenset[int] = frozenset()) -> int:
+    """SIGKILL every process whose user id is ``uid`` (but the pids in ``keep``); return how many were signalled."""
     killed = 0
     for _ in range(3):  # a process may fork while we look; look again
         found = 0
@@ -267,7 +294,7 @@ def kill_user_processes(uid: int) -> int:
             if not entry.name.isdigit():
                 continue
             try:
-                if entry.stat().st_uid != uid:
+                if entry.stat().st_uid != uid or int(entry.name) in keep:
                     continue
                 os.kill(int(entry.name), signal.SIGKILL)
                 found += 1

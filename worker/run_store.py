@@ -128,11 +128,12 @@ class BaseRunStore(ABC):
         record = self.update(run_id, mutate)
         return record if record is not None and record.status == RunStatus.STARTED and record.worker_id == worker_id else None
 
-    def finish(self, run_id: str, result: RunResult) -> RunRecord | None:
-        """Store a started run's result: ``cancelled`` when a cancel was asked for meanwhile, else ``finished``."""
+    def finish(self, run_id: str, result: RunResult, worker_id: str | None = None) -> RunRecord | None:
+        """Store a started run's result: ``cancelled`` when a cancel was asked for meanwhile, else ``finished``.
+        With ``worker_id``, only that worker's attempt may finish it (a late, superseded attempt changes nothing)."""
 
         def mutate(record: RunRecord) -> RunEvent | None:
-            if record.status.done:
+            if record.status.done or (worker_id is not None and record.worker_id != worker_id):
                 return None
             record.result = result
             record.status = RunStatus.CANCELLED if record.cancel_requested else RunStatus.FINISHED

@@ -111,14 +111,17 @@ def _executable_by_others(path: Path) -> bool:
 class Spawner:
     """The host side of one workspace's spawner process."""
 
-    def __init__(self, uid: int, gid: int, *, setpriv: str, python: str, hardening: tuple[str, ...]) -> None:
+    def __init__(
+        self, uid: int, gid: int, *, setpriv: str, python: str, hardening: tuple[str, ...], prefix: tuple[str, ...] = ()
+    ) -> None:
+        """``prefix`` runs before ``setpriv`` (as root), e.g. ``unshare --net --`` for commands without network."""
         self.uid = uid
         self.gid = gid
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = host_sock
         try:
             self._proc = subprocess.Popen(
-                [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *hardening,
+                [*prefix, setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *hardening,
                  python, "-I", "-S", "-c", SPAWNER_SOURCE, str(child_sock.fileno())],
                 pass_fds=[child_sock.fileno()], env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0,

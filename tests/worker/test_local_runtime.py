@@ -339,3 +339,44 @@ async def test_shell_in_the_request_env_does_not_choose_the_program(runtime, mak
 def test_limits_have_ceilings(make_request):
     with pytest.raises(ValueError, match="stdout_bytes"):
         make_request("true", limits={"stdout_bytes": 10**12})
+
+
+@pytest.mark.root
+async def test_commands_have_no_network_unless_asked_and_allowed(shared_dir, make_request):
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')\""
+    try:
+        closed = LocalWorkspaceRuntime(shared_dir / "net")
+        result = await closed.run(make_request(probe))
+        assert "connected" not in result.stdout and result.exit_code != 0
+        with pytest.raises(InvalidRunRequestError, match="network access is not allowed"):
+            await closed.run(make_request(probe, network=True))
+        opened = LocalWorkspaceRuntime(shared_dir / "net2", allow_network=True)
+        assert (await opened.run(make_request(probe, network=True))).stdout == "connected\n"
+    finally:
+        listener.close()
+
+
+@pytest.mark.root
+async def test_a_command_that_leaves_its_process_group_still_dies_at_the_timeout(runtime, make_request):
+    escape = (
+        "cat > $RUN_DIR/escape.py <<'EOF'\n"
+        "import os, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.setpgid(0, 0)\n"
+        "    time.sleep(60)\n"
+        "else:\n"
+        "    time.sleep(0.2)\n"
+        "    os.setpgid(0, pid)\n"
+        "    time.sleep(60)\n"
+        "EOF\n"
+        "exec python3 $RUN_DIR/escape.py"
+    )
+    result = await runtime.run(make_request(escape, timeout=1))
+    assert result.timed_out

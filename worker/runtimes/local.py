@@ -17,12 +17,14 @@ from typing import Literal
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.contract import RunRequest, RuntimeName
+from worker.errors import InvalidRunRequestError
 from worker.process import (
     SETPRIV_HARDENING,
     ProcessOutcome,
     find_bash,
     find_setpriv,
     kill_user_processes,
+    network_off_prefix,
     run_process,
     ulimit_prefix,
 )
@@ -53,10 +55,15 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
         spawners: SpawnerMode = "auto",
         disk_bytes: int | None = None,
+        allow_network: bool = False,
     ) -> None:
         """``spawners`` applies when commands run as workspace users: ``auto`` starts a workspace's spawner when the
         workspace is used a second time and uses it once ready (a one-off run never pays for one), ``eager`` starts
-        it at once and waits for it, ``off`` never uses one (every run switches user through ``setpriv``)."""
+        it at once and waits for it, ``off`` never uses one (every run switches user through ``setpriv``).
+
+        With workspace users (root), commands run in a network namespace of their own, with no network, unless a
+        request asks for it (``network``) and ``allow_network`` is set. A non-root host cannot take the network
+        away: there commands share the host's."""
         super().__init__(
             WorkspaceManager(work_root, isolate_users=isolate_users, disk_bytes=disk_bytes), stager=stager,
             artifact_store=artifact_store,
@@ -64,6 +71,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         )
         self.sandbox_path = sandbox_path
         self.spawner_mode: SpawnerMode = spawners
+        self.allow_network = allow_network
         self._bash: str | None = None
         self._spawners: OrderedDict[str, Spawner] = OrderedDict()
 
@@ -79,13 +87,17 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
     def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: threading.Event
     ) -> ProcessOutcome:
+        if request.network and not self.allow_network:
+            raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
+        no_network = workspace.uid is not None and not request.network
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None) + request.command
         argv = [self._bash or find_bash(), "-c", script]
         process_args = dict(
             cwd=cwd, env=env, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
             stderr_cap=request.limits.stderr_bytes, uid=workspace.uid, gid=workspace.gid, cancel=cancel,
+            no_network=no_network,
         )
-        spawner = self._spawner(workspace)
+        spawner = self._spawner(workspace) if no_network or workspace.uid is None else None
         try:
             return run_process(argv, spawner=spawner, **process_args)
         except SpawnerError:
@@ -107,7 +119,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 setpriv, python = find_setpriv(), spawner_python()
                 if setpriv is None or python is None:
                     return None
-                spawner = Spawner(workspace.uid, workspace.gid, setpriv=setpriv, python=python, hardening=SETPRIV_HARDENING)
+                spawner = Spawner(workspace.uid, workspace.gid, setpriv=setpriv, python=python,
+                                  hardening=SETPRIV_HARDENING, prefix=network_off_prefix())
                 self._spawners[workspace.id] = spawner
                 while len(self._spawners) > MAX_SPAWNERS:
                     _, oldest = self._spawners.popitem(last=False)
