@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     )
     redis_url: str | None = Field(default=None, description="Redis for the run queue, run records, sessions, registries.")
     libraries_dir: Path | None = Field(default=None, description="Where library versions are extracted (default: data_dir/libraries).")
+    allow_private_library_urls: bool = Field(
+        default=False, description="Let teams register library URLs on private or local addresses (trusted networks only)."
+    )
     model: str = Field(default="gpt-4o-mini", description="The chat model's name at the OpenAI-compatible endpoint.")
     openai_api_key: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "SKILLRUN_OPENAI_API_KEY"))
     openai_base_url: str | None = Field(

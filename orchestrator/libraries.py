@@ -49,9 +49,10 @@ class Library(BaseModel):
 
 class LibraryRegistry:
     def __init__(self, documents: BaseDocuments, libraries_dir: Path, limits: FetchLimits | None = None) -> None:
+        """By default URLs that lead to private or local addresses are refused (``FetchLimits``)."""
         self.docs = documents
         self.dir = Path(libraries_dir)
-        self.limits = limits or FetchLimits()
+        self.limits = limits or FetchLimits(allow_private_addresses=False)
 
     @staticmethod
     def _doc_id(team_id: str, name: str) -> str:

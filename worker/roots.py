@@ -19,10 +19,12 @@ the first rename wins and the others use its entry. Any failure removes the temp
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 import urllib.parse
@@ -47,6 +49,9 @@ class FetchLimits:
     download_seconds: float = 120.0
     connect_seconds: float = 10.0
     archive: ArchiveLimits = field(default_factory=ArchiveLimits)
+    allow_private_addresses: bool = True
+    """False refuses URLs (and redirects) to loopback, private, link-local and reserved addresses: for URLs a
+    remote caller names, so the server cannot be used to reach its own network."""
 
 
 def default_cache_dir() -> Path:
@@ -196,8 +201,10 @@ def _download(url: str, target: Path, limits: FetchLimits) -> tuple[str, str]:
     digest = hashlib.sha256()
     deadline = time.monotonic() + limits.download_seconds
     timeout = httpx.Timeout(limits.download_seconds, connect=limits.connect_seconds)
+    hooks = {} if limits.allow_private_addresses else {"request": [_refuse_private_address]}
     try:
-        with httpx.Client(follow_redirects=True, max_redirects=limits.max_redirects, timeout=timeout) as client:
+        with httpx.Client(follow_redirects=True, max_redirects=limits.max_redirects, timeout=timeout,
+                          event_hooks=hooks) as client:
             with client.stream("GET", url) as response:
                 if response.status_code != 200:
                     raise SkillRootError(f"{url}: the server answered HTTP {response.status_code}")
@@ -221,6 +228,19 @@ def _download(url: str, target: Path, limits: FetchLimits) -> tuple[str, str]:
         raise SkillRootError(f"{url}: timed out ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:
         raise SkillRootError(f"{url}: {type(exc).__name__}: {exc}") from exc
+
+
+def _refuse_private_address(request: httpx.Request) -> None:
+    """Refuse a request (the first, or a redirect) whose host resolves to a non-public address."""
+    host = request.url.host
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, request.url.port or 443, proto=socket.IPPROTO_TCP)}
+    except socket.gaierror as exc:
+        raise SkillRootError(f"{request.url}: cannot resolve {host!r}") from exc
+    for address in addresses:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if not ip.is_global or ip.is_multicast:
+            raise SkillRootError(f"{request.url}: refused, {host!r} is a private or local address")
 
 
 def _unpack(url: str, download: Path, content_type: str, root: Path, limits: ArchiveLimits) -> None:

@@ -18,6 +18,7 @@ from orchestrator.teams import TeamStore
 from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from worker.artifacts import FileArtifactStore
+from worker.roots import FetchLimits
 from worker.workspace import REGISTRY_DIR, default_work_root
 
 
@@ -53,7 +54,9 @@ def build_services(settings: Settings) -> Services:
         app_name=settings.app_name,
         artifact_store=artifacts,
         teams=TeamStore(documents),
-        libraries=LibraryRegistry(documents, libraries_dir(settings)),
+        libraries=LibraryRegistry(
+            documents, libraries_dir(settings), FetchLimits(allow_private_addresses=settings.allow_private_library_urls)
+        ),
     )
 
 

@@ -15,6 +15,7 @@ from orchestrator.sessions import BaseSessionService, InMemorySessionService
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from worker.artifacts import FileArtifactStore
+from worker.roots import FetchLimits
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 
@@ -31,7 +32,7 @@ def make_services(dispatcher, artifact_store: FileArtifactStore, data_dir: Path,
         app_name="skillrun",
         artifact_store=artifact_store,
         teams=TeamStore(documents),
-        libraries=LibraryRegistry(documents, data_dir / "libraries"),
+        libraries=LibraryRegistry(documents, data_dir / "libraries", FetchLimits(allow_private_addresses=True)),
     )
 
 

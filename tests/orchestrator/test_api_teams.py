@@ -10,6 +10,7 @@ import zipfile
 import pytest
 
 from orchestrator.dispatch import InlineDispatcher
+from orchestrator.libraries import LibraryRegistry
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from worker.roots import FetchLimits
@@ -153,7 +154,7 @@ async def test_a_url_that_never_finishes_is_refused(services, server):
             out.flush()
             time.sleep(0.1)
 
-    services.libraries.limits = FetchLimits(download_seconds=0.5)
+    services.libraries.limits = FetchLimits(download_seconds=0.5, allow_private_addresses=True)
     async with client(services, new_team(services, "team-a")) as c:
         response = await c.post("/v1/libraries", json={"name": "slow", "url": server.add("/slow.tar.gz", trickle)})
         assert response.status_code == 422 and ("longer than" in response.json()["detail"] or "timed out" in response.json()["detail"])
@@ -187,3 +188,12 @@ async def test_team_b_sees_none_of_team_a_s_objects(services, server, model_serv
         assert done["result"]["stdout"] == "" and done["workspace_id"] == "team-b.shared-name"
         # team A still sees all of it
         assert (await ca.get(f"/v1/runs/{rid}/artifacts/out/o.txt")).text == "version one\n"
+
+
+async def test_library_urls_on_private_or_local_addresses_are_refused_by_default(services, server, tmp_path):
+    services.libraries = LibraryRegistry(services.teams.docs, tmp_path / "libraries")
+    url = server.add("/team.tar.gz", V1)
+    async with client(services, new_team(services, "team-a")) as c:
+        response = await c.post("/v1/libraries", json={"name": "main", "url": url})
+        assert response.status_code == 422 and "private or local address" in response.json()["detail"]
+        assert server.hits.get("/team.tar.gz") is None  # refused before any request was sent
