@@ -214,6 +214,19 @@ class QueueDispatcher(BaseDispatcher):
             self._enqueue(record, priority=True)
         return record
 
+    async def sweep_lost(self) -> int:
+        """Recover every started run whose worker stopped beating (retried or failed); return how many."""
+
+        def sweep() -> int:
+            recovered = 0
+            for record in self.store.list(RunStatus.STARTED, limit=10_000):
+                if not self.store.alive(record):
+                    self._checked(record.id)
+                    recovered += 1
+            return recovered
+
+        return await asyncio.to_thread(sweep)
+
     async def queue_depths(self) -> dict[str, int]:
         def count() -> dict[str, int]:
             return {runtime.value: self.queue(runtime.value).count for runtime in RuntimeName}

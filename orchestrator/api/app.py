@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,6 +22,9 @@ from orchestrator.skills import create_default_skill_repository
 from worker.artifacts import FileArtifactStore
 from worker.roots import FetchLimits
 from worker.workspace import REGISTRY_DIR, default_work_root
+
+
+logger = logging.getLogger(__name__)
 
 
 def create_documents(settings: Settings) -> BaseDocuments:
@@ -60,13 +65,29 @@ def build_services(settings: Settings) -> Services:
     )
 
 
+SWEEP_SECONDS = 5.0
+
+
+async def _sweep_lost_runs(services: Services) -> None:
+    """Runs nobody is reading still get recovered when their worker dies: look for them every few seconds."""
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        try:
+            await services.dispatcher.sweep_lost()
+        except Exception:  # Redis away for a moment: try again at the next sweep
+            logger.warning("sweeping lost runs failed", exc_info=True)
+
+
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
     settings = settings or get_settings()
     services = services or build_services(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(_sweep_lost_runs(services)) if isinstance(services.dispatcher, QueueDispatcher) else None
         yield
+        if sweeper is not None:
+            sweeper.cancel()
         await services.close()
 
     app = FastAPI(

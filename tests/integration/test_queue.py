@@ -261,3 +261,18 @@ async def test_a_cancel_racing_the_finish_loses_neither(redis_url, repo):
         assert final.result is not None
         assert final.status == RunStatus.CANCELLED or not final.cancel_requested
     await dispatcher.close()
+
+
+async def test_a_lost_run_nobody_reads_is_recovered_by_the_sweep(redis_url, workers, repo):
+    victim = workers.start()
+    dispatcher = QueueDispatcher(redis_url, max_attempts=1)
+    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120))
+    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and await dispatcher.sweep_lost() == 0:
+        await asyncio.sleep(0.5)
+    stored = dispatcher.store.get(record.id)  # read straight from the store: no recovery on the way
+    assert stored.status == RunStatus.FAILED and "stopped beating" in stored.error
+    await dispatcher.close()
