@@ -11,23 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
+from orchestrator.dispatch import QueueDispatcher
 from tests.orchestrator.api_helpers import client as api_client
 from tests.orchestrator.api_helpers import make_services, new_team
 from tests.orchestrator.test_api_sessions import parse_sse
 from worker.artifacts import FileArtifactStore
-from worker.runtimes.local import LocalWorkspaceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "skills"
-
-
-@pytest.fixture
-async def services(work_root):
-    runtime = LocalWorkspaceRuntime(work_root)
-    built = make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data")
-    yield built
-    await built.close()
 
 
 @pytest.fixture

@@ -9,12 +9,10 @@ import zipfile
 
 import pytest
 
-from orchestrator.dispatch import InlineDispatcher
 from orchestrator.libraries import LibraryRegistry
 from tests.file_server import FileServer
-from tests.orchestrator.api_helpers import client, make_services, new_team
+from tests.orchestrator.api_helpers import client, new_team
 from worker.roots import FetchLimits
-from worker.runtimes.local import LocalWorkspaceRuntime
 
 
 def skill_md(name: str) -> bytes:
@@ -50,14 +48,6 @@ def server():
     srv = FileServer().start()
     yield srv
     srv.stop()
-
-
-@pytest.fixture
-async def services(work_root):
-    runtime = LocalWorkspaceRuntime(work_root)
-    built = make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data")
-    yield built
-    await built.close()
 
 
 async def test_every_v1_route_needs_a_valid_unrevoked_key(services):
