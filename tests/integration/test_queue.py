@@ -158,37 +158,41 @@ async def test_cancelling_a_queued_run_means_it_never_starts(redis_url, worker_e
     await dispatcher.close()
 
 
+async def _lose_a_started_run(workers: Workers, dispatcher: QueueDispatcher, request: RunRequest) -> str:
+    """Submit ``request``, let a worker start it, then SIGKILL that worker; return the run id."""
+    victim = workers.start()
+    record = await dispatcher.submit(request)
+    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    return record.id
+
+
 FIRST_ATTEMPT_HANGS = (
     "if [ -e $WORK_DIR/attempted ]; then echo second attempt; else touch $WORK_DIR/attempted; sleep 60; fi"
 )
 
 
 async def test_a_worker_killed_mid_run_gets_the_run_retried_and_the_caller_can_tell(redis_url, workers, repo):
-    victim = workers.start()
     dispatcher = QueueDispatcher(redis_url, max_attempts=2)
-    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command=FIRST_ATTEMPT_HANGS,
-                                                timeout=120, workspace_id="retry-ws"))
-    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
+    run_id = await _lose_a_started_run(workers, dispatcher, RunRequest(
+        skill=repo.skill_ref("python-math"), command=FIRST_ATTEMPT_HANGS, timeout=120, workspace_id="retry-ws"))
     workers.start()
-    done = await dispatcher.wait(record.id, 60)
+    done = await dispatcher.wait(run_id, 60)
     assert done.status == RunStatus.FINISHED, done
     assert done.result.stdout == "second attempt\n"
     assert done.attempts == 2
-    events = await dispatcher.events(record.id)
+    events = await dispatcher.events(run_id)
     retried = [e for e in events if e.type == "retried"]
     assert len(retried) == 1 and "stopped beating" in retried[0].data["reason"]
     await dispatcher.close()
 
 
 async def test_a_run_out_of_attempts_fails_with_the_reason(redis_url, workers, repo):
-    victim = workers.start()
     dispatcher = QueueDispatcher(redis_url, max_attempts=1)
-    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120))
-    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
-    victim.send_signal(signal.SIGKILL)
-    done = await dispatcher.wait(record.id, 60)
+    run_id = await _lose_a_started_run(
+        workers, dispatcher, RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120))
+    done = await dispatcher.wait(run_id, 60)
     assert done.status == RunStatus.FAILED
     assert "stopped beating" in done.error
     await dispatcher.close()
@@ -264,15 +268,12 @@ async def test_a_cancel_racing_the_finish_loses_neither(redis_url, repo):
 
 
 async def test_a_lost_run_nobody_reads_is_recovered_by_the_sweep(redis_url, workers, repo):
-    victim = workers.start()
     dispatcher = QueueDispatcher(redis_url, max_attempts=1)
-    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120))
-    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
+    run_id = await _lose_a_started_run(
+        workers, dispatcher, RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and await dispatcher.sweep_lost() == 0:
         await asyncio.sleep(0.5)
-    stored = dispatcher.store.get(record.id)  # read straight from the store: no recovery on the way
+    stored = dispatcher.store.get(run_id)  # read straight from the store: no recovery on the way
     assert stored.status == RunStatus.FAILED and "stopped beating" in stored.error
     await dispatcher.close()
