@@ -42,6 +42,10 @@ def test_public_names_are_exported_and_listed():
 def test_seed_import_paths_resolve():
     for module, name in [
         ("orchestrator.code_executors", "create_local_workspace_runtime"),
+        ("orchestrator.code_executors", "create_container_workspace_runtime"),
+        ("orchestrator.code_executors.cube", "CubeCodeExecutor"),
+        ("orchestrator.code_executors.cube", "CubeCodeExecutorConfig"),
+        ("orchestrator.code_executors.cube", "create_cube_workspace_runtime"),
         ("orchestrator.skills", "create_default_skill_repository"),
         ("orchestrator.skills", "SkillToolSet"),
         ("orchestrator.skills.tools", "LinkSkillStager"),

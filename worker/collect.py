@@ -15,7 +15,7 @@ import fnmatch
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,8 +118,12 @@ def collect_outputs(
     limits: RunLimits,
     omit_inline_content: bool = False,
     artifact_sink: ArtifactSink | None = None,
+    true_sizes: Mapping[str, int] | None = None,
 ) -> Collection:
-    """Collect the files that resolved ``patterns`` match, within the caps of ``limits``."""
+    """Collect the files that resolved ``patterns`` match, within the caps of ``limits``.
+
+    ``true_sizes`` (real path → bytes) gives the size of files that hold only their head here (a mirror of a
+    remote workspace); a file's reported size and ``truncated`` flag follow it."""
     root = os.path.realpath(workspace_root)
     result = Collection()
     seen: set[str] = set()
@@ -139,7 +143,8 @@ def collect_outputs(
             if len(result.files) >= limits.output_max_files:
                 result.skipped.append(SkippedFile(name=name, reason=f"more than {limits.output_max_files} output files"))
                 continue
-            collected = _read_one(root, real, name, min(limits.output_file_bytes, remaining), omit_inline_content, artifact_sink)
+            collected = _read_one(root, real, name, min(limits.output_file_bytes, remaining), omit_inline_content,
+                                  artifact_sink, (true_sizes or {}).get(real))
             if isinstance(collected, SkippedFile):
                 result.skipped.append(collected)
                 continue
@@ -226,7 +231,7 @@ def _open_beneath(root: str, real: str) -> int:
 
 
 def _read_one(
-    root: str, real: str, name: str, budget: int, omit_inline: bool, sink: ArtifactSink | None
+    root: str, real: str, name: str, budget: int, omit_inline: bool, sink: ArtifactSink | None, true_size: int | None
 ) -> tuple[OutputFile | None, ArtifactFile | None, int] | SkippedFile:
     try:
         info = os.lstat(real)
@@ -253,14 +258,15 @@ def _read_one(
             return SkippedFile(name=name, reason=f"could not be stored as an artifact: {exc}")
     finally:
         os.close(fd)
-    truncated = info.st_size > len(data)
+    size = info.st_size if true_size is None else true_size
+    truncated = size > len(data)
     if omit_inline:
-        output = OutputFile(name=name, content="", mime_type=mime, size=info.st_size, truncated=truncated, encoding="none")
+        output = OutputFile(name=name, content="", mime_type=mime, size=size, truncated=truncated, encoding="none")
     elif is_text(mime, head):
-        output = OutputFile(name=name, content=data.decode("utf-8", "replace"), mime_type=mime, size=info.st_size, truncated=truncated)
+        output = OutputFile(name=name, content=data.decode("utf-8", "replace"), mime_type=mime, size=size, truncated=truncated)
     else:
         output = OutputFile(
-            name=name, content=base64.b64encode(data).decode("ascii"), mime_type=mime, size=info.st_size,
+            name=name, content=base64.b64encode(data).decode("ascii"), mime_type=mime, size=size,
             truncated=truncated, encoding="base64",
         )
     return output, artifact, len(data)

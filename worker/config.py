@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -29,3 +30,52 @@ class WorkerSettings(BaseSettings):
 @lru_cache
 def get_worker_settings() -> WorkerSettings:
     return WorkerSettings()
+
+
+class CubeCodeExecutorConfig(BaseSettings):
+    """How to reach an E2B-compatible sandbox service (Cube) and what to ask of it.
+
+    Read from ``E2B_API_URL``, ``E2B_API_KEY``, ``CUBE_TEMPLATE_ID`` (and the other variables named below) unless
+    given as fields; fields win over the environment.
+    """
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+
+    api_url: str | None = Field(default=None, validation_alias="E2B_API_URL",
+                                description="The sandbox service's control API; unset means E2B's own.")
+    api_key: str | None = Field(default=None, validation_alias="E2B_API_KEY", repr=False)
+    template_id: str = Field(default="base", validation_alias="CUBE_TEMPLATE_ID",
+                             description="The sandbox template (image) new sandboxes start from.")
+    sandbox_url: str | None = Field(default=None, validation_alias="E2B_SANDBOX_URL",
+                                    description="Where the in-sandbox daemon answers, when not at E2B's sandbox domain.")
+    domain: str | None = Field(default=None, validation_alias="E2B_DOMAIN")
+    sandbox_id: str | None = Field(default=None, validation_alias="CUBE_SANDBOX_ID",
+                                   description="Connect to this running sandbox instead of creating one.")
+    execute_timeout: float = Field(default=defaults.RUN_TIMEOUT_SECONDS, gt=0, validation_alias="CUBE_EXECUTE_TIMEOUT",
+                                   description="Longest any command may run in the sandbox, seconds.")
+    sandbox_timeout: int = Field(default=3600, gt=0, validation_alias="CUBE_SANDBOX_TIMEOUT",
+                                 description="Lifetime asked of the service for a new sandbox, seconds.")
+    request_timeout: float = Field(default=30.0, gt=0, validation_alias="CUBE_REQUEST_TIMEOUT",
+                                   description="Longest wait for one API or file request, seconds.")
+    user: str = Field(default="user", validation_alias="CUBE_USER", description="The sandbox user commands run as.")
+    allow_internet_access: bool = Field(default=False, validation_alias="CUBE_ALLOW_INTERNET",
+                                        description="Give new sandboxes internet access (runs may then ask for network).")
+    http_version: Literal["1.1", "2"] | None = Field(default=None, validation_alias="E2B_HTTP_VERSION")
+
+    def connection_options(self) -> dict[str, object]:
+        """The keyword arguments the ``e2b`` SDK takes for these settings."""
+        options: dict[str, object] = {"api_key": self.api_key, "request_timeout": self.request_timeout}
+        for name in ("api_url", "sandbox_url", "domain", "http_version"):
+            if getattr(self, name) is not None:
+                options[name] = getattr(self, name)
+        return options
+
+
+class CubeWorkspaceConfig(BaseSettings):
+    """Where and how long workspaces live in Cube sandboxes."""
+
+    model_config = SettingsConfigDict(env_prefix="CUBE_", env_file=".env", extra="ignore")
+
+    root: str = Field(default="/workspace/cube_agent", description="The folder in the sandbox workspaces go under.")
+    idle_seconds: float = Field(default=600.0, gt=0,
+                                description="A workspace's own sandbox unused this long is closed.")

@@ -1,13 +1,17 @@
-"""Fixtures of the integration tests: the Docker engine and container runtimes that always clean up."""
+"""Fixtures of the integration tests: the Docker engine, the Cube stand-in, and runtimes that always clean up."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from tests.cube_server import CubeStandIn
 from tests.services import DockerEngine
+from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.runtimes.container import ContainerWorkspaceRuntime
+from worker.runtimes.cube import CubeCodeExecutor, CubeWorkspaceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,3 +41,45 @@ def docker_runtime_factory(docker_engine, work_root, request):
         if str(work_root) in container.labels.get("skillrun.work_root", ""):
             print(f"removing leftover container {container.id[:12]} of {request.node.name}")
             container.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def cube_standin() -> CubeStandIn:
+    """The E2B-compatible stand-in, on loopback for the whole session."""
+    with CubeStandIn() as server:
+        yield server
+
+
+@pytest.fixture
+def cube_runtime_factory(cube_standin, shared_dir):
+    """Cube runtimes on the stand-in, each with its own remote root; sandboxes a test leaves are killed afterwards."""
+    made: list[CubeWorkspaceRuntime] = []
+    before = set(cube_standin.sandboxes)
+
+    def make(executor: CubeCodeExecutor | None = None, idle_seconds: float = 600.0, **config) -> CubeWorkspaceRuntime:
+        remote = cube_remote_root(shared_dir, f"cube-{len(made)}", cube_standin)
+        settings = cube_config(cube_standin, **config)
+        runtime = CubeWorkspaceRuntime(
+            executor, config=settings, work_root=shared_dir / f"cube-local-{len(made)}",
+            workspace_cfg=CubeWorkspaceConfig(root=str(remote), idle_seconds=idle_seconds),
+        )
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for sandbox_id in set(cube_standin.sandboxes) - before:
+        cube_standin.forget(sandbox_id)
+
+
+def cube_config(standin: CubeStandIn, **fields) -> CubeCodeExecutorConfig:
+    fields = {"api_url": standin.url, "sandbox_url": standin.url, "api_key": standin.api_key, **fields}
+    return CubeCodeExecutorConfig(**fields)
+
+
+def cube_remote_root(shared_dir: Path, name: str, standin: CubeStandIn) -> Path:
+    """A folder standing for the sandbox's workspace root, writable by the stand-in's sandbox user."""
+    remote = shared_dir / name
+    remote.mkdir()
+    if os.geteuid() == 0:
+        os.chown(remote, standin.user_uid, standin.user_uid)
+    return remote

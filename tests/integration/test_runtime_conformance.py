@@ -1,5 +1,5 @@
 """One behaviour, every runtime: the same skill and commands give the same layout, variables, outputs, timeouts
-and refusals on the local runtime and in Docker containers."""
+and refusals on the local runtime, in Docker containers and in Cube sandboxes (against the E2B stand-in)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.contract import InputFile, RunRequest, SkillRef
+from worker.contract import InputFile, RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -15,14 +15,17 @@ LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
 
 
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+
+
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker), "cube"])
 async def any_runtime(request, work_root):
     if request.param == "local":
         runtime = LocalWorkspaceRuntime(work_root / "local")
-        yield runtime
-        await runtime.close()
     else:
-        yield request.getfixturevalue("docker_runtime_factory")()
+        runtime = request.getfixturevalue(f"{request.param}_runtime_factory")()
+    yield runtime
+    await runtime.close()
 
 
 async def test_layout_variables_and_cwd_are_the_guides(any_runtime):
@@ -74,3 +77,56 @@ async def test_symlink_out_of_the_workspace_is_not_collected(any_runtime):
                                               output_files=["out/*"]))
     assert result.output_files == []
     assert result.skipped_files[0].reason == "resolves outside the workspace"
+
+
+async def test_environment_is_built_from_scratch(any_runtime, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
+    result = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", env={"GREETING": "hi"},
+                                              command='env; echo "home=$HOME"'))
+    assert "host-secret" not in result.stdout and "AWS_SECRET_ACCESS_KEY" not in result.stdout
+    assert "GREETING=hi" in result.stdout
+    values = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    assert values["home"] == values["RUN_DIR"]
+
+
+async def test_a_background_child_holding_stdout_does_not_hold_the_run(any_runtime):
+    result = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command="sleep 60 & echo started",
+                                              timeout=30))
+    assert (result.timed_out, result.exit_code, result.stdout) == (False, 0, "started\n")
+
+
+async def test_fifos_are_refused_and_big_outputs_are_capped(any_runtime):
+    result = await any_runtime.run(RunRequest(
+        skill=SKILL, workspace_id="caps", command="mkfifo out/pipe; head -c 300000 /dev/zero | tr '\\0' a > out/big.txt",
+        output_files=["out/*"], limits=RunLimits(output_file_bytes=1000)))
+    assert result.exit_code == 0, result.stderr
+    (big,) = result.output_files
+    assert (big.name, big.size, big.truncated, big.content) == ("out/big.txt", 300000, True, "a" * 1000)
+    assert [(s.name, s.reason) for s in result.skipped_files] == [("out/pipe", "is not a regular file (a FIFO)")]
+
+
+async def test_output_that_is_not_utf8_is_kept_with_replacements(any_runtime):
+    result = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command="printf 'ok \\377\\376 done'; exit 3"))
+    assert result.exit_code == 3
+    assert result.stdout.startswith("ok ") and result.stdout.endswith(" done") and "\ufffd" in result.stdout
+
+
+async def test_binary_outputs_and_artifacts_are_byte_for_byte(any_runtime):
+    result = await any_runtime.run(RunRequest(
+        skill=SKILL, workspace_id="bin", command="base64 -d inputs/chart.b64 > out/chart.png",
+        inputs=[InputFile(name="chart.b64", content=__import__("base64").b64encode(PNG))],
+        output_files=["$OUTPUT_DIR/*.png"], save_as_artifacts=True))
+    assert result.exit_code == 0, result.stderr
+    (chart,) = result.output_files
+    assert (chart.mime_type, chart.encoding, chart.size) == ("image/png", "base64", len(PNG))
+    assert __import__("base64").b64decode(chart.content) == PNG
+    (artifact,) = result.artifact_files
+    assert any_runtime.artifact_store.load("bin", artifact.name, artifact.version) == PNG
+
+
+@pytest.mark.root
+async def test_the_staged_skill_cannot_be_changed(any_runtime):
+    result = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command="echo x >> SKILL.md"))
+    assert result.exit_code != 0
+    again = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command="tail -c 2 SKILL.md"))
+    assert again.stdout != "x\n"

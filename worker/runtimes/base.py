@@ -51,6 +51,7 @@ class BaseWorkspaceRuntime(ABC):
 RUNTIME_CLASSES: dict[str, str] = {
     RuntimeName.LOCAL.value: "worker.runtimes.local:LocalWorkspaceRuntime",
     RuntimeName.DOCKER.value: "worker.runtimes.container:ContainerWorkspaceRuntime",
+    RuntimeName.CUBE.value: "worker.runtimes.cube:CubeWorkspaceRuntime",
 }
 """Runtime name → ``module:Class``. Optional runtimes are imported only when asked for."""
 

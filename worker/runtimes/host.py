@@ -141,13 +141,13 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         )
         finished = time.monotonic()
 
-        stderr = _decode(outcome.stderr, outcome.stderr_omitted)
+        stderr = decode_output(outcome.stderr, outcome.stderr_omitted)
         if outcome.cancelled:
             stderr += "\n[skillrun: the run was cancelled]\n"
         for note in outcome.notes:
             stderr += f"\n[skillrun: {note}]\n"
         return RunResult(
-            stdout=_decode(outcome.stdout, outcome.stdout_omitted),
+            stdout=decode_output(outcome.stdout, outcome.stdout_omitted),
             stderr=stderr,
             exit_code=outcome.exit_code,
             timed_out=outcome.timed_out,
@@ -163,8 +163,8 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             skipped_files=collection.skipped,
             oom_killed=outcome.oom_killed,
             timings=RunTimings(
-                stage_ms=_ms(staged - started), exec_ms=_ms(executed - staged),
-                collect_ms=_ms(finished - executed), total_ms=_ms(finished - started),
+                stage_ms=milliseconds(staged - started), exec_ms=milliseconds(executed - staged),
+                collect_ms=milliseconds(finished - executed), total_ms=milliseconds(finished - started),
             ),
         )
 
@@ -263,12 +263,13 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         self.workspaces.remove(workspace_id)
 
 
-def _decode(data: bytes, omitted: int) -> str:
+def decode_output(data: bytes, omitted: int) -> str:
+    """A command's captured output as text (invalid UTF-8 replaced), with a marker where it was cut."""
     text = data.decode("utf-8", "replace")
     if omitted:
         text += TRUNCATION_MARKER.format(omitted=omitted)
     return text
 
 
-def _ms(seconds: float) -> float:
+def milliseconds(seconds: float) -> float:
     return round(seconds * 1000, 3)

@@ -1,0 +1,48 @@
+"""Workspace runtimes under the guide's names (``code_executors.create_local_workspace_runtime`` …).
+
+The Cube runtime is an optional extra (``pip install '.[cube]'``): import it from ``orchestrator.code_executors.cube``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from worker.artifacts import FileArtifactStore
+from worker.errors import RuntimeUnavailableError
+from worker.runtimes import BaseWorkspaceRuntime, LocalWorkspaceRuntime
+from worker.staging import BaseSkillStager
+
+
+def create_local_workspace_runtime(
+    work_root: str | os.PathLike[str] | None = None,
+    *,
+    stager: BaseSkillStager | None = None,
+    artifact_store: FileArtifactStore | None = None,
+    isolate_users: bool | None = None,
+) -> LocalWorkspaceRuntime:
+    """A runtime that runs skill commands as local processes; workspaces go under ``work_root`` (default: /tmp)."""
+    return LocalWorkspaceRuntime(work_root, stager=stager, artifact_store=artifact_store, isolate_users=isolate_users)
+
+
+def create_container_workspace_runtime(
+    work_root: str | os.PathLike[str] | None = None,
+    *,
+    stager: BaseSkillStager | None = None,
+    artifact_store: FileArtifactStore | None = None,
+    **options: object,
+) -> BaseWorkspaceRuntime:
+    """A runtime that runs skill commands in a hardened Docker container per workspace (``pip install '.[docker]'``);
+    ``options`` are those of ``ContainerWorkspaceRuntime`` (image, memory_bytes, allow_network, ...)."""
+    try:
+        from worker.runtimes.container import ContainerWorkspaceRuntime
+    except ImportError as exc:
+        raise RuntimeUnavailableError(f"the Docker runtime needs the docker extra (pip install '.[docker]'): {exc}") from exc
+    return ContainerWorkspaceRuntime(work_root, stager=stager, artifact_store=artifact_store, **options)
+
+
+__all__ = [
+    "BaseWorkspaceRuntime",
+    "LocalWorkspaceRuntime",
+    "create_container_workspace_runtime",
+    "create_local_workspace_runtime",
+]

@@ -1,0 +1,704 @@
+"""The Cube runtime: skill commands in remote E2B-compatible sandboxes, through the ``e2b`` SDK.
+
+A workspace lives in a sandbox at ``<root>/ws_<exec_id>_<suffix>`` (root ``/workspace/cube_agent`` by default),
+laid out as on the other runtimes and created with ``mkdir -p`` before every run, so a sandbox cleaned from
+outside recovers. Files move as tar archives: one upload per run at most (the skill when it is not staged yet,
+the run's inputs) and one download (the files output patterns may match), symlinks and modes kept. The
+download is laid out in a local mirror of the workspace, where output collection applies the same globs,
+refusals, caps and MIME detection as everywhere else.
+
+A command runs as the sandbox's unprivileged user with an environment built from scratch (``env -i``: the
+sandbox's own variables do not leak in), under ``ulimit`` limits, within the run's timeout (and the config's
+``execute_timeout``). When it times out, is cancelled, or leaves processes behind, every process that carries
+its ``RUN_DIR`` is killed in the sandbox.
+
+Sandboxes: ``CubeCodeExecutor`` holds one (created, or connected by ``sandbox_id``) and runs code in it; a
+runtime built on an executor runs every workspace in that sandbox, next to the executor's own code. A runtime
+built without one gives each workspace its own sandbox, found again by metadata (from any worker), reused
+across the workspace's runs and killed when the workspace is closed or has been idle for ``idle_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import stat
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from e2b import AsyncSandbox, SandboxQuery
+from e2b.exceptions import (
+    AuthenticationException,
+    NotFoundException,
+    SandboxException,
+    SandboxNotRunningException,
+    TimeoutException,
+)
+from e2b.sandbox.commands.command_handle import CommandExitException
+from pydantic import BaseModel
+
+from worker import defaults
+from worker.artifacts import FileArtifactStore
+from worker.collect import ArtifactSink, Collection, collect_outputs, resolve_patterns
+from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
+from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RunTimings, RuntimeName
+from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
+from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, remote_ulimit_prefix
+from worker.runtimes.base import BaseWorkspaceRuntime, worker_id
+from worker.runtimes.host import decode_output, milliseconds
+from worker.staging import CopySkillStager, resolve_skill_source
+from worker.tar_transfer import SIZES_MEMBER, UploadArchive, extract_mirror
+from worker.validation import resolve_cwd, validate_input_name, validate_request
+from worker.workspace import METADATA_FILE, Workspace
+
+WORKSPACE_LABEL = "skillrun.workspace"
+ROOT_LABEL = "skillrun.root"
+REMOTE_TMP = "/tmp"
+ARTIFACT_DOWNLOAD_BYTES = 1024**3
+"""Most bytes of output files fetched for one run that saves artifacts (whole files, not capped heads)."""
+KILLED_EXIT_CODE = 128 + 9
+
+
+class CodeExecutionResult(BaseModel):
+    """What a bare ``CubeCodeExecutor.execute_code`` returns."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+    duration_ms: int = 0
+
+
+def sandbox_error(action: str, exc: BaseException, sandbox_id: str | None = None) -> RuntimeUnavailableError:
+    """An ``e2b`` SDK or transport error → ``RuntimeUnavailableError`` saying what failed and what to do."""
+    where = f" (sandbox {sandbox_id})" if sandbox_id else ""
+    if isinstance(exc, AuthenticationException):
+        reason = f"the sandbox service refused the credentials ({exc}); check E2B_API_KEY"
+    elif isinstance(exc, SandboxNotRunningException):
+        reason = f"the sandbox is gone: it was killed or reached its timeout ({exc})"
+    elif isinstance(exc, NotFoundException):
+        reason = f"not found: {exc}"
+    elif isinstance(exc, TimeoutException):
+        reason = f"the sandbox could not be reached in time: {exc}"
+    elif isinstance(exc, SandboxException):
+        reason = f"the sandbox service failed: {exc}"
+    else:
+        reason = f"the connection to the sandbox service failed: {type(exc).__name__}: {exc}"
+    return RuntimeUnavailableError(f"cube: {action}{where}: {reason}")
+
+
+async def open_sandbox(config: CubeCodeExecutorConfig, metadata: dict[str, str] | None = None) -> AsyncSandbox:
+    """Connect to ``config.sandbox_id``, or create a sandbox from ``config.template_id``."""
+    options = config.connection_options()
+    try:
+        if config.sandbox_id:
+            return await AsyncSandbox.connect(config.sandbox_id, **options)
+        return await AsyncSandbox.create(
+            config.template_id, timeout=config.sandbox_timeout, metadata=metadata or {},
+            allow_internet_access=config.allow_internet_access, **options,
+        )
+    except Exception as exc:  # every SDK and transport failure, reported with what was tried
+        action = f"connecting to sandbox {config.sandbox_id}" if config.sandbox_id else (
+            f"creating a sandbox from template {config.template_id!r} at {config.api_url or 'the E2B API'}")
+        raise sandbox_error(action, exc) from exc
+
+
+@dataclass
+class _Outcome:
+    outcome: ProcessOutcome
+    stdout_text: str
+    stderr_text: str
+
+
+class CubeCodeExecutor:
+    """One Cube sandbox and the commands and code run in it."""
+
+    def __init__(self, sandbox: AsyncSandbox, config: CubeCodeExecutorConfig | None = None, *, owns_sandbox: bool = True) -> None:
+        self.sandbox = sandbox
+        self.config = config or CubeCodeExecutorConfig()
+        self.owns_sandbox = owns_sandbox
+
+    @classmethod
+    async def create(cls, config: CubeCodeExecutorConfig | None = None, *, metadata: dict[str, str] | None = None) -> "CubeCodeExecutor":
+        """An executor on a new sandbox (or on ``config.sandbox_id``, which it then does not kill on close)."""
+        config = config or CubeCodeExecutorConfig()
+        return cls(await open_sandbox(config, metadata), config, owns_sandbox=not config.sandbox_id)
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.sandbox.sandbox_id
+
+    async def execute_code(self, code: str, language: str = "python", timeout: float | None = None) -> CodeExecutionResult:
+        """Run a code block (``python`` or ``bash``) in the sandbox, within ``timeout`` and ``execute_timeout``."""
+        interpreters = {"python": "python3", "python3": "python3", "bash": "bash", "sh": "sh"}
+        if language not in interpreters:
+            raise InvalidRunRequestError("language", f"{language!r} cannot be run; use one of {', '.join(interpreters)}")
+        path = f"{REMOTE_TMP}/skillrun-code-{uuid.uuid4().hex}"
+        try:
+            await self.sandbox.files.write(path, code.encode(), user=self.config.user, use_octet_stream=True)
+        except Exception as exc:
+            raise sandbox_error("uploading code", exc, self.sandbox_id) from exc
+        script = f"{interpreters[language]} {path}; rc=$?; rm -f {path}; exit $rc"
+        done = await self.run_script(script, timeout=timeout, marker=path)
+        return CodeExecutionResult(stdout=done.stdout_text, stderr=done.stderr_text, exit_code=done.outcome.exit_code,
+                                   timed_out=done.outcome.timed_out, duration_ms=done.outcome.duration_ms)
+
+    async def run_script(
+        self,
+        script: str,
+        *,
+        timeout: float | None = None,
+        stdout_cap: int = defaults.STDOUT_BYTES,
+        stderr_cap: int = defaults.STDERR_BYTES,
+        cancel: asyncio.Event | None = None,
+        marker: str | None = None,
+        user: str | None = None,
+    ) -> _Outcome:
+        """Run ``script`` with the sandbox's bash and wait for it, at most ``timeout`` (never past
+        ``execute_timeout``) or until ``cancel`` is set; then every process whose environment or command line
+        holds ``marker`` is killed."""
+        limit = min(timeout or self.config.execute_timeout, self.config.execute_timeout)
+        buffers = {1: bytearray(), 2: bytearray()}
+        caps = {1: stdout_cap, 2: stderr_cap}
+        omitted = {1: 0, 2: 0}
+
+        def sink(which: int):  # noqa: ANN202
+            def take(text: str) -> None:
+                data = text.encode("utf-8", "surrogateescape")
+                room = caps[which] - len(buffers[which])
+                if room > 0:
+                    buffers[which] += data[:room]
+                omitted[which] += max(len(data) - max(room, 0), 0)
+            return take
+
+        started = time.monotonic()
+        try:
+            handle = await self.sandbox.commands.run(
+                script, background=True, user=user or self.config.user, timeout=0, on_stdout=sink(1),
+                on_stderr=sink(2), request_timeout=self.config.request_timeout,
+            )
+        except Exception as exc:
+            raise sandbox_error("starting a command", exc, self.sandbox_id) from exc
+        waiting = asyncio.ensure_future(handle.wait())
+        watchers = {waiting}
+        cancelled_wait = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
+        if cancelled_wait is not None:
+            watchers.add(cancelled_wait)
+        timed_out = cancelled = False
+        code: int | None = None
+        try:
+            done, _ = await asyncio.wait(watchers, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            if waiting in done:
+                code = self._exit_code(waiting)
+            else:
+                cancelled = cancelled_wait is not None and cancelled_wait in done
+                timed_out = not cancelled
+                await self.kill_marked(marker)
+                with contextlib.suppress(Exception):
+                    await handle.kill()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(waiting), defaults.KILL_GRACE_SECONDS)
+                waiting.cancel()
+                with contextlib.suppress(BaseException):
+                    await waiting
+                with contextlib.suppress(Exception):
+                    await handle.disconnect()
+        finally:
+            if cancelled_wait is not None:
+                cancelled_wait.cancel()
+        if timed_out:
+            exit_code = TIMEOUT_EXIT_CODE
+        elif code is None:
+            exit_code = KILLED_EXIT_CODE
+        else:
+            exit_code = code
+        outcome = ProcessOutcome(
+            stdout=bytes(buffers[1]), stderr=bytes(buffers[2]), stdout_omitted=omitted[1], stderr_omitted=omitted[2],
+            exit_code=exit_code, timed_out=timed_out, cancelled=cancelled,
+            duration_ms=int((time.monotonic() - started) * 1000), notes=[],
+        )
+        return _Outcome(outcome, decode_output(outcome.stdout, outcome.stdout_omitted), decode_output(outcome.stderr, outcome.stderr_omitted))
+
+    def _exit_code(self, waiting: asyncio.Future) -> int:
+        try:
+            return waiting.result().exit_code
+        except CommandExitException as exc:
+            return exc.exit_code if exc.exit_code >= 0 else KILLED_EXIT_CODE
+        except Exception as exc:
+            raise sandbox_error("following a command (the connection was lost while it ran)", exc, self.sandbox_id) from exc
+
+    async def kill_marked(self, marker: str | None) -> None:
+        """SIGKILL every process of the sandbox user whose environment holds ``RUN_DIR=<marker>`` or whose command
+        line holds ``marker`` (what a run started, backgrounded or not)."""
+        if not marker:
+            return
+        script = KILL_SCRIPT.format(marker=shlex.quote(marker))
+        with contextlib.suppress(Exception):
+            await self.sandbox.commands.run(script, user=self.config.user, timeout=30,
+                                            request_timeout=self.config.request_timeout)
+
+    async def close(self) -> None:
+        """Kill the sandbox if this executor created it."""
+        if self.owns_sandbox:
+            with contextlib.suppress(Exception):
+                await self.sandbox.kill()
+
+
+KILL_SCRIPT = (
+    "m={marker}; for p in /proc/[0-9]*; do [ -O \"$p\" ] && [ \"$p\" != /proc/$$ ] || continue; hit=; "
+    "while IFS= read -r -d '' e; do [ \"$e\" = \"RUN_DIR=$m\" ] && hit=1 && break; done < \"$p/environ\" 2>/dev/null; "
+    "[ -z \"$hit\" ] && while IFS= read -r -d '' a; do case $a in *\"$m\"*) hit=1; break;; esac; done < \"$p/cmdline\" 2>/dev/null; "
+    "[ -n \"$hit\" ] && kill -9 \"${{p#/proc/}}\" 2>/dev/null; done; exit 0"
+)
+"""Kill by marker, in bash builtins only (no process per candidate)."""
+
+PREP_SCRIPT = """set -u
+ws={ws}; skill={skill}; up={upload}; restage={restage}; signature={signature}; stamp={stamp}
+for d in "$ws/work" "$ws/work/inputs" "$ws/out"; do [ -L "$d" ] && rm -f -- "$d"; done
+mkdir -p -- "$ws/skills" "$ws/work/inputs" "$ws/out" "$ws/runs" 2>/dev/null || {{
+  echo "cannot create the workspace under ${{ws%/*}}: it must exist or be creatable, and be writable by $(id -un 2>/dev/null || id -u)" >&2; exit 3; }}
+[ -f "$ws/{metadata}" ] || printf '%s\\n' {metadata_json} > "$ws/{metadata}"
+if [ -n "$up" ]; then
+  if [ -n "$restage" ]; then chmod -R u+w -- "$ws/skills/$skill" 2>/dev/null; rm -rf -- "$ws/skills/$skill"; fi
+  tar -xf "$up" -C "$ws" --no-same-owner; rc=$?; rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
+  if [ -n "$restage" ]; then printf '%s' "$signature" > "$ws/skills/.$skill.signature"; fi
+fi
+[ -f "$ws/skills/$skill/SKILL.md" ] && echo "sig=$(cat -- "$ws/skills/.$skill.signature" 2>/dev/null)" || echo missing
+r="$ws/runs/run_$stamp"; i=0
+while ! mkdir -m 700 -- "$r" 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 5; r="$ws/runs/run_$stamp-$i"; done
+echo "run=$r"
+{cwd_check}
+"""
+
+PACK_SCRIPT = """set -u
+ws={ws}; cap={cap}; budget={budget}; most={most}
+t=$(mktemp -d) || exit 3; : > "$t/list"; : > "$t/heads.list"; : > "$t/{sizes}"; mkdir "$t/heads"; n=0
+echo "dir=$t"
+printf %s {patterns} | base64 -d > "$t/patterns" || exit 3
+cd -- "$ws" || exit 3
+while IFS= read -r -d '' base && IFS= read -r -d '' rest; do
+  real=$(realpath -e -- "$base" 2>/dev/null) || continue
+  case "$real" in "$ws") rel=.;; "$ws"/*) rel="./${{real#"$ws"/}}";; *) continue;; esac
+  if [ -n "$rest" ]; then pat="$rel/$rest"; else pat="$rel"; fi
+  while IFS= read -r -d '' line; do
+    n=$((n+1)); [ $n -gt $most ] && break 2
+    kind=${{line%% *}}; line=${{line#* }}; size=${{line%% *}}; path=${{line#* }}; path=${{path#./}}
+    if [ "$kind" = f ]; then
+      take=$size; [ $cap -ge 0 ] && [ $take -gt $cap ] && take=$cap; [ $take -gt $budget ] && take=$budget
+      budget=$((budget-take))
+      if [ $take -lt $size ]; then
+        mkdir -p -- "$t/heads/$(dirname -- "$path")"; head -c $take -- "$path" > "$t/heads/$path"
+        printf '%s\\0' "$path" >> "$t/heads.list"; printf '%s\\0%s\\0' "$path" "$size" >> "$t/{sizes}"; continue
+      fi
+    fi
+    printf '%s\\0' "$path" >> "$t/list"
+  done < <(find "$rel" -path "$pat" \\( -type f -o -type l -o -type p -o -type c -o -type b -o -type s \\) -printf '%y %s %p\\0' 2>/dev/null)
+done < "$t/patterns"
+tar -cf "$t/out.tar" --null --no-recursion --hard-dereference -C "$ws" -T "$t/list" -C "$t/heads" -T "$t/heads.list" -C "$t" {sizes} || exit 4
+"""
+
+
+class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
+    """Runs skill commands in Cube sandboxes (see the module's description)."""
+
+    name = RuntimeName.CUBE
+
+    def __init__(
+        self,
+        executor: CubeCodeExecutor | None = None,
+        *,
+        config: CubeCodeExecutorConfig | None = None,
+        workspace_cfg: CubeWorkspaceConfig | None = None,
+        work_root: str | os.PathLike[str] | None = None,
+        artifact_store: FileArtifactStore | None = None,
+        input_file_bytes: int = defaults.INPUT_FILE_BYTES,
+        disk_bytes: int | None = None,
+    ) -> None:
+        if disk_bytes is not None:
+            raise RuntimeUnavailableError("cube: per-workspace disk caps are set by the sandbox template, not by skillrun")
+        self.executor = executor
+        self.config = executor.config if executor is not None else (config or CubeCodeExecutorConfig())
+        self.workspace_cfg = workspace_cfg or CubeWorkspaceConfig()
+        self.local_root = Path(work_root) if work_root is not None else Path(tempfile.gettempdir())
+        self.artifact_store = artifact_store or FileArtifactStore(self.local_root / ".skillrun" / "artifacts")
+        self.input_file_bytes = input_file_bytes
+        self._signature_stager = CopySkillStager()
+        self._staged: dict[tuple[str, str, str], str] = {}  # (sandbox, workspace, skill) → signature
+        self._owned: dict[str, CubeCodeExecutor] = {}
+        self._last_used: dict[str, float] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+        self._cancels: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
+        self._background: set[asyncio.Task] = set()
+        self._lock = threading.Lock()
+
+    # ---- where ------------------------------------------------------------------------------------------------
+    def workspace_path(self, workspace_id: str) -> str:
+        """The workspace's folder in its sandbox: ``<root>/ws_<exec_id>_<suffix>``, the same from every worker."""
+        suffix = hashlib.sha256(workspace_id.encode()).hexdigest()[:8]
+        return f"{self.workspace_cfg.root.rstrip('/')}/ws_{workspace_id}_{suffix}"
+
+    async def executor_for(self, workspace_id: str) -> CubeCodeExecutor:
+        """The executor whose sandbox holds ``workspace_id``: the shared one, or the workspace's own (found by
+        metadata, else created)."""
+        if self.executor is not None:
+            return self.executor
+        await self._close_idle(keep=workspace_id)
+        known = self._owned.get(workspace_id)
+        if known is not None:
+            self._last_used[workspace_id] = time.monotonic()
+            return known
+        lock = self._opening.setdefault(workspace_id, asyncio.Lock())
+        async with lock:
+            known = self._owned.get(workspace_id)
+            if known is None:
+                labels = {WORKSPACE_LABEL: workspace_id, ROOT_LABEL: self.workspace_cfg.root}
+                sandbox = await self._find_sandbox(labels)
+                known = CubeCodeExecutor(sandbox, self.config) if sandbox else await CubeCodeExecutor.create(self.config, metadata=labels)
+                self._owned[workspace_id] = known
+            self._last_used[workspace_id] = time.monotonic()
+            return known
+
+    async def _find_sandbox(self, labels: dict[str, str]) -> AsyncSandbox | None:
+        if self.config.sandbox_id:
+            return None
+        options = self.config.connection_options()
+        try:
+            paginator = AsyncSandbox.list(query=SandboxQuery(metadata=labels), **options)
+            found = await paginator.next_items() if paginator.has_next else []
+            for info in found:
+                with contextlib.suppress(NotFoundException, SandboxNotRunningException):
+                    return await AsyncSandbox.connect(info.sandbox_id, **options)
+        except Exception as exc:
+            raise sandbox_error("looking for the workspace's sandbox", exc) from exc
+        return None
+
+    # ---- running ----------------------------------------------------------------------------------------------
+    async def run(self, request: RunRequest, *, allow_host_paths: bool = False) -> RunResult:
+        validate_request(request)
+        if any(item.host_path is not None for item in request.inputs) and not allow_host_paths:
+            raise InvalidRunRequestError("inputs", "host paths are not allowed for this caller; send the content instead")
+        if request.network and not self.config.allow_internet_access:
+            raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_internet_access=False)")
+        cancel = asyncio.Event()
+        with self._lock:
+            self._cancels[request.run_id] = (asyncio.get_running_loop(), cancel)
+        try:
+            return await self._run(request, cancel)
+        finally:
+            with self._lock:
+                self._cancels.pop(request.run_id, None)
+
+    async def _run(self, request: RunRequest, cancel: asyncio.Event) -> RunResult:
+        started = time.monotonic()
+        source = await asyncio.to_thread(resolve_skill_source, request.skill)
+        signature = f"{source}:{await asyncio.to_thread(self._signature_stager.signature, source)}"
+        inputs = await asyncio.to_thread(self._input_archive, request.inputs)
+        executor = await self.executor_for(request.workspace_id)
+        try:
+            prepared = await self._prepare(executor, request, source, signature, inputs)
+        except RuntimeUnavailableError:
+            if self.executor is not None or not await self._gone(executor):
+                raise
+            # The workspace's sandbox expired or was killed: a new one, and the workspace made again.
+            self._forget(request.workspace_id)
+            executor = await self.executor_for(request.workspace_id)
+            prepared = await self._prepare(executor, request, source, signature, inputs)
+        ws, run_dir, real_cwd = prepared
+        skill_dir = f"{ws}/skills/{request.skill.name}"
+        variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
+        cwd = real_cwd or skill_dir
+        if real_cwd is not None and real_cwd != ws and not real_cwd.startswith(ws + "/"):
+            raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
+        staged = time.monotonic()
+
+        env = {"PATH": defaults.SANDBOX_PATH, "HOME": run_dir, "TMPDIR": run_dir, "LANG": defaults.SANDBOX_LANG}
+        env.update(request.env)
+        env.update(variables)
+        env["SHELL"] = "/bin/bash"
+        inner = remote_ulimit_prefix(request.limits) + request.command
+        script = (f"cd -- {shlex.quote(cwd)} || exit 126; exec /usr/bin/env -i "
+                  + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + f" /bin/bash -c {shlex.quote(inner)}")
+        done = await executor.run_script(script, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
+                                         stderr_cap=request.limits.stderr_bytes, cancel=cancel, marker=run_dir)
+        outcome = done.outcome
+        executed = time.monotonic()
+
+        collection, notes = await self._collect(executor, request, ws, run_dir)
+        finished = time.monotonic()
+        stderr = done.stderr_text
+        if outcome.cancelled:
+            stderr += "\n[skillrun: the run was cancelled]\n"
+        for note in notes:
+            stderr += f"\n[skillrun: {note}]\n"
+        return RunResult(
+            stdout=done.stdout_text, stderr=stderr, exit_code=outcome.exit_code, timed_out=outcome.timed_out,
+            duration_ms=outcome.duration_ms, output_files=collection.files, artifact_files=collection.artifacts,
+            run_id=request.run_id, workspace_id=request.workspace_id, runtime=self.name, worker_id=worker_id(),
+            stdout_truncated=outcome.stdout_omitted > 0, stderr_truncated=outcome.stderr_omitted > 0,
+            skipped_files=collection.skipped,
+            timings=RunTimings(stage_ms=milliseconds(staged - started), exec_ms=milliseconds(executed - staged),
+                               collect_ms=milliseconds(finished - executed), total_ms=milliseconds(finished - started)),
+        )
+
+    async def _prepare(
+        self, executor: CubeCodeExecutor, request: RunRequest, source: Path, signature: str, inputs: UploadArchive | None
+    ) -> tuple[str, str, str | None]:
+        """Make the workspace (idempotently), stage the skill when the sandbox lacks it, place the inputs, make
+        the run folder; return the workspace, run folder and real ``cwd`` paths."""
+        key = (executor.sandbox_id, request.workspace_id, request.skill.name)
+        with_skill = self._staged.get(key) != signature
+        for _ in range(2):
+            archive = inputs
+            if with_skill:
+                archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, request.inputs)
+            lines = await self._prep(executor, request, archive, restage=with_skill, signature=signature)
+            if lines.get("sig") == signature:
+                self._staged[key] = signature
+                return lines["ws"], lines["run"], lines.get("cwd")
+            if with_skill:
+                raise WorkspaceError(f"cube: staging skill {request.skill.name!r} into sandbox {executor.sandbox_id} failed")
+            with_skill = True  # staged by someone else, changed, or cleaned up from outside: stage it again
+        raise AssertionError("unreachable")
+
+    async def _prep(
+        self, executor: CubeCodeExecutor, request: RunRequest, archive: UploadArchive | None, *, restage: bool, signature: str
+    ) -> dict[str, str]:
+        ws = self.workspace_path(request.workspace_id)
+        upload = ""
+        if archive is not None and archive.members:
+            upload = f"{REMOTE_TMP}/skillrun-up-{request.run_id}-{uuid.uuid4().hex[:8]}.tar"
+            try:
+                await executor.sandbox.files.write(upload, archive.getvalue(), user=self.config.user, use_octet_stream=True)
+            except Exception as exc:
+                raise sandbox_error("uploading the skill and inputs", exc, executor.sandbox_id) from exc
+        cwd_check = ""
+        if request.cwd is not None:
+            placeholder = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(f"{ws}/runs/run"))
+            target = resolve_cwd(request.cwd, placeholder, f"{ws}/skills/{request.skill.name}")
+            cwd_check = f'cd -- {shlex.quote(target)} 2>/dev/null && [ -d . ] && echo "cwd=$(pwd -P)" || echo "cwd=-"'
+        metadata = json.dumps({"workspace_id": request.workspace_id, "runtime": "cube",
+                               "created_at": datetime.now(timezone.utc).isoformat()})
+        script = PREP_SCRIPT.format(
+            ws=shlex.quote(ws), skill=shlex.quote(request.skill.name), upload=shlex.quote(upload),
+            restage="1" if restage else "''", signature=shlex.quote(signature),
+            stamp=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f"), metadata=METADATA_FILE,
+            metadata_json=shlex.quote(metadata), cwd_check=cwd_check,
+        )
+        done = await executor.run_script(script, timeout=min(60.0, self.config.execute_timeout))
+        if done.outcome.exit_code != 0:
+            raise WorkspaceError(f"cube: preparing workspace {request.workspace_id!r} in sandbox {executor.sandbox_id} "
+                                 f"failed (exit {done.outcome.exit_code}): {done.stderr_text.strip()}")
+        lines = {"ws": ws}
+        for line in done.stdout_text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                lines[key] = value
+        if lines.get("cwd") == "-":
+            raise InvalidRunRequestError("cwd", f"{request.cwd!r} is not a directory in the workspace")
+        if "run" not in lines:
+            raise WorkspaceError(f"cube: the sandbox did not make a run folder: {done.stdout_text!r}")
+        return lines
+
+    def _input_archive(self, inputs: list[InputFile]) -> UploadArchive | None:
+        if not inputs:
+            return None
+        archive = UploadArchive()
+        self._add_inputs(archive, inputs)
+        return archive
+
+    def _skill_archive(self, source: Path, name: str, inputs: list[InputFile]) -> UploadArchive:
+        archive = UploadArchive()
+        archive.add_skill(source, name)
+        self._add_inputs(archive, inputs)
+        return archive
+
+    def _add_inputs(self, archive: UploadArchive, inputs: list[InputFile]) -> None:
+        for item in inputs:
+            rel = validate_input_name(item.name)
+            if item.host_path is None:
+                data = item.content or b""
+                if len(data) > self.input_file_bytes:
+                    raise InvalidRunRequestError("inputs", f"input {item.name!r} is {len(data)} bytes; the limit is {self.input_file_bytes}")
+                archive.add_input(rel, data, len(data))
+                continue
+            try:
+                f = open(item.host_path, "rb")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                raise InvalidRunRequestError("inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}") from exc
+            with f:
+                info = os.fstat(f.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise InvalidRunRequestError("inputs", f"host path {item.host_path!r} is not a regular file")
+                if info.st_size > self.input_file_bytes:
+                    raise InvalidRunRequestError("inputs", f"input {item.name!r} is {info.st_size} bytes; the limit is {self.input_file_bytes}")
+                archive.add_input(rel, f, info.st_size)
+
+    async def _collect(self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str):  # noqa: ANN202
+        """Kill what the run left behind; fetch and collect its outputs through a local mirror."""
+        mirror = Path(tempfile.mkdtemp(prefix=f"cube-{request.run_id[:12]}-", dir=self._mirror_parent()))
+        try:
+            mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
+            patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
+            if not patterns:
+                self._in_background(executor.kill_marked(run_dir))
+                return Collection(), []
+            await executor.kill_marked(run_dir)
+            data, remote_dir = await self._pack(executor, request, ws, mirror, patterns)
+            try:
+                return await asyncio.to_thread(self._collect_mirror, data, mirror, ws, request), []
+            finally:
+                self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(remote_dir)}", timeout=30))
+        finally:
+            await asyncio.to_thread(shutil.rmtree, mirror, True)
+
+    async def _pack(self, executor: CubeCodeExecutor, request: RunRequest, ws: str, mirror: Path, patterns: list[str]) -> tuple[bytes, str]:
+        limits = request.limits
+        cap = -1 if request.save_as_artifacts else limits.output_file_bytes
+        budget = ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes
+        listing = bytearray()
+        skill_dir = mirror / "skills" / request.skill.name
+        for pattern in patterns:
+            absolute = pattern if pattern.startswith("/") else str(skill_dir / pattern)
+            remote = ws + absolute[len(str(mirror)):]
+            segments = remote.split("/")
+            # The literal folder the pattern starts from; a literal file is found by name in its folder, so a
+            # link there is sent as a link (and refused in collection like anywhere else).
+            literal = next((i for i, s in enumerate(segments) if any(c in s for c in "*?[")), len(segments) - 1)
+            base = "/".join(segments[:literal]) or "/"
+            rest = "/".join(segments[literal:]).replace("**/", "*").replace("**", "*")
+            listing += base.encode() + b"\0" + rest.encode() + b"\0"
+        script = PACK_SCRIPT.format(ws=shlex.quote(ws), cap=cap, budget=budget, most=limits.output_max_files + 1,
+                                    sizes=SIZES_MEMBER, patterns=base64.b64encode(bytes(listing)).decode())
+        done = await executor.run_script(script, timeout=min(120.0, self.config.execute_timeout))
+        remote_dir = next((line[4:] for line in done.stdout_text.splitlines() if line.startswith("dir=")), "")
+        if done.outcome.exit_code != 0:
+            if remote_dir:
+                self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(remote_dir)}", timeout=30))
+            raise WorkspaceError(f"cube: packing the outputs of run {request.run_id} failed "
+                                 f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}")
+        try:
+            data = await executor.sandbox.files.read(f"{remote_dir}/out.tar", format="bytes", user=self.config.user)
+        except Exception as exc:
+            raise sandbox_error("downloading the outputs", exc, executor.sandbox_id) from exc
+        return bytes(data), remote_dir
+
+    def _collect_mirror(self, data: bytes, mirror: Path, ws: str, request: RunRequest):  # noqa: ANN202
+        for d in ("skills", "work/inputs", "out", "runs"):
+            (mirror / d).mkdir(parents=True, exist_ok=True)
+        skill_dir = mirror / "skills" / request.skill.name
+        skill_dir.mkdir(exist_ok=True)
+        for entry, target in (("work", "../../work"), ("out", "../../out"), ("inputs", "../../work/inputs")):
+            os.symlink(target, skill_dir / entry)
+        limits = request.limits
+        budget = ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes
+        sizes = extract_mirror(data, mirror, remote_root=ws, max_members=3 * (limits.output_max_files + 1) + 1,
+                               max_bytes=budget)
+        mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
+        patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
+        sink = self._artifact_sink(request.workspace_id) if request.save_as_artifacts else None
+        return collect_outputs(patterns, workspace_root=mirror, skill_dir=skill_dir, limits=limits,
+                               omit_inline_content=request.omit_inline_content, artifact_sink=sink, true_sizes=sizes)
+
+    def _artifact_sink(self, scope: str) -> ArtifactSink:
+        store = self.artifact_store
+
+        def sink(name: str, fd: int, mime_type: str) -> ArtifactFile:
+            return store.save_fd(scope, name, fd, mime_type)
+
+        return sink
+
+    def _mirror_parent(self) -> str:
+        parent = self.local_root / ".skillrun" / "cube-mirrors"
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return str(parent)
+
+    # ---- lifecycle --------------------------------------------------------------------------------------------
+    def cancel(self, run_id: str) -> bool:
+        """Stop a run in progress (its processes are killed in the sandbox); ``False`` if it is not running here."""
+        with self._lock:
+            found = self._cancels.get(run_id)
+        if found is None:
+            return False
+        loop, event = found
+        loop.call_soon_threadsafe(event.set)
+        return True
+
+    def _in_background(self, work) -> None:  # noqa: ANN001 - a coroutine
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def idle(self) -> None:
+        """Wait until background clean-up in the sandboxes is done."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def _gone(self, executor: CubeCodeExecutor) -> bool:
+        try:
+            return not await executor.sandbox.is_running()
+        except Exception:
+            return True
+
+    def _forget(self, workspace_id: str) -> CubeCodeExecutor | None:
+        self._last_used.pop(workspace_id, None)
+        executor = self._owned.pop(workspace_id, None)
+        if executor is not None:
+            for key in [k for k in self._staged if k[0] == executor.sandbox_id]:
+                del self._staged[key]
+        return executor
+
+    async def _close_idle(self, keep: str | None = None) -> None:
+        now = time.monotonic()
+        for workspace_id, last in list(self._last_used.items()):
+            if workspace_id != keep and now - last > self.workspace_cfg.idle_seconds:
+                executor = self._forget(workspace_id)
+                if executor is not None:
+                    await executor.close()
+
+    async def close_workspace(self, workspace_id: str) -> None:
+        """Close a workspace: its own sandbox is killed; in a shared sandbox its folder is removed."""
+        if self.executor is not None:
+            await self.executor.run_script(f"rm -rf -- {shlex.quote(self.workspace_path(workspace_id))}", timeout=60)
+            for key in [k for k in self._staged if k[1] == workspace_id]:
+                del self._staged[key]
+            return
+        executor = self._forget(workspace_id)
+        if executor is None:
+            labels = {WORKSPACE_LABEL: workspace_id, ROOT_LABEL: self.workspace_cfg.root}
+            sandbox = await self._find_sandbox(labels)
+            executor = CubeCodeExecutor(sandbox, self.config) if sandbox else None
+        if executor is not None:
+            await executor.close()
+
+    async def close(self) -> None:
+        """Stop runs in progress, finish clean-up, and kill the sandboxes this runtime made for workspaces."""
+        with self._lock:
+            running = list(self._cancels.values())
+        for loop, event in running:
+            loop.call_soon_threadsafe(event.set)
+        await self.idle()
+        for workspace_id in list(self._owned):
+            executor = self._forget(workspace_id)
+            if executor is not None:
+                await executor.close()
+
+
+__all__ = [
+    "CodeExecutionResult",
+    "CubeCodeExecutor",
+    "CubeWorkspaceRuntime",
+    "open_sandbox",
+    "sandbox_error",
+]
