@@ -62,7 +62,7 @@ class StandInSandbox:
     timeout: int
     access_token: str = field(default_factory=lambda: secrets.token_hex(16))
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
-    processes: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
+    processes: dict[int, asyncio.SubprocessTransport] = field(default_factory=dict)
 
     def describe(self, listed: bool = False) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -88,6 +88,7 @@ class CubeStandIn:
         self.sandboxes: dict[str, StandInSandbox] = {}
         self.api_calls: list[str] = []
         self.commands: list[str] = []
+        self.downloaded_bytes = 0
         self._api_failures: list[int] = []
         self._drop_streams = 0
         self._ids = itertools.count(1)
@@ -246,6 +247,7 @@ class CubeStandIn:
         if not os.path.isfile(path):
             return _error(404, f"path '{path}' does not exist")
         size = os.path.getsize(path)
+        self.downloaded_bytes += size
 
         def chunks():
             with open(path, "rb") as f:
@@ -309,7 +311,7 @@ class _ProcessService:
             proc = asyncio.subprocess.Process(transport, protocol, loop)
         except OSError as exc:
             raise ConnectError(Code.INVALID_ARGUMENT, f"cannot start {config.cmd}: {exc.strerror}") from exc
-        sandbox.processes[proc.pid] = proc
+        sandbox.processes[proc.pid] = transport
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(stream: asyncio.StreamReader, name: str) -> None:
@@ -338,6 +340,8 @@ class _ProcessService:
             sandbox.processes.pop(proc.pid, None)
             if not finisher.done():
                 finisher.cancel()
+            if transport.get_returncode() is not None:
+                transport.close()
 
     async def list(self, request: process_pb.ListRequest, ctx) -> process_pb.ListResponse:  # noqa: ANN001
         sandbox = self.stand_in.sandbox_of(ctx.request_headers)
@@ -346,11 +350,11 @@ class _ProcessService:
     async def send_signal(self, request: process_pb.SendSignalRequest, ctx) -> process_pb.SendSignalResponse:  # noqa: ANN001
         sandbox = self.stand_in.sandbox_of(ctx.request_headers)
         pid = request.process.selector.value
-        proc = sandbox.processes.get(pid)
-        if proc is None:
+        transport = sandbox.processes.get(pid)
+        if transport is None:
             raise ConnectError(Code.NOT_FOUND, f"process with pid {pid} not found")
         sig = signal.SIGKILL if request.signal == process_pb.Signal.SIGNAL_SIGKILL else signal.SIGTERM
-        proc.send_signal(sig)
+        transport.send_signal(sig)
         return process_pb.SendSignalResponse()
 
     def __getattr__(self, name: str) -> Any:
@@ -388,11 +392,9 @@ def _write(path: str, data: bytes, uid: int | None) -> str:
 
 
 def _kill_all(sandbox: StandInSandbox) -> None:
-    for proc in list(sandbox.processes.values()):
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
+    """Kill a sandbox's commands and release their pipes, on the server's loop (callable from any thread)."""
+    for transport in list(sandbox.processes.values()):
+        transport._loop.call_soon_threadsafe(transport.close)  # close() kills a process that still runs
     sandbox.processes.clear()
 
 

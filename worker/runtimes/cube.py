@@ -271,7 +271,7 @@ mkdir -p -- "$ws/skills" "$ws/work/inputs" "$ws/out" "$ws/runs" 2>/dev/null || {
 [ -f "$ws/{metadata}" ] || printf '%s\\n' {metadata_json} > "$ws/{metadata}"
 if [ -n "$up" ]; then
   if [ -n "$restage" ]; then chmod -R u+w -- "$ws/skills/$skill" 2>/dev/null; rm -rf -- "$ws/skills/$skill"; fi
-  tar -xf "$up" -C "$ws" --no-same-owner; rc=$?; rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
+  tar -xf "$up" -C "$ws" --no-same-owner --delay-directory-restore; rc=$?; rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
   if [ -n "$restage" ]; then printf '%s' "$signature" > "$ws/skills/.$skill.signature"; fi
 fi
 [ -f "$ws/skills/$skill/SKILL.md" ] && echo "sig=$(cat -- "$ws/skills/.$skill.signature" 2>/dev/null)" || echo missing
