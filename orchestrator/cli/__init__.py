@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace", metavar="ID", help="reuse the workspace of this id (work/ and out/ persist)")
     run.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
     run.add_argument("--artifacts", action="store_true", help="also store the output files as artifacts")
-    run.add_argument("--runtime", choices=["local", "docker"], default="local",
-                     help="where the command runs: a local process (default) or a Docker container")
+    run.add_argument("--runtime", choices=["local", "docker", "cube"], default="local",
+                     help="where the command runs: a local process (default), a Docker container, or a Cube (E2B) "
+                          "sandbox configured by E2B_API_URL, E2B_API_KEY and CUBE_TEMPLATE_ID")
     run.set_defaults(handler="orchestrator.cli.run:run_skill")
 
     chat = commands.add_parser("chat", parents=[common], help="talk to the skill assistant (streams its answer)")

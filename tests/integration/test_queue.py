@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
+from tests.integration.conftest import cube_remote_root
 from tests.services import RedisServer
 from tests.processes import wait_gone
 from worker import jobs
@@ -72,10 +74,10 @@ def workers(redis_url, worker_env):
     group.stop()
 
 
-def burst(url: str, env: dict[str, str]) -> None:
-    """Drain the local queue with a worker process that exits once the queue is empty."""
-    subprocess.run([sys.executable, "-m", "worker", "--redis-url", url, "--burst"], env={**os.environ, **env},
-                   cwd=REPO, check=True, timeout=120)
+def burst(url: str, env: dict[str, str], runtime: str = "local") -> None:
+    """Drain a runtime's queue with a worker process that exits once the queue is empty."""
+    subprocess.run([sys.executable, "-m", "worker", "--redis-url", url, "--burst", "--runtime", runtime],
+                   env={**os.environ, **env}, cwd=REPO, check=True, timeout=120)
 
 
 async def _wait_status(dispatcher: QueueDispatcher, run_id: str, status: RunStatus, seconds: float = 30) -> None:
@@ -105,6 +107,21 @@ async def test_a_queued_run_is_executed_by_a_worker_with_timings_and_worker_id(r
     assert result.worker_id and result.timings.queue_ms > 0 and result.timings.exec_ms > 0
     assert [e.type for e in await dispatcher.events(record.id)] == ["queued", "started", "finished"]
     assert result.artifact_files[0].name == "out/fib.txt"
+    await dispatcher.close()
+
+
+async def test_a_cube_worker_runs_queued_runs_in_a_sandbox(redis_url, worker_env, repo, cube_standin, shared_dir):
+    remote = cube_remote_root(shared_dir, "cube-remote", cube_standin)
+    env = {**worker_env, "E2B_API_URL": cube_standin.url, "E2B_SANDBOX_URL": cube_standin.url,
+           "E2B_API_KEY": cube_standin.api_key, "CUBE_ROOT": str(remote)}
+    dispatcher = QueueDispatcher(redis_url)
+    record = await dispatcher.submit(RunRequest(runtime="cube", skill=repo.skill_ref("python-math"), workspace_id="q",
+                                                command="python3 scripts/fib.py 4 > out/fib.txt", output_files=["out/*"]))
+    await asyncio.to_thread(burst, redis_url, env, "cube")
+    result = (await dispatcher.wait(record.id, 5)).result
+    assert (result.runtime.value, result.exit_code, result.output_files[0].content.split()) == ("cube", 0, ["0", "1", "1", "2"])
+    assert result.stderr == ""
+    assert (remote / f"ws_q_{hashlib.sha256(b'q').hexdigest()[:8]}" / "out" / "fib.txt").exists()
     await dispatcher.close()
 
 

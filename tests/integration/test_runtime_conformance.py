@@ -3,6 +3,7 @@ and refusals on the local runtime, in Docker containers and in Cube sandboxes (a
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -114,12 +115,12 @@ async def test_output_that_is_not_utf8_is_kept_with_replacements(any_runtime):
 async def test_binary_outputs_and_artifacts_are_byte_for_byte(any_runtime):
     result = await any_runtime.run(RunRequest(
         skill=SKILL, workspace_id="bin", command="base64 -d inputs/chart.b64 > out/chart.png",
-        inputs=[InputFile(name="chart.b64", content=__import__("base64").b64encode(PNG))],
+        inputs=[InputFile(name="chart.b64", content=base64.b64encode(PNG))],
         output_files=["$OUTPUT_DIR/*.png"], save_as_artifacts=True))
     assert result.exit_code == 0, result.stderr
     (chart,) = result.output_files
     assert (chart.mime_type, chart.encoding, chart.size) == ("image/png", "base64", len(PNG))
-    assert __import__("base64").b64decode(chart.content) == PNG
+    assert base64.b64decode(chart.content) == PNG
     (artifact,) = result.artifact_files
     assert any_runtime.artifact_store.load("bin", artifact.name, artifact.version) == PNG
 

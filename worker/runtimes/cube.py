@@ -14,8 +14,9 @@ its ``RUN_DIR`` is killed in the sandbox.
 
 Sandboxes: ``CubeCodeExecutor`` holds one (created, or connected by ``sandbox_id``) and runs code in it; a
 runtime built on an executor runs every workspace in that sandbox, next to the executor's own code. A runtime
-built without one gives each workspace its own sandbox, found again by metadata (from any worker), reused
-across the workspace's runs and killed when the workspace is closed or has been idle for ``idle_seconds``.
+built without one gives each workspace its own sandbox, found again by metadata (from any worker or a later
+CLI call), reused across the workspace's runs and killed when the workspace is closed or has been idle for
+``idle_seconds`` (or, with no process left to notice, at the service's ``sandbox_timeout``).
 """
 
 from __future__ import annotations
@@ -683,16 +684,14 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             await executor.close()
 
     async def close(self) -> None:
-        """Stop runs in progress, finish clean-up, and kill the sandboxes this runtime made for workspaces."""
+        """Stop runs in progress and finish clean-up. Workspace sandboxes stay up for the next process that serves
+        their workspaces (they are found by metadata); they end when idle here, by ``close_workspace``, or at
+        the service's sandbox timeout."""
         with self._lock:
             running = list(self._cancels.values())
         for loop, event in running:
             loop.call_soon_threadsafe(event.set)
         await self.idle()
-        for workspace_id in list(self._owned):
-            executor = self._forget(workspace_id)
-            if executor is not None:
-                await executor.close()
 
 
 __all__ = [
