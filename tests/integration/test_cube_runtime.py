@@ -201,6 +201,7 @@ async def test_a_sandbox_killed_during_a_shared_run_is_an_error(cube_standin, sh
 async def test_a_connection_dropped_while_the_command_runs_is_an_error(cube_runtime_factory, cube_standin):
     runtime = cube_runtime_factory()
     await runtime.run(RunRequest(skill=SKILL, workspace_id="drop", command="true"))
+    await runtime.idle()  # the clean-up command of that run is done: the next stream is the command's
     cube_standin.drop_next_stream()
     with pytest.raises(RuntimeUnavailableError, match="connection was lost"):
         await runtime.run(RunRequest(skill=SKILL, workspace_id="drop", command="sleep 0.3; echo late"))

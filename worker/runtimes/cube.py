@@ -208,13 +208,15 @@ class CubeCodeExecutor:
                 await self.kill_marked(marker)
                 with contextlib.suppress(Exception):
                     await handle.kill()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(waiting), defaults.KILL_GRACE_SECONDS)
-                waiting.cancel()
+                # The stream ends with the killed process; one that does not is let go.
+                await asyncio.wait({waiting}, timeout=defaults.KILL_GRACE_SECONDS)
+                if not waiting.done():
+                    with contextlib.suppress(Exception):
+                        await handle.disconnect()
+                    await asyncio.wait({waiting}, timeout=defaults.KILL_GRACE_SECONDS)
+                    waiting.cancel()
                 with contextlib.suppress(BaseException):
                     await waiting
-                with contextlib.suppress(Exception):
-                    await handle.disconnect()
         finally:
             if cancelled_wait is not None:
                 cancelled_wait.cancel()
@@ -244,7 +246,7 @@ class CubeCodeExecutor:
         line holds ``marker`` (what a run started, backgrounded or not)."""
         if not marker:
             return
-        script = KILL_SCRIPT.format(marker=shlex.quote(marker))
+        script = KILL_SCRIPT.format(marker=shlex.quote(marker)) + "exit 0"
         with contextlib.suppress(Exception):
             await self.sandbox.commands.run(script, user=self.config.user, timeout=30,
                                             request_timeout=self.config.request_timeout)
@@ -260,7 +262,7 @@ KILL_SCRIPT = (
     "m={marker}; for p in /proc/[0-9]*; do [ -O \"$p\" ] && [ \"$p\" != /proc/$$ ] || continue; hit=; "
     "while IFS= read -r -d '' e; do [ \"$e\" = \"RUN_DIR=$m\" ] && hit=1 && break; done < \"$p/environ\" 2>/dev/null; "
     "[ -z \"$hit\" ] && while IFS= read -r -d '' a; do case $a in *\"$m\"*) hit=1; break;; esac; done < \"$p/cmdline\" 2>/dev/null; "
-    "[ -n \"$hit\" ] && kill -9 \"${{p#/proc/}}\" 2>/dev/null; done; exit 0"
+    "[ -n \"$hit\" ] && kill -9 \"${{p#/proc/}}\" 2>/dev/null; done\n"
 )
 """Kill by marker, in bash builtins only (no process per candidate)."""
 
@@ -281,6 +283,14 @@ while ! mkdir -m 700 -- "$r" 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 
 echo "run=$r"
 {cwd_check}
 """
+
+FAST_MISS_EXIT_CODE = 97
+FAST_GUARD = """s={ws}/skills/.{skill}.signature; IFS= read -r have 2>/dev/null < "$s"
+if [ "$have" != {signature} ] || ! mkdir -p -- {ws}/work/inputs {ws}/out 2>/dev/null || ! mkdir -m 700 -- {run} 2>/dev/null; then
+  echo {nonce} >&2; exit {code}; fi
+"""
+"""Before a command in a workspace this process staged: the skill is still there, unchanged, and the run folder
+is new; else the command is not run, and the runtime takes the full way (``PREP_SCRIPT``)."""
 
 PACK_SCRIPT = """set -u
 ws={ws}; cap={cap}; budget={budget}; most={most}
@@ -308,6 +318,10 @@ while IFS= read -r -d '' base && IFS= read -r -d '' rest; do
 done < "$t/patterns"
 tar -cf "$t/out.tar" --null --no-recursion --hard-dereference -C "$ws" -T "$t/list" -C "$t/heads" -T "$t/heads.list" -C "$t" {sizes} || exit 4
 """
+
+
+def _stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
 
 
 class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
@@ -406,42 +420,52 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         signature = f"{source}:{await asyncio.to_thread(self._signature_stager.signature, source)}"
         inputs = await asyncio.to_thread(self._input_archive, request.inputs)
         executor = await self.executor_for(request.workspace_id)
-        try:
-            prepared = await self._prepare(executor, request, source, signature, inputs)
-        except RuntimeUnavailableError:
-            if self.executor is not None or not await self._gone(executor):
-                raise
-            # The workspace's sandbox expired or was killed: a new one, and the workspace made again.
-            self._forget(request.workspace_id)
-            executor = await self.executor_for(request.workspace_id)
-            prepared = await self._prepare(executor, request, source, signature, inputs)
-        ws, run_dir, real_cwd = prepared
+        ws = self.workspace_path(request.workspace_id)
         skill_dir = f"{ws}/skills/{request.skill.name}"
-        variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
-        cwd = real_cwd or skill_dir
-        if real_cwd is not None and real_cwd != ws and not real_cwd.startswith(ws + "/"):
-            raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
-        staged = time.monotonic()
-
-        env = {"PATH": defaults.SANDBOX_PATH, "HOME": run_dir, "TMPDIR": run_dir, "LANG": defaults.SANDBOX_LANG}
-        env.update(request.env)
-        env.update(variables)
-        env["SHELL"] = "/bin/bash"
-        inner = remote_ulimit_prefix(request.limits) + request.command
-        script = (f"cd -- {shlex.quote(cwd)} || exit 126; exec /usr/bin/env -i "
-                  + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + f" /bin/bash -c {shlex.quote(inner)}")
-        done = await executor.run_script(script, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
-                                         stderr_cap=request.limits.stderr_bytes, cancel=cancel, marker=run_dir)
+        options = {"timeout": request.timeout, "stdout_cap": request.limits.stdout_bytes,
+                   "stderr_cap": request.limits.stderr_bytes, "cancel": cancel}
+        done = None
+        if request.cwd is None and not request.inputs and self._staged.get(self._key(executor, request)) == signature:
+            # Staged before by this process: check and make the run folder in the command's own round trip.
+            run_dir = f"{ws}/runs/run_{_stamp()}"
+            nonce = uuid.uuid4().hex
+            guard = FAST_GUARD.format(ws=shlex.quote(ws), skill=shlex.quote(request.skill.name),
+                                      signature=shlex.quote(signature), run=shlex.quote(run_dir), nonce=nonce,
+                                      code=FAST_MISS_EXIT_CODE)
+            staged = time.monotonic()
+            try:
+                done = await executor.run_script(guard + self._command_script(request, ws, run_dir, skill_dir),
+                                                 marker=run_dir, **options)
+            except RuntimeUnavailableError:
+                if self.executor is not None or not await self._gone(executor):
+                    raise
+                self._forget(request.workspace_id)
+                executor = await self.executor_for(request.workspace_id)
+            if done is not None and done.outcome.exit_code == FAST_MISS_EXIT_CODE and done.stderr_text == f"{nonce}\n":
+                self._staged.pop(self._key(executor, request), None)  # changed from outside: the full way
+                done = None
+        if done is None:
+            try:
+                prepared = await self._prepare(executor, request, source, signature, inputs)
+            except RuntimeUnavailableError:
+                if self.executor is not None or not await self._gone(executor):
+                    raise
+                # The workspace's sandbox expired or was killed: a new one, and the workspace made again.
+                self._forget(request.workspace_id)
+                executor = await self.executor_for(request.workspace_id)
+                prepared = await self._prepare(executor, request, source, signature, inputs)
+            _, run_dir, real_cwd = prepared
+            if real_cwd is not None and real_cwd != ws and not real_cwd.startswith(ws + "/"):
+                raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
+            staged = time.monotonic()
+            done = await executor.run_script(self._command_script(request, ws, run_dir, real_cwd or skill_dir),
+                                             marker=run_dir, **options)
         outcome = done.outcome
         executed = time.monotonic()
 
-        collection, notes = await self._collect(executor, request, ws, run_dir)
+        collection = await self._collect(executor, request, ws, run_dir)
         finished = time.monotonic()
-        stderr = done.stderr_text
-        if outcome.cancelled:
-            stderr += "\n[skillrun: the run was cancelled]\n"
-        for note in notes:
-            stderr += f"\n[skillrun: {note}]\n"
+        stderr = done.stderr_text + ("\n[skillrun: the run was cancelled]\n" if outcome.cancelled else "")
         return RunResult(
             stdout=done.stdout_text, stderr=stderr, exit_code=outcome.exit_code, timed_out=outcome.timed_out,
             duration_ms=outcome.duration_ms, output_files=collection.files, artifact_files=collection.artifacts,
@@ -452,12 +476,27 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                                collect_ms=milliseconds(finished - executed), total_ms=milliseconds(finished - started)),
         )
 
+    @staticmethod
+    def _key(executor: CubeCodeExecutor, request: RunRequest) -> tuple[str, str, str]:
+        return executor.sandbox_id, request.workspace_id, request.skill.name
+
+    def _command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str) -> str:
+        """Enter ``cwd`` and replace the shell with the command under ``env -i`` (the environment from scratch)."""
+        variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
+        env = {"PATH": defaults.SANDBOX_PATH, "HOME": run_dir, "TMPDIR": run_dir, "LANG": defaults.SANDBOX_LANG}
+        env.update(request.env)
+        env.update(variables)
+        env["SHELL"] = "/bin/bash"
+        inner = remote_ulimit_prefix(request.limits) + request.command
+        return (f"cd -- {shlex.quote(cwd)} || exit 126; exec /usr/bin/env -i "
+                + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + f" /bin/bash -c {shlex.quote(inner)}")
+
     async def _prepare(
         self, executor: CubeCodeExecutor, request: RunRequest, source: Path, signature: str, inputs: UploadArchive | None
     ) -> tuple[str, str, str | None]:
         """Make the workspace (idempotently), stage the skill when the sandbox lacks it, place the inputs, make
         the run folder; return the workspace, run folder and real ``cwd`` paths."""
-        key = (executor.sandbox_id, request.workspace_id, request.skill.name)
+        key = self._key(executor, request)
         with_skill = self._staged.get(key) != signature
         for _ in range(2):
             archive = inputs
@@ -493,7 +532,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         script = PREP_SCRIPT.format(
             ws=shlex.quote(ws), skill=shlex.quote(request.skill.name), upload=shlex.quote(upload),
             restage="1" if restage else "''", signature=shlex.quote(signature),
-            stamp=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f"), metadata=METADATA_FILE,
+            stamp=_stamp(), metadata=METADATA_FILE,
             metadata_json=shlex.quote(metadata), cwd_check=cwd_check,
         )
         done = await executor.run_script(script, timeout=min(60.0, self.config.execute_timeout))
@@ -545,7 +584,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                     raise InvalidRunRequestError("inputs", f"input {item.name!r} is {info.st_size} bytes; the limit is {self.input_file_bytes}")
                 archive.add_input(rel, f, info.st_size)
 
-    async def _collect(self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str):  # noqa: ANN202
+    async def _collect(self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str) -> Collection:
         """Kill what the run left behind; fetch and collect its outputs through a local mirror."""
         mirror = Path(tempfile.mkdtemp(prefix=f"cube-{request.run_id[:12]}-", dir=self._mirror_parent()))
         try:
@@ -553,17 +592,20 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
             if not patterns:
                 self._in_background(executor.kill_marked(run_dir))
-                return Collection(), []
-            await executor.kill_marked(run_dir)
-            data, remote_dir = await self._pack(executor, request, ws, mirror, patterns)
+                return Collection()
+            data, remote_dir = await self._pack(executor, request, ws, run_dir, mirror, patterns)
             try:
-                return await asyncio.to_thread(self._collect_mirror, data, mirror, ws, request), []
+                return await asyncio.to_thread(self._collect_mirror, data, mirror, ws, request)
             finally:
                 self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(remote_dir)}", timeout=30))
         finally:
             await asyncio.to_thread(shutil.rmtree, mirror, True)
 
-    async def _pack(self, executor: CubeCodeExecutor, request: RunRequest, ws: str, mirror: Path, patterns: list[str]) -> tuple[bytes, str]:
+    async def _pack(
+        self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str, mirror: Path, patterns: list[str]
+    ) -> tuple[bytes, str]:
+        """Kill what the run left running and pack the files the patterns may match, in one round trip; fetch
+        the archive."""
         limits = request.limits
         cap = -1 if request.save_as_artifacts else limits.output_file_bytes
         budget = ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes
@@ -579,7 +621,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             base = "/".join(segments[:literal]) or "/"
             rest = "/".join(segments[literal:]).replace("**/", "*").replace("**", "*")
             listing += base.encode() + b"\0" + rest.encode() + b"\0"
-        script = PACK_SCRIPT.format(ws=shlex.quote(ws), cap=cap, budget=budget, most=limits.output_max_files + 1,
+        script = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + PACK_SCRIPT.format(ws=shlex.quote(ws), cap=cap, budget=budget, most=limits.output_max_files + 1,
                                     sizes=SIZES_MEMBER, patterns=base64.b64encode(bytes(listing)).decode())
         done = await executor.run_script(script, timeout=min(120.0, self.config.execute_timeout))
         remote_dir = next((line[4:] for line in done.stdout_text.splitlines() if line.startswith("dir=")), "")
@@ -594,7 +636,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             raise sandbox_error("downloading the outputs", exc, executor.sandbox_id) from exc
         return bytes(data), remote_dir
 
-    def _collect_mirror(self, data: bytes, mirror: Path, ws: str, request: RunRequest):  # noqa: ANN202
+    def _collect_mirror(self, data: bytes, mirror: Path, ws: str, request: RunRequest) -> Collection:
         for d in ("skills", "work/inputs", "out", "runs"):
             (mirror / d).mkdir(parents=True, exist_ok=True)
         skill_dir = mirror / "skills" / request.skill.name
