@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from tests.cube_server import CubeStandIn  # noqa: E402
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
@@ -32,14 +31,6 @@ from worker.runtimes.cube import CubeWorkspaceRuntime  # noqa: E402
 from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
 
 COMMAND = "echo hello"
-
-
-def med(samples: list[float]) -> float:
-    return statistics.median(samples) * 1000
-
-
-def p95(samples: list[float]) -> float:
-    return sorted(samples)[int(len(samples) * 0.95) - 1] * 1000
 
 
 async def timed(series: list[float], call) -> object:  # noqa: ANN001
@@ -53,8 +44,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="skillrun-cube-bench-"))
-    work.chmod(0o755)
+    work = scratch_dir("skillrun-cube-bench-")
     remote = work / "remote"
     remote.mkdir()
     skill = SkillRef(name="python-math", root=str(ROOT / "skills"), path="python-math")
@@ -89,9 +79,11 @@ async def main() -> None:
             await local.close()
     print(f"cube runtime against the E2B stand-in, {args.runs} warm runs each, command {COMMAND!r}")
     print(f"{'series':<22} {'median ms':>10} {'p95 ms':>8} {'vs local':>9} {'vs bare':>8}")
+    local, _ = summary_ms(series["local run"])
+    bare, _ = summary_ms(series["bare sandbox command"])
     for name, samples in series.items():
-        print(f"{name:<22} {med(samples):>10.1f} {p95(samples):>8.1f} {med(samples) / med(series['local run']):>8.1f}x "
-              f"{med(samples) / med(series['bare sandbox command']):>7.2f}x")
+        median, p95 = summary_ms(samples)
+        print(f"{name:<22} {median:>10.1f} {p95:>8.1f} {median / local:>8.1f}x {median / bare:>7.2f}x")
 
 
 if __name__ == "__main__":

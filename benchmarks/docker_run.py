@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,16 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 import docker  # noqa: E402
 
+from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
 from worker.runtimes.container import DEFAULT_IMAGE, ContainerWorkspaceRuntime  # noqa: E402
-
-
-def med(samples: list[float]) -> float:
-    return statistics.median(samples) * 1000
-
-
-def p95(samples: list[float]) -> float:
-    return sorted(samples)[int(len(samples) * 0.95) - 1] * 1000
 
 
 async def main() -> None:
@@ -42,8 +33,7 @@ async def main() -> None:
     parser.add_argument("--cold-runs", type=int, default=20)
     args = parser.parse_args()
     client = docker.from_env()
-    work = Path(tempfile.mkdtemp(prefix="skillrun-docker-bench-"))
-    work.chmod(0o755)
+    work = scratch_dir("skillrun-docker-bench-")
     runtime = ContainerWorkspaceRuntime(work, client=client)
     skill = SkillRef(name="python-math", root=str(ROOT / "skills"), path="python-math")
     bare_container = client.containers.run(DEFAULT_IMAGE, ["sleep", "infinity"], detach=True, network_mode="none")
@@ -75,7 +65,8 @@ async def main() -> None:
     print(f"{'series':<16} {'median ms':>10} {'p95 ms':>8} {'ratio':>7}")
     for name, base in (("bare exec", "bare exec"), ("warm run", "bare exec"),
                        ("docker run --rm", "docker run --rm"), ("cold run", "docker run --rm")):
-        print(f"{name:<16} {med(series[name]):>10.1f} {p95(series[name]):>8.1f} {med(series[name]) / med(series[base]):>6.2f}x")
+        (median, p95), (base_median, _) = summary_ms(series[name]), summary_ms(series[base])
+        print(f"{name:<16} {median:>10.1f} {p95:>8.1f} {median / base_median:>6.2f}x")
 
 
 if __name__ == "__main__":

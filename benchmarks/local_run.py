@@ -17,24 +17,18 @@ import argparse
 import asyncio
 import os
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
 from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
 
 LIBRARY = Path(__file__).resolve().parent.parent / "skills"
-
-
-def _summary(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[int(len(ordered) * 0.95) - 1]
 
 
 async def main() -> None:
@@ -43,8 +37,7 @@ async def main() -> None:
     parser.add_argument("--command", default="echo hello")
     args = parser.parse_args()
 
-    work_root = Path(tempfile.mkdtemp(prefix="skillrun-bench-"))
-    work_root.chmod(0o755)
+    work_root = scratch_dir("skillrun-bench-")
     runtime = LocalWorkspaceRuntime(work_root)
     as_root = os.geteuid() == 0
     shared_runtime = LocalWorkspaceRuntime(work_root / "shared", isolate_users=False) if as_root else None
@@ -81,14 +74,14 @@ async def main() -> None:
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
 
-    bare_med, bare_p95 = _summary(bare)
+    bare_med, _ = summary_ms(bare)
     print(f"local runtime vs bare bash -c, {args.runs} runs each, command {args.command!r}, "
           f"{'root (per-workspace users)' if as_root else 'non-root'}")
     print(f"{'series':<10} {'median ms':>10} {'p95 ms':>8} {'ratio (median)':>15}")
     series = [("bare", bare), ("warm", warm), ("cold", cold)] + ([("shared-uid", shared)] if shared else [])
     for name, samples in series:
-        med, p95 = _summary(samples)
-        print(f"{name:<10} {med * 1000:>10.2f} {p95 * 1000:>8.2f} {med / bare_med:>15.2f}")
+        med, p95 = summary_ms(samples)
+        print(f"{name:<10} {med:>10.2f} {p95:>8.2f} {med / bare_med:>15.2f}")
 
 
 if __name__ == "__main__":

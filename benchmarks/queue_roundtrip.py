@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from orchestrator.api import Services, create_app  # noqa: E402
 from orchestrator.assistant import create_assistant  # noqa: E402
 from orchestrator.config import Settings  # noqa: E402
@@ -40,18 +39,12 @@ from worker.contract import RunRequest  # noqa: E402
 from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
 
 
-def summary(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered) * 1000, ordered[int(len(ordered) * 0.95) - 1] * 1000
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="skillrun-bench-"))
-    work.chmod(0o755)
+    work = scratch_dir("skillrun-bench-")
     redis_server = RedisServer()
     env = {**os.environ, "SKILLRUN_WORK_ROOT": str(work / "queue"), "SKILLRUN_ARTIFACTS_DIR": str(work / "artifacts")}
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url()], env=env, cwd=ROOT)
@@ -99,11 +92,11 @@ async def main() -> None:
         redis_server.stop()
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
-    base, _ = summary(series["inline"])
+    base, _ = summary_ms(series["inline"])
     print(f"trivial run round trip, {args.runs} runs each (one worker process)")
     print(f"{'series':<8} {'median ms':>10} {'p95 ms':>8} {'added over inline (median)':>28}")
     for name, samples in series.items():
-        med, p95 = summary(samples)
+        med, p95 = summary_ms(samples)
         print(f"{name:<8} {med:>10.2f} {p95:>8.2f} {med - base:>25.2f} ms")
 
 

@@ -14,13 +14,13 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.figures import scratch_dir  # noqa: E402
 from orchestrator.dispatch import QueueDispatcher  # noqa: E402
 from orchestrator.skills import create_default_skill_repository  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
@@ -59,8 +59,7 @@ async def main() -> None:
     results = {}
     for n in counts:
         server = RedisServer()
-        work = Path(tempfile.mkdtemp(prefix="skillrun-scale-"))
-        work.chmod(0o755)
+        work = scratch_dir("skillrun-scale-")
         try:
             results[n] = await measure(server.url(), n, args.runs, work)
             print(f"  {n} worker(s): {results[n]:.1f} runs/s", file=sys.stderr)
