@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -175,11 +176,18 @@ async def test_cancelling_a_queued_run_means_it_never_starts(redis_url, worker_e
     await dispatcher.close()
 
 
-async def _lose_a_started_run(workers: Workers, dispatcher: QueueDispatcher, request: RunRequest) -> str:
-    """Submit ``request``, let a worker start it, then SIGKILL that worker; return the run id."""
+async def _lose_a_started_run(
+    workers: Workers, dispatcher: QueueDispatcher, request: RunRequest, command_began: Callable[[], bool] | None = None
+) -> str:
+    """Submit ``request``, let a worker start it (and its command get as far as ``command_began`` says), then
+    SIGKILL that worker; return the run id."""
     victim = workers.start()
     record = await dispatcher.submit(request)
     await _wait_status(dispatcher, record.id, RunStatus.STARTED)
+    deadline = time.monotonic() + 30
+    while command_began is not None and not command_began():
+        assert time.monotonic() < deadline, "the command never began"
+        await asyncio.sleep(0.02)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     return record.id
@@ -190,10 +198,11 @@ FIRST_ATTEMPT_HANGS = (
 )
 
 
-async def test_a_worker_killed_mid_run_gets_the_run_retried_and_the_caller_can_tell(redis_url, workers, repo):
+async def test_a_worker_killed_mid_run_gets_the_run_retried_and_the_caller_can_tell(redis_url, workers, repo, work_root):
     dispatcher = QueueDispatcher(redis_url, max_attempts=2)
     run_id = await _lose_a_started_run(workers, dispatcher, RunRequest(
-        skill=repo.skill_ref("python-math"), command=FIRST_ATTEMPT_HANGS, timeout=120, workspace_id="retry-ws"))
+        skill=repo.skill_ref("python-math"), command=FIRST_ATTEMPT_HANGS, timeout=120, workspace_id="retry-ws"),
+        command_began=lambda: any(work_root.glob("ws_retry-ws_*/work/attempted")))
     workers.start()
     done = await dispatcher.wait(run_id, 60)
     assert done.status == RunStatus.FINISHED, done
