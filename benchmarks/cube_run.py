@@ -48,15 +48,24 @@ async def main() -> None:
     remote = work / "remote"
     remote.mkdir()
     skill = SkillRef(name="python-math", root=str(ROOT / "skills"), path="python-math")
-    series: dict[str, list[float]] = {"local run": [], "bare sandbox command": [], "cube run": [], "cube run + outputs": []}
+    series: dict[str, list[float]] = {
+        "local run": [],
+        "bare sandbox command": [],
+        "cube run": [],
+        "cube run + outputs": [],
+    }
     with CubeStandIn() as standin:
         if os.geteuid() == 0:
             os.chown(remote, standin.user_uid, standin.user_uid)
         config = CubeCodeExecutorConfig(api_url=standin.url, sandbox_url=standin.url, api_key=standin.api_key)
-        cube = CubeWorkspaceRuntime(config=config, workspace_cfg=CubeWorkspaceConfig(root=str(remote)), work_root=work / "cube")
+        cube = CubeWorkspaceRuntime(
+            config=config, workspace_cfg=CubeWorkspaceConfig(root=str(remote)), work_root=work / "cube"
+        )
         local = LocalWorkspaceRuntime(work / "local")
         warm = RunRequest(skill=skill, command=COMMAND, workspace_id="warm")
-        outputs = RunRequest(skill=skill, command=f"{COMMAND} > out/hello.txt", workspace_id="warm", output_files=["out/*.txt"])
+        outputs = RunRequest(
+            skill=skill, command=f"{COMMAND} > out/hello.txt", workspace_id="warm", output_files=["out/*.txt"]
+        )
         try:
             await local.run(warm)
             await cube.run(warm)

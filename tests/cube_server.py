@@ -66,22 +66,34 @@ class StandInSandbox:
 
     def describe(self, listed: bool = False) -> dict[str, Any]:
         info: dict[str, Any] = {
-            "templateID": self.template_id, "sandboxID": self.sandbox_id, "clientID": "standin",
-            "envdVersion": ENVD_VERSION, "envdAccessToken": self.access_token, "domain": None,
+            "templateID": self.template_id,
+            "sandboxID": self.sandbox_id,
+            "clientID": "standin",
+            "envdVersion": ENVD_VERSION,
+            "envdAccessToken": self.access_token,
+            "domain": None,
         }
         if listed:
-            info.update({
-                "startedAt": self.started_at.isoformat(), "endAt": (self.started_at + timedelta(seconds=self.timeout)).isoformat(),
-                "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "state": "running", "metadata": self.metadata,
-            })
+            info.update(
+                {
+                    "startedAt": self.started_at.isoformat(),
+                    "endAt": (self.started_at + timedelta(seconds=self.timeout)).isoformat(),
+                    "cpuCount": 2,
+                    "memoryMB": 512,
+                    "diskSizeMB": 1024,
+                    "state": "running",
+                    "metadata": self.metadata,
+                }
+            )
         return info
 
 
 class CubeStandIn:
     """The stand-in service; ``start()`` serves it on a free loopback port, ``stop()`` ends it and its commands."""
 
-    def __init__(self, api_key: str = "standin-key", templates: tuple[str, ...] = ("base", "skillrun-cube"),
-                 user_uid: int = 1000) -> None:
+    def __init__(
+        self, api_key: str = "standin-key", templates: tuple[str, ...] = ("base", "skillrun-cube"), user_uid: int = 1000
+    ) -> None:
         self.api_key = api_key
         self.templates = set(templates)
         self.user_uid = user_uid
@@ -141,16 +153,18 @@ class CubeStandIn:
         self.stop()
 
     def _app(self):  # noqa: ANN202 - an ASGI callable
-        api = Starlette(routes=[
-            Route("/v2/sandboxes", self._create, methods=["POST"]),
-            Route("/v2/sandboxes", self._list, methods=["GET"]),
-            Route("/v2/sandboxes/{sandbox_id}/connect", self._connect, methods=["POST"]),
-            Route("/sandboxes/{sandbox_id}", self._info, methods=["GET"]),
-            Route("/sandboxes/{sandbox_id}", self._kill, methods=["DELETE"]),
-            Route("/health", self._health, methods=["GET"]),
-            Route("/files", self._read_file, methods=["GET"]),
-            Route("/files", self._write_file, methods=["POST"]),
-        ])
+        api = Starlette(
+            routes=[
+                Route("/v2/sandboxes", self._create, methods=["POST"]),
+                Route("/v2/sandboxes", self._list, methods=["GET"]),
+                Route("/v2/sandboxes/{sandbox_id}/connect", self._connect, methods=["POST"]),
+                Route("/sandboxes/{sandbox_id}", self._info, methods=["GET"]),
+                Route("/sandboxes/{sandbox_id}", self._kill, methods=["DELETE"]),
+                Route("/health", self._health, methods=["GET"]),
+                Route("/files", self._read_file, methods=["GET"]),
+                Route("/files", self._write_file, methods=["POST"]),
+            ]
+        )
         rpc = process_connect.ProcessASGIApplication(_ProcessService(self))
         stand_in = self
 
@@ -208,33 +222,43 @@ class CubeStandIn:
         if template not in self.templates:
             return _error(404, f"template '{template}' not found")
         sandbox_id = f"sbx{next(self._ids):04d}{secrets.token_hex(4)}"
-        sandbox = StandInSandbox(sandbox_id, template, dict(body.get("metadata") or {}), dict(body.get("envVars") or {}),
-                                 int(body.get("timeout") or 300))
+        sandbox = StandInSandbox(
+            sandbox_id,
+            template,
+            dict(body.get("metadata") or {}),
+            dict(body.get("envVars") or {}),
+            int(body.get("timeout") or 300),
+        )
         self.sandboxes[sandbox_id] = sandbox
         return JSONResponse(sandbox.describe(), status_code=201)
 
     async def _connect(self, request: Request) -> Response:
         sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
         if sandbox is None:
-            return _error(404, f"sandbox \"{request.path_params['sandbox_id']}\" doesn't exist or you don't have access to it")
+            return _error(
+                404, f"sandbox \"{request.path_params['sandbox_id']}\" doesn't exist or you don't have access to it"
+            )
         return JSONResponse(sandbox.describe(), status_code=200)
 
     async def _info(self, request: Request) -> Response:
         sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
         if sandbox is None:
-            return _error(404, f"sandbox \"{request.path_params['sandbox_id']}\" doesn't exist")
+            return _error(404, f'sandbox "{request.path_params["sandbox_id"]}" doesn\'t exist')
         return JSONResponse(sandbox.describe(listed=True))
 
     async def _list(self, request: Request) -> Response:
         wanted = {k: v[0] for k, v in parse_qs(request.query_params.get("metadata", "")).items()}
-        found = [s.describe(listed=True) for s in self.sandboxes.values()
-                 if all(s.metadata.get(k) == v for k, v in wanted.items())]
+        found = [
+            s.describe(listed=True)
+            for s in self.sandboxes.values()
+            if all(s.metadata.get(k) == v for k, v in wanted.items())
+        ]
         return JSONResponse(found)
 
     async def _kill(self, request: Request) -> Response:
         sandbox = self.sandboxes.pop(request.path_params["sandbox_id"], None)
         if sandbox is None:
-            return _error(404, f"sandbox \"{request.path_params['sandbox_id']}\" doesn't exist")
+            return _error(404, f'sandbox "{request.path_params["sandbox_id"]}" doesn\'t exist')
         _kill_all(sandbox)
         return Response(status_code=204)
 
@@ -298,15 +322,29 @@ class _ProcessService:
         user, uid = self.stand_in.credentials(ctx.request_headers.get("authorization"))
         config = request.process
         home = "/root" if user == "root" else f"/home/{user}"
-        env = {"PATH": SANDBOX_PATH, "HOME": home, "USER": user, "LANG": "C.UTF-8", **sandbox.env_vars, **dict(config.envs)}
+        env = {
+            "PATH": SANDBOX_PATH,
+            "HOME": home,
+            "USER": user,
+            "LANG": "C.UTF-8",
+            **sandbox.env_vars,
+            **dict(config.envs),
+        }
         self.stand_in.commands.append(config.args[-1] if config.args else config.cmd)
         cwd = config.cwd or (home if os.path.isdir(home) else "/")
         ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
-                lambda: _ExitAwareProtocol(limit=2**16, loop=loop), config.cmd, *config.args, cwd=cwd, env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **ids,
+                lambda: _ExitAwareProtocol(limit=2**16, loop=loop),
+                config.cmd,
+                *config.args,
+                cwd=cwd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                **ids,
             )
             proc = asyncio.subprocess.Process(transport, protocol, loop)
         except OSError as exc:
@@ -334,8 +372,10 @@ class _ProcessService:
                 yield _event("data", process_pb.ProcessEvent.DataEvent(output=item))
             code = transport.get_returncode()
             status = f"exit status {code}" if code >= 0 else f"signal: {signal.Signals(-code).name.lower()[3:]}"
-            yield _event("end", process_pb.ProcessEvent.EndEvent(exit_code=code if code >= 0 else -1, exited=code >= 0,
-                                                                 status=status))
+            yield _event(
+                "end",
+                process_pb.ProcessEvent.EndEvent(exit_code=code if code >= 0 else -1, exited=code >= 0, status=status),
+            )
         finally:
             sandbox.processes.pop(proc.pid, None)
             if not finisher.done():
@@ -360,6 +400,7 @@ class _ProcessService:
     def __getattr__(self, name: str) -> Any:
         async def unimplemented(*args: Any) -> Any:
             raise ConnectError(Code.UNIMPLEMENTED, f"the stand-in does not implement process.{name}")
+
         return unimplemented
 
 

@@ -97,9 +97,7 @@ class UploadArchive:
         self.members += 1
 
 
-def extract_mirror(
-    data: bytes, mirror: Path, *, remote_root: str, max_members: int, max_bytes: int
-) -> dict[str, int]:
+def extract_mirror(data: bytes, mirror: Path, *, remote_root: str, max_members: int, max_bytes: int) -> dict[str, int]:
     """Lay out the download archive ``data`` under ``mirror``; return the true sizes (mirror path → bytes) of
     files that came only in part."""
     sizes: dict[str, int] = {}
@@ -157,7 +155,9 @@ def _place(archive: tarfile.TarFile, member: tarfile.TarInfo, mirror: Path, part
         os.close(fd)
 
 
-def _create(archive: tarfile.TarFile, member: tarfile.TarInfo, fd: int, leaf: str, mirror: Path, remote_root: str) -> None:
+def _create(
+    archive: tarfile.TarFile, member: tarfile.TarInfo, fd: int, leaf: str, mirror: Path, remote_root: str
+) -> None:
     if member.isdir():
         os.mkdir(leaf, 0o755, dir_fd=fd)
     elif member.isfile():
@@ -168,7 +168,7 @@ def _create(archive: tarfile.TarFile, member: tarfile.TarInfo, fd: int, leaf: st
     elif member.issym():
         target, root = member.linkname, remote_root.rstrip("/")
         if target == root or target.startswith(root + "/"):
-            target = str(mirror) + target[len(root):]
+            target = str(mirror) + target[len(root) :]
         os.symlink(target, leaf, dir_fd=fd)
     elif member.isfifo():
         os.mkfifo(leaf, dir_fd=fd)

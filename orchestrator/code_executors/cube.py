@@ -30,8 +30,9 @@ def create_cube_workspace_runtime(
 ) -> CubeWorkspaceRuntime:
     """A runtime that runs skill commands in Cube sandboxes: in ``executor``'s sandbox (shared with the executor's
     own code), or, without one, in a sandbox per workspace made from ``config`` (default: the environment)."""
-    return CubeWorkspaceRuntime(executor, config=config, workspace_cfg=workspace_cfg, work_root=work_root,
-                                artifact_store=artifact_store)
+    return CubeWorkspaceRuntime(
+        executor, config=config, workspace_cfg=workspace_cfg, work_root=work_root, artifact_store=artifact_store
+    )
 
 
 __all__ = [

@@ -53,10 +53,14 @@ async def test_a_workspace_keeps_its_sandbox_and_others_get_their_own(cube_runti
     assert mirrors_left(runtime) == []
 
 
-async def test_another_worker_finds_the_workspace_sandbox_by_its_metadata(cube_runtime_factory, cube_standin, shared_dir):
+async def test_another_worker_finds_the_workspace_sandbox_by_its_metadata(
+    cube_runtime_factory, cube_standin, shared_dir
+):
     mine = cube_runtime_factory()
     await mine.run(RunRequest(skill=SKILL, workspace_id="shared", command="echo from-one > $WORK_DIR/note"))
-    theirs = create_cube_workspace_runtime(config=mine.config, workspace_cfg=mine.workspace_cfg, work_root=shared_dir / "w2")
+    theirs = create_cube_workspace_runtime(
+        config=mine.config, workspace_cfg=mine.workspace_cfg, work_root=shared_dir / "w2"
+    )
     result = await theirs.run(RunRequest(skill=SKILL, workspace_id="shared", command="cat $WORK_DIR/note"))
     assert result.stdout == "from-one\n"
     assert (await theirs.executor_for("shared")).sandbox_id == (await mine.executor_for("shared")).sandbox_id
@@ -76,8 +80,10 @@ async def test_one_sandbox_serves_the_executor_and_the_workspace_runtime(cube_st
     executor = await CubeCodeExecutor.create(cube_config(cube_standin, execute_timeout=5))
     try:
         runtime = create_cube_workspace_runtime(
-            executor, workspace_cfg=CubeWorkspaceConfig(root=str(cube_remote_root(shared_dir, "remote", cube_standin))),
-            work_root=shared_dir / "local")
+            executor,
+            workspace_cfg=CubeWorkspaceConfig(root=str(cube_remote_root(shared_dir, "remote", cube_standin))),
+            work_root=shared_dir / "local",
+        )
         code = await executor.execute_code("import sys; print(sum(range(10))); sys.exit(2)")
         run = await runtime.run(RunRequest(skill=SKILL, workspace_id="w", command="python3 scripts/fib.py 3"))
         slow = await executor.execute_code("sleep 30", language="bash", timeout=1)
@@ -94,7 +100,9 @@ async def test_one_sandbox_serves_the_executor_and_the_workspace_runtime(cube_st
 
 async def test_execute_timeout_bounds_every_command_and_kills_it(cube_runtime_factory):
     runtime = cube_runtime_factory(execute_timeout=1)
-    result = await runtime.run(RunRequest(skill=SKILL, workspace_id="t", command="sleep 47.25 & sleep 47.5", timeout=60))
+    result = await runtime.run(
+        RunRequest(skill=SKILL, workspace_id="t", command="sleep 47.25 & sleep 47.5", timeout=60)
+    )
     assert (result.timed_out, result.exit_code) == (True, 124)
     assert running("47.25") == [] and running("47.5") == []
 
@@ -124,17 +132,24 @@ async def test_idle_and_closed_workspaces_lose_their_sandboxes(cube_runtime_fact
     assert busy not in cube_standin.sandboxes
 
 
-async def test_uploads_keep_modes_and_symlinks_and_only_output_heads_come_down(cube_runtime_factory, cube_standin, shared_dir):
+async def test_uploads_keep_modes_and_symlinks_and_only_output_heads_come_down(
+    cube_runtime_factory, cube_standin, shared_dir
+):
     root = shared_dir / "lib"
     skill_dir = write_skill(root, "tools", files={"scripts/run.sh": "echo ran\n", "docs/USAGE.md": "use it\n"})
     (skill_dir / "scripts" / "run.sh").chmod(0o755)
     os.symlink("docs/USAGE.md", skill_dir / "usage.md")
     runtime = cube_runtime_factory()
     before = cube_standin.downloaded_bytes
-    result = await runtime.run(RunRequest(
-        skill=SkillRef(name="tools", root=str(root), path="tools"), workspace_id="modes",
-        command="./scripts/run.sh; readlink usage.md; cat usage.md; truncate -s 50M out/huge.bin; ln -s huge.bin out/alias",
-        output_files=["out/*"], limits=RunLimits(output_file_bytes=1000)))
+    result = await runtime.run(
+        RunRequest(
+            skill=SkillRef(name="tools", root=str(root), path="tools"),
+            workspace_id="modes",
+            command="./scripts/run.sh; readlink usage.md; cat usage.md; truncate -s 50M out/huge.bin; ln -s huge.bin out/alias",
+            output_files=["out/*"],
+            limits=RunLimits(output_file_bytes=1000),
+        )
+    )
     assert result.stdout == "ran\ndocs/USAGE.md\nuse it\n", result.stderr
     assert [(f.name, f.size, f.truncated) for f in result.output_files] == [("out/huge.bin", 50 * 1024**2, True)]
     assert cube_standin.downloaded_bytes - before < 64 * 1024
@@ -149,6 +164,7 @@ async def test_a_missing_skills_root_is_refused_before_anything_runs(cube_runtim
 
 
 # ---- the remote side failing -----------------------------------------------------------------------------------
+
 
 async def test_a_wrong_api_key_says_so(cube_runtime_factory, cube_standin):
     runtime = cube_runtime_factory(api_key="wrong")
@@ -191,8 +207,10 @@ async def test_a_sandbox_that_expired_between_runs_is_replaced(cube_runtime_fact
 async def test_a_sandbox_killed_during_a_shared_run_is_an_error(cube_standin, shared_dir):
     executor = await CubeCodeExecutor.create(cube_config(cube_standin))
     runtime = create_cube_workspace_runtime(
-        executor, workspace_cfg=CubeWorkspaceConfig(root=str(cube_remote_root(shared_dir, "r", cube_standin))),
-        work_root=shared_dir / "l")
+        executor,
+        workspace_cfg=CubeWorkspaceConfig(root=str(cube_remote_root(shared_dir, "r", cube_standin))),
+        work_root=shared_dir / "l",
+    )
     cube_standin.forget(executor.sandbox_id)
     with pytest.raises(RuntimeUnavailableError, match=f"sandbox {executor.sandbox_id}.*(gone|not found)"):
         await runtime.run(RunRequest(skill=SKILL, command="true"))

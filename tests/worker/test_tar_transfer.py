@@ -55,13 +55,21 @@ def test_an_upload_keeps_modes_links_and_the_workspace_links(tmp_path):
     assert stat.S_IMODE(members["skills/demo/SKILL.md"].mode) == 0o444
     assert members["skills/demo/README.md"].linkname == "SKILL.md"
     assert {n: members[n].linkname for n in ("skills/demo/out", "skills/demo/work", "skills/demo/inputs")} == {
-        "skills/demo/out": "../../out", "skills/demo/work": "../../work", "skills/demo/inputs": "../../work/inputs"}
+        "skills/demo/out": "../../out",
+        "skills/demo/work": "../../work",
+        "skills/demo/inputs": "../../work/inputs",
+    }
     assert members["work/inputs/sub/n.txt"].size == 3 and members["work/inputs/sub"].isdir()
 
 
 def test_files_links_fifos_and_true_sizes_are_laid_out(tmp_path):
-    data = archive(("f", "out/a.txt", b"head"), ("l", "out/in", f"{REMOTE}/out/a.txt"), ("l", "out/etc", "/etc/passwd"),
-                   ("p", "out/pipe", b""), ("f", SIZES_MEMBER, b"out/a.txt\x0050000\x00"))
+    data = archive(
+        ("f", "out/a.txt", b"head"),
+        ("l", "out/in", f"{REMOTE}/out/a.txt"),
+        ("l", "out/etc", "/etc/passwd"),
+        ("p", "out/pipe", b""),
+        ("f", SIZES_MEMBER, b"out/a.txt\x0050000\x00"),
+    )
     true_sizes = extract(data, tmp_path)
     assert (tmp_path / "out/a.txt").read_bytes() == b"head"
     assert os.readlink(tmp_path / "out/in") == f"{tmp_path}/out/a.txt"  # into the remote workspace: into the mirror
@@ -83,8 +91,16 @@ def test_nothing_is_written_through_a_link(tmp_path):
     mirror, outside = tmp_path / "mirror", tmp_path / "outside"
     mirror.mkdir()
     outside.mkdir()
-    extract(archive(("l", "out", str(outside)), ("f", "out/planted", b"x"), ("l", "work", "../outside"),
-                    ("d", "work/sub", b""), ("f", "work/sub/y", b"y")), mirror)
+    extract(
+        archive(
+            ("l", "out", str(outside)),
+            ("f", "out/planted", b"x"),
+            ("l", "work", "../outside"),
+            ("d", "work/sub", b""),
+            ("f", "work/sub/y", b"y"),
+        ),
+        mirror,
+    )
     assert os.listdir(outside) == []
 
 

@@ -106,17 +106,25 @@ async def open_sandbox(config: CubeCodeExecutorConfig, metadata: dict[str, str] 
         if config.sandbox_id:
             return await AsyncSandbox.connect(config.sandbox_id, **options)
         return await AsyncSandbox.create(
-            config.template_id, timeout=config.sandbox_timeout, metadata=metadata or {},
-            allow_internet_access=config.allow_internet_access, **options,
+            config.template_id,
+            timeout=config.sandbox_timeout,
+            metadata=metadata or {},
+            allow_internet_access=config.allow_internet_access,
+            **options,
         )
     except Exception as exc:  # every SDK and transport failure, reported with what was tried
-        action = f"connecting to sandbox {config.sandbox_id}" if config.sandbox_id else (
-            f"creating a sandbox from template {config.template_id!r} at {config.api_url or 'the E2B API'}")
+        action = (
+            f"connecting to sandbox {config.sandbox_id}"
+            if config.sandbox_id
+            else (f"creating a sandbox from template {config.template_id!r} at {config.api_url or 'the E2B API'}")
+        )
         raise sandbox_error(action, exc) from exc
 
 
 @dataclass
-class _Outcome:
+class ScriptOutcome:
+    """How a script run in a sandbox ended, with its captured output decoded (marked where cut)."""
+
     outcome: ProcessOutcome
     stdout_text: str
     stderr_text: str
@@ -125,13 +133,17 @@ class _Outcome:
 class CubeCodeExecutor:
     """One Cube sandbox and the commands and code run in it."""
 
-    def __init__(self, sandbox: AsyncSandbox, config: CubeCodeExecutorConfig | None = None, *, owns_sandbox: bool = True) -> None:
+    def __init__(
+        self, sandbox: AsyncSandbox, config: CubeCodeExecutorConfig | None = None, *, owns_sandbox: bool = True
+    ) -> None:
         self.sandbox = sandbox
         self.config = config or CubeCodeExecutorConfig()
         self.owns_sandbox = owns_sandbox
 
     @classmethod
-    async def create(cls, config: CubeCodeExecutorConfig | None = None, *, metadata: dict[str, str] | None = None) -> "CubeCodeExecutor":
+    async def create(
+        cls, config: CubeCodeExecutorConfig | None = None, *, metadata: dict[str, str] | None = None
+    ) -> "CubeCodeExecutor":
         """An executor on a new sandbox (or on ``config.sandbox_id``, which it then does not kill on close)."""
         config = config or CubeCodeExecutorConfig()
         return cls(await open_sandbox(config, metadata), config, owns_sandbox=not config.sandbox_id)
@@ -140,11 +152,15 @@ class CubeCodeExecutor:
     def sandbox_id(self) -> str:
         return self.sandbox.sandbox_id
 
-    async def execute_code(self, code: str, language: str = "python", timeout: float | None = None) -> CodeExecutionResult:
+    async def execute_code(
+        self, code: str, language: str = "python", timeout: float | None = None
+    ) -> CodeExecutionResult:
         """Run a code block (``python`` or ``bash``) in the sandbox, within ``timeout`` and ``execute_timeout``."""
         interpreters = {"python": "python3", "python3": "python3", "bash": "bash", "sh": "sh"}
         if language not in interpreters:
-            raise InvalidRunRequestError("language", f"{language!r} cannot be run; use one of {', '.join(interpreters)}")
+            raise InvalidRunRequestError(
+                "language", f"{language!r} cannot be run; use one of {', '.join(interpreters)}"
+            )
         path = f"{REMOTE_TMP}/skillrun-code-{uuid.uuid4().hex}"
         try:
             await self.sandbox.files.write(path, code.encode(), user=self.config.user, use_octet_stream=True)
@@ -152,8 +168,13 @@ class CubeCodeExecutor:
             raise sandbox_error("uploading code", exc, self.sandbox_id) from exc
         script = f"{interpreters[language]} {path}; rc=$?; rm -f {path}; exit $rc"
         done = await self.run_script(script, timeout=timeout, marker=path)
-        return CodeExecutionResult(stdout=done.stdout_text, stderr=done.stderr_text, exit_code=done.outcome.exit_code,
-                                   timed_out=done.outcome.timed_out, duration_ms=done.outcome.duration_ms)
+        return CodeExecutionResult(
+            stdout=done.stdout_text,
+            stderr=done.stderr_text,
+            exit_code=done.outcome.exit_code,
+            timed_out=done.outcome.timed_out,
+            duration_ms=done.outcome.duration_ms,
+        )
 
     async def run_script(
         self,
@@ -165,7 +186,7 @@ class CubeCodeExecutor:
         cancel: asyncio.Event | None = None,
         marker: str | None = None,
         user: str | None = None,
-    ) -> _Outcome:
+    ) -> ScriptOutcome:
         """Run ``script`` with the sandbox's bash and wait for it, at most ``timeout`` (never past
         ``execute_timeout``) or until ``cancel`` is set; then every process whose environment or command line
         holds ``marker`` is killed."""
@@ -181,13 +202,19 @@ class CubeCodeExecutor:
                 if room > 0:
                     buffers[which] += data[:room]
                 omitted[which] += max(len(data) - max(room, 0), 0)
+
             return take
 
         started = time.monotonic()
         try:
             handle = await self.sandbox.commands.run(
-                script, background=True, user=user or self.config.user, timeout=0, on_stdout=sink(1),
-                on_stderr=sink(2), request_timeout=self.config.request_timeout,
+                script,
+                background=True,
+                user=user or self.config.user,
+                timeout=0,
+                on_stdout=sink(1),
+                on_stderr=sink(2),
+                request_timeout=self.config.request_timeout,
             )
         except Exception as exc:
             raise sandbox_error("starting a command", exc, self.sandbox_id) from exc
@@ -227,11 +254,21 @@ class CubeCodeExecutor:
         else:
             exit_code = code
         outcome = ProcessOutcome(
-            stdout=bytes(buffers[1]), stderr=bytes(buffers[2]), stdout_omitted=omitted[1], stderr_omitted=omitted[2],
-            exit_code=exit_code, timed_out=timed_out, cancelled=cancelled,
-            duration_ms=int((time.monotonic() - started) * 1000), notes=[],
+            stdout=bytes(buffers[1]),
+            stderr=bytes(buffers[2]),
+            stdout_omitted=omitted[1],
+            stderr_omitted=omitted[2],
+            exit_code=exit_code,
+            timed_out=timed_out,
+            cancelled=cancelled,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            notes=[],
         )
-        return _Outcome(outcome, decode_output(outcome.stdout, outcome.stdout_omitted), decode_output(outcome.stderr, outcome.stderr_omitted))
+        return ScriptOutcome(
+            outcome,
+            decode_output(outcome.stdout, outcome.stdout_omitted),
+            decode_output(outcome.stderr, outcome.stderr_omitted),
+        )
 
     def _exit_code(self, waiting: asyncio.Future) -> int:
         try:
@@ -239,7 +276,9 @@ class CubeCodeExecutor:
         except CommandExitException as exc:
             return exc.exit_code if exc.exit_code >= 0 else KILLED_EXIT_CODE
         except Exception as exc:
-            raise sandbox_error("following a command (the connection was lost while it ran)", exc, self.sandbox_id) from exc
+            raise sandbox_error(
+                "following a command (the connection was lost while it ran)", exc, self.sandbox_id
+            ) from exc
 
     async def kill_marked(self, marker: str | None) -> None:
         """SIGKILL every process of the sandbox user whose environment holds ``RUN_DIR=<marker>`` or whose command
@@ -248,8 +287,9 @@ class CubeCodeExecutor:
             return
         script = KILL_SCRIPT.format(marker=shlex.quote(marker)) + "exit 0"
         with contextlib.suppress(Exception):
-            await self.sandbox.commands.run(script, user=self.config.user, timeout=30,
-                                            request_timeout=self.config.request_timeout)
+            await self.sandbox.commands.run(
+                script, user=self.config.user, timeout=30, request_timeout=self.config.request_timeout
+            )
 
     async def close(self) -> None:
         """Kill the sandbox if this executor created it."""
@@ -259,10 +299,10 @@ class CubeCodeExecutor:
 
 
 KILL_SCRIPT = (
-    "m={marker}; for p in /proc/[0-9]*; do [ -O \"$p\" ] && [ \"$p\" != /proc/$$ ] || continue; hit=; "
-    "while IFS= read -r -d '' e; do [ \"$e\" = \"RUN_DIR=$m\" ] && hit=1 && break; done < \"$p/environ\" 2>/dev/null; "
-    "[ -z \"$hit\" ] && while IFS= read -r -d '' a; do case $a in *\"$m\"*) hit=1; break;; esac; done < \"$p/cmdline\" 2>/dev/null; "
-    "[ -n \"$hit\" ] && kill -9 \"${{p#/proc/}}\" 2>/dev/null; done\n"
+    'm={marker}; for p in /proc/[0-9]*; do [ -O "$p" ] && [ "$p" != /proc/$$ ] || continue; hit=; '
+    'while IFS= read -r -d \'\' e; do [ "$e" = "RUN_DIR=$m" ] && hit=1 && break; done < "$p/environ" 2>/dev/null; '
+    '[ -z "$hit" ] && while IFS= read -r -d \'\' a; do case $a in *"$m"*) hit=1; break;; esac; done < "$p/cmdline" 2>/dev/null; '
+    '[ -n "$hit" ] && kill -9 "${{p#/proc/}}" 2>/dev/null; done\n'
 )
 """Kill by marker, in bash builtins only (no process per candidate)."""
 
@@ -341,7 +381,9 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         disk_bytes: int | None = None,
     ) -> None:
         if disk_bytes is not None:
-            raise RuntimeUnavailableError("cube: per-workspace disk caps are set by the sandbox template, not by skillrun")
+            raise RuntimeUnavailableError(
+                "cube: per-workspace disk caps are set by the sandbox template, not by skillrun"
+            )
         self.executor = executor
         self.config = executor.config if executor is not None else (config or CubeCodeExecutorConfig())
         self.workspace_cfg = workspace_cfg or CubeWorkspaceConfig()
@@ -379,7 +421,11 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             if known is None:
                 labels = {WORKSPACE_LABEL: workspace_id, ROOT_LABEL: self.workspace_cfg.root}
                 sandbox = await self._find_sandbox(labels)
-                known = CubeCodeExecutor(sandbox, self.config) if sandbox else await CubeCodeExecutor.create(self.config, metadata=labels)
+                known = (
+                    CubeCodeExecutor(sandbox, self.config)
+                    if sandbox
+                    else await CubeCodeExecutor.create(self.config, metadata=labels)
+                )
                 self._owned[workspace_id] = known
             self._last_used[workspace_id] = time.monotonic()
             return known
@@ -402,9 +448,13 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     async def run(self, request: RunRequest, *, allow_host_paths: bool = False) -> RunResult:
         validate_request(request)
         if any(item.host_path is not None for item in request.inputs) and not allow_host_paths:
-            raise InvalidRunRequestError("inputs", "host paths are not allowed for this caller; send the content instead")
+            raise InvalidRunRequestError(
+                "inputs", "host paths are not allowed for this caller; send the content instead"
+            )
         if request.network and not self.config.allow_internet_access:
-            raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_internet_access=False)")
+            raise InvalidRunRequestError(
+                "network", "network access is not allowed on this runtime (allow_internet_access=False)"
+            )
         cancel = asyncio.Event()
         with self._lock:
             self._cancels[request.run_id] = (asyncio.get_running_loop(), cancel)
@@ -422,20 +472,30 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         executor = await self.executor_for(request.workspace_id)
         ws = self.workspace_path(request.workspace_id)
         skill_dir = f"{ws}/skills/{request.skill.name}"
-        options = {"timeout": request.timeout, "stdout_cap": request.limits.stdout_bytes,
-                   "stderr_cap": request.limits.stderr_bytes, "cancel": cancel}
+        options = {
+            "timeout": request.timeout,
+            "stdout_cap": request.limits.stdout_bytes,
+            "stderr_cap": request.limits.stderr_bytes,
+            "cancel": cancel,
+        }
         done = None
         if request.cwd is None and not request.inputs and self._staged.get(self._key(executor, request)) == signature:
             # Staged before by this process: check and make the run folder in the command's own round trip.
             run_dir = f"{ws}/runs/run_{_stamp()}"
             nonce = uuid.uuid4().hex
-            guard = FAST_GUARD.format(ws=shlex.quote(ws), skill=shlex.quote(request.skill.name),
-                                      signature=shlex.quote(signature), run=shlex.quote(run_dir), nonce=nonce,
-                                      code=FAST_MISS_EXIT_CODE)
+            guard = FAST_GUARD.format(
+                ws=shlex.quote(ws),
+                skill=shlex.quote(request.skill.name),
+                signature=shlex.quote(signature),
+                run=shlex.quote(run_dir),
+                nonce=nonce,
+                code=FAST_MISS_EXIT_CODE,
+            )
             staged = time.monotonic()
             try:
-                done = await executor.run_script(guard + self._command_script(request, ws, run_dir, skill_dir),
-                                                 marker=run_dir, **options)
+                done = await executor.run_script(
+                    guard + self._command_script(request, ws, run_dir, skill_dir), marker=run_dir, **options
+                )
             except RuntimeUnavailableError:
                 if self.executor is not None or not await self._gone(executor):
                     raise
@@ -458,8 +518,9 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             if real_cwd is not None and real_cwd != ws and not real_cwd.startswith(ws + "/"):
                 raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
             staged = time.monotonic()
-            done = await executor.run_script(self._command_script(request, ws, run_dir, real_cwd or skill_dir),
-                                             marker=run_dir, **options)
+            done = await executor.run_script(
+                self._command_script(request, ws, run_dir, real_cwd or skill_dir), marker=run_dir, **options
+            )
         outcome = done.outcome
         executed = time.monotonic()
 
@@ -467,13 +528,26 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         finished = time.monotonic()
         stderr = done.stderr_text + ("\n[skillrun: the run was cancelled]\n" if outcome.cancelled else "")
         return RunResult(
-            stdout=done.stdout_text, stderr=stderr, exit_code=outcome.exit_code, timed_out=outcome.timed_out,
-            duration_ms=outcome.duration_ms, output_files=collection.files, artifact_files=collection.artifacts,
-            run_id=request.run_id, workspace_id=request.workspace_id, runtime=self.name, worker_id=worker_id(),
-            stdout_truncated=outcome.stdout_omitted > 0, stderr_truncated=outcome.stderr_omitted > 0,
+            stdout=done.stdout_text,
+            stderr=stderr,
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            duration_ms=outcome.duration_ms,
+            output_files=collection.files,
+            artifact_files=collection.artifacts,
+            run_id=request.run_id,
+            workspace_id=request.workspace_id,
+            runtime=self.name,
+            worker_id=worker_id(),
+            stdout_truncated=outcome.stdout_omitted > 0,
+            stderr_truncated=outcome.stderr_omitted > 0,
             skipped_files=collection.skipped,
-            timings=RunTimings(stage_ms=milliseconds(staged - started), exec_ms=milliseconds(executed - staged),
-                               collect_ms=milliseconds(finished - executed), total_ms=milliseconds(finished - started)),
+            timings=RunTimings(
+                stage_ms=milliseconds(staged - started),
+                exec_ms=milliseconds(executed - staged),
+                collect_ms=milliseconds(finished - executed),
+                total_ms=milliseconds(finished - started),
+            ),
         )
 
     @staticmethod
@@ -488,11 +562,19 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         env.update(variables)
         env["SHELL"] = "/bin/bash"
         inner = remote_ulimit_prefix(request.limits) + request.command
-        return (f"cd -- {shlex.quote(cwd)} || exit 126; exec /usr/bin/env -i "
-                + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + f" /bin/bash -c {shlex.quote(inner)}")
+        return (
+            f"cd -- {shlex.quote(cwd)} || exit 126; exec /usr/bin/env -i "
+            + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+            + f" /bin/bash -c {shlex.quote(inner)}"
+        )
 
     async def _prepare(
-        self, executor: CubeCodeExecutor, request: RunRequest, source: Path, signature: str, inputs: UploadArchive | None
+        self,
+        executor: CubeCodeExecutor,
+        request: RunRequest,
+        source: Path,
+        signature: str,
+        inputs: UploadArchive | None,
     ) -> tuple[str, str, str | None]:
         """Make the workspace (idempotently), stage the skill when the sandbox lacks it, place the inputs, make
         the run folder; return the workspace, run folder and real ``cwd`` paths."""
@@ -507,38 +589,62 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 self._staged[key] = signature
                 return lines["ws"], lines["run"], lines.get("cwd")
             if with_skill:
-                raise WorkspaceError(f"cube: staging skill {request.skill.name!r} into sandbox {executor.sandbox_id} failed")
+                raise WorkspaceError(
+                    f"cube: staging skill {request.skill.name!r} into sandbox {executor.sandbox_id} failed"
+                )
             with_skill = True  # staged by someone else, changed, or cleaned up from outside: stage it again
         raise AssertionError("unreachable")
 
     async def _prep(
-        self, executor: CubeCodeExecutor, request: RunRequest, archive: UploadArchive | None, *, restage: bool, signature: str
+        self,
+        executor: CubeCodeExecutor,
+        request: RunRequest,
+        archive: UploadArchive | None,
+        *,
+        restage: bool,
+        signature: str,
     ) -> dict[str, str]:
         ws = self.workspace_path(request.workspace_id)
         upload = ""
         if archive is not None and archive.members:
             upload = f"{REMOTE_TMP}/skillrun-up-{request.run_id}-{uuid.uuid4().hex[:8]}.tar"
             try:
-                await executor.sandbox.files.write(upload, archive.getvalue(), user=self.config.user, use_octet_stream=True)
+                await executor.sandbox.files.write(
+                    upload, archive.getvalue(), user=self.config.user, use_octet_stream=True
+                )
             except Exception as exc:
                 raise sandbox_error("uploading the skill and inputs", exc, executor.sandbox_id) from exc
         cwd_check = ""
         if request.cwd is not None:
-            placeholder = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(f"{ws}/runs/run"))
+            placeholder = Workspace(request.workspace_id, Path(ws)).variables(
+                request.skill.name, Path(f"{ws}/runs/run")
+            )
             target = resolve_cwd(request.cwd, placeholder, f"{ws}/skills/{request.skill.name}")
             cwd_check = f'cd -- {shlex.quote(target)} 2>/dev/null && [ -d . ] && echo "cwd=$(pwd -P)" || echo "cwd=-"'
-        metadata = json.dumps({"workspace_id": request.workspace_id, "runtime": "cube",
-                               "created_at": datetime.now(timezone.utc).isoformat()})
+        metadata = json.dumps(
+            {
+                "workspace_id": request.workspace_id,
+                "runtime": "cube",
+                "created_at": datetime.now(timezone.utc).isoformat(),
+            }
+        )
         script = PREP_SCRIPT.format(
-            ws=shlex.quote(ws), skill=shlex.quote(request.skill.name), upload=shlex.quote(upload),
-            restage="1" if restage else "''", signature=shlex.quote(signature),
-            stamp=_stamp(), metadata=METADATA_FILE,
-            metadata_json=shlex.quote(metadata), cwd_check=cwd_check,
+            ws=shlex.quote(ws),
+            skill=shlex.quote(request.skill.name),
+            upload=shlex.quote(upload),
+            restage="1" if restage else "''",
+            signature=shlex.quote(signature),
+            stamp=_stamp(),
+            metadata=METADATA_FILE,
+            metadata_json=shlex.quote(metadata),
+            cwd_check=cwd_check,
         )
         done = await executor.run_script(script, timeout=min(60.0, self.config.execute_timeout))
         if done.outcome.exit_code != 0:
-            raise WorkspaceError(f"cube: preparing workspace {request.workspace_id!r} in sandbox {executor.sandbox_id} "
-                                 f"failed (exit {done.outcome.exit_code}): {done.stderr_text.strip()}")
+            raise WorkspaceError(
+                f"cube: preparing workspace {request.workspace_id!r} in sandbox {executor.sandbox_id} "
+                f"failed (exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
+            )
         lines = {"ws": ws}
         for line in done.stdout_text.splitlines():
             key, sep, value = line.partition("=")
@@ -569,19 +675,25 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             if item.host_path is None:
                 data = item.content or b""
                 if len(data) > self.input_file_bytes:
-                    raise InvalidRunRequestError("inputs", f"input {item.name!r} is {len(data)} bytes; the limit is {self.input_file_bytes}")
+                    raise InvalidRunRequestError(
+                        "inputs", f"input {item.name!r} is {len(data)} bytes; the limit is {self.input_file_bytes}"
+                    )
                 archive.add_input(rel, data, len(data))
                 continue
             try:
                 f = open(item.host_path, "rb")  # noqa: SIM115 - closed below
             except OSError as exc:
-                raise InvalidRunRequestError("inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}") from exc
+                raise InvalidRunRequestError(
+                    "inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}"
+                ) from exc
             with f:
                 info = os.fstat(f.fileno())
                 if not stat.S_ISREG(info.st_mode):
                     raise InvalidRunRequestError("inputs", f"host path {item.host_path!r} is not a regular file")
                 if info.st_size > self.input_file_bytes:
-                    raise InvalidRunRequestError("inputs", f"input {item.name!r} is {info.st_size} bytes; the limit is {self.input_file_bytes}")
+                    raise InvalidRunRequestError(
+                        "inputs", f"input {item.name!r} is {info.st_size} bytes; the limit is {self.input_file_bytes}"
+                    )
                 archive.add_input(rel, f, info.st_size)
 
     async def _collect(self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str) -> Collection:
@@ -613,7 +725,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         skill_dir = mirror / "skills" / request.skill.name
         for pattern in patterns:
             absolute = pattern if pattern.startswith("/") else str(skill_dir / pattern)
-            remote = ws + absolute[len(str(mirror)):]
+            remote = ws + absolute[len(str(mirror)) :]
             segments = remote.split("/")
             # The literal folder the pattern starts from; a literal file is found by name in its folder, so a
             # link there is sent as a link (and refused in collection like anywhere else).
@@ -621,15 +733,23 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             base = "/".join(segments[:literal]) or "/"
             rest = "/".join(segments[literal:]).replace("**/", "*").replace("**", "*")
             listing += base.encode() + b"\0" + rest.encode() + b"\0"
-        script = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + PACK_SCRIPT.format(ws=shlex.quote(ws), cap=cap, budget=budget, most=limits.output_max_files + 1,
-                                    sizes=SIZES_MEMBER, patterns=base64.b64encode(bytes(listing)).decode())
+        script = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + PACK_SCRIPT.format(
+            ws=shlex.quote(ws),
+            cap=cap,
+            budget=budget,
+            most=limits.output_max_files + 1,
+            sizes=SIZES_MEMBER,
+            patterns=base64.b64encode(bytes(listing)).decode(),
+        )
         done = await executor.run_script(script, timeout=min(120.0, self.config.execute_timeout))
         remote_dir = next((line[4:] for line in done.stdout_text.splitlines() if line.startswith("dir=")), "")
         if done.outcome.exit_code != 0:
             if remote_dir:
                 self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(remote_dir)}", timeout=30))
-            raise WorkspaceError(f"cube: packing the outputs of run {request.run_id} failed "
-                                 f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}")
+            raise WorkspaceError(
+                f"cube: packing the outputs of run {request.run_id} failed "
+                f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
+            )
         try:
             data = await executor.sandbox.files.read(f"{remote_dir}/out.tar", format="bytes", user=self.config.user)
         except Exception as exc:
@@ -645,13 +765,21 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             os.symlink(target, skill_dir / entry)
         limits = request.limits
         budget = ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes
-        sizes = extract_mirror(data, mirror, remote_root=ws, max_members=3 * (limits.output_max_files + 1) + 1,
-                               max_bytes=budget)
+        sizes = extract_mirror(
+            data, mirror, remote_root=ws, max_members=3 * (limits.output_max_files + 1) + 1, max_bytes=budget
+        )
         mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
         patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
         sink = self._artifact_sink(request.workspace_id) if request.save_as_artifacts else None
-        return collect_outputs(patterns, workspace_root=mirror, skill_dir=skill_dir, limits=limits,
-                               omit_inline_content=request.omit_inline_content, artifact_sink=sink, true_sizes=sizes)
+        return collect_outputs(
+            patterns,
+            workspace_root=mirror,
+            skill_dir=skill_dir,
+            limits=limits,
+            omit_inline_content=request.omit_inline_content,
+            artifact_sink=sink,
+            true_sizes=sizes,
+        )
 
     def _artifact_sink(self, scope: str) -> ArtifactSink:
         store = self.artifact_store
@@ -738,6 +866,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
 
 __all__ = [
     "CodeExecutionResult",
+    "ScriptOutcome",
     "CubeCodeExecutor",
     "CubeWorkspaceRuntime",
     "open_sandbox",
