@@ -93,13 +93,12 @@ def ulimit_prefix(limits: RunLimits, *, dedicated_user: bool) -> str:
 
 def remote_ulimit_prefix(limits: RunLimits) -> str:
     """A ``ulimit`` line for a shell on another machine, whose hard limits are not known here: each limit is
-    lowered to ``limits`` or to that machine's hard limit, whichever is lower (the sandbox user is dedicated,
-    so the process count is limited too)."""
+    lowered to ``limits``, or to that machine's hard limit where that is lower (the sandbox user is dedicated, so
+    the process count is limited too). Builtins only: no process is started for it."""
     flags = [*_ULIMIT_FLAGS, ("-u", resource.RLIMIT_NPROC, "processes", 1)]
-    lines = "".join(f"_l {flag} {max(getattr(limits, field) // divisor, 1)}; " for flag, _, field, divisor in flags)
-    return (
-        '_l() { _h=$(ulimit -H "$1"); if [ "$_h" = unlimited ] || [ "$_h" -gt "$2" ]; then ulimit -S -H "$1" "$2"; '
-        'else ulimit -S "$1" "$_h"; fi || exit 125; }; ' + lines + "unset -f _l; unset _h; "
+    return "".join(
+        f"{{ ulimit -S -H {flag} {max(getattr(limits, field) // divisor, 1)} || ulimit -S {flag} hard; }} 2>/dev/null; "
+        for flag, _, field, divisor in flags
     )
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from e2b import AsyncSandbox, SandboxQuery
 from e2b.exceptions import (
     AuthenticationException,
+    FileNotFoundException,
     NotFoundException,
     SandboxException,
     SandboxNotRunningException,
@@ -332,12 +333,11 @@ if [ "$have" != {signature} ] || ! mkdir -p -- {ws}/work/inputs {ws}/out 2>/dev/
 """Before a command in a workspace this process staged: the skill is still there, unchanged, and the run folder
 is new; else the command is not run, and the runtime takes the full way (``PREP_SCRIPT``)."""
 
-PACK_SCRIPT = """set -u
-ws={ws}; cap={cap}; budget={budget}; most={most}
-t=$(mktemp -d) || exit 3; : > "$t/list"; : > "$t/heads.list"; : > "$t/{sizes}"; mkdir "$t/heads"; n=0
-echo "dir=$t"
+PACK_SCRIPT = """(set -u
+ws={ws}; t={pack_dir}; cap={cap}; budget={budget}; most={most}
+mkdir -m 700 -- "$t" && mkdir "$t/heads" && : > "$t/list" && : > "$t/heads.list" && : > "$t/{sizes}" || exit 3
 printf %s {patterns} | base64 -d > "$t/patterns" || exit 3
-cd -- "$ws" || exit 3
+cd -- "$ws" || exit 3; n=0
 while IFS= read -r -d '' base && IFS= read -r -d '' rest; do
   real=$(realpath -e -- "$base" 2>/dev/null) || continue
   case "$real" in "$ws") rel=.;; "$ws"/*) rel="./${{real#"$ws"/}}";; *) continue;; esac
@@ -354,10 +354,14 @@ while IFS= read -r -d '' base && IFS= read -r -d '' rest; do
       fi
     fi
     printf '%s\\0' "$path" >> "$t/list"
-  done < <(find "$rel" -path "$pat" \\( -type f -o -type l -o -type p -o -type c -o -type b -o -type s \\) -printf '%y %s %p\\0' 2>/dev/null)
+  done < <(find "$rel" -path "$pat" \\( -type f -o -type l -o -type p -o -type c -o -type b -o -type s \\) \\
+             -printf '%y %s %p\\0' 2>/dev/null)
 done < "$t/patterns"
-tar -cf "$t/out.tar" --null --no-recursion --hard-dereference -C "$ws" -T "$t/list" -C "$t/heads" -T "$t/heads.list" -C "$t" {sizes} || exit 4
+tar -cf "$t/out.tar" --null --no-recursion --hard-dereference -C "$ws" -T "$t/list" -C "$t/heads" -T "$t/heads.list" \\
+  -C "$t" {sizes} || exit 4)
 """
+"""Pack what output patterns may match into ``<pack_dir>/out.tar``: whole files up to the per-file cap and the
+byte budget, heads of longer ones (their true sizes in the sizes member), links, FIFOs and devices as they are."""
 
 
 def _stamp() -> str:
@@ -472,6 +476,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         executor = await self.executor_for(request.workspace_id)
         ws = self.workspace_path(request.workspace_id)
         skill_dir = f"{ws}/skills/{request.skill.name}"
+        pack_dir = f"{REMOTE_TMP}/skillrun-pack-{uuid.uuid4().hex}"
         options = {
             "timeout": request.timeout,
             "stdout_cap": request.limits.stdout_bytes,
@@ -494,7 +499,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             staged = time.monotonic()
             try:
                 done = await executor.run_script(
-                    guard + self._command_script(request, ws, run_dir, skill_dir), marker=run_dir, **options
+                    guard + self._command_script(request, ws, run_dir, skill_dir, pack_dir), marker=run_dir, **options
                 )
             except RuntimeUnavailableError:
                 if self.executor is not None or not await self._gone(executor):
@@ -519,12 +524,13 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
             staged = time.monotonic()
             done = await executor.run_script(
-                self._command_script(request, ws, run_dir, real_cwd or skill_dir), marker=run_dir, **options
+                self._command_script(request, ws, run_dir, real_cwd or skill_dir, pack_dir), marker=run_dir, **options
             )
         outcome = done.outcome
         executed = time.monotonic()
 
-        collection = await self._collect(executor, request, ws, run_dir)
+        packed = not (outcome.timed_out or outcome.cancelled)
+        collection = await self._collect(executor, request, ws, run_dir, pack_dir, packed)
         finished = time.monotonic()
         stderr = done.stderr_text + ("\n[skillrun: the run was cancelled]\n" if outcome.cancelled else "")
         return RunResult(
@@ -554,18 +560,49 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     def _key(executor: CubeCodeExecutor, request: RunRequest) -> tuple[str, str, str]:
         return executor.sandbox_id, request.workspace_id, request.skill.name
 
-    def _command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str) -> str:
-        """Enter ``cwd`` and replace the shell with the command under ``env -i`` (the environment from scratch)."""
+    def _command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str, pack_dir: str) -> str:
+        """Enter ``cwd`` and run the command under ``env -i`` (the environment from scratch); once it has exited,
+        in the same round trip, kill what it left running and pack its outputs into ``pack_dir``; exit with the
+        command's status."""
         variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
         env = {"PATH": defaults.SANDBOX_PATH, "HOME": run_dir, "TMPDIR": run_dir, "LANG": defaults.SANDBOX_LANG}
         env.update(request.env)
         env.update(variables)
         env["SHELL"] = "/bin/bash"
         inner = remote_ulimit_prefix(request.limits) + request.command
-        return (
-            f"cd -- {shlex.quote(cwd)} || exit 126; exec /usr/bin/env -i "
+        command = (
+            "/usr/bin/env -i "
             + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
             + f" /bin/bash -c {shlex.quote(inner)}"
+        )
+        after = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + self._pack_script(request, ws, pack_dir)
+        return f"cd -- {shlex.quote(cwd)} || exit 126\n{command} </dev/null; rc=$?\nexec >/dev/null 2>&1\n{after}exit $rc\n"
+
+    def _pack_script(self, request: RunRequest, ws: str, pack_dir: str) -> str:
+        """The script that packs what the request's output patterns may match (nothing when it has none)."""
+        variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(f"{ws}/runs/run"))
+        patterns = resolve_patterns(request.output_files, variables, Path(ws))
+        if not patterns:
+            return ""
+        listing = bytearray()
+        skill_dir = f"{ws}/skills/{request.skill.name}"
+        for pattern in patterns:
+            segments = (pattern if pattern.startswith("/") else f"{skill_dir}/{pattern}").split("/")
+            # The literal folder the pattern starts from; a literal file is found by name in its folder, so a
+            # link there is sent as a link (and refused in collection like anywhere else).
+            literal = next((i for i, s in enumerate(segments) if any(c in s for c in "*?[")), len(segments) - 1)
+            base = "/".join(segments[:literal]) or "/"
+            rest = "/".join(segments[literal:]).replace("**/", "*").replace("**", "*")
+            listing += base.encode() + b"\0" + rest.encode() + b"\0"
+        limits = request.limits
+        return PACK_SCRIPT.format(
+            ws=shlex.quote(ws),
+            pack_dir=shlex.quote(pack_dir),
+            cap=-1 if request.save_as_artifacts else limits.output_file_bytes,
+            budget=ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes,
+            most=limits.output_max_files + 1,
+            sizes=SIZES_MEMBER,
+            patterns=base64.b64encode(bytes(listing)).decode(),
         )
 
     async def _prepare(
@@ -696,65 +733,47 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                     )
                 archive.add_input(rel, f, info.st_size)
 
-    async def _collect(self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str) -> Collection:
-        """Kill what the run left behind; fetch and collect its outputs through a local mirror."""
+    async def _collect(
+        self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str, pack_dir: str, packed: bool
+    ) -> Collection:
+        """Fetch the outputs the command's round trip packed (or, after a timeout or cancel, kill what is left and
+        pack them now) and collect them through a local mirror."""
+        pack = self._pack_script(request, ws, pack_dir)
+        if not pack:
+            return Collection()
         mirror = Path(tempfile.mkdtemp(prefix=f"cube-{request.run_id[:12]}-", dir=self._mirror_parent()))
         try:
-            mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
-            patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
-            if not patterns:
-                self._in_background(executor.kill_marked(run_dir))
-                return Collection()
-            data, remote_dir = await self._pack(executor, request, ws, run_dir, mirror, patterns)
+            if not packed:
+                await self._pack(executor, request, run_dir, pack)
             try:
-                return await asyncio.to_thread(self._collect_mirror, data, mirror, ws, request)
-            finally:
-                self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(remote_dir)}", timeout=30))
+                data = await self._download(executor, f"{pack_dir}/out.tar")
+            except RuntimeUnavailableError as exc:
+                if not isinstance(exc.__cause__, FileNotFoundException):
+                    raise
+                # The command's round trip did not pack (its pack step failed): again, on its own, with the reason.
+                await self._pack(executor, request, run_dir, f"rm -rf -- {shlex.quote(pack_dir)}\n{pack}")
+                data = await self._download(executor, f"{pack_dir}/out.tar")
+            return await asyncio.to_thread(self._collect_mirror, data, mirror, ws, request)
         finally:
+            self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(pack_dir)}", timeout=30))
             await asyncio.to_thread(shutil.rmtree, mirror, True)
 
-    async def _pack(
-        self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str, mirror: Path, patterns: list[str]
-    ) -> tuple[bytes, str]:
-        """Kill what the run left running and pack the files the patterns may match, in one round trip; fetch
-        the archive."""
-        limits = request.limits
-        cap = -1 if request.save_as_artifacts else limits.output_file_bytes
-        budget = ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes
-        listing = bytearray()
-        skill_dir = mirror / "skills" / request.skill.name
-        for pattern in patterns:
-            absolute = pattern if pattern.startswith("/") else str(skill_dir / pattern)
-            remote = ws + absolute[len(str(mirror)) :]
-            segments = remote.split("/")
-            # The literal folder the pattern starts from; a literal file is found by name in its folder, so a
-            # link there is sent as a link (and refused in collection like anywhere else).
-            literal = next((i for i, s in enumerate(segments) if any(c in s for c in "*?[")), len(segments) - 1)
-            base = "/".join(segments[:literal]) or "/"
-            rest = "/".join(segments[literal:]).replace("**/", "*").replace("**", "*")
-            listing += base.encode() + b"\0" + rest.encode() + b"\0"
-        script = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + PACK_SCRIPT.format(
-            ws=shlex.quote(ws),
-            cap=cap,
-            budget=budget,
-            most=limits.output_max_files + 1,
-            sizes=SIZES_MEMBER,
-            patterns=base64.b64encode(bytes(listing)).decode(),
+    async def _pack(self, executor: CubeCodeExecutor, request: RunRequest, run_dir: str, pack: str) -> None:
+        """Kill what the run left running and pack its outputs, in a round trip of its own."""
+        done = await executor.run_script(
+            KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + pack, timeout=min(120.0, self.config.execute_timeout)
         )
-        done = await executor.run_script(script, timeout=min(120.0, self.config.execute_timeout))
-        remote_dir = next((line[4:] for line in done.stdout_text.splitlines() if line.startswith("dir=")), "")
         if done.outcome.exit_code != 0:
-            if remote_dir:
-                self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(remote_dir)}", timeout=30))
             raise WorkspaceError(
                 f"cube: packing the outputs of run {request.run_id} failed "
                 f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
             )
+
+    async def _download(self, executor: CubeCodeExecutor, path: str) -> bytes:
         try:
-            data = await executor.sandbox.files.read(f"{remote_dir}/out.tar", format="bytes", user=self.config.user)
+            return bytes(await executor.sandbox.files.read(path, format="bytes", user=self.config.user))
         except Exception as exc:
             raise sandbox_error("downloading the outputs", exc, executor.sandbox_id) from exc
-        return bytes(data), remote_dir
 
     def _collect_mirror(self, data: bytes, mirror: Path, ws: str, request: RunRequest) -> Collection:
         for d in ("skills", "work/inputs", "out", "runs"):
