@@ -48,7 +48,7 @@ async def main() -> None:
     redis_server = RedisServer()
     env = {**os.environ, "SKILLRUN_WORK_ROOT": str(work / "queue"), "SKILLRUN_ARTIFACTS_DIR": str(work / "artifacts")}
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url()], env=env, cwd=ROOT)
-    repository = create_default_skill_repository(str(ROOT / "skills"))
+    repository = create_default_skill_repository(str(ROOT / "skills"), use_cached_repository=True)  # as the API has it
     ref = repository.skill_ref("python-math")
     inline = InlineDispatcher({"local": LocalWorkspaceRuntime(work / "inline")})
     queue = QueueDispatcher(redis_server.url())

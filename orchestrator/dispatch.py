@@ -189,7 +189,7 @@ class QueueDispatcher(BaseDispatcher):
             execute_run, record.id,
             job_id=f"{record.id}-{record.attempts + 1}",
             job_timeout=int(record.request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS),
-            result_ttl=0, failure_ttl=self.result_ttl, at_front=priority,  # the run record keeps the result
+            result_ttl=defaults.JOB_RESULT_TTL_SECONDS, failure_ttl=self.result_ttl, at_front=priority,
         )
 
     async def get(self, run_id: str) -> RunRecord | None:

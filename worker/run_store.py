@@ -374,6 +374,30 @@ class RedisRunStore(BaseRunStore):
             entries = self.redis.xrange(key)
         return [RunEvent.model_validate_json(fields[b"event"]) for _, fields in entries[after:]]
 
+    def wait(self, run_id: str, timeout: float) -> RunRecord | None:
+        """The record once it is done, or as it is after ``timeout`` seconds: blocks on the run's event stream and
+        reads the record again only when an event arrives (or, when none does, checks the worker still beats)."""
+        deadline = time.monotonic() + timeout
+        key = self._key(run_id, "events")
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self._key(run_id))
+            pipe.xrevrange(key, count=1)
+            raw, newest = pipe.execute()
+        record = RunRecord.model_validate_json(raw) if raw else None
+        last = newest[0][0] if newest else b"0-0"
+        while record is not None and not record.status.done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            block = min(remaining, MAX_BLOCK_SECONDS, defaults.HEARTBEAT_TTL_SECONDS / 2)
+            arrived = self.redis.xread({key: last}, block=max(int(block * 1000), 1))
+            if arrived:
+                last = arrived[0][1][-1][0]
+                record = self.get(run_id)
+            elif record.status == RunStatus.STARTED and not self.alive(record):
+                break
+        return record
+
     def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
         index = f"{self.prefix}:index" if owner is None else f"{self.prefix}:index:{owner}"
         ids = self.redis.zrevrange(index, 0, max(limit * 5, 500))

@@ -3,6 +3,8 @@ answered 401. Routes get the caller's team and show it only its own objects (oth
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -12,14 +14,14 @@ from orchestrator.teams import Team
 bearer = HTTPBearer(auto_error=False, description="A team API key: skillrun keys create TEAM")
 
 
-def current_team(
+async def current_team(
     credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     services: Services = Depends(get_services),
 ) -> Team:
     if credentials is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing API key: send 'Authorization: Bearer <key>'",
                             headers={"WWW-Authenticate": "Bearer"})
-    team = services.teams.authenticate(credentials.credentials)
+    team = await asyncio.to_thread(services.teams.authenticate, credentials.credentials)  # reads the key store
     if team is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"})
     return team

@@ -59,5 +59,6 @@ class Services:
         self.teams.docs.close()
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    """The app's services (a coroutine, so FastAPI resolves it without a worker-thread hop)."""
     return request.app.state.services

@@ -16,7 +16,7 @@ from orchestrator.api.schemas import RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import DispatchError, SkillNotFoundError
 from orchestrator.teams import Team
-from worker.contract import InputFile, RunRequest
+from worker.contract import InputFile, RunRequest, SkillRef
 from worker.errors import ArtifactError, WorkerError
 from worker.run_store import RunRecord, RunStatus
 from worker.validation import validate_request
@@ -35,6 +35,10 @@ async def _record(services: Services, run_id: str, team: Team) -> RunRecord:
     return record
 
 
+def _skill_ref(services: Services, team: Team, name: str) -> SkillRef:
+    return services.repository_for(team).skill_ref(name)
+
+
 @router.post("", response_model=RunPublic, status_code=status.HTTP_202_ACCEPTED)
 async def submit_run(
     body: RunCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
@@ -42,7 +46,7 @@ async def submit_run(
     """Accept a run; it executes in the background (in this process, or on a worker when Redis is configured).
     The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given)."""
     try:
-        ref = services.repository_for(team).skill_ref(body.skill)
+        ref = await asyncio.to_thread(_skill_ref, services, team, body.skill)  # reads the team's library records
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id"})
