@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults
@@ -61,6 +61,12 @@ class CubeCodeExecutorConfig(BaseSettings):
     allow_internet_access: bool = Field(default=False, validation_alias="CUBE_ALLOW_INTERNET",
                                         description="Give new sandboxes internet access (runs may then ask for network).")
     http_version: Literal["1.1", "2"] | None = Field(default=None, validation_alias="E2B_HTTP_VERSION")
+
+    @field_validator("api_url", "api_key", "sandbox_url", "domain", "sandbox_id", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: object) -> object:
+        """An empty variable (as Compose passes an unset one) means unset."""
+        return None if value == "" else value
 
     def connection_options(self) -> dict[str, object]:
         """The keyword arguments the ``e2b`` SDK takes for these settings."""
