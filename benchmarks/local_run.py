@@ -42,7 +42,7 @@ async def main() -> None:
     as_root = os.geteuid() == 0
     shared_runtime = LocalWorkspaceRuntime(work_root / "shared", isolate_users=False) if as_root else None
     skill = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
-    bare, warm, cold, shared = [], [], [], []
+    bare, warm, cold, shared, cold_bare = [], [], [], [], []
     try:
         await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
         if shared_runtime is not None:
@@ -60,28 +60,35 @@ async def main() -> None:
             # not land on the next series.
             await runtime.idle()
 
-            t = time.perf_counter()
-            result = await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id=f"cold-{i}"))
-            cold.append(time.perf_counter() - t)
-            assert result.exit_code == 0, result.stderr
-
             if shared_runtime is not None:
                 t = time.perf_counter()
                 result = await shared_runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
                 shared.append(time.perf_counter() - t)
             if (i + 1) % 50 == 0:
-                print(f"  {i + 1}/{args.runs} runs of each", file=sys.stderr)
+                print(f"  {i + 1}/{args.runs} warm runs of each", file=sys.stderr)
+        # New workspaces in a phase of their own: each leaves the kernel tearing down its network namespace for
+        # a while after the run, which would otherwise land on whichever warm measurement came next.
+        for i in range(args.runs):
+            t = time.perf_counter()
+            subprocess.run(["bash", "-c", args.command], capture_output=True)
+            cold_bare.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            result = await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id=f"cold-{i}"))
+            cold.append(time.perf_counter() - t)
+            assert result.exit_code == 0, result.stderr
+            if (i + 1) % 50 == 0:
+                print(f"  {i + 1}/{args.runs} cold runs", file=sys.stderr)
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
 
-    bare_med, _ = summary_ms(bare)
     print(f"local runtime vs bare bash -c, {args.runs} runs each, command {args.command!r}, "
           f"{'root (per-workspace users)' if as_root else 'non-root'}")
     print(f"{'series':<10} {'median ms':>10} {'p95 ms':>8} {'ratio (median)':>15}")
-    series = [("bare", bare), ("warm", warm), ("cold", cold)] + ([("shared-uid", shared)] if shared else [])
-    for name, samples in series:
-        med, p95 = summary_ms(samples)
-        print(f"{name:<10} {med:>10.2f} {p95:>8.2f} {med / bare_med:>15.2f}")
+    series = [("bare", bare, bare), ("warm", warm, bare)] + ([("shared-uid", shared, bare)] if shared else [])
+    series += [("bare", cold_bare, cold_bare), ("cold", cold, cold_bare)]
+    for name, samples, baseline in series:
+        (med, p95), (base, _) = summary_ms(samples), summary_ms(baseline)
+        print(f"{name:<10} {med:>10.2f} {p95:>8.2f} {med / base:>15.2f}")
 
 
 if __name__ == "__main__":
