@@ -135,7 +135,7 @@ def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spaw
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        pid = spawner.spawn(argv, env, cwd, out_w, err_w)
+        spawned = spawner.spawn(argv, env, cwd, out_w, err_w)
     except BaseException:
         os.close(out_r)
         os.close(err_r)
@@ -143,7 +143,7 @@ def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spaw
     finally:
         os.close(out_w)
         os.close(err_w)
-    return _Started(pid, out_r, err_r, lambda: spawner.exit_status(pid))
+    return _Started(spawned.pid, out_r, err_r, spawned.exit_status)
 
 
 def run_process(

@@ -8,21 +8,25 @@ pipes it was handed, and it reports each child's exit status. It holds nothing t
 reach: it runs as the same unprivileged user. The host process keeps every kill (it is root and signals the
 process group) and every deadline.
 
-Wire format (``SOCK_SEQPACKET``, one JSON object per message): host → spawner
-``{"argv", "env", "cwd"}`` with the stdout and stderr write ends as ``SCM_RIGHTS``; spawner → host
-``{"ready": true}`` once, ``{"pid": n}`` or ``{"error": "..."}`` per request, ``{"exited": pid, "status": code}``
-per child (``status`` as ``os.waitstatus_to_exitcode``: negative for a signal).
+Wire format. Host → spawner, over ``SOCK_SEQPACKET``, one JSON object per message: ``{"argv", "env", "cwd"}``
+with three descriptors as ``SCM_RIGHTS``: the stdout and stderr write ends and the write end of a control pipe
+of that run. The spawner answers on the control pipe, one JSON line each: ``{"pid": n}`` (or ``{"error": "..."}``)
+at once, then ``{"exited": pid, "status": code}`` when it reaps the child (``status`` as
+``os.waitstatus_to_exitcode``: negative for a signal), and closes it. The run's own thread reads its control pipe
+directly: no other thread stands between a command and its caller. The socket itself carries only
+``{"ready": true}`` once, and its end tells that the spawner stopped.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
+import select
 import socket
 import stat
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from worker.errors import WorkerError
@@ -40,9 +44,15 @@ wake_r, wake_w = os.pipe()
 os.set_blocking(wake_w, False)
 signal.set_wakeup_fd(wake_w)
 signal.signal(signal.SIGCHLD, lambda *a: None)
-def send(obj):
-    sock.send(json.dumps(obj).encode())
-send({"ready": True})
+controls = {}
+def tell(fd, obj, last=False):
+    try:
+        os.write(fd, json.dumps(obj).encode() + b"\n")
+    except OSError:
+        pass
+    if last:
+        os.close(fd)
+sock.send(json.dumps({"ready": True}).encode())
 while True:
     try:
         ready, _, _ = select.select([sock, wake_r], [], [])
@@ -57,14 +67,20 @@ while True:
                 break
             if pid == 0:
                 break
-            send({"exited": pid, "status": os.waitstatus_to_exitcode(status)})
+            if pid in controls:
+                tell(controls.pop(pid), {"exited": pid, "status": os.waitstatus_to_exitcode(status)}, last=True)
     if sock in ready:
-        data, fds, _, _ = socket.recv_fds(sock, %(max)d, 2)
+        data, fds, _, _ = socket.recv_fds(sock, %(max)d, 3)
         if not data:
             break
-        try:
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        if len(fds) != 3:
             for fd in fds:
-                os.set_inheritable(fd, False)
+                os.close(fd)
+            continue
+        control = fds[2]
+        try:
             req = json.loads(data)
             os.chdir(req["cwd"])
             actions = [
@@ -76,12 +92,13 @@ while True:
                 req["argv"][0], req["argv"], req["env"], file_actions=actions, setpgroup=0,
                 setsigdef=(signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ),
             )
-            send({"pid": pid})
+            controls[pid] = control
+            tell(control, {"pid": pid})
         except Exception as exc:
-            send({"error": f"{type(exc).__name__}: {exc}"})
+            tell(control, {"error": f"{type(exc).__name__}: {exc}"}, last=True)
         finally:
-            for fd in fds:
-                os.close(fd)
+            os.close(fds[0])
+            os.close(fds[1])
             os.chdir("/")
 """ % {"max": MAX_MESSAGE_BYTES}
 
@@ -128,13 +145,9 @@ class Spawner:
             )
         finally:
             child_sock.close()
-        self._replies: queue.Queue[dict] = queue.Queue()
-        self._statuses: dict[int, int] = {}
-        self._status_changed = threading.Condition()
-        self._spawn_lock = threading.Lock()
         self._ready = threading.Event()
         self._alive = True
-        self._reader = threading.Thread(target=self._read, name=f"spawner-{uid}", daemon=True)
+        self._reader = threading.Thread(target=self._watch, name=f"spawner-{uid}", daemon=True)
         self._reader.start()
 
     @property
@@ -152,29 +165,31 @@ class Spawner:
     def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
         return self._ready.wait(timeout) and self._alive
 
-    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int) -> int:
-        """Start ``argv`` as the workspace user in a new process group; return its pid."""
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int) -> "Spawned":
+        """Start ``argv`` as the workspace user in a new process group, its output on the given descriptors."""
         if not self.ready:
             raise SpawnerError("the spawner is not running")
         message = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
         if len(message) > MAX_MESSAGE_BYTES:
             raise SpawnerError("the command and its environment are too large for the spawner")
-        with self._spawn_lock:
-            try:
-                socket.send_fds(self._sock, [message], [stdout_fd, stderr_fd])
-                reply = self._replies.get(timeout=REPLY_TIMEOUT_SECONDS)
-            except (OSError, queue.Empty) as exc:
+        control_r, control_w = os.pipe()
+        try:
+            socket.send_fds(self._sock, [message], [stdout_fd, stderr_fd, control_w])
+        except OSError as exc:
+            os.close(control_r)
+            self.close()
+            raise SpawnerError(f"the spawner did not take the command: {exc}") from exc
+        finally:
+            os.close(control_w)
+        spawned = Spawned(control_r)
+        reply = spawned.next_message(REPLY_TIMEOUT_SECONDS)
+        if reply is None or "pid" not in reply:
+            spawned.close()
+            if reply is None:
                 self.close()
-                raise SpawnerError(f"the spawner did not answer: {exc}") from exc
-        if "pid" not in reply:
-            raise SpawnerError(reply.get("error", "the spawner stopped"))
-        return int(reply["pid"])
-
-    def exit_status(self, pid: int, timeout: float = STATUS_TIMEOUT_SECONDS) -> int | None:
-        """The exit status of a spawned process (negative for a signal), once the spawner has reaped it."""
-        with self._status_changed:
-            self._status_changed.wait_for(lambda: pid in self._statuses or not self._alive, timeout)
-            return self._statuses.pop(pid, None)
+            raise SpawnerError((reply or {}).get("error", "the spawner did not answer"))
+        spawned.pid = int(reply["pid"])
+        return spawned
 
     def close(self) -> None:
         self._alive = False
@@ -189,25 +204,54 @@ class Spawner:
             self._proc.kill()
             self._proc.wait()
 
-    def _read(self) -> None:
+    def _watch(self) -> None:
+        """Notice the spawner's ready message, and its end."""
         try:
             while True:
                 data = self._sock.recv(MAX_MESSAGE_BYTES)
                 if not data:
                     break
-                message = json.loads(data)
-                if "exited" in message:
-                    with self._status_changed:
-                        self._statuses[int(message["exited"])] = int(message["status"])
-                        self._status_changed.notify_all()
-                elif "ready" in message:
+                if json.loads(data).get("ready"):
                     self._ready.set()
-                else:
-                    self._replies.put(message)
         except (OSError, ValueError):
             pass
         finally:
             self._alive = False
-            self._replies.put({"error": "the spawner stopped"})
-            with self._status_changed:
-                self._status_changed.notify_all()
+
+
+class Spawned:
+    """One command a spawner started: its pid, and its control pipe, read by the run's own thread."""
+
+    def __init__(self, control_fd: int) -> None:
+        self.pid = 0
+        self._fd = control_fd
+        self._pending = b""
+
+    def next_message(self, timeout: float) -> dict | None:
+        """The next line the spawner wrote about this command, or ``None`` at its end or after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(self._fd, 4096)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    def exit_status(self, timeout: float = STATUS_TIMEOUT_SECONDS) -> int | None:
+        """The exit status (negative for a signal) once the spawner has reaped the command; ``None`` if it
+        stopped first."""
+        message = self.next_message(timeout)
+        self.close()
+        return int(message["status"]) if message and "status" in message else None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
