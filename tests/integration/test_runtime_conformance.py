@@ -126,8 +126,12 @@ async def test_binary_outputs_and_artifacts_are_byte_for_byte(any_runtime):
 
 
 @pytest.mark.root
-async def test_the_staged_skill_cannot_be_changed(any_runtime):
-    result = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command="echo x >> SKILL.md"))
-    assert result.exit_code != 0
-    again = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command="tail -c 2 SKILL.md"))
-    assert again.stdout != "x\n"
+async def test_the_staged_skill_cannot_be_changed_or_swapped(any_runtime):
+    attacks = ["echo x >> SKILL.md", "chmod u+w SKILL.md && echo x >> SKILL.md",
+               "mv ../python-math ../old && mkdir ../python-math", "rm -rf ../python-math",
+               "mv $SKILLS_DIR $WORKSPACE_DIR/old-skills"]
+    for attack in attacks:
+        result = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command=attack))
+        assert result.exit_code != 0, attack
+    again = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command="tail -c 2 SKILL.md; ls"))
+    assert not again.stdout.startswith("x\n") and "scripts" in again.stdout

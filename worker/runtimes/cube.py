@@ -308,22 +308,38 @@ KILL_SCRIPT = (
 """Kill by marker, in bash builtins only (no process per candidate)."""
 
 PREP_SCRIPT = """set -u
-ws={ws}; skill={skill}; up={upload}; restage={restage}; signature={signature}; stamp={stamp}
-for d in "$ws/work" "$ws/work/inputs" "$ws/out"; do [ -L "$d" ] && rm -f -- "$d"; done
-mkdir -p -- "$ws/skills" "$ws/work/inputs" "$ws/out" "$ws/runs" 2>/dev/null || {{
+ws={ws}; skill={skill}; up={upload}; inputs={inputs}; keep={keep}; stamp={stamp}
+mkdir -p -- "$ws/work/inputs" "$ws/out" "$ws/runs" 2>/dev/null || {{
   echo "cannot create the workspace under ${{ws%/*}}: it must exist or be creatable, and be writable by $(id -un 2>/dev/null || id -u)" >&2; exit 3; }}
-[ -f "$ws/{metadata}" ] || printf '%s\\n' {metadata_json} > "$ws/{metadata}"
-if [ -n "$up" ]; then
-  if [ -n "$restage" ]; then chmod -R u+w -- "$ws/skills/$skill" 2>/dev/null; rm -rf -- "$ws/skills/$skill"; fi
-  tar -xf "$up" -C "$ws" --no-same-owner --delay-directory-restore; rc=$?; rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
-  if [ -n "$restage" ]; then printf '%s' "$signature" > "$ws/skills/.$skill.signature"; fi
+if [ -n "$inputs" ]; then
+  tar -xf "$up" -C "$ws" --no-same-owner --delay-directory-restore --wildcards 'work/*'; rc=$?
+  [ -n "$keep" ] || rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
 fi
-[ -f "$ws/skills/$skill/SKILL.md" ] && echo "sig=$(cat -- "$ws/skills/.$skill.signature" 2>/dev/null)" || echo missing
+have=; IFS= read -r have 2>/dev/null < "$ws/skills/.$skill.signature"
+[ -f "$ws/skills/$skill/SKILL.md" ] && echo "sig=$have" || echo missing
 r="$ws/runs/run_$stamp"; i=0
 while ! mkdir -m 700 -- "$r" 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 5; r="$ws/runs/run_$stamp-$i"; done
 echo "run=$r"
 {cwd_check}
 """
+"""The sandbox user's part of preparing a run: the workspace's folders, the run's inputs, the run folder."""
+
+STAGE_SCRIPT = """set -u
+ws={ws}; skill={skill}; up={upload}; signature={signature}
+if [ "$(id -u)" = 0 ]; then
+  mkdir -p -- "$ws/skills" && chown 0:0 -- "$ws" "$ws/skills" && chmod 755 -- "$ws" "$ws/skills" || exit 3
+else
+  mkdir -p -- "$ws/skills" || exit 3
+fi
+[ -f "$ws/{metadata}" ] || printf '%s\\n' {metadata_json} > "$ws/{metadata}"
+chmod -R u+w -- "$ws/skills/$skill" 2>/dev/null; rm -rf -- "$ws/skills/$skill"
+tar -xf "$up" -C "$ws" --no-same-owner --delay-directory-restore --wildcards 'skills/*'; rc=$?
+rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
+printf '%s' "$signature" > "$ws/skills/.$skill.signature"
+"""
+"""Staging, as root in the sandbox: the workspace folder and ``skills/`` become root's, so the command (the
+sandbox user) can change neither the staged skill nor which folder is staged; ``work/``, ``out/`` and ``runs/``
+stay the user's."""
 
 FAST_MISS_EXIT_CODE = 97
 FAST_GUARD = """s={ws}/skills/.{skill}.signature; IFS= read -r have 2>/dev/null < "$s"
@@ -613,51 +629,37 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         signature: str,
         inputs: UploadArchive | None,
     ) -> tuple[str, str, str | None]:
-        """Make the workspace (idempotently), stage the skill when the sandbox lacks it, place the inputs, make
-        the run folder; return the workspace, run folder and real ``cwd`` paths."""
+        """Make the workspace (idempotently), place the inputs, make the run folder, and stage the skill when the
+        sandbox lacks it (or it changed); return the workspace, run folder and real ``cwd`` paths."""
         key = self._key(executor, request)
         with_skill = self._staged.get(key) != signature
-        for _ in range(2):
-            archive = inputs
-            if with_skill:
-                archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, request.inputs)
-            lines = await self._prep(executor, request, archive, restage=with_skill, signature=signature)
-            if lines.get("sig") == signature:
-                self._staged[key] = signature
-                return lines["ws"], lines["run"], lines.get("cwd")
-            if with_skill:
-                raise WorkspaceError(
-                    f"cube: staging skill {request.skill.name!r} into sandbox {executor.sandbox_id} failed"
-                )
-            with_skill = True  # staged by someone else, changed, or cleaned up from outside: stage it again
-        raise AssertionError("unreachable")
+        archive = inputs
+        if with_skill:
+            archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, request.inputs)
+        upload = await self._upload(executor, request, archive, user="root" if with_skill else self.config.user)
+        lines = await self._prep(executor, request, upload, keep_upload=with_skill)
+        if lines.get("sig") != signature:
+            if not with_skill:  # staged by someone else, changed, or cleaned up from outside: stage it again
+                archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, [])
+                upload = await self._upload(executor, request, archive, user="root")
+            await self._stage(executor, request, upload, signature)
+        self._staged[key] = signature
+        return lines["ws"], lines["run"], lines.get("cwd")
 
-    async def _prep(
-        self,
-        executor: CubeCodeExecutor,
-        request: RunRequest,
-        archive: UploadArchive | None,
-        *,
-        restage: bool,
-        signature: str,
-    ) -> dict[str, str]:
+    async def _upload(
+        self, executor: CubeCodeExecutor, request: RunRequest, archive: UploadArchive | None, *, user: str
+    ) -> str:
+        if archive is None or not archive.members:
+            return ""
+        upload = f"{REMOTE_TMP}/skillrun-up-{uuid.uuid4().hex}.tar"
+        try:
+            await executor.sandbox.files.write(upload, archive.getvalue(), user=user, use_octet_stream=True)
+        except Exception as exc:
+            raise sandbox_error("uploading the skill and inputs", exc, executor.sandbox_id) from exc
+        return upload
+
+    async def _stage(self, executor: CubeCodeExecutor, request: RunRequest, upload: str, signature: str) -> None:
         ws = self.workspace_path(request.workspace_id)
-        upload = ""
-        if archive is not None and archive.members:
-            upload = f"{REMOTE_TMP}/skillrun-up-{request.run_id}-{uuid.uuid4().hex[:8]}.tar"
-            try:
-                await executor.sandbox.files.write(
-                    upload, archive.getvalue(), user=self.config.user, use_octet_stream=True
-                )
-            except Exception as exc:
-                raise sandbox_error("uploading the skill and inputs", exc, executor.sandbox_id) from exc
-        cwd_check = ""
-        if request.cwd is not None:
-            placeholder = Workspace(request.workspace_id, Path(ws)).variables(
-                request.skill.name, Path(f"{ws}/runs/run")
-            )
-            target = resolve_cwd(request.cwd, placeholder, f"{ws}/skills/{request.skill.name}")
-            cwd_check = f'cd -- {shlex.quote(target)} 2>/dev/null && [ -d . ] && echo "cwd=$(pwd -P)" || echo "cwd=-"'
         metadata = json.dumps(
             {
                 "workspace_id": request.workspace_id,
@@ -665,15 +667,39 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 "created_at": datetime.now(timezone.utc).isoformat(),
             }
         )
+        script = STAGE_SCRIPT.format(
+            ws=shlex.quote(ws),
+            skill=shlex.quote(request.skill.name),
+            upload=shlex.quote(upload),
+            signature=shlex.quote(signature),
+            metadata=METADATA_FILE,
+            metadata_json=shlex.quote(metadata),
+        )
+        done = await executor.run_script(script, timeout=min(60.0, self.config.execute_timeout), user="root")
+        if done.outcome.exit_code != 0:
+            raise WorkspaceError(
+                f"cube: staging skill {request.skill.name!r} into sandbox {executor.sandbox_id} failed "
+                f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
+            )
+
+    async def _prep(
+        self, executor: CubeCodeExecutor, request: RunRequest, upload: str, *, keep_upload: bool
+    ) -> dict[str, str]:
+        ws = self.workspace_path(request.workspace_id)
+        cwd_check = ""
+        if request.cwd is not None:
+            placeholder = Workspace(request.workspace_id, Path(ws)).variables(
+                request.skill.name, Path(f"{ws}/runs/run")
+            )
+            target = resolve_cwd(request.cwd, placeholder, f"{ws}/skills/{request.skill.name}")
+            cwd_check = f'cd -- {shlex.quote(target)} 2>/dev/null && [ -d . ] && echo "cwd=$(pwd -P)" || echo "cwd=-"'
         script = PREP_SCRIPT.format(
             ws=shlex.quote(ws),
             skill=shlex.quote(request.skill.name),
             upload=shlex.quote(upload),
-            restage="1" if restage else "''",
-            signature=shlex.quote(signature),
+            inputs="1" if request.inputs else "''",
+            keep="1" if keep_upload else "''",
             stamp=_stamp(),
-            metadata=METADATA_FILE,
-            metadata_json=shlex.quote(metadata),
             cwd_check=cwd_check,
         )
         done = await executor.run_script(script, timeout=min(60.0, self.config.execute_timeout))
