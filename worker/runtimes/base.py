@@ -12,13 +12,55 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any
 
-from worker.contract import RunRequest, RunResult, RuntimeName
+from worker.collect import Collection
+from worker.contract import RunRequest, RunResult, RunTimings, RuntimeName
 from worker.errors import RuntimeUnavailableError
+from worker.process import ProcessOutcome
 
 
 def worker_id() -> str:
     """Who executed a run: host name and process id."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def run_result(
+    request: RunRequest,
+    runtime: RuntimeName,
+    outcome: ProcessOutcome,
+    collection: Collection,
+    *,
+    stdout: str,
+    stderr: str,
+    marks: tuple[float, float, float, float],
+) -> RunResult:
+    """The result of a run from its outcome, its collected outputs and the monotonic times it started, was staged,
+    had executed and had finished."""
+    started, staged, executed, finished = marks
+    return RunResult(
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=outcome.exit_code,
+        timed_out=outcome.timed_out,
+        duration_ms=outcome.duration_ms,
+        output_files=collection.files,
+        artifact_files=collection.artifacts,
+        run_id=request.run_id,
+        workspace_id=request.workspace_id,
+        runtime=runtime,
+        worker_id=worker_id(),
+        stdout_truncated=outcome.stdout_omitted > 0,
+        stderr_truncated=outcome.stderr_omitted > 0,
+        skipped_files=collection.skipped,
+        oom_killed=outcome.oom_killed,
+        timings=RunTimings(
+            stage_ms=_ms(staged - started), exec_ms=_ms(executed - staged),
+            collect_ms=_ms(finished - executed), total_ms=_ms(finished - started),
+        ),
+    )
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
 
 
 class BaseWorkspaceRuntime(ABC):

@@ -54,11 +54,11 @@ from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.collect import ArtifactSink, Collection, collect_outputs, resolve_patterns
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
-from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RunTimings, RuntimeName
+from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RuntimeName
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, remote_ulimit_prefix
-from worker.runtimes.base import BaseWorkspaceRuntime, worker_id
-from worker.runtimes.host import decode_output, milliseconds
+from worker.runtimes.base import BaseWorkspaceRuntime, run_result
+from worker.runtimes.host import decode_output
 from worker.staging import CopySkillStager, resolve_skill_source
 from worker.tar_transfer import SIZES_MEMBER, UploadArchive, extract_mirror
 from worker.validation import resolve_cwd, validate_input_name, validate_request
@@ -549,27 +549,9 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         collection = await self._collect(executor, request, ws, run_dir, pack_dir, packed)
         finished = time.monotonic()
         stderr = done.stderr_text + ("\n[skillrun: the run was cancelled]\n" if outcome.cancelled else "")
-        return RunResult(
-            stdout=done.stdout_text,
-            stderr=stderr,
-            exit_code=outcome.exit_code,
-            timed_out=outcome.timed_out,
-            duration_ms=outcome.duration_ms,
-            output_files=collection.files,
-            artifact_files=collection.artifacts,
-            run_id=request.run_id,
-            workspace_id=request.workspace_id,
-            runtime=self.name,
-            worker_id=worker_id(),
-            stdout_truncated=outcome.stdout_omitted > 0,
-            stderr_truncated=outcome.stderr_omitted > 0,
-            skipped_files=collection.skipped,
-            timings=RunTimings(
-                stage_ms=milliseconds(staged - started),
-                exec_ms=milliseconds(executed - staged),
-                collect_ms=milliseconds(finished - executed),
-                total_ms=milliseconds(finished - started),
-            ),
+        return run_result(
+            request, self.name, outcome, collection, stdout=done.stdout_text, stderr=stderr,
+            marks=(started, staged, executed, finished),
         )
 
     @staticmethod

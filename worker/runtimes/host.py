@@ -21,10 +21,10 @@ from pathlib import Path
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.collect import ArtifactSink, collect_outputs, resolve_patterns
-from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RunTimings
+from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.process import ProcessOutcome
-from worker.runtimes.base import BaseWorkspaceRuntime, worker_id
+from worker.runtimes.base import BaseWorkspaceRuntime, run_result
 from worker.staging import BaseSkillStager, LinkSkillStager
 from worker.validation import resolve_cwd, validate_input_name, validate_request
 from worker.workspace import Workspace, WorkspaceManager
@@ -146,26 +146,9 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             stderr += "\n[skillrun: the run was cancelled]\n"
         for note in outcome.notes:
             stderr += f"\n[skillrun: {note}]\n"
-        return RunResult(
-            stdout=decode_output(outcome.stdout, outcome.stdout_omitted),
-            stderr=stderr,
-            exit_code=outcome.exit_code,
-            timed_out=outcome.timed_out,
-            duration_ms=outcome.duration_ms,
-            output_files=collection.files,
-            artifact_files=collection.artifacts,
-            run_id=request.run_id,
-            workspace_id=request.workspace_id,
-            runtime=self.name,
-            worker_id=worker_id(),
-            stdout_truncated=outcome.stdout_omitted > 0,
-            stderr_truncated=outcome.stderr_omitted > 0,
-            skipped_files=collection.skipped,
-            oom_killed=outcome.oom_killed,
-            timings=RunTimings(
-                stage_ms=milliseconds(staged - started), exec_ms=milliseconds(executed - staged),
-                collect_ms=milliseconds(finished - executed), total_ms=milliseconds(finished - started),
-            ),
+        return run_result(
+            request, self.name, outcome, collection, stdout=decode_output(outcome.stdout, outcome.stdout_omitted),
+            stderr=stderr, marks=(started, staged, executed, finished),
         )
 
     def _cwd(self, request: RunRequest, variables: dict[str, str], skill_dir: Path, workspace: Workspace) -> str:
@@ -269,7 +252,3 @@ def decode_output(data: bytes, omitted: int) -> str:
     if omitted:
         text += TRUNCATION_MARKER.format(omitted=omitted)
     return text
-
-
-def milliseconds(seconds: float) -> float:
-    return round(seconds * 1000, 3)
