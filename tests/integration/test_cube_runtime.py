@@ -4,8 +4,11 @@ timeouts, cancellation, and each failure of the remote side as a clear error."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,3 +234,21 @@ async def test_an_unreachable_service_says_where_it_tried(cube_runtime_factory):
     runtime = cube_runtime_factory(api_url="http://127.0.0.1:9", request_timeout=5)
     with pytest.raises(RuntimeUnavailableError, match="127.0.0.1:9"):
         await runtime.run(RunRequest(skill=SKILL, command="true"))
+
+
+def test_the_cli_runs_a_skill_in_a_cube_sandbox(cube_standin, shared_dir):
+    remote = cube_remote_root(shared_dir, "cli-remote", cube_standin)
+    env = {**os.environ, "E2B_API_URL": cube_standin.url, "E2B_SANDBOX_URL": cube_standin.url,
+           "E2B_API_KEY": cube_standin.api_key, "CUBE_ROOT": str(remote), "SKILLRUN_WORK_ROOT": str(shared_dir / "cli")}
+    cli = [sys.executable, "-m", "orchestrator.cli", "run", "python-math"]
+    options = ["--runtime", "cube", "--workspace", "cli", "--skills-root", str(LIBRARY), "--json"]
+    command = [*cli, "python3 scripts/fib.py 5 > out/fib.txt", "-o", "out/fib.txt", *options]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["runtime"], result["output_files"][0]["content"].split()) == ("cube", ["0", "1", "1", "2", "3"])
+    again = subprocess.run([*cli, "cat out/fib.txt | wc -l", *options], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert json.loads(again.stdout)["stdout"].strip() == "5"  # a later call finds the workspace's sandbox again
+    bad = subprocess.run(command, env={**env, "E2B_API_KEY": "wrong"}, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "check E2B_API_KEY" in bad.stderr
