@@ -51,9 +51,10 @@ class BaseDispatcher(ABC):
     async def events(self, run_id: str, after: int = 0, timeout: float = 0.0) -> list[RunEvent]:
         return await asyncio.to_thread(self.store.events, run_id, after, timeout)
 
-    async def wait(self, run_id: str, timeout: float) -> RunRecord | None:
-        """The record once done, or as it stands after ``timeout`` seconds."""
-        return await asyncio.to_thread(self.store.wait, run_id, timeout)
+    async def wait(self, run_id: str, timeout: float, owner: str | None = None) -> RunRecord | None:
+        """The record once done, or as it stands after ``timeout`` seconds; with ``owner``, ``None`` for a run of
+        another owner (without waiting)."""
+        return await asyncio.to_thread(self.store.wait, run_id, timeout, owner)
 
     async def cancel(self, run_id: str) -> RunRecord | None:
         return await asyncio.to_thread(self.store.request_cancel, run_id)
@@ -195,10 +196,10 @@ class QueueDispatcher(BaseDispatcher):
     async def get(self, run_id: str) -> RunRecord | None:
         return await asyncio.to_thread(self._checked, run_id)
 
-    async def wait(self, run_id: str, timeout: float) -> RunRecord | None:
+    async def wait(self, run_id: str, timeout: float, owner: str | None = None) -> RunRecord | None:
         deadline = time.monotonic() + timeout
         while True:
-            record = await asyncio.to_thread(self.store.wait, run_id, max(deadline - time.monotonic(), 0))
+            record = await asyncio.to_thread(self.store.wait, run_id, max(deadline - time.monotonic(), 0), owner)
             if record is not None and not record.status.done:
                 record = await asyncio.to_thread(self._checked, run_id)
             if record is None or record.status.done or time.monotonic() >= deadline:

@@ -12,6 +12,7 @@ never left "started" forever.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -25,6 +26,8 @@ from pydantic import BaseModel, Field
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 
+
+_TERMINAL_EVENTS = {"finished", "failed", "cancelled"}
 
 MAX_BLOCK_SECONDS = 2.0
 """Longest single blocking read on Redis (under any client socket timeout); waits loop over such reads."""
@@ -197,12 +200,15 @@ class BaseRunStore(ABC):
         """Whether the worker of run ``run_id`` is beating."""
         return True
 
-    def wait(self, run_id: str, timeout: float) -> RunRecord | None:
-        """The record once it is done, or as it is after ``timeout`` seconds. No polling: waits on its events."""
+    def wait(self, run_id: str, timeout: float, owner: str | None = None) -> RunRecord | None:
+        """The record once it is done, or as it is after ``timeout`` seconds. No polling: waits on its events.
+        With ``owner``, another owner's run is ``None`` at once."""
         deadline = time.monotonic() + timeout
         seen = 0
         while True:
             record = self.get(run_id)
+            if record is not None and owner is not None and record.owner != owner:
+                return None
             if record is None or record.status.done:
                 return record
             remaining = deadline - time.monotonic()
@@ -374,9 +380,10 @@ class RedisRunStore(BaseRunStore):
             entries = self.redis.xrange(key)
         return [RunEvent.model_validate_json(fields[b"event"]) for _, fields in entries[after:]]
 
-    def wait(self, run_id: str, timeout: float) -> RunRecord | None:
+    def wait(self, run_id: str, timeout: float, owner: str | None = None) -> RunRecord | None:
         """The record once it is done, or as it is after ``timeout`` seconds: blocks on the run's event stream and
-        reads the record again only when an event arrives (or, when none does, checks the worker still beats)."""
+        reads the record again only when the run ends (or, when nothing happens, checks the worker still beats).
+        With ``owner``, another owner's run is ``None`` at once."""
         deadline = time.monotonic() + timeout
         key = self._key(run_id, "events")
         with self.redis.pipeline(transaction=False) as pipe:
@@ -384,6 +391,8 @@ class RedisRunStore(BaseRunStore):
             pipe.xrevrange(key, count=1)
             raw, newest = pipe.execute()
         record = RunRecord.model_validate_json(raw) if raw else None
+        if record is not None and owner is not None and record.owner != owner:
+            return None
         last = newest[0][0] if newest else b"0-0"
         while record is not None and not record.status.done:
             remaining = deadline - time.monotonic()
@@ -391,11 +400,18 @@ class RedisRunStore(BaseRunStore):
                 break
             block = min(remaining, MAX_BLOCK_SECONDS, defaults.HEARTBEAT_TTL_SECONDS / 2)
             arrived = self.redis.xread({key: last}, block=max(int(block * 1000), 1))
-            if arrived:
-                last = arrived[0][1][-1][0]
+            if not arrived:
+                if record.status == RunStatus.STARTED and not self.alive(record):
+                    break
+                continue
+            last = arrived[0][1][-1][0]
+            kinds = {json.loads(fields[b"event"])["type"] for _, fields in arrived[0][1]}
+            if kinds & _TERMINAL_EVENTS:
                 record = self.get(run_id)
-            elif record.status == RunStatus.STARTED and not self.alive(record):
-                break
+            elif "retried" in kinds:
+                record.status = RunStatus.QUEUED
+            elif "started" in kinds:
+                record.status = RunStatus.STARTED  # what the wait needs to know of it; nothing else is read
         return record
 
     def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:

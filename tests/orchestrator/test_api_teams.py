@@ -161,7 +161,8 @@ async def test_team_b_sees_none_of_team_a_s_objects(services, server, model_serv
         await ca.post("/v1/sessions", json={"session_id": "sess"})
         rid = run["id"]
         for method, url in [
-            ("GET", f"/v1/runs/{rid}"), ("GET", f"/v1/runs/{rid}/events"), ("POST", f"/v1/runs/{rid}/cancel"),
+            ("GET", f"/v1/runs/{rid}"), ("GET", f"/v1/runs/{rid}?wait=30"), ("GET", f"/v1/runs/{rid}/events"),
+            ("POST", f"/v1/runs/{rid}/cancel"),
             ("GET", f"/v1/runs/{rid}/files/out/o.txt"), ("GET", f"/v1/runs/{rid}/artifacts/out/o.txt"),
             ("GET", "/v1/libraries/main"), ("GET", "/v1/sessions/sess"),
         ]:

@@ -82,9 +82,11 @@ async def get_run(
     services: Services = Depends(get_services),
 ) -> RunPublic:
     """A run; with ``wait`` the answer comes when the run ends or after that many seconds."""
-    record = await _record(services, run_id, team)
-    if wait and not record.status.done:
-        record = await services.dispatcher.wait(run_id, wait) or record
+    if not wait:
+        return RunPublic.of(await _record(services, run_id, team))
+    record = await services.dispatcher.wait(run_id, wait, owner=team.id)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run_id!r}")
     return RunPublic.of(record)
 
 
