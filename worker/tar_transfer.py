@@ -24,6 +24,8 @@ from worker.errors import UnsafeArchiveError
 from worker.staging import WORKSPACE_LINKS
 
 SIZES_MEMBER = ".skillrun-sizes"
+MAX_DEPTH = 64
+"""Most path components of one entry of a download archive."""
 """A member of a download archive listing ``path NUL size NUL`` for files sent only in part."""
 
 
@@ -115,7 +117,9 @@ def extract_mirror(data: bytes, mirror: Path, *, remote_root: str, max_members: 
                 sizes_data = archive.extractfile(member).read(1024 * 1024) if member.isfile() else b""
                 fields = sizes_data.split(b"\0")
                 for path, size in zip(fields[0::2], fields[1::2]):
-                    sizes[str(mirror / os.fsdecode(path))] = int(size)
+                    if not size.isdigit():
+                        raise UnsafeArchiveError(f"the sandbox sent a size that is not a number: {size[:40]!r}")
+                    sizes[str(mirror.joinpath(*_safe_parts(os.fsdecode(path))))] = int(size)
                 continue
             if member.isfile():
                 total += member.size
@@ -129,6 +133,8 @@ def _safe_parts(name: str) -> list[str]:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if name.startswith("/") or ".." in parts or not parts or any("\0" in p for p in parts):
         raise UnsafeArchiveError(f"the sandbox sent an output entry with an unsafe name: {name!r}")
+    if len(parts) > MAX_DEPTH:
+        raise UnsafeArchiveError(f"the sandbox sent an output entry more than {MAX_DEPTH} folders deep: {name[:200]!r}")
     return parts
 
 

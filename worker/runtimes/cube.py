@@ -301,8 +301,8 @@ class CubeCodeExecutor:
 
 KILL_SCRIPT = (
     'm={marker}; for p in /proc/[0-9]*; do [ -O "$p" ] && [ "$p" != /proc/$$ ] || continue; hit=; '
-    'while IFS= read -r -d \'\' e; do [ "$e" = "RUN_DIR=$m" ] && hit=1 && break; done < "$p/environ" 2>/dev/null; '
-    '[ -z "$hit" ] && while IFS= read -r -d \'\' a; do case $a in *"$m"*) hit=1; break;; esac; done < "$p/cmdline" 2>/dev/null; '
+    'while IFS= read -r -d \'\' e; do [ "$e" = "RUN_DIR=$m" ] && hit=1 && break; done 2>/dev/null < "$p/environ"; '
+    '[ -z "$hit" ] && while IFS= read -r -d \'\' a; do case $a in *"$m"*) hit=1; break;; esac; done 2>/dev/null < "$p/cmdline"; '
     '[ -n "$hit" ] && kill -9 "${{p#/proc/}}" 2>/dev/null; done\n'
 )
 """Kill by marker, in bash builtins only (no process per candidate)."""
@@ -414,6 +414,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         self._staged: dict[tuple[str, str, str], str] = {}  # (sandbox, workspace, skill) → signature
         self._owned: dict[str, CubeCodeExecutor] = {}
         self._last_used: dict[str, float] = {}
+        self._busy: dict[str, int] = {}  # workspace → runs in progress here
         self._opening: dict[str, asyncio.Lock] = {}
         self._cancels: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
         self._background: set[asyncio.Task] = set()
@@ -478,11 +479,17 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         cancel = asyncio.Event()
         with self._lock:
             self._cancels[request.run_id] = (asyncio.get_running_loop(), cancel)
+        self._busy[request.workspace_id] = self._busy.get(request.workspace_id, 0) + 1
         try:
             return await self._run(request, cancel)
         finally:
             with self._lock:
                 self._cancels.pop(request.run_id, None)
+            self._busy[request.workspace_id] -= 1
+            if not self._busy[request.workspace_id]:
+                del self._busy[request.workspace_id]
+            if request.workspace_id in self._last_used:
+                self._last_used[request.workspace_id] = time.monotonic()
 
     async def _run(self, request: RunRequest, cancel: asyncio.Event) -> RunResult:
         started = time.monotonic()
@@ -522,7 +529,12 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                     raise
                 self._forget(request.workspace_id)
                 executor = await self.executor_for(request.workspace_id)
-            if done is not None and done.outcome.exit_code == FAST_MISS_EXIT_CODE and done.stderr_text == f"{nonce}\n":
+            if (
+                done is not None
+                and done.outcome.exit_code == FAST_MISS_EXIT_CODE
+                and done.stderr_text == f"{nonce}\n"
+                and not await self._exists(executor, run_dir)  # a command cannot fake a miss to run twice
+            ):
                 self._staged.pop(self._key(executor, request), None)  # changed from outside: the full way
                 done = None
         if done is None:
@@ -553,6 +565,10 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             request, self.name, outcome, collection, stdout=done.stdout_text, stderr=stderr,
             marks=(started, staged, executed, finished),
         )
+
+    async def _exists(self, executor: CubeCodeExecutor, path: str) -> bool:
+        done = await executor.run_script(f"[ -e {shlex.quote(path)} ]", timeout=30)
+        return done.outcome.exit_code == 0
 
     @staticmethod
     def _key(executor: CubeCodeExecutor, request: RunRequest) -> tuple[str, str, str]:
@@ -625,6 +641,8 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, [])
                 upload = await self._upload(executor, request, archive, user="root")
             await self._stage(executor, request, upload, signature)
+        elif with_skill and upload:  # already staged there (by another worker): the root-owned upload goes
+            self._in_background(executor.run_script(f"rm -f -- {shlex.quote(upload)}", timeout=30, user="root"))
         self._staged[key] = signature
         return lines["ws"], lines["run"], lines.get("cwd")
 
@@ -674,7 +692,8 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 request.skill.name, Path(f"{ws}/runs/run")
             )
             target = resolve_cwd(request.cwd, placeholder, f"{ws}/skills/{request.skill.name}")
-            cwd_check = f'cd -- {shlex.quote(target)} 2>/dev/null && [ -d . ] && echo "cwd=$(pwd -P)" || echo "cwd=-"'
+            # The real path as base64: a folder name with a newline cannot add lines of its own.
+            cwd_check = f'cd -- {shlex.quote(target)} 2>/dev/null && [ -d . ] && echo "cwd=$(pwd -P | base64 -w0)" || echo "cwd=-"'
         script = PREP_SCRIPT.format(
             ws=shlex.quote(ws),
             skill=shlex.quote(request.skill.name),
@@ -694,10 +713,13 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         for line in done.stdout_text.splitlines():
             key, sep, value = line.partition("=")
             if sep:
-                lines[key] = value
+                lines.setdefault(key, value)
         if lines.get("cwd") == "-":
             raise InvalidRunRequestError("cwd", f"{request.cwd!r} is not a directory in the workspace")
-        if "run" not in lines:
+        if "cwd" in lines:
+            lines["cwd"] = base64.b64decode(lines["cwd"]).decode("utf-8", "surrogateescape")
+        run = lines.get("run", "")
+        if not run.startswith(f"{ws}/runs/run_") or "/" in run[len(ws) + 6 :]:
             raise WorkspaceError(f"cube: the sandbox did not make a run folder: {done.stdout_text!r}")
         return lines
 
@@ -752,24 +774,27 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         mirror = Path(tempfile.mkdtemp(prefix=f"cube-{request.run_id[:12]}-", dir=self._mirror_parent()))
         try:
             if not packed:
-                await self._pack(executor, request, run_dir, pack)
+                await self._pack(executor, request, run_dir, pack_dir, pack)
             try:
                 data = await self._download(executor, f"{pack_dir}/out.tar")
             except RuntimeUnavailableError as exc:
                 if not isinstance(exc.__cause__, FileNotFoundException):
                     raise
                 # The command's round trip did not pack (its pack step failed): again, on its own, with the reason.
-                await self._pack(executor, request, run_dir, f"rm -rf -- {shlex.quote(pack_dir)}\n{pack}")
+                await self._pack(executor, request, run_dir, pack_dir, pack)
                 data = await self._download(executor, f"{pack_dir}/out.tar")
             return await asyncio.to_thread(self._collect_mirror, data, mirror, ws, request)
         finally:
             self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(pack_dir)}", timeout=30))
             await asyncio.to_thread(shutil.rmtree, mirror, True)
 
-    async def _pack(self, executor: CubeCodeExecutor, request: RunRequest, run_dir: str, pack: str) -> None:
-        """Kill what the run left running and pack its outputs, in a round trip of its own."""
+    async def _pack(
+        self, executor: CubeCodeExecutor, request: RunRequest, run_dir: str, pack_dir: str, pack: str
+    ) -> None:
+        """Kill what the run left running and pack its outputs afresh, in a round trip of its own."""
         done = await executor.run_script(
-            KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + pack, timeout=min(120.0, self.config.execute_timeout)
+            KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + f"rm -rf -- {shlex.quote(pack_dir)}\n" + pack,
+            timeout=min(120.0, self.config.execute_timeout),
         )
         if done.outcome.exit_code != 0:
             raise WorkspaceError(
@@ -860,7 +885,8 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     async def _close_idle(self, keep: str | None = None) -> None:
         now = time.monotonic()
         for workspace_id, last in list(self._last_used.items()):
-            if workspace_id != keep and now - last > self.workspace_cfg.idle_seconds:
+            busy = self._busy.get(workspace_id, 0) > 0
+            if workspace_id != keep and not busy and now - last > self.workspace_cfg.idle_seconds:
                 executor = self._forget(workspace_id)
                 if executor is not None:
                     await executor.close()
@@ -868,9 +894,12 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     async def close_workspace(self, workspace_id: str) -> None:
         """Close a workspace: its own sandbox is killed; in a shared sandbox its folder is removed."""
         if self.executor is not None:
-            await self.executor.run_script(f"rm -rf -- {shlex.quote(self.workspace_path(workspace_id))}", timeout=60)
+            path = self.workspace_path(workspace_id)
+            done = await self.executor.run_script(f"rm -rf -- {shlex.quote(path)}", timeout=60, user="root")
             for key in [k for k in self._staged if k[1] == workspace_id]:
                 del self._staged[key]
+            if done.outcome.exit_code != 0:
+                raise WorkspaceError(f"cube: removing workspace {workspace_id!r} failed: {done.stderr_text.strip()}")
             return
         executor = self._forget(workspace_id)
         if executor is None:
