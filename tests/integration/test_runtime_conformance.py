@@ -129,7 +129,8 @@ async def test_binary_outputs_and_artifacts_are_byte_for_byte(any_runtime):
 async def test_the_staged_skill_cannot_be_changed_or_swapped(any_runtime):
     attacks = ["echo x >> SKILL.md", "chmod u+w SKILL.md && echo x >> SKILL.md",
                "mv ../python-math ../old && mkdir ../python-math", "rm -rf ../python-math",
-               "mv $SKILLS_DIR $WORKSPACE_DIR/old-skills"]
+               "mv $SKILLS_DIR $WORKSPACE_DIR/old-skills",
+               "mv $WORKSPACE_DIR $WORKSPACE_DIR.old && mkdir -p $WORKSPACE_DIR/skills"]
     for attack in attacks:
         result = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command=attack))
         assert result.exit_code != 0, attack

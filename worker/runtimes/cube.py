@@ -325,21 +325,29 @@ echo "run=$r"
 """The sandbox user's part of preparing a run: the workspace's folders, the run's inputs, the run folder."""
 
 STAGE_SCRIPT = """set -u
-ws={ws}; skill={skill}; up={upload}; signature={signature}
-if [ "$(id -u)" = 0 ]; then
-  mkdir -p -- "$ws/skills" && chown 0:0 -- "$ws" "$ws/skills" && chmod 755 -- "$ws" "$ws/skills" || exit 3
-else
-  mkdir -p -- "$ws/skills" || exit 3
-fi
-[ -f "$ws/{metadata}" ] || printf '%s\\n' {metadata_json} > "$ws/{metadata}"
-chmod -R u+w -- "$ws/skills/$skill" 2>/dev/null; rm -rf -- "$ws/skills/$skill"
-tar -xf "$up" -C "$ws" --no-same-owner --delay-directory-restore --wildcards 'skills/*'; rc=$?
+ws={ws}; skill={skill}; up={upload}; signature={signature}; name=${{ws##*/}}
+refuse() {{ echo "refusing to stage into $ws: $1" >&2; rm -f -- "$up"; exit 3; }}
+as_root=; [ "$(id -u)" = 0 ] && as_root=1
+# Everything below works on the folders it has entered (cd -P), never on names a command could swap for links.
+rootp=$(cd -P -- "${{ws%/*}}" 2>/dev/null && pwd -P) || refuse "its parent folder is missing"
+cd -P -- "$rootp" || refuse "its parent folder is missing"
+# The workspaces folder: root's and sticky, so the sandbox user cannot rename or replace a workspace in it.
+if [ -n "$as_root" ]; then chown 0:0 . && chmod 1777 . || refuse "cannot take $rootp"; fi
+cd -P -- "$name" 2>/dev/null && [ "$(pwd -P)" = "$rootp/$name" ] || refuse "it is not a plain folder"
+if [ -n "$as_root" ]; then chown 0:0 . && chmod 755 . || refuse "cannot take it"; fi
+[ -L skills ] && rm -f skills
+mkdir -p skills && cd -P skills && [ "$(pwd -P)" = "$rootp/$name/skills" ] || refuse "skills/ is not a plain folder"
+if [ -n "$as_root" ]; then chown 0:0 . && chmod 755 . || refuse "cannot take skills/"; fi
+cd .. || exit 3
+[ -f {metadata} ] || printf '%s\\n' {metadata_json} > {metadata}
+chmod -R u+w -- "skills/$skill" 2>/dev/null; rm -rf -- "skills/$skill"
+tar -xf "$up" -C . --no-same-owner --delay-directory-restore --wildcards 'skills/*'; rc=$?
 rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
-printf '%s' "$signature" > "$ws/skills/.$skill.signature"
+printf '%s' "$signature" > "skills/.$skill.signature"
 """
-"""Staging, as root in the sandbox: the workspace folder and ``skills/`` become root's, so the command (the
-sandbox user) can change neither the staged skill nor which folder is staged; ``work/``, ``out/`` and ``runs/``
-stay the user's."""
+"""Staging, as root in the sandbox: the workspaces folder becomes root's and sticky, the workspace folder and
+``skills/`` root's, so the command (the sandbox user) can change neither the staged skill nor which folder is
+staged, and no link it plants is followed; ``work/``, ``out/`` and ``runs/`` stay the user's."""
 
 FAST_MISS_EXIT_CODE = 97
 FAST_GUARD = """s={ws}/skills/.{skill}.signature; IFS= read -r have 2>/dev/null < "$s"
