@@ -99,13 +99,18 @@ class UploadArchive:
         self.members += 1
 
 
-def extract_mirror(data: bytes, mirror: Path, *, remote_root: str, max_members: int, max_bytes: int) -> dict[str, int]:
-    """Lay out the download archive ``data`` under ``mirror``; return the true sizes (mirror path → bytes) of
-    files that came only in part."""
+def extract_mirror(
+    data: bytes | os.PathLike[str], mirror: Path, *, remote_root: str, max_members: int, max_bytes: int
+) -> dict[str, int]:
+    """Lay out the download archive ``data`` (its bytes, or the file holding it) under ``mirror``; return the true
+    sizes (mirror path → bytes) of files that came only in part."""
     sizes: dict[str, int] = {}
     total = 0
     try:
-        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+        if isinstance(data, bytes):
+            archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+        else:
+            archive = tarfile.open(os.fspath(data), mode="r:")
     except tarfile.TarError as exc:
         raise UnsafeArchiveError(f"the sandbox sent an unreadable archive of outputs: {exc}") from exc
     with archive:

@@ -18,7 +18,7 @@ from tests.conftest import write_skill
 from tests.integration.conftest import cube_config, cube_remote_root
 from worker.config import CubeWorkspaceConfig
 from worker.contract import RunLimits, RunRequest, SkillRef
-from worker.errors import RuntimeUnavailableError, StagingError
+from worker.errors import RuntimeUnavailableError, StagingError, UnsafeArchiveError
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
@@ -252,3 +252,15 @@ def test_the_cli_runs_a_skill_in_a_cube_sandbox(cube_standin, shared_dir):
     assert json.loads(again.stdout)["stdout"].strip() == "5"  # a later call finds the workspace's sandbox again
     bad = subprocess.run(command, env={**env, "E2B_API_KEY": "wrong"}, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "check E2B_API_KEY" in bad.stderr
+
+
+async def test_a_download_larger_than_asked_for_is_refused(cube_runtime_factory, shared_dir):
+    runtime = cube_runtime_factory()
+    await runtime.run(RunRequest(skill=SKILL, workspace_id="big", command="true"))
+    executor = await runtime.executor_for("big")
+    big = shared_dir / "big.tar"
+    with open(big, "wb") as f:
+        f.truncate(5 * 1024 * 1024)
+    with pytest.raises(UnsafeArchiveError, match="more than 65536 bytes"):
+        await runtime._download(executor, str(big), shared_dir / "got.tar", 65536)
+    assert (shared_dir / "got.tar").stat().st_size <= 65536 + 256 * 1024  # stopped at the limit, not at the end

@@ -119,3 +119,12 @@ def test_count_and_byte_limits_hold(tmp_path):
 def test_garbage_is_an_unreadable_archive(tmp_path):
     with pytest.raises(UnsafeArchiveError, match="unreadable"):
         extract(b"not a tar at all" * 100, tmp_path)
+
+
+def test_deep_names_and_bad_sizes_are_refused(tmp_path):
+    with pytest.raises(UnsafeArchiveError, match="more than 64 folders deep"):
+        extract(archive(("f", "out/" + "d/" * 70 + "x", b"x")), tmp_path)
+    with pytest.raises(UnsafeArchiveError, match="not a number"):
+        extract(archive(("f", SIZES_MEMBER, b"out/a\x00lots\x00")), tmp_path)
+    with pytest.raises(UnsafeArchiveError, match="unsafe name"):
+        extract(archive(("f", SIZES_MEMBER, b"/etc/passwd\x0012\x00")), tmp_path)

@@ -55,7 +55,7 @@ from worker.artifacts import FileArtifactStore
 from worker.collect import ArtifactSink, Collection, collect_outputs, resolve_patterns
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RuntimeName
-from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
+from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, UnsafeArchiveError, WorkspaceError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, remote_ulimit_prefix
 from worker.runtimes.base import BaseWorkspaceRuntime, run_result
 from worker.runtimes.host import decode_output
@@ -386,6 +386,11 @@ tar -cf "$t/out.tar" --null --no-recursion --hard-dereference -C "$ws" -T "$t/li
 """
 """Pack what output patterns may match into ``<pack_dir>/out.tar``: whole files up to the per-file cap and the
 byte budget, heads of longer ones (their true sizes in the sizes member), links, FIFOs and devices as they are."""
+
+
+def _remove_mirror(mirror: Path) -> None:
+    shutil.rmtree(mirror, ignore_errors=True)
+    mirror.with_name(mirror.name + ".tar").unlink(missing_ok=True)
 
 
 def _stamp() -> str:
@@ -783,18 +788,23 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         try:
             if not packed:
                 await self._pack(executor, request, run_dir, pack_dir, pack)
+            limits = request.limits
+            budget = ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes
+            # The file contents, plus a tar header and padding per entry, plus the sizes list.
+            limit = budget + 2048 * 3 * (limits.output_max_files + 2) + 1024 * 1024
+            download = mirror.with_name(mirror.name + ".tar")
             try:
-                data = await self._download(executor, f"{pack_dir}/out.tar")
+                await self._download(executor, f"{pack_dir}/out.tar", download, limit)
             except RuntimeUnavailableError as exc:
                 if not isinstance(exc.__cause__, FileNotFoundException):
                     raise
                 # The command's round trip did not pack (its pack step failed): again, on its own, with the reason.
                 await self._pack(executor, request, run_dir, pack_dir, pack)
-                data = await self._download(executor, f"{pack_dir}/out.tar")
-            return await asyncio.to_thread(self._collect_mirror, data, mirror, ws, request)
+                await self._download(executor, f"{pack_dir}/out.tar", download, limit)
+            return await asyncio.to_thread(self._collect_mirror, download, mirror, ws, request)
         finally:
             self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(pack_dir)}", timeout=30))
-            await asyncio.to_thread(shutil.rmtree, mirror, True)
+            await asyncio.to_thread(_remove_mirror, mirror)
 
     async def _pack(
         self, executor: CubeCodeExecutor, request: RunRequest, run_dir: str, pack_dir: str, pack: str
@@ -810,13 +820,26 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
             )
 
-    async def _download(self, executor: CubeCodeExecutor, path: str) -> bytes:
+    async def _download(self, executor: CubeCodeExecutor, path: str, dest: Path, limit: int) -> Path:
+        """Stream the sandbox file ``path`` into ``dest``, refusing more than ``limit`` bytes (the sandbox is not
+        trusted to send what it was asked for)."""
+        received = 0
         try:
-            return bytes(await executor.sandbox.files.read(path, format="bytes", user=self.config.user))
+            stream = await executor.sandbox.files.read(path, format="stream", user=self.config.user)
+            async with stream:
+                with open(dest, "wb") as out:
+                    async for chunk in stream:
+                        received += len(chunk)
+                        if received > limit:
+                            raise UnsafeArchiveError(f"the sandbox sent more than {limit} bytes of outputs")
+                        await asyncio.to_thread(out.write, chunk)
+        except UnsafeArchiveError:
+            raise
         except Exception as exc:
             raise sandbox_error("downloading the outputs", exc, executor.sandbox_id) from exc
+        return dest
 
-    def _collect_mirror(self, data: bytes, mirror: Path, ws: str, request: RunRequest) -> Collection:
+    def _collect_mirror(self, data: Path, mirror: Path, ws: str, request: RunRequest) -> Collection:
         for d in ("skills", "work/inputs", "out", "runs"):
             (mirror / d).mkdir(parents=True, exist_ok=True)
         skill_dir = mirror / "skills" / request.skill.name
