@@ -136,3 +136,13 @@ async def test_the_staged_skill_cannot_be_changed_or_swapped(any_runtime):
         assert result.exit_code != 0, attack
     again = await any_runtime.run(RunRequest(skill=SKILL, workspace_id="conf", command="tail -c 2 SKILL.md; ls"))
     assert not again.stdout.startswith("x\n") and "scripts" in again.stdout
+
+
+async def test_globs_match_name_by_name_and_links_inside_are_followed(any_runtime):
+    result = await any_runtime.run(RunRequest(
+        skill=SKILL, workspace_id="globs", output_files=["$OUTPUT_DIR/*.txt"], limits=RunLimits(output_max_files=3),
+        command="mkdir -p out/sub; for i in $(seq 1 20); do echo $i > out/sub/$i.txt; done; "
+                "echo a > out/a.txt; echo b > out/.hidden.txt; echo data > $WORK_DIR/d.txt; ln -s ../work/d.txt out/l.txt"))
+    assert result.exit_code == 0, result.stderr
+    assert [(f.name, f.content) for f in result.output_files] == [("out/a.txt", "a\n"), ("work/d.txt", "data\n")]
+    assert result.skipped_files == []

@@ -362,30 +362,76 @@ ws={ws}; t={pack_dir}; cap={cap}; budget={budget}; most={most}
 mkdir -m 700 -- "$t" && mkdir "$t/heads" && : > "$t/list" && : > "$t/heads.list" && : > "$t/{sizes}" || exit 3
 printf %s {patterns} | base64 -d > "$t/patterns" || exit 3
 cd -- "$ws" || exit 3; n=0
-while IFS= read -r -d '' base && IFS= read -r -d '' rest; do
+add() {{  # a regular file: whole, or its head with its true size alongside
+  local path=$1 size=$2 take=$2
+  [ $cap -ge 0 ] && [ $take -gt $cap ] && take=$cap; [ $take -gt $budget ] && take=$budget
+  budget=$((budget-take))
+  if [ $take -lt $size ]; then
+    mkdir -p -- "$t/heads/$(dirname -- "$path")"; head -c $take -- "$path" > "$t/heads/$path"
+    printf '%s\\0' "$path" >> "$t/heads.list"; printf '%s\\0%s\\0' "$path" "$size" >> "$t/{sizes}"
+  else
+    printf '%s\\0' "$path" >> "$t/list"
+  fi
+}}
+while IFS= read -r -d '' base && IFS= read -r -d '' depth && IFS= read -r -d '' re; do
   real=$(realpath -e -- "$base" 2>/dev/null) || continue
   case "$real" in "$ws") rel=.;; "$ws"/*) rel="./${{real#"$ws"/}}";; *) continue;; esac
-  if [ -n "$rest" ]; then pat="$rel/$rest"; else pat="$rel"; fi
+  span=(); [ "$depth" -gt 0 ] && span=(-mindepth "$depth" -maxdepth "$depth")
   while IFS= read -r -d '' line; do
+    kind=${{line%% *}}; line=${{line#* }}; size=${{line%% *}}; sub=${{line#* }}
+    [[ $sub =~ $re ]] || continue
     n=$((n+1)); [ $n -gt $most ] && break 2
-    kind=${{line%% *}}; line=${{line#* }}; size=${{line%% *}}; path=${{line#* }}; path=${{path#./}}
-    if [ "$kind" = f ]; then
-      take=$size; [ $cap -ge 0 ] && [ $take -gt $cap ] && take=$cap; [ $take -gt $budget ] && take=$budget
-      budget=$((budget-take))
-      if [ $take -lt $size ]; then
-        mkdir -p -- "$t/heads/$(dirname -- "$path")"; head -c $take -- "$path" > "$t/heads/$path"
-        printf '%s\\0' "$path" >> "$t/heads.list"; printf '%s\\0%s\\0' "$path" "$size" >> "$t/{sizes}"; continue
-      fi
-    fi
+    path="$rel/$sub"; path=${{path#./}}
+    if [ "$kind" = f ]; then add "$path" "$size"; continue; fi
     printf '%s\\0' "$path" >> "$t/list"
-  done < <(find "$rel" -path "$pat" \\( -type f -o -type l -o -type p -o -type c -o -type b -o -type s \\) \\
-             -printf '%y %s %p\\0' 2>/dev/null)
+    if [ "$kind" = l ] && target=$(realpath -e -- "$path" 2>/dev/null) && [ -f "$target" ]; then
+      case "$target" in "$ws"/*) add "${{target#"$ws"/}}" "$(stat -c %s -- "$target")";; esac
+    fi
+  done < <(find "$rel" "${{span[@]}}" \\( -type f -o -type l -o -type p -o -type c -o -type b -o -type s \\) \\
+             -printf '%y %s %P\\0' 2>/dev/null)
 done < "$t/patterns"
 tar -cf "$t/out.tar" --null --no-recursion --hard-dereference -C "$ws" -T "$t/list" -C "$t/heads" -T "$t/heads.list" \\
   -C "$t" {sizes} || exit 4)
 """
 """Pack what output patterns may match into ``<pack_dir>/out.tar``: whole files up to the per-file cap and the
 byte budget, heads of longer ones (their true sizes in the sizes member), links, FIFOs and devices as they are."""
+
+
+def glob_regex(segments: list[str]) -> str:
+    """A POSIX extended regular expression for a path below a folder that matches the glob ``segments`` as
+    collection does: ``*``, ``?`` and ``[...]`` within one name (not a leading dot), ``**`` any number of
+    folders."""
+    parts: list[str] = []
+    for i, segment in enumerate(segments):
+        last = i == len(segments) - 1
+        if segment == "**":
+            parts.append("([^/.][^/]*/)*" + ("[^/.][^/]*" if last else ""))
+            continue
+        parts.append(_segment_regex(segment) + ("" if last else "/"))
+    return "^" + "".join(parts) + "$"
+
+
+def _segment_regex(segment: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        c = segment[i]
+        close = segment.find("]", i + 2) if c == "[" else -1
+        if c == "*":
+            out.append("([^/.][^/]*)?" if i == 0 else "[^/]*")
+        elif c == "?":
+            out.append("[^/.]" if i == 0 else "[^/]")
+        elif close > 0:
+            body = segment[i + 1 : close].replace("/", "")
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = close
+        else:
+            out.append("\\" + c if c in _ERE_SPECIAL else c)
+        i += 1
+    return "".join(out)
+
+
+_ERE_SPECIAL = frozenset(".^$*+?()[]{}|\\")
 
 
 def _remove_mirror(mirror: Path) -> None:
@@ -575,7 +621,12 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         finished = time.monotonic()
         stderr = done.stderr_text + ("\n[skillrun: the run was cancelled]\n" if outcome.cancelled else "")
         return run_result(
-            request, self.name, outcome, collection, stdout=done.stdout_text, stderr=stderr,
+            request,
+            self.name,
+            outcome,
+            collection,
+            stdout=done.stdout_text,
+            stderr=stderr,
             marks=(started, staged, executed, finished),
         )
 
@@ -619,8 +670,9 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             # link there is sent as a link (and refused in collection like anywhere else).
             literal = next((i for i, s in enumerate(segments) if any(c in s for c in "*?[")), len(segments) - 1)
             base = "/".join(segments[:literal]) or "/"
-            rest = "/".join(segments[literal:]).replace("**/", "*").replace("**", "*")
-            listing += base.encode() + b"\0" + rest.encode() + b"\0"
+            rest = [s for s in segments[literal:] if s not in ("", ".")]
+            depth = 0 if "**" in rest else len(rest)
+            listing += b"\0".join(x.encode() for x in (base, str(depth), glob_regex(rest))) + b"\0"
         limits = request.limits
         return PACK_SCRIPT.format(
             ws=shlex.quote(ws),
