@@ -70,6 +70,9 @@ REMOTE_TMP = "/tmp"
 ARTIFACT_DOWNLOAD_BYTES = 1024**3
 """Most bytes of output files fetched for one run that saves artifacts (whole files, not capped heads)."""
 KILLED_EXIT_CODE = 128 + 9
+PACK_GRACE_SECONDS = 30.0
+"""Time a run's round trip gets past its command's timeout for killing leftovers and packing outputs (the command
+itself is killed in the sandbox at its timeout)."""
 
 
 class CodeExecutionResult(BaseModel):
@@ -182,6 +185,7 @@ class CubeCodeExecutor:
         script: str,
         *,
         timeout: float | None = None,
+        grace: float = 0.0,
         stdout_cap: int = defaults.STDOUT_BYTES,
         stderr_cap: int = defaults.STDERR_BYTES,
         cancel: asyncio.Event | None = None,
@@ -189,9 +193,9 @@ class CubeCodeExecutor:
         user: str | None = None,
     ) -> ScriptOutcome:
         """Run ``script`` with the sandbox's bash and wait for it, at most ``timeout`` (never past
-        ``execute_timeout``) or until ``cancel`` is set; then every process whose environment or command line
+        ``execute_timeout``) plus ``grace``, or until ``cancel`` is set; then every process whose environment or command line
         holds ``marker`` is killed."""
-        limit = min(timeout or self.config.execute_timeout, self.config.execute_timeout)
+        limit = min(timeout or self.config.execute_timeout, self.config.execute_timeout) + grace
         buffers = {1: bytearray(), 2: bytearray()}
         caps = {1: stdout_cap, 2: stderr_cap}
         omitted = {1: 0, 2: 0}
@@ -559,8 +563,10 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         ws = self.workspace_path(request.workspace_id)
         skill_dir = f"{ws}/skills/{request.skill.name}"
         pack_dir = f"{REMOTE_TMP}/skillrun-pack-{uuid.uuid4().hex}"
+        limit = min(request.timeout, self.config.execute_timeout)
         options = {
             "timeout": request.timeout,
+            "grace": PACK_GRACE_SECONDS,
             "stdout_cap": request.limits.stdout_bytes,
             "stderr_cap": request.limits.stderr_bytes,
             "cancel": cancel,
@@ -581,7 +587,9 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             staged = time.monotonic()
             try:
                 done = await executor.run_script(
-                    guard + self._command_script(request, ws, run_dir, skill_dir, pack_dir), marker=run_dir, **options
+                    guard + self._command_script(request, ws, run_dir, skill_dir, pack_dir, limit),
+                    marker=run_dir,
+                    **options,
                 )
             except RuntimeUnavailableError:
                 if self.executor is not None or not await self._gone(executor):
@@ -611,9 +619,14 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
             staged = time.monotonic()
             done = await executor.run_script(
-                self._command_script(request, ws, run_dir, real_cwd or skill_dir, pack_dir), marker=run_dir, **options
+                self._command_script(request, ws, run_dir, real_cwd or skill_dir, pack_dir, limit),
+                marker=run_dir,
+                **options,
             )
         outcome = done.outcome
+        if not outcome.timed_out and outcome.exit_code == KILLED_EXIT_CODE and outcome.duration_ms >= limit * 1000:
+            # Killed by the sandbox-side timeout: reported as every runtime reports a timeout.
+            outcome.timed_out, outcome.exit_code = True, TIMEOUT_EXIT_CODE
         executed = time.monotonic()
 
         packed = not (outcome.timed_out or outcome.cancelled)
@@ -638,10 +651,10 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     def _key(executor: CubeCodeExecutor, request: RunRequest) -> tuple[str, str, str]:
         return executor.sandbox_id, request.workspace_id, request.skill.name
 
-    def _command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str, pack_dir: str) -> str:
-        """Enter ``cwd`` and run the command under ``env -i`` (the environment from scratch); once it has exited,
-        in the same round trip, kill what it left running and pack its outputs into ``pack_dir``; exit with the
-        command's status."""
+    def _command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str, pack_dir: str, limit: float) -> str:
+        """Enter ``cwd`` and run the command under ``env -i`` (the environment from scratch), killed with its
+        process group after ``limit`` seconds (``timeout -s KILL``: 137); once it has exited, in the same round
+        trip, kill what it left running and pack its outputs into ``pack_dir``; exit with the command's status."""
         variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
         env = {"PATH": defaults.SANDBOX_PATH, "HOME": run_dir, "TMPDIR": run_dir, "LANG": defaults.SANDBOX_LANG}
         env.update(request.env)
@@ -649,12 +662,16 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         env["SHELL"] = "/bin/bash"
         inner = remote_ulimit_prefix(request.limits) + request.command
         command = (
-            "/usr/bin/env -i "
+            f"timeout -s KILL {limit:.3f} /usr/bin/env -i "
             + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
             + f" /bin/bash -c {shlex.quote(inner)}"
         )
         after = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + self._pack_script(request, ws, pack_dir)
-        return f"cd -- {shlex.quote(cwd)} || exit 126\n{command} </dev/null; rc=$?\nexec >/dev/null 2>&1\n{after}exit $rc\n"
+        # The command's stderr goes to fd 3, the wrapper's own (bash's "Killed" notice) nowhere.
+        return (
+            f"cd -- {shlex.quote(cwd)} || exit 126\n{{ {command} </dev/null 2>&3; }} 3>&2 2>/dev/null; rc=$?\n"
+            f"exec >/dev/null 2>&1\n{after}exit $rc\n"
+        )
 
     def _pack_script(self, request: RunRequest, ws: str, pack_dir: str) -> str:
         """The script that packs what the request's output patterns may match (nothing when it has none)."""
