@@ -264,3 +264,19 @@ async def test_a_download_larger_than_asked_for_is_refused(cube_runtime_factory,
     with pytest.raises(UnsafeArchiveError, match="more than 65536 bytes"):
         await runtime._download(executor, str(big), shared_dir / "got.tar", 65536)
     assert (shared_dir / "got.tar").stat().st_size <= 65536 + 256 * 1024  # stopped at the limit, not at the end
+
+
+async def test_workers_with_the_same_skill_in_different_places_stage_it_once(cube_runtime_factory, cube_standin, shared_dir):
+    for copy in ("a", "b"):
+        shutil.copytree(LIBRARY / "python-math", shared_dir / copy / "python-math")
+    first = cube_runtime_factory()
+    second = create_cube_workspace_runtime(config=first.config, workspace_cfg=first.workspace_cfg,
+                                           work_root=shared_dir / "second")
+    before = len(cube_standin.commands)
+    for _ in range(3):
+        for runtime, copy in ((first, "a"), (second, "b")):
+            skill = SkillRef(name="python-math", root=str(shared_dir / copy), path="python-math")
+            result = await runtime.run(RunRequest(skill=skill, workspace_id="same", command="python3 scripts/fib.py 2"))
+            assert result.stdout.split() == ["0", "1"], result.stderr
+    stagings = [c for c in cube_standin.commands[before:] if "refusing to stage" in c]
+    assert len(stagings) == 1

@@ -4,6 +4,7 @@ and refusals on the local runtime, in Docker containers and in Cube sandboxes (a
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,11 @@ async def test_globs_match_name_by_name_and_links_inside_are_followed(any_runtim
     assert result.exit_code == 0, result.stderr
     assert [(f.name, f.content) for f in result.output_files] == [("out/a.txt", "a\n"), ("work/d.txt", "data\n")]
     assert result.skipped_files == []
+
+
+async def test_a_host_path_input_that_is_a_fifo_is_refused_without_blocking(any_runtime, work_root):
+    fifo = work_root / "pipe"
+    os.mkfifo(fifo)
+    request = RunRequest(skill=SKILL, workspace_id="conf", command="true", inputs=[InputFile(name="p", host_path=str(fifo))])
+    with pytest.raises(InvalidRunRequestError, match="not a regular file"):
+        await any_runtime.run(request, allow_host_paths=True)

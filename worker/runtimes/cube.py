@@ -172,6 +172,9 @@ class CubeCodeExecutor:
             raise sandbox_error("uploading code", exc, self.sandbox_id) from exc
         script = f"{interpreters[language]} {path}; rc=$?; rm -f {path}; exit $rc"
         done = await self.run_script(script, timeout=timeout, marker=path)
+        if done.outcome.timed_out:  # killed before it could remove its code file
+            with contextlib.suppress(Exception):
+                await self.sandbox.commands.run(f"rm -f {path}", user=self.config.user, timeout=30)
         return CodeExecutionResult(
             stdout=done.stdout_text,
             stderr=done.stderr_text,
@@ -474,6 +477,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         self.artifact_store = artifact_store or FileArtifactStore(self.local_root / ".skillrun" / "artifacts")
         self.input_file_bytes = input_file_bytes
         self._signature_stager = CopySkillStager()
+        self._content_signatures: dict[tuple[Path, str], str] = {}  # (source, stat signature) → content signature
         self._staged: dict[tuple[str, str, str], str] = {}  # (sandbox, workspace, skill) → signature
         self._owned: dict[str, CubeCodeExecutor] = {}
         self._last_used: dict[str, float] = {}
@@ -557,7 +561,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     async def _run(self, request: RunRequest, cancel: asyncio.Event) -> RunResult:
         started = time.monotonic()
         source = await asyncio.to_thread(resolve_skill_source, request.skill)
-        signature = f"{source}:{await asyncio.to_thread(self._signature_stager.signature, source)}"
+        signature = await asyncio.to_thread(self._skill_signature, source)
         inputs = await asyncio.to_thread(self._input_archive, request.inputs)
         executor = await self.executor_for(request.workspace_id)
         ws = self.workspace_path(request.workspace_id)
@@ -642,6 +646,29 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             stderr=stderr,
             marks=(started, staged, executed, finished),
         )
+
+    def _skill_signature(self, source: Path) -> str:
+        """What the staged copy of ``source`` is compared with: a digest of its contents, modes and links, so two
+        workers with identical libraries in different places agree (the digest is recomputed only when a file's
+        size, time or mode changes)."""
+        key = (source, self._signature_stager.signature(source))
+        known = self._content_signatures.get(key)
+        if known is None:
+            digest = hashlib.sha256()
+            for dirpath, dirnames, filenames in os.walk(source):
+                dirnames.sort()
+                for name in sorted(filenames) + dirnames:
+                    path = os.path.join(dirpath, name)
+                    info = os.lstat(path)
+                    digest.update(f"{os.path.relpath(path, source)}\0{stat.S_IFMT(info.st_mode)}\0".encode())
+                    digest.update(f"{stat.S_IMODE(info.st_mode) & 0o111}\0".encode())
+                    if stat.S_ISLNK(info.st_mode):
+                        digest.update(os.readlink(path).encode())
+                    elif stat.S_ISREG(info.st_mode):
+                        with open(path, "rb") as f:
+                            digest.update(hashlib.file_digest(f, "sha256").digest())
+            known = self._content_signatures[key] = "sha256:" + digest.hexdigest()
+        return known
 
     async def _exists(self, executor: CubeCodeExecutor, path: str) -> bool:
         done = await executor.run_script(f"[ -e {shlex.quote(path)} ]", timeout=30)
@@ -829,8 +856,8 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                     )
                 archive.add_input(rel, data, len(data))
                 continue
-            try:
-                f = open(item.host_path, "rb")  # noqa: SIM115 - closed below
+            try:  # non-blocking: a FIFO at that path must not hang the run
+                f = os.fdopen(os.open(item.host_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), "rb")
             except OSError as exc:
                 raise InvalidRunRequestError(
                     "inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}"

@@ -168,7 +168,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         src_fd = None
         if item.host_path is not None:
             try:
-                src_fd = os.open(item.host_path, os.O_RDONLY | os.O_CLOEXEC)
+                src_fd = os.open(item.host_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
             except OSError as exc:
                 raise InvalidRunRequestError("inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}") from exc
             size = os.fstat(src_fd).st_size
