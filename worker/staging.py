@@ -19,6 +19,7 @@ import os
 import shutil
 import stat
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 
 from worker.contract import SkillRef
@@ -115,12 +116,8 @@ class CopySkillStager(BaseSkillStager):
 
     def signature(self, source: Path) -> str:
         digest = hashlib.sha256()
-        for dirpath, dirnames, filenames in os.walk(source):
-            dirnames.sort()
-            for name in sorted(filenames) + dirnames:
-                path = os.path.join(dirpath, name)
-                info = os.lstat(path)
-                digest.update(f"{os.path.relpath(path, source)}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_mode}\n".encode())
+        for rel, _, info in walk_tree(source):
+            digest.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_mode}\n".encode())
         return digest.hexdigest()
 
     def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
@@ -169,6 +166,15 @@ class LinkSkillStager(BaseSkillStager):
         for entry in os.scandir(source):
             if entry.name not in WORKSPACE_LINKS:
                 os.symlink(os.path.realpath(entry.path), staging / entry.name)
+
+
+def walk_tree(source: Path) -> Iterator[tuple[str, str, os.stat_result]]:
+    """Every entry below ``source`` in a stable order: (path relative to it, full path, ``lstat``)."""
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames.sort()
+        for name in sorted(filenames) + dirnames:
+            path = os.path.join(dirpath, name)
+            yield os.path.relpath(path, source), path, os.lstat(path)
 
 
 def _make_read_only(top: Path) -> None:

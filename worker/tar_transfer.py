@@ -21,7 +21,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 from worker.errors import UnsafeArchiveError
-from worker.staging import WORKSPACE_LINKS
+from worker.staging import WORKSPACE_LINKS, walk_tree
 
 SIZES_MEMBER = ".skillrun-sizes"
 MAX_DEPTH = 64
@@ -44,22 +44,17 @@ class UploadArchive:
         top = f"skills/{name}"
         self._dir("skills", 0o755)
         self._dir(top, 0o555)
-        for dirpath, dirnames, filenames in os.walk(source):
-            dirnames.sort()
-            rel_dir = os.path.relpath(dirpath, source)
-            for entry in sorted(filenames) + dirnames:
-                if rel_dir == "." and entry in WORKSPACE_LINKS:
-                    continue
-                path = os.path.join(dirpath, entry)
-                member = f"{top}/{entry}" if rel_dir == "." else f"{top}/{rel_dir}/{entry}"
-                info = os.lstat(path)
-                if stat.S_ISLNK(info.st_mode):
-                    self._link(member, os.readlink(path))
-                elif stat.S_ISDIR(info.st_mode):
-                    self._dir(member, 0o555)
-                elif stat.S_ISREG(info.st_mode):
-                    with open(path, "rb") as f:
-                        self._file(member, f, info.st_size, (stat.S_IMODE(info.st_mode) & 0o555) | 0o444)
+        for rel, path, info in walk_tree(source):
+            if rel.split("/", 1)[0] in WORKSPACE_LINKS:  # the skill's own work/out/inputs give way to the links
+                continue
+            member = f"{top}/{rel}"
+            if stat.S_ISLNK(info.st_mode):
+                self._link(member, os.readlink(path))
+            elif stat.S_ISDIR(info.st_mode):
+                self._dir(member, 0o555)
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as f:
+                    self._file(member, f, info.st_size, (stat.S_IMODE(info.st_mode) & 0o555) | 0o444)
         for entry, target in WORKSPACE_LINKS.items():
             self._link(f"{top}/{entry}", target)
 

@@ -46,6 +46,8 @@ def test_an_upload_keeps_modes_links_and_the_workspace_links(tmp_path):
     (skill / "scripts" / "run.sh").chmod(0o755)
     os.symlink("SKILL.md", skill / "README.md")
     os.symlink("/elsewhere", skill / "out")  # a skill's own "out" never replaces the workspace link
+    (skill / "work").mkdir()
+    (skill / "work" / "planted.txt").write_text("x")  # nor does its own "work" folder, or what is in it
     upload = UploadArchive()
     upload.add_skill(skill, "demo")
     upload.add_input(PurePosixPath("sub/n.txt"), b"123", 3)
@@ -60,6 +62,7 @@ def test_an_upload_keeps_modes_links_and_the_workspace_links(tmp_path):
         "skills/demo/inputs": "../../work/inputs",
     }
     assert members["work/inputs/sub/n.txt"].size == 3 and members["work/inputs/sub"].isdir()
+    assert not [name for name in members if name.startswith("skills/demo/work/")]
 
 
 def test_files_links_fifos_and_true_sizes_are_laid_out(tmp_path):

@@ -59,7 +59,7 @@ from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, Unsaf
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, remote_ulimit_prefix
 from worker.runtimes.base import BaseWorkspaceRuntime, run_result
 from worker.runtimes.host import decode_output
-from worker.staging import CopySkillStager, resolve_skill_source
+from worker.staging import CopySkillStager, resolve_skill_source, walk_tree
 from worker.tar_transfer import SIZES_MEMBER, UploadArchive, extract_mirror
 from worker.validation import resolve_cwd, validate_input_name, validate_request
 from worker.workspace import METADATA_FILE, Workspace
@@ -655,18 +655,13 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         known = self._content_signatures.get(key)
         if known is None:
             digest = hashlib.sha256()
-            for dirpath, dirnames, filenames in os.walk(source):
-                dirnames.sort()
-                for name in sorted(filenames) + dirnames:
-                    path = os.path.join(dirpath, name)
-                    info = os.lstat(path)
-                    digest.update(f"{os.path.relpath(path, source)}\0{stat.S_IFMT(info.st_mode)}\0".encode())
-                    digest.update(f"{stat.S_IMODE(info.st_mode) & 0o111}\0".encode())
-                    if stat.S_ISLNK(info.st_mode):
-                        digest.update(os.readlink(path).encode())
-                    elif stat.S_ISREG(info.st_mode):
-                        with open(path, "rb") as f:
-                            digest.update(hashlib.file_digest(f, "sha256").digest())
+            for rel, path, info in walk_tree(source):
+                digest.update(f"{rel}\0{stat.S_IFMT(info.st_mode)}\0{stat.S_IMODE(info.st_mode) & 0o111}\0".encode())
+                if stat.S_ISLNK(info.st_mode):
+                    digest.update(os.readlink(path).encode())
+                elif stat.S_ISREG(info.st_mode):
+                    with open(path, "rb") as f:
+                        digest.update(hashlib.file_digest(f, "sha256").digest())
             known = self._content_signatures[key] = "sha256:" + digest.hexdigest()
         return known
 
