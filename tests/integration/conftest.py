@@ -66,6 +66,7 @@ def cube_runtime_factory(cube_standin, shared_dir):
         made.append(runtime)
         return runtime
 
+    make.made = made
     yield make
     for sandbox_id in set(cube_standin.sandboxes) - before:
         cube_standin.forget(sandbox_id)

@@ -24,6 +24,14 @@ LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
 
 
+@pytest.fixture
+async def cube_runtime_factory(cube_runtime_factory):
+    """The shared factory, whose runtimes are closed on this test's loop (their clean-up in the sandbox done)."""
+    yield cube_runtime_factory
+    for runtime in cube_runtime_factory.made:
+        await runtime.close()
+
+
 def running(marker: str) -> list[int]:
     """Processes on this machine (where the stand-in runs sandbox commands) whose command line holds ``marker``."""
     found = []
@@ -67,6 +75,7 @@ async def test_another_worker_finds_the_workspace_sandbox_by_its_metadata(
     result = await theirs.run(RunRequest(skill=SKILL, workspace_id="shared", command="cat $WORK_DIR/note"))
     assert result.stdout == "from-one\n"
     assert (await theirs.executor_for("shared")).sandbox_id == (await mine.executor_for("shared")).sandbox_id
+    await theirs.close()
 
 
 async def test_a_workspace_removed_from_outside_is_made_again(cube_runtime_factory):
@@ -280,3 +289,4 @@ async def test_workers_with_the_same_skill_in_different_places_stage_it_once(cub
             assert result.stdout.split() == ["0", "1"], result.stderr
     stagings = [c for c in cube_standin.commands[before:] if "refusing to stage" in c]
     assert len(stagings) == 1
+    await second.close()

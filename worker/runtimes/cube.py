@@ -34,21 +34,11 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from e2b import AsyncSandbox, SandboxQuery
-from e2b.exceptions import (
-    AuthenticationException,
-    FileNotFoundException,
-    NotFoundException,
-    SandboxException,
-    SandboxNotRunningException,
-    TimeoutException,
-)
-from e2b.sandbox.commands.command_handle import CommandExitException
-from pydantic import BaseModel
+from e2b.exceptions import FileNotFoundException, NotFoundException, SandboxNotRunningException
 
 from worker import defaults
 from worker.artifacts import FileArtifactStore
@@ -56,9 +46,26 @@ from worker.collect import ArtifactSink, Collection, collect_outputs, resolve_pa
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RuntimeName
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, UnsafeArchiveError, WorkspaceError
-from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, remote_ulimit_prefix
+from worker.process import TIMEOUT_EXIT_CODE, remote_ulimit_prefix
 from worker.runtimes.base import BaseWorkspaceRuntime, run_result
-from worker.runtimes.host import decode_output
+from worker.runtimes.cube_executor import (
+    KILL_SCRIPT,
+    KILLED_EXIT_CODE,
+    REMOTE_TMP,
+    CodeExecutionResult,
+    CubeCodeExecutor,
+    ScriptOutcome,
+    open_sandbox,
+    sandbox_error,
+)
+from worker.runtimes.cube_scripts import (
+    FAST_GUARD,
+    FAST_MISS_EXIT_CODE,
+    PACK_SCRIPT,
+    PREP_SCRIPT,
+    STAGE_SCRIPT,
+    glob_regex,
+)
 from worker.staging import CopySkillStager, resolve_skill_source, walk_tree
 from worker.tar_transfer import SIZES_MEMBER, UploadArchive, extract_mirror
 from worker.validation import resolve_cwd, validate_input_name, validate_request
@@ -66,379 +73,11 @@ from worker.workspace import METADATA_FILE, Workspace
 
 WORKSPACE_LABEL = "skillrun.workspace"
 ROOT_LABEL = "skillrun.root"
-REMOTE_TMP = "/tmp"
 ARTIFACT_DOWNLOAD_BYTES = 1024**3
 """Most bytes of output files fetched for one run that saves artifacts (whole files, not capped heads)."""
-KILLED_EXIT_CODE = 128 + 9
 PACK_GRACE_SECONDS = 30.0
 """Time a run's round trip gets past its command's timeout for killing leftovers and packing outputs (the command
 itself is killed in the sandbox at its timeout)."""
-
-
-class CodeExecutionResult(BaseModel):
-    """What a bare ``CubeCodeExecutor.execute_code`` returns."""
-
-    stdout: str
-    stderr: str
-    exit_code: int
-    timed_out: bool = False
-    duration_ms: int = 0
-
-
-def sandbox_error(action: str, exc: BaseException, sandbox_id: str | None = None) -> RuntimeUnavailableError:
-    """An ``e2b`` SDK or transport error → ``RuntimeUnavailableError`` saying what failed and what to do."""
-    where = f" (sandbox {sandbox_id})" if sandbox_id else ""
-    if isinstance(exc, AuthenticationException):
-        reason = f"the sandbox service refused the credentials ({exc}); check E2B_API_KEY"
-    elif isinstance(exc, SandboxNotRunningException):
-        reason = f"the sandbox is gone: it was killed or reached its timeout ({exc})"
-    elif isinstance(exc, NotFoundException):
-        reason = f"not found: {exc}"
-    elif isinstance(exc, TimeoutException):
-        reason = f"the sandbox could not be reached in time: {exc}"
-    elif isinstance(exc, SandboxException):
-        reason = f"the sandbox service failed: {exc}"
-    else:
-        reason = f"the connection to the sandbox service failed: {type(exc).__name__}: {exc}"
-    return RuntimeUnavailableError(f"cube: {action}{where}: {reason}")
-
-
-async def open_sandbox(config: CubeCodeExecutorConfig, metadata: dict[str, str] | None = None) -> AsyncSandbox:
-    """Connect to ``config.sandbox_id``, or create a sandbox from ``config.template_id``."""
-    options = config.connection_options()
-    try:
-        if config.sandbox_id:
-            return await AsyncSandbox.connect(config.sandbox_id, **options)
-        return await AsyncSandbox.create(
-            config.template_id,
-            timeout=config.sandbox_timeout,
-            metadata=metadata or {},
-            allow_internet_access=config.allow_internet_access,
-            **options,
-        )
-    except Exception as exc:  # every SDK and transport failure, reported with what was tried
-        action = (
-            f"connecting to sandbox {config.sandbox_id}"
-            if config.sandbox_id
-            else (f"creating a sandbox from template {config.template_id!r} at {config.api_url or 'the E2B API'}")
-        )
-        raise sandbox_error(action, exc) from exc
-
-
-@dataclass
-class ScriptOutcome:
-    """How a script run in a sandbox ended, with its captured output decoded (marked where cut)."""
-
-    outcome: ProcessOutcome
-    stdout_text: str
-    stderr_text: str
-
-
-class CubeCodeExecutor:
-    """One Cube sandbox and the commands and code run in it."""
-
-    def __init__(
-        self, sandbox: AsyncSandbox, config: CubeCodeExecutorConfig | None = None, *, owns_sandbox: bool = True
-    ) -> None:
-        self.sandbox = sandbox
-        self.config = config or CubeCodeExecutorConfig()
-        self.owns_sandbox = owns_sandbox
-
-    @classmethod
-    async def create(
-        cls, config: CubeCodeExecutorConfig | None = None, *, metadata: dict[str, str] | None = None
-    ) -> "CubeCodeExecutor":
-        """An executor on a new sandbox (or on ``config.sandbox_id``, which it then does not kill on close)."""
-        config = config or CubeCodeExecutorConfig()
-        return cls(await open_sandbox(config, metadata), config, owns_sandbox=not config.sandbox_id)
-
-    @property
-    def sandbox_id(self) -> str:
-        return self.sandbox.sandbox_id
-
-    async def execute_code(
-        self, code: str, language: str = "python", timeout: float | None = None
-    ) -> CodeExecutionResult:
-        """Run a code block (``python`` or ``bash``) in the sandbox, within ``timeout`` and ``execute_timeout``."""
-        interpreters = {"python": "python3", "python3": "python3", "bash": "bash", "sh": "sh"}
-        if language not in interpreters:
-            raise InvalidRunRequestError(
-                "language", f"{language!r} cannot be run; use one of {', '.join(interpreters)}"
-            )
-        path = f"{REMOTE_TMP}/skillrun-code-{uuid.uuid4().hex}"
-        try:
-            await self.sandbox.files.write(path, code.encode(), user=self.config.user, use_octet_stream=True)
-        except Exception as exc:
-            raise sandbox_error("uploading code", exc, self.sandbox_id) from exc
-        script = f"{interpreters[language]} {path}; rc=$?; rm -f {path}; exit $rc"
-        done = await self.run_script(script, timeout=timeout, marker=path)
-        if done.outcome.timed_out:  # killed before it could remove its code file
-            with contextlib.suppress(Exception):
-                await self.sandbox.commands.run(f"rm -f {path}", user=self.config.user, timeout=30)
-        return CodeExecutionResult(
-            stdout=done.stdout_text,
-            stderr=done.stderr_text,
-            exit_code=done.outcome.exit_code,
-            timed_out=done.outcome.timed_out,
-            duration_ms=done.outcome.duration_ms,
-        )
-
-    async def run_script(
-        self,
-        script: str,
-        *,
-        timeout: float | None = None,
-        grace: float = 0.0,
-        stdout_cap: int = defaults.STDOUT_BYTES,
-        stderr_cap: int = defaults.STDERR_BYTES,
-        cancel: asyncio.Event | None = None,
-        marker: str | None = None,
-        user: str | None = None,
-    ) -> ScriptOutcome:
-        """Run ``script`` with the sandbox's bash and wait for it, at most ``timeout`` (never past
-        ``execute_timeout``) plus ``grace``, or until ``cancel`` is set; then every process whose environment or command line
-        holds ``marker`` is killed."""
-        limit = min(timeout or self.config.execute_timeout, self.config.execute_timeout) + grace
-        buffers = {1: bytearray(), 2: bytearray()}
-        caps = {1: stdout_cap, 2: stderr_cap}
-        omitted = {1: 0, 2: 0}
-
-        def sink(which: int):  # noqa: ANN202
-            def take(text: str) -> None:
-                data = text.encode("utf-8", "surrogateescape")
-                room = caps[which] - len(buffers[which])
-                if room > 0:
-                    buffers[which] += data[:room]
-                omitted[which] += max(len(data) - max(room, 0), 0)
-
-            return take
-
-        started = time.monotonic()
-        try:
-            handle = await self.sandbox.commands.run(
-                script,
-                background=True,
-                user=user or self.config.user,
-                timeout=0,
-                on_stdout=sink(1),
-                on_stderr=sink(2),
-                request_timeout=self.config.request_timeout,
-            )
-        except Exception as exc:
-            raise sandbox_error("starting a command", exc, self.sandbox_id) from exc
-        waiting = asyncio.ensure_future(handle.wait())
-        watchers = {waiting}
-        cancelled_wait = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
-        if cancelled_wait is not None:
-            watchers.add(cancelled_wait)
-        timed_out = cancelled = False
-        code: int | None = None
-        try:
-            done, _ = await asyncio.wait(watchers, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
-            if waiting in done:
-                code = self._exit_code(waiting)
-            else:
-                cancelled = cancelled_wait is not None and cancelled_wait in done
-                timed_out = not cancelled
-                await self.kill_marked(marker)
-                with contextlib.suppress(Exception):
-                    await handle.kill()
-                # The stream ends with the killed process; one that does not is let go.
-                await asyncio.wait({waiting}, timeout=defaults.KILL_GRACE_SECONDS)
-                if not waiting.done():
-                    with contextlib.suppress(Exception):
-                        await handle.disconnect()
-                    await asyncio.wait({waiting}, timeout=defaults.KILL_GRACE_SECONDS)
-                    waiting.cancel()
-                with contextlib.suppress(BaseException):
-                    await waiting
-        finally:
-            if cancelled_wait is not None:
-                cancelled_wait.cancel()
-        if timed_out:
-            exit_code = TIMEOUT_EXIT_CODE
-        elif code is None:
-            exit_code = KILLED_EXIT_CODE
-        else:
-            exit_code = code
-        outcome = ProcessOutcome(
-            stdout=bytes(buffers[1]),
-            stderr=bytes(buffers[2]),
-            stdout_omitted=omitted[1],
-            stderr_omitted=omitted[2],
-            exit_code=exit_code,
-            timed_out=timed_out,
-            cancelled=cancelled,
-            duration_ms=int((time.monotonic() - started) * 1000),
-            notes=[],
-        )
-        return ScriptOutcome(
-            outcome,
-            decode_output(outcome.stdout, outcome.stdout_omitted),
-            decode_output(outcome.stderr, outcome.stderr_omitted),
-        )
-
-    def _exit_code(self, waiting: asyncio.Future) -> int:
-        try:
-            return waiting.result().exit_code
-        except CommandExitException as exc:
-            return exc.exit_code if exc.exit_code >= 0 else KILLED_EXIT_CODE
-        except Exception as exc:
-            raise sandbox_error(
-                "following a command (the connection was lost while it ran)", exc, self.sandbox_id
-            ) from exc
-
-    async def kill_marked(self, marker: str | None) -> None:
-        """SIGKILL every process of the sandbox user whose environment holds ``RUN_DIR=<marker>`` or whose command
-        line holds ``marker`` (what a run started, backgrounded or not)."""
-        if not marker:
-            return
-        script = KILL_SCRIPT.format(marker=shlex.quote(marker)) + "exit 0"
-        with contextlib.suppress(Exception):
-            await self.sandbox.commands.run(
-                script, user=self.config.user, timeout=30, request_timeout=self.config.request_timeout
-            )
-
-    async def close(self) -> None:
-        """Kill the sandbox if this executor created it."""
-        if self.owns_sandbox:
-            with contextlib.suppress(Exception):
-                await self.sandbox.kill()
-
-
-KILL_SCRIPT = (
-    'm={marker}; for p in /proc/[0-9]*; do [ -O "$p" ] && [ "$p" != /proc/$$ ] || continue; hit=; '
-    'while IFS= read -r -d \'\' e; do [ "$e" = "RUN_DIR=$m" ] && hit=1 && break; done 2>/dev/null < "$p/environ"; '
-    '[ -z "$hit" ] && while IFS= read -r -d \'\' a; do case $a in *"$m"*) hit=1; break;; esac; done 2>/dev/null < "$p/cmdline"; '
-    '[ -n "$hit" ] && kill -9 "${{p#/proc/}}" 2>/dev/null; done\n'
-)
-"""Kill by marker, in bash builtins only (no process per candidate)."""
-
-PREP_SCRIPT = """set -u
-ws={ws}; skill={skill}; up={upload}; inputs={inputs}; keep={keep}; stamp={stamp}
-mkdir -p -- "$ws/work/inputs" "$ws/out" "$ws/runs" 2>/dev/null || {{
-  echo "cannot create the workspace under ${{ws%/*}}: it must exist or be creatable, and be writable by $(id -un 2>/dev/null || id -u)" >&2; exit 3; }}
-if [ -n "$inputs" ]; then
-  tar -xf "$up" -C "$ws" --no-same-owner --delay-directory-restore --wildcards 'work/*'; rc=$?
-  [ -n "$keep" ] || rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
-fi
-have=; IFS= read -r have 2>/dev/null < "$ws/skills/.$skill.signature"
-[ -f "$ws/skills/$skill/SKILL.md" ] && echo "sig=$have" || echo missing
-r="$ws/runs/run_$stamp"; i=0
-while ! mkdir -m 700 -- "$r" 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 5; r="$ws/runs/run_$stamp-$i"; done
-echo "run=$r"
-{cwd_check}
-"""
-"""The sandbox user's part of preparing a run: the workspace's folders, the run's inputs, the run folder."""
-
-STAGE_SCRIPT = """set -u
-ws={ws}; skill={skill}; up={upload}; signature={signature}; name=${{ws##*/}}
-refuse() {{ echo "refusing to stage into $ws: $1" >&2; rm -f -- "$up"; exit 3; }}
-as_root=; [ "$(id -u)" = 0 ] && as_root=1
-# Everything below works on the folders it has entered (cd -P), never on names a command could swap for links.
-rootp=$(cd -P -- "${{ws%/*}}" 2>/dev/null && pwd -P) || refuse "its parent folder is missing"
-cd -P -- "$rootp" || refuse "its parent folder is missing"
-# The workspaces folder: root's and sticky, so the sandbox user cannot rename or replace a workspace in it.
-if [ -n "$as_root" ]; then chown 0:0 . && chmod 1777 . || refuse "cannot take $rootp"; fi
-cd -P -- "$name" 2>/dev/null && [ "$(pwd -P)" = "$rootp/$name" ] || refuse "it is not a plain folder"
-if [ -n "$as_root" ]; then chown 0:0 . && chmod 755 . || refuse "cannot take it"; fi
-[ -L skills ] && rm -f skills
-mkdir -p skills && cd -P skills && [ "$(pwd -P)" = "$rootp/$name/skills" ] || refuse "skills/ is not a plain folder"
-if [ -n "$as_root" ]; then chown 0:0 . && chmod 755 . || refuse "cannot take skills/"; fi
-cd .. || exit 3
-[ -f {metadata} ] || printf '%s\\n' {metadata_json} > {metadata}
-chmod -R u+w -- "skills/$skill" 2>/dev/null; rm -rf -- "skills/$skill"
-tar -xf "$up" -C . --no-same-owner --delay-directory-restore --wildcards 'skills/*'; rc=$?
-rm -f -- "$up"; [ $rc -eq 0 ] || exit 4
-printf '%s' "$signature" > "skills/.$skill.signature"
-"""
-"""Staging, as root in the sandbox: the workspaces folder becomes root's and sticky, the workspace folder and
-``skills/`` root's, so the command (the sandbox user) can change neither the staged skill nor which folder is
-staged, and no link it plants is followed; ``work/``, ``out/`` and ``runs/`` stay the user's."""
-
-FAST_MISS_EXIT_CODE = 97
-FAST_GUARD = """s={ws}/skills/.{skill}.signature; IFS= read -r have 2>/dev/null < "$s"
-if [ "$have" != {signature} ] || ! mkdir -p -- {ws}/work/inputs {ws}/out 2>/dev/null || ! mkdir -m 700 -- {run} 2>/dev/null; then
-  echo {nonce} >&2; exit {code}; fi
-"""
-"""Before a command in a workspace this process staged: the skill is still there, unchanged, and the run folder
-is new; else the command is not run, and the runtime takes the full way (``PREP_SCRIPT``)."""
-
-PACK_SCRIPT = """(set -u
-ws={ws}; t={pack_dir}; cap={cap}; budget={budget}; most={most}
-mkdir -m 700 -- "$t" && mkdir "$t/heads" && : > "$t/list" && : > "$t/heads.list" && : > "$t/{sizes}" || exit 3
-printf %s {patterns} | base64 -d > "$t/patterns" || exit 3
-cd -- "$ws" || exit 3; n=0
-add() {{  # a regular file: whole, or its head with its true size alongside
-  local path=$1 size=$2 take=$2
-  [ $cap -ge 0 ] && [ $take -gt $cap ] && take=$cap; [ $take -gt $budget ] && take=$budget
-  budget=$((budget-take))
-  if [ $take -lt $size ]; then
-    mkdir -p -- "$t/heads/$(dirname -- "$path")"; head -c $take -- "$path" > "$t/heads/$path"
-    printf '%s\\0' "$path" >> "$t/heads.list"; printf '%s\\0%s\\0' "$path" "$size" >> "$t/{sizes}"
-  else
-    printf '%s\\0' "$path" >> "$t/list"
-  fi
-}}
-while IFS= read -r -d '' base && IFS= read -r -d '' depth && IFS= read -r -d '' re; do
-  real=$(realpath -e -- "$base" 2>/dev/null) || continue
-  case "$real" in "$ws") rel=.;; "$ws"/*) rel="./${{real#"$ws"/}}";; *) continue;; esac
-  span=(); [ "$depth" -gt 0 ] && span=(-mindepth "$depth" -maxdepth "$depth")
-  while IFS= read -r -d '' line; do
-    kind=${{line%% *}}; line=${{line#* }}; size=${{line%% *}}; sub=${{line#* }}
-    [[ $sub =~ $re ]] || continue
-    n=$((n+1)); [ $n -gt $most ] && break 2
-    path="$rel/$sub"; path=${{path#./}}
-    if [ "$kind" = f ]; then add "$path" "$size"; continue; fi
-    printf '%s\\0' "$path" >> "$t/list"
-    if [ "$kind" = l ] && target=$(realpath -e -- "$path" 2>/dev/null) && [ -f "$target" ]; then
-      case "$target" in "$ws"/*) add "${{target#"$ws"/}}" "$(stat -c %s -- "$target")";; esac
-    fi
-  done < <(find "$rel" "${{span[@]}}" \\( -type f -o -type l -o -type p -o -type c -o -type b -o -type s \\) \\
-             -printf '%y %s %P\\0' 2>/dev/null)
-done < "$t/patterns"
-tar -cf "$t/out.tar" --null --no-recursion --hard-dereference -C "$ws" -T "$t/list" -C "$t/heads" -T "$t/heads.list" \\
-  -C "$t" {sizes} || exit 4)
-"""
-"""Pack what output patterns may match into ``<pack_dir>/out.tar``: whole files up to the per-file cap and the
-byte budget, heads of longer ones (their true sizes in the sizes member), links, FIFOs and devices as they are."""
-
-
-def glob_regex(segments: list[str]) -> str:
-    """A POSIX extended regular expression for a path below a folder that matches the glob ``segments`` as
-    collection does: ``*``, ``?`` and ``[...]`` within one name (not a leading dot), ``**`` any number of
-    folders."""
-    parts: list[str] = []
-    for i, segment in enumerate(segments):
-        last = i == len(segments) - 1
-        if segment == "**":
-            parts.append("([^/.][^/]*/)*" + ("[^/.][^/]*" if last else ""))
-            continue
-        parts.append(_segment_regex(segment) + ("" if last else "/"))
-    return "^" + "".join(parts) + "$"
-
-
-def _segment_regex(segment: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(segment):
-        c = segment[i]
-        close = segment.find("]", i + 2) if c == "[" else -1
-        if c == "*":
-            out.append("([^/.][^/]*)?" if i == 0 else "[^/]*")
-        elif c == "?":
-            out.append("[^/.]" if i == 0 else "[^/]")
-        elif close > 0:
-            body = segment[i + 1 : close].replace("/", "")
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = close
-        else:
-            out.append("\\" + c if c in _ERE_SPECIAL else c)
-        i += 1
-    return "".join(out)
-
-
-_ERE_SPECIAL = frozenset(".^$*+?()[]{}|\\")
 
 
 def _remove_mirror(mirror: Path) -> None:
