@@ -323,13 +323,15 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         env["SHELL"] = "/bin/bash"
         inner = remote_ulimit_prefix(request.limits) + request.command
         command = (
-            f"timeout -s KILL {limit:.3f} /usr/bin/env -i "
+            '"${deadline[@]}" /usr/bin/env -i '
             + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
             + f" /bin/bash -c {shlex.quote(inner)}"
         )
         after = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + self._pack_script(request, ws, pack_dir)
         # The command's stderr goes to fd 3, the wrapper's own (bash's "Killed" notice) nowhere.
+        # Without coreutils' timeout in the template, the caller's deadline (plus the grace) is the only one.
         return (
+            f"deadline=(timeout -s KILL {limit:.3f}); command -v timeout >/dev/null || deadline=()\n"
             f"cd -- {shlex.quote(cwd)} || exit 126\n{{ {command} </dev/null 2>&3; }} 3>&2 2>/dev/null; rc=$?\n"
             f"exec >/dev/null 2>&1\n{after}exit $rc\n"
         )
