@@ -181,16 +181,20 @@ class QueueDispatcher(BaseDispatcher):
         return await asyncio.to_thread(self._submit, request, priority, owner)
 
     def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:
-        record = self.store.create(request, owner)
-        self._enqueue(record, priority)
+        record = self.store.reserve(request, owner)
+        with self.redis.pipeline(transaction=True) as pipe:  # enqueued and announced in one round trip
+            self._enqueue(record, priority, pipe)  # first: RQ starts the transaction (MULTI) itself
+            self.store.announce(pipe, record)
+            pipe.execute()
         return record
 
-    def _enqueue(self, record: RunRecord, priority: bool = False) -> None:
-        self.queue(record.request.runtime.value).enqueue(
-            execute_run, record.id,
+    def _enqueue(self, record: RunRecord, priority: bool = False, pipe: redis.client.Pipeline | None = None) -> None:
+        self.queue(record.request.runtime.value).enqueue_call(
+            execute_run, args=(record.id,),
             job_id=f"{record.id}-{record.attempts + 1}",
-            job_timeout=int(record.request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS),
+            timeout=int(record.request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS),
             result_ttl=defaults.JOB_RESULT_TTL_SECONDS, failure_ttl=self.result_ttl, at_front=priority,
+            pipeline=pipe,
         )
 
     async def get(self, run_id: str) -> RunRecord | None:

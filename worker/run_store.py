@@ -115,8 +115,8 @@ class BaseRunStore(ABC):
         return self.alive_id(record.id)
 
     def start(self, run_id: str, worker_id: str) -> RunRecord | None:
-        """Mark a queued run started by ``worker_id``; ``None`` when it is not queued (cancelled, or taken)."""
-        self.heartbeat(run_id)  # before the status changes: a started run is never seen without a heartbeat
+        """Mark a queued run started by ``worker_id``; ``None`` when it is not queued (cancelled, or taken). A store
+        whose runs can be lost records the first heartbeat with the change, so a started run always has one."""
 
         def mutate(record: RunRecord) -> RunEvent | None:
             if record.status != RunStatus.QUEUED:
@@ -311,6 +311,14 @@ class RedisRunStore(BaseRunStore):
         return f"{self.prefix}:{run_id}{':' + part if part else ''}"
 
     def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
+        record = self.reserve(request, owner)
+        with self.redis.pipeline(transaction=True) as pipe:
+            self.announce(pipe, record)
+            pipe.execute()
+        return record
+
+    def reserve(self, request: RunRequest, owner: str | None = None) -> RunRecord:
+        """Store a new run's record (refused if the id was ever used); ``announce`` then makes it known."""
         record = RunRecord(id=request.run_id, request=request, owner=owner)
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self._key(record.id), record.model_dump_json(), nx=True)
@@ -318,14 +326,16 @@ class RedisRunStore(BaseRunStore):
             created, had_events = pipe.execute()
         if not created or had_events:
             raise ValueError(f"run {record.id!r} already exists")
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zadd(f"{self.prefix}:index", {record.id: record.created_at})
-            if owner is not None:
-                pipe.zadd(f"{self.prefix}:index:{owner}", {record.id: record.created_at})
-            pipe.hincrby(f"{self.prefix}:stats", f"status:{RunStatus.QUEUED.value}", 1)
-            pipe.xadd(self._key(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
-            pipe.execute()
         return record
+
+    def announce(self, pipe: redis.client.Pipeline, record: RunRecord) -> None:
+        """Add a reserved run to the indexes, the counts and its event stream, in ``pipe`` (which may also carry
+        its enqueueing)."""
+        pipe.zadd(f"{self.prefix}:index", {record.id: record.created_at})
+        if record.owner is not None:
+            pipe.zadd(f"{self.prefix}:index:{record.owner}", {record.id: record.created_at})
+        pipe.hincrby(f"{self.prefix}:stats", f"status:{RunStatus.QUEUED.value}", 1)
+        pipe.xadd(self._key(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
 
     def get(self, run_id: str) -> RunRecord | None:
         raw = self.redis.get(self._key(run_id))
@@ -355,6 +365,8 @@ class RedisRunStore(BaseRunStore):
 
     def _write(self, pipe: redis.client.Pipeline, record: RunRecord, event: RunEvent, previous: RunStatus) -> None:
         ttl = self.result_ttl if record.status.done else None
+        if record.status == RunStatus.STARTED and previous != RunStatus.STARTED:
+            pipe.set(self._key(record.id, "heartbeat"), "1", ex=self.heartbeat_ttl)  # in the same transaction
         pipe.set(self._key(record.id), record.model_dump_json(), ex=ttl)
         pipe.xadd(self._key(record.id, "events"), {"event": event.model_dump_json()})
         if previous != record.status:
