@@ -35,6 +35,11 @@ async def _record(services: Services, run_id: str, team: Team) -> RunRecord:
     return record
 
 
+def _json(model: RunPublic, status_code: int = status.HTTP_200_OK) -> Response:
+    """The model as JSON, as FastAPI would send it, without its dump-validate-encode round (a run can be large)."""
+    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
 def _skill_ref(services: Services, team: Team, name: str) -> SkillRef:
     return services.repository_for(team).skill_ref(name)
 
@@ -42,7 +47,7 @@ def _skill_ref(services: Services, team: Team, name: str) -> SkillRef:
 @router.post("", response_model=RunPublic, status_code=status.HTTP_202_ACCEPTED)
 async def submit_run(
     body: RunCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
-) -> RunPublic:
+) -> Response:
     """Accept a run; it executes in the background (in this process, or on a worker when Redis is configured).
     The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given)."""
     try:
@@ -59,7 +64,7 @@ async def submit_run(
         record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
     except (ValueError, DispatchError, WorkerError) as exc:
         raise HTTPException(422, str(exc)) from exc
-    return RunPublic.of(record)
+    return _json(RunPublic.of(record), status.HTTP_202_ACCEPTED)
 
 
 @router.get("", response_model=RunsPublic)
@@ -80,14 +85,14 @@ async def get_run(
     wait: float = Query(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS, description="Seconds to wait for the run to end."),
     team: Team = Depends(current_team),
     services: Services = Depends(get_services),
-) -> RunPublic:
+) -> Response:
     """A run; with ``wait`` the answer comes when the run ends or after that many seconds."""
     if not wait:
-        return RunPublic.of(await _record(services, run_id, team))
+        return _json(RunPublic.of(await _record(services, run_id, team)))
     record = await services.dispatcher.wait(run_id, wait, owner=team.id)
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run_id!r}")
-    return RunPublic.of(record)
+    return _json(RunPublic.of(record))
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic)
