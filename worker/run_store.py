@@ -27,8 +27,6 @@ from worker import defaults
 from worker.contract import RunRequest, RunResult
 
 
-_TERMINAL_EVENTS = {"finished", "failed", "cancelled"}
-
 MAX_BLOCK_SECONDS = 2.0
 """Longest single blocking read on Redis (under any client socket timeout); waits loop over such reads."""
 
@@ -418,7 +416,7 @@ class RedisRunStore(BaseRunStore):
                 continue
             last = arrived[0][1][-1][0]
             kinds = {json.loads(fields[b"event"])["type"] for _, fields in arrived[0][1]}
-            if kinds & _TERMINAL_EVENTS:
+            if kinds & {status.value for status in RunStatus if status.done}:
                 record = self.get(run_id)
             elif "retried" in kinds:
                 record.status = RunStatus.QUEUED

@@ -12,6 +12,7 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any
 
+from worker import defaults
 from worker.collect import Collection
 from worker.contract import RunRequest, RunResult, RunTimings, RuntimeName
 from worker.errors import RuntimeUnavailableError
@@ -21,6 +22,18 @@ from worker.process import ProcessOutcome
 def worker_id() -> str:
     """Who executed a run: host name and process id."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def command_environment(
+    run_dir: str | os.PathLike[str], request: RunRequest, variables: dict[str, str], *, path: str, shell: str
+) -> dict[str, str]:
+    """A command's environment, from scratch: PATH, HOME and TMPDIR (the run folder), LANG and SHELL, then the
+    request's variables, then the workspace's six. The shell is the runtime's, whatever the request says."""
+    env = {"PATH": path, "HOME": str(run_dir), "TMPDIR": str(run_dir), "LANG": defaults.SANDBOX_LANG}
+    env.update(request.env)
+    env.update(variables)
+    env["SHELL"] = shell
+    return env
 
 
 def run_result(

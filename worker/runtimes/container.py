@@ -35,6 +35,7 @@ from worker.contract import RunRequest, RuntimeName
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
 from worker.roots import is_url, resolve_root
+from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
 from worker.staging import BaseSkillStager
 from worker.workspace import Workspace, WorkspaceManager
@@ -105,9 +106,8 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
                 self._client = docker.from_env()
         return self._client
 
-    def base_environment(self, run_dir: Path) -> dict[str, str]:
-        return {"PATH": defaults.SANDBOX_PATH, "HOME": str(run_dir), "TMPDIR": str(run_dir),
-                "LANG": defaults.SANDBOX_LANG, "SHELL": "/bin/bash"}
+    def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
+        return command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
 
     def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: threading.Event

@@ -47,7 +47,7 @@ from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RuntimeName
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, UnsafeArchiveError, WorkspaceError
 from worker.process import TIMEOUT_EXIT_CODE, remote_ulimit_prefix
-from worker.runtimes.base import BaseWorkspaceRuntime, run_result
+from worker.runtimes.base import BaseWorkspaceRuntime, command_environment, run_result
 from worker.runtimes.cube_executor import (
     KILL_SCRIPT,
     KILLED_EXIT_CODE,
@@ -235,10 +235,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                     **options,
                 )
             except RuntimeUnavailableError:
-                if self.executor is not None or not await self._gone(executor):
-                    raise
-                self._forget(request.workspace_id)
-                executor = await self.executor_for(request.workspace_id)
+                executor = await self._replace_if_gone(executor, request.workspace_id)
             if (
                 done is not None
                 and done.outcome.exit_code == FAST_MISS_EXIT_CODE
@@ -251,11 +248,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             try:
                 prepared = await self._prepare(executor, request, source, signature, inputs)
             except RuntimeUnavailableError:
-                if self.executor is not None or not await self._gone(executor):
-                    raise
-                # The workspace's sandbox expired or was killed: a new one, and the workspace made again.
-                self._forget(request.workspace_id)
-                executor = await self.executor_for(request.workspace_id)
+                executor = await self._replace_if_gone(executor, request.workspace_id)
                 prepared = await self._prepare(executor, request, source, signature, inputs)
             _, run_dir, real_cwd = prepared
             if real_cwd is not None and real_cwd != ws and not real_cwd.startswith(ws + "/"):
@@ -317,10 +310,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         process group after ``limit`` seconds (``timeout -s KILL``: 137); once it has exited, in the same round
         trip, kill what it left running and pack its outputs into ``pack_dir``; exit with the command's status."""
         variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
-        env = {"PATH": defaults.SANDBOX_PATH, "HOME": run_dir, "TMPDIR": run_dir, "LANG": defaults.SANDBOX_LANG}
-        env.update(request.env)
-        env.update(variables)
-        env["SHELL"] = "/bin/bash"
+        env = command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
         inner = remote_ulimit_prefix(request.limits) + request.command
         command = (
             '"${deadline[@]}" /usr/bin/env -i '
@@ -631,11 +621,17 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    async def _gone(self, executor: CubeCodeExecutor) -> bool:
+    async def _replace_if_gone(self, executor: CubeCodeExecutor, workspace_id: str) -> CubeCodeExecutor:
+        """After an error: when the workspace's own sandbox expired or was killed, a new one (the workspace is made
+        again in it); otherwise the error stands (re-raised)."""
         try:
-            return not await executor.sandbox.is_running()
+            gone = not await executor.sandbox.is_running()
         except Exception:
-            return True
+            gone = True
+        if self.executor is not None or not gone:
+            raise
+        self._forget(workspace_id)
+        return await self.executor_for(workspace_id)
 
     def _forget(self, workspace_id: str) -> CubeCodeExecutor | None:
         self._last_used.pop(workspace_id, None)

@@ -101,8 +101,8 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         return True
 
     @abstractmethod
-    def base_environment(self, run_dir: Path) -> dict[str, str]:
-        """The command's environment before the request's variables and the workspace's six are added."""
+    def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
+        """The command's environment, built from scratch (``runtimes.base.command_environment``)."""
 
     @abstractmethod
     def _execute(
@@ -126,11 +126,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             self._write_input(workspace, item)
         staged = time.monotonic()
 
-        env = self.base_environment(run_dir)
-        shell = env["SHELL"]
-        env.update(request.env)
-        env.update(variables)
-        env["SHELL"] = shell  # the shell that runs the command is the runtime's, whatever the request says
+        env = self.command_environment(run_dir, request, variables)
         outcome = self._execute(workspace, request, cwd, env, cancel)
         executed = time.monotonic()
 

@@ -28,6 +28,7 @@ from worker.process import (
     run_process,
     ulimit_prefix,
 )
+from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
 from worker.spawner import Spawner, SpawnerError, spawner_python
 from worker.staging import BaseSkillStager
@@ -75,14 +76,11 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self._bash: str | None = None
         self._spawners: OrderedDict[str, Spawner] = OrderedDict()
 
-    def base_environment(self, run_dir: Path) -> dict[str, str]:
+    def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         if self._bash is None:
             self._bash = find_bash()
         # SHELL and HOME set up front also spare bash a user-database lookup of the (unlisted) workspace user.
-        return {
-            "PATH": self.sandbox_path, "HOME": str(run_dir), "TMPDIR": str(run_dir), "LANG": defaults.SANDBOX_LANG,
-            "SHELL": self._bash,
-        }
+        return command_environment(run_dir, request, variables, path=self.sandbox_path, shell=self._bash)
 
     def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: threading.Event
