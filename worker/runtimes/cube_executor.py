@@ -158,8 +158,8 @@ class CubeCodeExecutor:
         user: str | None = None,
     ) -> ScriptOutcome:
         """Run ``script`` with the sandbox's bash and wait for it, at most ``timeout`` (never past
-        ``execute_timeout``) plus ``grace``, or until ``cancel`` is set; then every process whose environment or command line
-        holds ``marker`` is killed."""
+        ``execute_timeout``) plus ``grace``, or until ``cancel`` is set; then every process whose environment or
+        command line holds ``marker`` is killed."""
         limit = min(timeout or self.config.execute_timeout, self.config.execute_timeout) + grace
         buffers = {1: bytearray(), 2: bytearray()}
         caps = {1: stdout_cap, 2: stderr_cap}
