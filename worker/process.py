@@ -1,6 +1,7 @@
 """Running one shell command as a process group, with a deadline, resource limits and capped output.
 
-Blocking by design: callers in async code run it through ``asyncio.to_thread``. The command runs as
+Followed on the event loop: the command's pipes and a pidfd of it are read by the loop's own selector, with a
+timer for the deadline, so no thread stands between a command and its caller. The command runs as
 ``bash -c`` (not a login shell) in a new process group; resource limits are applied by ``ulimit`` in that
 shell before the command, so they need no ``preexec_fn`` and cannot be raised again by an unprivileged user.
 When the command ends, times out or is cancelled, its whole process group is killed, so a backgrounded child
@@ -10,20 +11,20 @@ the group (``setsid``) and still holds the pipes is found and killed by its user
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
 import resource
-import selectors
 import shutil
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from worker import defaults
+from worker.cancellation import Cancellation
 from worker.contract import RunLimits
 from worker.errors import RuntimeUnavailableError
 from worker.spawner import Spawner
@@ -103,18 +104,27 @@ def remote_ulimit_prefix(limits: RunLimits) -> str:
 
 
 class _Started:
-    """A started command: its pid (also its process group), the read ends of its pipes, and how to get its status."""
+    """A started command: its pid (also its process group), the read ends of its pipes, how to get its exit status
+    once it has exited, and how to release what the host holds for it."""
 
-    def __init__(self, pid: int, out_fd: int, err_fd: int, status: Callable[[], int | None]) -> None:
+    def __init__(
+        self,
+        pid: int,
+        out_fd: int,
+        err_fd: int,
+        status: Callable[[], Awaitable[int | None]],
+        release: Callable[[], None],
+    ) -> None:
         self.pid = pid
         self.out_fd = out_fd
         self.err_fd = err_fd
         self.status = status
+        self.release = release
 
 
 def _start_direct(
     argv: list[str], cwd: str, env: dict[str, str], uid: int | None, gid: int | None, no_network: bool
-) -> tuple[_Started, subprocess.Popen]:
+) -> _Started:
     user_kwargs: dict = {}
     if uid is not None:
         setpriv = find_setpriv()
@@ -128,14 +138,23 @@ def _start_direct(
         argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         process_group=0, close_fds=True, **user_kwargs,
     )
-    return _Started(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), proc.wait), proc
+
+    async def status() -> int:
+        return proc.wait()  # called once its pidfd reported the exit: reaping a zombie does not block
+
+    def release() -> None:
+        proc.stdout.close()
+        proc.stderr.close()
+        proc.poll()  # a command killed because its caller gave up is reaped here or by subprocess later
+
+    return _Started(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), status, release)
 
 
-def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner) -> _Started:
+async def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner) -> _Started:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        spawned = spawner.spawn(argv, env, cwd, out_w, err_w)
+        spawned = await spawner.spawn(argv, env, cwd, out_w, err_w)
     except BaseException:
         os.close(out_r)
         os.close(err_r)
@@ -143,10 +162,16 @@ def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spaw
     finally:
         os.close(out_w)
         os.close(err_w)
-    return _Started(spawned.pid, out_r, err_r, spawned.exit_status)
+
+    def release() -> None:
+        os.close(out_r)
+        os.close(err_r)
+        spawned.close()
+
+    return _Started(spawned.pid, out_r, err_r, spawned.exit_status, release)
 
 
-def run_process(
+async def run_process(
     argv: list[str],
     *,
     cwd: str,
@@ -156,7 +181,7 @@ def run_process(
     stderr_cap: int,
     uid: int | None = None,
     gid: int | None = None,
-    cancel: threading.Event | None = None,
+    cancel: Cancellation | None = None,
     spawner: Spawner | None = None,
     no_network: bool = False,
 ) -> ProcessOutcome:
@@ -166,118 +191,175 @@ def run_process(
     ``uid``/``gid`` when given. A ``SpawnerError`` means nothing was started and the caller may start it directly.
     """
     started = time.monotonic()
-    proc = None
     if spawner is not None:
-        handle = _start_spawned(argv, cwd, env, spawner)
+        handle = await _start_spawned(argv, cwd, env, spawner)
     else:
-        handle, proc = _start_direct(argv, cwd, env, uid, gid, no_network)
-    pgid = handle.pid
-    keep = frozenset({spawner.pid}) if spawner is not None else frozenset()
-    notes: list[str] = []
-    buffers = {handle.out_fd: bytearray(), handle.err_fd: bytearray()}
-    caps = {handle.out_fd: stdout_cap, handle.err_fd: stderr_cap}
-    omitted = {fd: 0 for fd in buffers}
-    selector = selectors.DefaultSelector()
-    for fd in buffers:
-        os.set_blocking(fd, False)
-        selector.register(fd, selectors.EVENT_READ)
+        handle = _start_direct(argv, cwd, env, uid, gid, no_network)
     try:
-        pidfd: int | None = os.pidfd_open(handle.pid)
-        selector.register(pidfd, selectors.EVENT_READ)
-    except ProcessLookupError:  # already gone (and reaped by the spawner)
-        pidfd = None
-    deadline = started + timeout
-    timed_out = cancelled = swept = False
-    exited = pidfd is None
-    open_pipes = set(buffers)
-    drain_until = time.monotonic() + defaults.KILL_GRACE_SECONDS if exited else 0.0
-    try:
-        while open_pipes or not exited:
-            now = time.monotonic()
-            if not exited:
-                if cancel is not None and cancel.is_set() and not cancelled:
-                    cancelled = True
-                    _kill_everything(pgid, pidfd, uid, keep)
-                if now >= deadline and not timed_out:
-                    timed_out = True
-                    _kill_everything(pgid, pidfd, uid, keep)
-                if timed_out or cancelled:
-                    wait = 0.01  # killed: the exit notice is moments away
-                else:
-                    wait = deadline - now if cancel is None else min(deadline - now, 0.05)
-            elif now < drain_until:
-                wait = drain_until - now
-            elif uid is not None and not swept:
-                # The pipes outlived the group kill: a child left the group. Find it by its user id.
-                kill_user_processes(uid, keep)
-                swept = True
-                drain_until = now + defaults.KILL_GRACE_SECONDS
-                continue
-            else:
-                notes.append("a detached process kept the output pipes open; they were closed")
-                break
-            for key, _ in selector.select(wait):
-                fd = key.fd
-                if fd == pidfd:
-                    selector.unregister(pidfd)
-                    exited = True
-                    # The command is done: whatever it left running in its group goes too.
-                    _kill_group(pgid)
-                    drain_until = time.monotonic() + defaults.KILL_GRACE_SECONDS
-                    continue
-                try:
-                    chunk = os.read(fd, READ_BYTES)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    selector.unregister(fd)
-                    open_pipes.discard(fd)
-                    continue
-                buf = buffers[fd]
-                room = caps[fd] - len(buf)
-                if room > 0:
-                    buf += chunk[:room]
-                omitted[fd] += max(len(chunk) - max(room, 0), 0)
+        watch = _Watch(
+            handle, caps=(stdout_cap, stderr_cap), deadline=started + timeout, uid=uid,
+            keep=frozenset({spawner.pid}) if spawner is not None else frozenset(), cancel=cancel,
+        )
+        try:
+            await watch.finished
+            returncode = await handle.status()
+        finally:
+            await watch.close()
     finally:
-        selector.close()
-        if pidfd is not None:
-            os.close(pidfd)
-        if not exited:
-            _kill_group(pgid)
-        returncode = handle.status()
-        if proc is not None:
-            proc.stdout.close()
-            proc.stderr.close()
-        else:
-            os.close(handle.out_fd)
-            os.close(handle.err_fd)
+        handle.release()
+    notes = watch.notes
     if returncode is None:
         notes.append("the exit status was lost (the spawner stopped); reported as killed")
         returncode = -signal.SIGKILL
-    if timed_out:
+    if watch.timed_out:
         exit_code = TIMEOUT_EXIT_CODE
     elif returncode < 0:
         exit_code = 128 - returncode
     else:
         exit_code = returncode
-    out_fd, err_fd = handle.out_fd, handle.err_fd
+    (stdout, stdout_omitted), (stderr, stderr_omitted) = watch.output(handle.out_fd), watch.output(handle.err_fd)
     return ProcessOutcome(
-        stdout=bytes(buffers[out_fd]), stderr=bytes(buffers[err_fd]),
-        stdout_omitted=omitted[out_fd], stderr_omitted=omitted[err_fd],
-        exit_code=exit_code, timed_out=timed_out, cancelled=cancelled,
+        stdout=stdout, stderr=stderr, stdout_omitted=stdout_omitted, stderr_omitted=stderr_omitted,
+        exit_code=exit_code, timed_out=watch.timed_out, cancelled=watch.cancelled,
         duration_ms=int((time.monotonic() - started) * 1000), notes=notes,
     )
 
 
-def _kill_everything(pgid: int, pidfd: int | None, uid: int | None, keep: frozenset[int]) -> None:
-    """On timeout or cancel: the group, the command itself even if it moved to another group, and, with a
-    workspace user, every process of that user (but its spawner)."""
-    _kill_group(pgid)
-    if pidfd is not None:
-        with contextlib.suppress(ProcessLookupError, OSError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    if uid is not None:
-        kill_user_processes(uid, keep)
+class _Watch:
+    """Follows a started command on the event loop: reads its pipes into capped buffers, notices its exit through
+    a pidfd, enforces the deadline and ``cancel``, and kills what it leaves behind.
+
+    ``finished`` is done when the command has exited and its pipes are closed, or when a process that left the
+    group kept them open past the grace period (then the pipes are given up, with a note). When the command runs
+    as a workspace user, such a process is first looked for by its user id and killed."""
+
+    def __init__(
+        self,
+        handle: _Started,
+        *,
+        caps: tuple[int, int],
+        deadline: float,
+        uid: int | None,
+        keep: frozenset[int],
+        cancel: Cancellation | None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._pgid = handle.pid
+        self._uid = uid
+        self._keep = keep
+        self._cancel = cancel
+        self.finished: asyncio.Future[None] = self._loop.create_future()
+        self.timed_out = self.cancelled = self.exited = False
+        self.notes: list[str] = []
+        self._buffers = {handle.out_fd: bytearray(), handle.err_fd: bytearray()}
+        self._caps = dict(zip(self._buffers, caps))
+        self._omitted = {fd: 0 for fd in self._buffers}
+        self._open = set(self._buffers)
+        self._swept = False
+        self._sweeps: list[asyncio.Future] = []
+        self._drain: asyncio.TimerHandle | None = None
+        for fd in self._buffers:
+            os.set_blocking(fd, False)
+            self._loop.add_reader(fd, self._read, fd)
+        try:
+            self._pidfd: int | None = os.pidfd_open(handle.pid)
+        except ProcessLookupError:  # already gone (and reaped by the spawner)
+            self._pidfd = None
+            self._on_exit()
+        else:
+            self._loop.add_reader(self._pidfd, self._on_exit)
+        self._deadline = self._loop.call_later(max(deadline - time.monotonic(), 0.0), self._stop, "timed_out")
+        if cancel is not None:
+            cancel.on_set(self._on_cancel)
+
+    def output(self, fd: int) -> tuple[bytes, int]:
+        """What was kept of one pipe, and how many bytes past its cap were not."""
+        return bytes(self._buffers[fd]), self._omitted[fd]
+
+    def _read(self, fd: int) -> None:
+        """Take what the pipe holds now (up to its end): one loop iteration, however the writes were split."""
+        buf = self._buffers[fd]
+        while True:
+            try:
+                chunk = os.read(fd, READ_BYTES)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self._loop.remove_reader(fd)
+                self._open.discard(fd)
+                self._settle()
+                return
+            room = self._caps[fd] - len(buf)
+            if room > 0:
+                buf += chunk[:room]
+            self._omitted[fd] += max(len(chunk) - max(room, 0), 0)
+
+    def _on_exit(self) -> None:
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+        self.exited = True
+        # The command is done: whatever it left running in its group goes too.
+        _kill_group(self._pgid)
+        # Most often the pipes are at their end by now: read them here rather than in further loop iterations.
+        for fd in list(self._open):
+            self._read(fd)
+        if self._open:
+            self._drain = self._loop.call_later(defaults.KILL_GRACE_SECONDS, self._on_drain_over)
+        self._settle()
+
+    def _on_cancel(self) -> None:
+        self._stop("cancelled")
+
+    def _stop(self, why: str) -> None:
+        """On timeout or cancel: the group, the command itself even if it moved to another group, and, with a
+        workspace user, every process of that user (but its spawner)."""
+        if self.exited or self.timed_out or self.cancelled:
+            return
+        setattr(self, why, True)
+        _kill_group(self._pgid)
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        if self._uid is not None:
+            self._sweeps.append(self._loop.run_in_executor(None, kill_user_processes, self._uid, self._keep))
+
+    def _on_drain_over(self) -> None:
+        if not self._open:
+            return
+        if self._uid is not None and not self._swept:
+            # The pipes outlived the group kill: a child left the group. Find it by its user id.
+            self._swept = True
+            self._sweep()
+            self._drain = self._loop.call_later(defaults.KILL_GRACE_SECONDS, self._on_drain_over)
+            return
+        self.notes.append("a detached process kept the output pipes open; they were closed")
+        self._open.clear()
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.exited and not self._open and not self.finished.done():
+            self.finished.set_result(None)
+
+    async def close(self) -> None:
+        """Stop watching. If the command has not exited (the caller gave up), it and everything it started are
+        killed as on a cancel. Returns once the sweeps by user id are done."""
+        if not self.exited:
+            self._stop("cancelled")
+        for fd in self._buffers:
+            self._loop.remove_reader(fd)
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+        self._deadline.cancel()
+        if self._drain is not None:
+            self._drain.cancel()
+        if self._cancel is not None:
+            self._cancel.remove(self._on_cancel)
+        if self._sweeps:
+            await asyncio.gather(*self._sweeps, return_exceptions=True)
 
 
 @functools.cache

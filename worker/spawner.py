@@ -12,13 +12,14 @@ Wire format. Host → spawner, over ``SOCK_SEQPACKET``, one JSON object per mess
 with three descriptors as ``SCM_RIGHTS``: the stdout and stderr write ends and the write end of a control pipe
 of that run. The spawner answers on the control pipe, one JSON line each: ``{"pid": n}`` (or ``{"error": "..."}``)
 at once, then ``{"exited": pid, "status": code}`` when it reaps the child (``status`` as
-``os.waitstatus_to_exitcode``: negative for a signal), and closes it. The run's own thread reads its control pipe
-directly: no other thread stands between a command and its caller. The socket itself carries only
+``os.waitstatus_to_exitcode``: negative for a signal), and closes it. The run's event loop reads its control pipe
+directly: no thread stands between a command and its caller. The socket itself carries only
 ``{"ready": true}`` once, and its end tells that the spawner stopped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -135,6 +136,7 @@ class Spawner:
         self.uid = uid
         self.gid = gid
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        host_sock.setblocking(False)
         self._sock = host_sock
         try:
             self._proc = subprocess.Popen(
@@ -165,8 +167,11 @@ class Spawner:
     def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
         return self._ready.wait(timeout) and self._alive
 
-    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int) -> "Spawned":
-        """Start ``argv`` as the workspace user in a new process group, its output on the given descriptors."""
+    async def spawn(self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int) -> "Spawned":
+        """Start ``argv`` as the workspace user in a new process group, its output on the given descriptors.
+
+        Never blocks the event loop: the socket does not wait (a spawner that stopped taking commands is given
+        up), and the pid is awaited on the loop."""
         if not self.ready:
             raise SpawnerError("the spawner is not running")
         message = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
@@ -177,38 +182,47 @@ class Spawner:
             socket.send_fds(self._sock, [message], [stdout_fd, stderr_fd, control_w])
         except OSError as exc:
             os.close(control_r)
-            self.close()
+            self._shut()
             raise SpawnerError(f"the spawner did not take the command: {exc}") from exc
         finally:
             os.close(control_w)
         spawned = Spawned(control_r)
-        reply = spawned.next_message(REPLY_TIMEOUT_SECONDS)
+        reply = await spawned.next_message(REPLY_TIMEOUT_SECONDS)
         if reply is None or "pid" not in reply:
             spawned.close()
             if reply is None:
-                self.close()
+                self._shut()
             raise SpawnerError((reply or {}).get("error", "the spawner did not answer"))
         spawned.pid = int(reply["pid"])
         return spawned
 
     def close(self) -> None:
-        self._alive = False
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread."""
+        self._shut()
         try:
             self._proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
 
+    def _shut(self) -> None:
+        """Close the socket, which tells the spawner to stop; does not wait for it."""
+        self._alive = False
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
     def _watch(self) -> None:
         """Notice the spawner's ready message, and its end."""
         try:
             while True:
-                data = self._sock.recv(MAX_MESSAGE_BYTES)
+                select.select([self._sock], [], [])
+                try:
+                    data = self._sock.recv(MAX_MESSAGE_BYTES)
+                except BlockingIOError:
+                    continue
                 if not data:
                     break
                 if json.loads(data).get("ready"):
@@ -220,21 +234,24 @@ class Spawner:
 
 
 class Spawned:
-    """One command a spawner started: its pid, and its control pipe, read by the run's own thread."""
+    """One command a spawner started: its pid, and its control pipe, read on the event loop of its run."""
 
     def __init__(self, control_fd: int) -> None:
         self.pid = 0
+        os.set_blocking(control_fd, False)
         self._fd = control_fd
         self._pending = b""
 
-    def next_message(self, timeout: float) -> dict | None:
+    async def next_message(self, timeout: float) -> dict | None:
         """The next line the spawner wrote about this command, or ``None`` at its end or after ``timeout``."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self._pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self._fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(self._fd, 4096)
+            try:
+                chunk = os.read(self._fd, 4096)
+            except BlockingIOError:
+                if not await _readable(self._fd, deadline - time.monotonic()):
+                    return None
+                continue
             if not chunk:
                 return None
             self._pending += chunk
@@ -244,10 +261,10 @@ class Spawned:
         except ValueError:
             return None
 
-    def exit_status(self, timeout: float = STATUS_TIMEOUT_SECONDS) -> int | None:
+    async def exit_status(self, timeout: float = STATUS_TIMEOUT_SECONDS) -> int | None:
         """The exit status (negative for a signal) once the spawner has reaped the command; ``None`` if it
         stopped first."""
-        message = self.next_message(timeout)
+        message = await self.next_message(timeout)
         self.close()
         return int(message["status"]) if message and "status" in message else None
 
@@ -255,3 +272,18 @@ class Spawned:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+async def _readable(fd: int, timeout: float) -> bool:
+    """Wait on the running loop until ``fd`` can be read; ``False`` after ``timeout``."""
+    if timeout <= 0:
+        return False
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(True))
+    timer = loop.call_later(timeout, lambda: ready.done() or ready.set_result(False))
+    try:
+        return await ready
+    finally:
+        timer.cancel()
+        loop.remove_reader(fd)

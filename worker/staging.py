@@ -50,6 +50,9 @@ class BaseSkillStager(ABC):
     """Puts a skill folder into a workspace's ``skills/`` directory."""
 
     kind: str = "base"
+    quick_signature: bool = False
+    """Whether ``signature`` costs a couple of metadata system calls whatever the skill's size (so ``current`` may be
+    called on an event loop)."""
 
     def __init__(self) -> None:
         self._signatures: dict[tuple[Path, str], str] = {}
@@ -62,7 +65,7 @@ class BaseSkillStager(ABC):
             source = self._sources[(skill.root, skill.path)] = resolve_skill_source(skill)
         target = workspace.skills_dir / skill.name
         try:
-            signature = f"{self.kind}:{source}:{self.signature(source)}"
+            signature = self._signature(source)
         except FileNotFoundError as exc:
             self._sources.pop((skill.root, skill.path), None)
             raise StagingError(f"skill {skill.name!r}: {source} is gone from its skills root") from exc
@@ -79,6 +82,24 @@ class BaseSkillStager(ABC):
         workspace.write_metadata(meta)
         self._signatures[key] = signature
         return target
+
+    def current(self, workspace: Workspace, skill: SkillRef) -> Path | None:
+        """The staged folder of ``skill`` when this stager staged it into ``workspace`` and it is unchanged since;
+        ``None`` when it must go through ``stage``. Touches nothing but the signature's metadata."""
+        source = self._sources.get((skill.root, skill.path))
+        if source is None:
+            return None
+        try:
+            signature = self._signature(source)
+        except FileNotFoundError:
+            return None
+        if self._signatures.get((workspace.path, skill.name)) != signature:
+            return None
+        target = workspace.skills_dir / skill.name
+        return target if os.path.isdir(target) else None
+
+    def _signature(self, source: Path) -> str:
+        return f"{self.kind}:{source}:{self.signature(source)}"
 
     @abstractmethod
     def signature(self, source: Path) -> str:
@@ -143,14 +164,14 @@ class LinkSkillStager(BaseSkillStager):
     """
 
     kind = "link"
+    quick_signature = True
 
     def __init__(self, fallback_to_copy: bool = True) -> None:
         super().__init__()
         self.fallback_to_copy = fallback_to_copy
 
     def signature(self, source: Path) -> str:
-        info = source.stat()
-        return f"{info.st_mtime_ns}:{','.join(sorted(os.listdir(source)))}"
+        return f"{os.stat(source).st_mtime_ns}:{','.join(sorted(os.listdir(source)))}"
 
     def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
         if workspace.uid is not None:

@@ -79,11 +79,12 @@ class Workspace:
 
     def variables(self, skill_name: str, run_dir: Path) -> dict[str, str]:
         """The six workspace variables of the guide."""
+        root = str(self.path)
         return {
-            "WORKSPACE_DIR": str(self.path),
-            "SKILLS_DIR": str(self.skills_dir),
-            "WORK_DIR": str(self.work_dir),
-            "OUTPUT_DIR": str(self.out_dir),
+            "WORKSPACE_DIR": root,
+            "SKILLS_DIR": f"{root}/skills",
+            "WORK_DIR": f"{root}/work",
+            "OUTPUT_DIR": f"{root}/out",
             "RUN_DIR": str(run_dir),
             "SKILL_NAME": skill_name,
         }
@@ -143,7 +144,7 @@ class WorkspaceManager:
         if not WORKSPACE_ID_PATTERN.match(workspace_id):
             raise WorkspaceError(f"invalid workspace id {workspace_id!r}: use 1-64 letters, digits, '.', '_' or '-'")
         known = self._known.get(workspace_id)
-        if known is not None and known.path.is_dir():
+        if known is not None and os.path.isdir(known.path):
             return known
         self._ensure_registry()
         workspace = self._find(workspace_id) or self._create(workspace_id)
@@ -173,31 +174,41 @@ class WorkspaceManager:
             (self.registry / "uids" / str(workspace.uid)).unlink(missing_ok=True)
 
     def new_run_dir(self, workspace: Workspace) -> Path:
-        """Create ``runs/run_<timestamp>`` for one run (unique even for runs in the same microsecond).
-
-        When ``prepare_run_dir`` left a spare folder, it is renamed into place: a rename costs a fraction of a
-        ``mkdir`` on most file systems, and the spare was made while nobody was waiting.
-        """
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
-        base = workspace.runs_dir / f"run_{stamp}"
-        spare = workspace.runs_dir / SPARE_RUN_DIR
-        if not base.exists():
-            try:
-                os.rename(spare, base)
-                return base
-            except OSError:
-                pass
+        """Create ``runs/run_<timestamp>`` for one run (unique even for runs in the same microsecond): the spare
+        folder if one is ready, else a new one."""
+        base = self._run_dir_name(workspace)
+        spare = self.take_spare_run_dir(workspace, base)
+        if spare is not None:
+            return spare
         candidate, n = base, 0
         while True:
             try:
-                candidate.mkdir(mode=0o700)
+                os.mkdir(candidate, 0o700)
                 break
             except FileExistsError:
                 n += 1
-                candidate = base.with_name(f"{base.name}-{n}")
+                candidate = f"{base}-{n}"
         if workspace.uid is not None:
             os.chown(candidate, workspace.uid, workspace.gid)
-        return candidate
+        return Path(candidate)
+
+    def take_spare_run_dir(self, workspace: Workspace, name: str | None = None) -> Path | None:
+        """Rename the spare folder ``prepare_run_dir`` left into place as this run's folder; ``None`` if there is
+        none. A rename allocates no inode (a ``mkdir`` may wait for the disk to read an inode table block): this
+        costs metadata calls only, so it may run on an event loop."""
+        name = name or self._run_dir_name(workspace)
+        if os.path.lexists(name):
+            return None
+        try:
+            os.rename(f"{workspace.path}/runs/{SPARE_RUN_DIR}", name)
+        except OSError:
+            return None
+        return Path(name)
+
+    @staticmethod
+    def _run_dir_name(workspace: Workspace) -> str:
+        seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+        return f"{workspace.path}/runs/run_{time.strftime('%Y%m%dT%H%M%S', time.gmtime(seconds))}.{micros:06d}"
 
     def prepare_run_dir(self, workspace: Workspace) -> None:
         """Make the spare folder the next ``new_run_dir`` will rename into place (call it off the critical path)."""

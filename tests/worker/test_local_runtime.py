@@ -380,3 +380,52 @@ async def test_a_command_that_leaves_its_process_group_still_dies_at_the_timeout
     )
     result = await runtime.run(make_request(escape, timeout=1))
     assert result.timed_out
+
+
+async def test_runs_proceed_side_by_side_on_one_event_loop(runtime, make_request):
+    # The first run waits for a file only the second run writes: had the first held the loop, the second could not
+    # start, and the first would time out.
+    waiting = make_request("until [ -e $WORK_DIR/flag ]; do sleep 0.01; done; echo seen", workspace_id="side", timeout=20)
+    writing = make_request("sleep 0.2; touch $WORK_DIR/flag", workspace_id="side")
+    first, second = await asyncio.gather(runtime.run(waiting), runtime.run(writing))
+    assert (first.exit_code, first.stdout, first.timed_out) == (0, "seen\n", False)
+    assert second.exit_code == 0
+
+
+async def test_cancel_from_another_thread_stops_a_running_command(runtime, make_request):
+    request = make_request("sleep 60", timeout=60)
+    task = asyncio.create_task(runtime.run(request))
+    for _ in range(500):
+        if await asyncio.to_thread(runtime.cancel, request.run_id):
+            break
+        await asyncio.sleep(0.01)
+    result = await task
+    assert result.exit_code != 0 and not result.timed_out
+    assert "the run was cancelled" in result.stderr
+
+
+async def test_a_library_change_between_warm_runs_is_staged_before_the_next(runtime, make_request, library):
+    await runtime.run(make_request("true", workspace_id="edit"))
+    await runtime.run(make_request("true", workspace_id="edit"))
+    (library / "demo" / "NEW.md").write_text("added\n")
+    result = await runtime.run(make_request("cat NEW.md", workspace_id="edit"))
+    assert result.stdout == "added\n"
+    (library / "demo" / "NEW.md").unlink()
+    result = await runtime.run(make_request("ls", workspace_id="edit"))
+    assert "NEW.md" not in result.stdout.split()
+
+
+async def test_an_awaiting_caller_that_gives_up_leaves_no_process_behind(runtime, make_request):
+    task = asyncio.create_task(runtime.run(make_request("echo $$ > $WORK_DIR/pid; exec sleep 60", workspace_id="gone", timeout=60)))
+    pid_text = ""
+    for _ in range(500):
+        workspace = runtime.workspaces.find_known("gone")
+        if workspace is not None and (workspace.work_dir / "pid").exists():
+            pid_text = (workspace.work_dir / "pid").read_text().strip()
+            if pid_text:
+                break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert wait_gone(int(pid_text)), f"process {pid_text} outlived its cancelled caller"

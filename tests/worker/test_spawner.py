@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from worker import spawner as spawner_module
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 pytestmark = pytest.mark.root
@@ -72,3 +73,16 @@ async def test_closing_the_runtime_stops_its_spawners(work_root, make_request):
     pid = runtime._spawners["sp"].pid
     await runtime.close()
     assert not os.path.exists(f"/proc/{pid}") or _status(pid)["State"].startswith("Z")
+
+
+async def test_a_spawner_stopped_by_a_command_costs_one_reply_timeout_and_no_run(work_root, make_request, monkeypatch):
+    monkeypatch.setattr(spawner_module, "REPLY_TIMEOUT_SECONDS", 0.5)
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id="sp"))
+        stopped = runtime._spawners["sp"]
+        # The command runs as the spawner's own user, so it can stop it.
+        await runtime.run(make_request("kill -STOP $PPID", workspace_id="sp"))
+        result = await runtime.run(make_request("echo still here", workspace_id="sp"))
+        assert (result.exit_code, result.stdout) == (0, "still here\n")
+        assert runtime._spawners.get("sp") is not stopped
+        assert not os.path.exists(f"/proc/{stopped.pid}") or _status(stopped.pid)["State"].startswith("Z")

@@ -21,7 +21,6 @@ import os
 import select
 import signal
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ import docker.errors
 
 from worker import defaults
 from worker.artifacts import FileArtifactStore
+from worker.cancellation import Cancellation
 from worker.contract import RunRequest, RuntimeName
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
@@ -109,9 +109,15 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         return command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
 
-    def _execute(
-        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: threading.Event
+    async def _execute(
+        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
     ) -> ProcessOutcome:
+        return await asyncio.to_thread(self._exec, workspace, request, cwd, env, cancel)
+
+    def _exec(
+        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
+    ) -> ProcessOutcome:
+        """``docker exec`` the command and follow it (blocking: the Docker SDK is synchronous)."""
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
         container_id = self._container(workspace, request)
@@ -134,7 +140,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         return outcome
 
     def _follow(
-        self, container_id: str, exec_id: str, raw, request: RunRequest, cancel: threading.Event, started: float  # noqa: ANN001
+        self, container_id: str, exec_id: str, raw, request: RunRequest, cancel: Cancellation, started: float  # noqa: ANN001
     ) -> ProcessOutcome:
         api = self.client.api
         buffers = {1: bytearray(), 2: bytearray()}

@@ -42,6 +42,7 @@ from e2b.exceptions import FileNotFoundException, NotFoundException, SandboxNotR
 
 from worker import defaults
 from worker.artifacts import FileArtifactStore
+from worker.cancellation import Cancellation
 from worker.collect import ArtifactSink, Collection, collect_outputs, resolve_patterns
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RuntimeName
@@ -122,7 +123,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         self._last_used: dict[str, float] = {}
         self._busy: dict[str, int] = {}  # workspace → runs in progress here
         self._opening: dict[str, asyncio.Lock] = {}
-        self._cancels: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
+        self._cancels: dict[str, Cancellation] = {}
         self._background: set[asyncio.Task] = set()
         self._lock = threading.Lock()
 
@@ -182,9 +183,9 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             raise InvalidRunRequestError(
                 "network", "network access is not allowed on this runtime (allow_internet_access=False)"
             )
-        cancel = asyncio.Event()
+        cancel = Cancellation()
         with self._lock:
-            self._cancels[request.run_id] = (asyncio.get_running_loop(), cancel)
+            self._cancels[request.run_id] = cancel
         self._busy[request.workspace_id] = self._busy.get(request.workspace_id, 0) + 1
         try:
             return await self._run(request, cancel)
@@ -197,7 +198,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             if request.workspace_id in self._last_used:
                 self._last_used[request.workspace_id] = time.monotonic()
 
-    async def _run(self, request: RunRequest, cancel: asyncio.Event) -> RunResult:
+    async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
         started = time.monotonic()
         source = await asyncio.to_thread(resolve_skill_source, request.skill)
         signature = await asyncio.to_thread(self._skill_signature, source)
@@ -606,8 +607,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             found = self._cancels.get(run_id)
         if found is None:
             return False
-        loop, event = found
-        loop.call_soon_threadsafe(event.set)
+        found.set()
         return True
 
     def _in_background(self, work) -> None:  # noqa: ANN001 - a coroutine
@@ -674,8 +674,8 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         the service's sandbox timeout."""
         with self._lock:
             running = list(self._cancels.values())
-        for loop, event in running:
-            loop.call_soon_threadsafe(event.set)
+        for cancel in running:
+            cancel.set()
         await self.idle()
 
 

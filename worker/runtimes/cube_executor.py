@@ -28,6 +28,7 @@ from e2b.sandbox.commands.command_handle import CommandExitException
 from pydantic import BaseModel
 
 from worker import defaults
+from worker.cancellation import Cancellation
 from worker.config import CubeCodeExecutorConfig
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome
@@ -153,7 +154,7 @@ class CubeCodeExecutor:
         grace: float = 0.0,
         stdout_cap: int = defaults.STDOUT_BYTES,
         stderr_cap: int = defaults.STDERR_BYTES,
-        cancel: asyncio.Event | None = None,
+        cancel: Cancellation | None = None,
         marker: str | None = None,
         user: str | None = None,
     ) -> ScriptOutcome:

@@ -16,11 +16,13 @@ import threading
 import time
 from abc import abstractmethod
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 from worker import defaults
 from worker.artifacts import FileArtifactStore
-from worker.collect import ArtifactSink, collect_outputs, resolve_patterns
+from worker.cancellation import Cancellation
+from worker.collect import ArtifactSink, Collection, collect_outputs, resolve_patterns
 from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.process import ProcessOutcome
@@ -50,7 +52,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         self.stager = stager or LinkSkillStager()
         self.artifact_store = artifact_store or FileArtifactStore(self.workspaces.registry / "artifacts")
         self.input_file_bytes = input_file_bytes
-        self._cancels: dict[str, threading.Event] = {}
+        self._cancels: dict[str, Cancellation] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._background: set[asyncio.Future] = set()
         self._lock = threading.Lock()
@@ -63,14 +65,72 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         validate_request(request)
         if any(item.host_path is not None for item in request.inputs) and not allow_host_paths:
             raise InvalidRunRequestError("inputs", "host paths are not allowed for this caller; send the content instead")
-        cancel = threading.Event()
+        cancel = Cancellation()
         self._cancels[request.run_id] = cancel
         try:
-            result = await asyncio.to_thread(self._run_blocking, request, cancel)
+            result = await self._run(request, cancel)
         finally:
             self._cancels.pop(request.run_id, None)
         self._prepare_next_run(request.workspace_id)
         return result
+
+    async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
+        started = time.monotonic()
+        prepared = self._prepare_quickly(request) or await asyncio.to_thread(self._prepare, request)
+        staged = time.monotonic()
+
+        outcome = await self._execute(prepared.workspace, request, prepared.cwd, prepared.env, cancel)
+        executed = time.monotonic()
+
+        collection = Collection()
+        if prepared.patterns:
+            sink = self._artifact_sink(request.workspace_id) if request.save_as_artifacts else None
+            collection = await asyncio.to_thread(
+                collect_outputs, prepared.patterns, workspace_root=prepared.workspace.path,
+                skill_dir=prepared.skill_dir, limits=request.limits,
+                omit_inline_content=request.omit_inline_content, artifact_sink=sink,
+            )
+        finished = time.monotonic()
+
+        stderr = decode_output(outcome.stderr, outcome.stderr_omitted)
+        if outcome.cancelled:
+            stderr += "\n[skillrun: the run was cancelled]\n"
+        for note in outcome.notes:
+            stderr += f"\n[skillrun: {note}]\n"
+        return run_result(
+            request, self.name, outcome, collection, stdout=decode_output(outcome.stdout, outcome.stdout_omitted),
+            stderr=stderr, marks=(started, staged, executed, finished),
+        )
+
+    def _prepare(self, request: RunRequest) -> "_Prepared":
+        """Make the workspace on first use, stage the skill, make a run folder, write the inputs (blocking)."""
+        self._note_use(request.workspace_id)
+        workspace = self.workspaces.acquire(request.workspace_id)
+        skill_dir = self.stager.stage(workspace, request.skill)
+        prepared = self._prepared(request, workspace, skill_dir, self.workspaces.new_run_dir(workspace))
+        for item in request.inputs:
+            self._write_input(workspace, item)
+        return prepared
+
+    def _prepare_quickly(self, request: RunRequest) -> "_Prepared | None":
+        """Prepare the run with metadata system calls only, so on the event loop, when that is all it takes: its
+        workspace was used here before, its skill is staged and unchanged, a spare run folder is ready, and it
+        brings no inputs. Otherwise ``None``: ``_prepare`` does it in a thread."""
+        workspace = self.workspaces.find_known(request.workspace_id)
+        if workspace is None or request.inputs or not self.stager.quick_signature:
+            return None
+        skill_dir = self.stager.current(workspace, request.skill)
+        run_dir = self.workspaces.take_spare_run_dir(workspace) if skill_dir is not None else None
+        if run_dir is None:
+            return None
+        self._note_use(request.workspace_id)
+        return self._prepared(request, workspace, skill_dir, run_dir)
+
+    def _prepared(self, request: RunRequest, workspace: Workspace, skill_dir: Path, run_dir: Path) -> "_Prepared":
+        variables = workspace.variables(request.skill.name, run_dir)
+        cwd = self._cwd(request, variables, skill_dir, workspace)
+        patterns = resolve_patterns(request.output_files, variables, workspace.path)
+        return _Prepared(workspace, skill_dir, cwd, self.command_environment(run_dir, request, variables), patterns)
 
     def _reused(self, workspace_id: str) -> bool:
         """Whether this runtime ran in ``workspace_id`` before the current run (remembers the recent ones)."""
@@ -105,47 +165,13 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         """The command's environment, built from scratch (``runtimes.base.command_environment``)."""
 
     @abstractmethod
-    def _execute(
-        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: threading.Event
+    async def _execute(
+        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
     ) -> ProcessOutcome:
-        """Run ``request.command`` (blocking) in ``cwd`` with ``env``, within its timeout, limits and ``cancel``."""
+        """Run ``request.command`` in ``cwd`` with ``env``, within its timeout, limits and ``cancel``."""
 
     def _forget_workspace(self, workspace: Workspace) -> None:
         """Release what this runtime holds for a workspace that is being removed."""
-
-    def _run_blocking(self, request: RunRequest, cancel: threading.Event) -> RunResult:
-        started = time.monotonic()
-        self._note_use(request.workspace_id)
-        workspace = self.workspaces.acquire(request.workspace_id)
-        skill_dir = self.stager.stage(workspace, request.skill)
-        run_dir = self.workspaces.new_run_dir(workspace)
-        variables = workspace.variables(request.skill.name, run_dir)
-        cwd = self._cwd(request, variables, skill_dir, workspace)
-        patterns = resolve_patterns(request.output_files, variables, workspace.path)
-        for item in request.inputs:
-            self._write_input(workspace, item)
-        staged = time.monotonic()
-
-        env = self.command_environment(run_dir, request, variables)
-        outcome = self._execute(workspace, request, cwd, env, cancel)
-        executed = time.monotonic()
-
-        sink = self._artifact_sink(request.workspace_id) if request.save_as_artifacts else None
-        collection = collect_outputs(
-            patterns, workspace_root=workspace.path, skill_dir=skill_dir, limits=request.limits,
-            omit_inline_content=request.omit_inline_content, artifact_sink=sink,
-        )
-        finished = time.monotonic()
-
-        stderr = decode_output(outcome.stderr, outcome.stderr_omitted)
-        if outcome.cancelled:
-            stderr += "\n[skillrun: the run was cancelled]\n"
-        for note in outcome.notes:
-            stderr += f"\n[skillrun: {note}]\n"
-        return run_result(
-            request, self.name, outcome, collection, stdout=decode_output(outcome.stdout, outcome.stdout_omitted),
-            stderr=stderr, marks=(started, staged, executed, finished),
-        )
 
     def _cwd(self, request: RunRequest, variables: dict[str, str], skill_dir: Path, workspace: Workspace) -> str:
         if request.cwd is None:
@@ -229,8 +255,8 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
     async def close(self) -> None:
-        for event in self._cancels.values():
-            event.set()
+        for cancel in self._cancels.values():
+            cancel.set()
         await self.idle()
 
     def remove_workspace(self, workspace_id: str) -> None:
@@ -240,6 +266,17 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             raise WorkspaceError(f"no workspace {workspace_id!r}")
         self._forget_workspace(workspace)
         self.workspaces.remove(workspace_id)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What a run needs once its workspace is ready."""
+
+    workspace: Workspace
+    skill_dir: Path
+    cwd: str
+    env: dict[str, str]
+    patterns: list[str]
 
 
 def decode_output(data: bytes, omitted: int) -> str:

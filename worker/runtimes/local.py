@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Literal
 
 from worker import defaults
 from worker.artifacts import FileArtifactStore
+from worker.cancellation import Cancellation
 from worker.contract import RunRequest, RuntimeName
 from worker.errors import InvalidRunRequestError
 from worker.process import (
@@ -82,8 +82,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         # SHELL and HOME set up front also spare bash a user-database lookup of the (unlisted) workspace user.
         return command_environment(run_dir, request, variables, path=self.sandbox_path, shell=self._bash)
 
-    def _execute(
-        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: threading.Event
+    async def _execute(
+        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
     ) -> ProcessOutcome:
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
@@ -95,21 +95,22 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             stderr_cap=request.limits.stderr_bytes, uid=workspace.uid, gid=workspace.gid, cancel=cancel,
             no_network=no_network,
         )
-        spawner = self._spawner(workspace) if no_network or workspace.uid is None else None
+        spawner = await self._spawner(workspace) if no_network or workspace.uid is None else None
         try:
-            return run_process(argv, spawner=spawner, **process_args)
+            return await run_process(argv, spawner=spawner, **process_args)
         except SpawnerError:
-            self._drop_spawner(workspace.id)
-            return run_process(argv, **process_args)
+            await asyncio.to_thread(self._drop_spawner, workspace.id)
+            return await run_process(argv, **process_args)
 
-    def _spawner(self, workspace: Workspace) -> Spawner | None:
+    async def _spawner(self, workspace: Workspace) -> Spawner | None:
         """The workspace's ready spawner, starting one if there is none (see ``spawners``)."""
         if workspace.uid is None or self.spawner_mode == "off":
             return None
+        stopped: list[Spawner] = []
         with self._lock:
             spawner = self._spawners.get(workspace.id)
             if spawner is not None and not spawner.alive:
-                self._spawners.pop(workspace.id)
+                stopped.append(self._spawners.pop(workspace.id))
                 spawner = None
             if spawner is None and self.spawner_mode == "auto" and not self._reused(workspace.id):
                 return None
@@ -121,11 +122,12 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                                   hardening=SETPRIV_HARDENING, prefix=network_off_prefix())
                 self._spawners[workspace.id] = spawner
                 while len(self._spawners) > MAX_SPAWNERS:
-                    _, oldest = self._spawners.popitem(last=False)
-                    oldest.close()
+                    stopped.append(self._spawners.popitem(last=False)[1])
             self._spawners.move_to_end(workspace.id)
+        for old in stopped:
+            await asyncio.to_thread(old.close)
         if self.spawner_mode == "eager":
-            spawner.wait_ready()
+            await asyncio.to_thread(spawner.wait_ready)
         return spawner if spawner.ready else None
 
     def _drop_spawner(self, workspace_id: str) -> None:
