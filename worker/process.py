@@ -104,20 +104,20 @@ def remote_ulimit_prefix(limits: RunLimits) -> str:
 
 
 class _Started:
-    """A started command: its pid (also its process group), the read ends of its pipes, how to get its exit status
-    once it has exited, and how to release what the host holds for it."""
+    """A command being started: the read ends of its pipes, its pid once known (also its process group), how to
+    get its exit status once it has exited, and how to release what the host holds for it."""
 
     def __init__(
         self,
-        pid: int,
         out_fd: int,
         err_fd: int,
+        pid: Callable[[], Awaitable[int]],
         status: Callable[[], Awaitable[int | None]],
         release: Callable[[], None],
     ) -> None:
-        self.pid = pid
         self.out_fd = out_fd
         self.err_fd = err_fd
+        self.pid = pid
         self.status = status
         self.release = release
 
@@ -139,6 +139,9 @@ def _start_direct(
         process_group=0, close_fds=True, **user_kwargs,
     )
 
+    async def pid() -> int:
+        return proc.pid
+
     async def status() -> int:
         return proc.wait()  # called once its pidfd reported the exit: reaping a zombie does not block
 
@@ -147,14 +150,15 @@ def _start_direct(
         proc.stderr.close()
         proc.poll()  # a command killed because its caller gave up is reaped here or by subprocess later
 
-    return _Started(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), status, release)
+    return _Started(proc.stdout.fileno(), proc.stderr.fileno(), pid, status, release)
 
 
-async def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner) -> _Started:
+def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner) -> _Started:
+    """Send the command to the spawner; its pid comes while the caller sets up."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        spawned = await spawner.spawn(argv, env, cwd, out_w, err_w)
+        spawned = spawner.send(argv, env, cwd, out_w, err_w)
     except BaseException:
         os.close(out_r)
         os.close(err_r)
@@ -168,7 +172,7 @@ async def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner
         os.close(err_r)
         spawned.close()
 
-    return _Started(spawned.pid, out_r, err_r, spawned.exit_status, release)
+    return _Started(out_r, err_r, spawned.started, spawned.exit_status, release)
 
 
 async def run_process(
@@ -192,15 +196,16 @@ async def run_process(
     """
     started = time.monotonic()
     if spawner is not None:
-        handle = await _start_spawned(argv, cwd, env, spawner)
+        handle = _start_spawned(argv, cwd, env, spawner)
     else:
         handle = _start_direct(argv, cwd, env, uid, gid, no_network)
     try:
         watch = _Watch(
-            handle, caps=(stdout_cap, stderr_cap), deadline=started + timeout, uid=uid,
+            handle.out_fd, handle.err_fd, caps=(stdout_cap, stderr_cap), deadline=started + timeout, uid=uid,
             keep=frozenset({spawner.pid}) if spawner is not None else frozenset(), cancel=cancel,
         )
         try:
+            watch.follow(await handle.pid())
             await watch.finished
             returncode = await handle.status()
         finally:
@@ -226,8 +231,9 @@ async def run_process(
 
 
 class _Watch:
-    """Follows a started command on the event loop: reads its pipes into capped buffers, notices its exit through
-    a pidfd, enforces the deadline and ``cancel``, and kills what it leaves behind.
+    """Follows a command on the event loop: reads its pipes into capped buffers from the start, and once its pid is
+    known (``follow``) notices its exit through a pidfd; enforces the deadline and ``cancel``, and kills what the
+    command leaves behind.
 
     ``finished`` is done when the command has exited and its pipes are closed, or when a process that left the
     group kept them open past the grace period (then the pipes are given up, with a note). When the command runs
@@ -235,7 +241,8 @@ class _Watch:
 
     def __init__(
         self,
-        handle: _Started,
+        out_fd: int,
+        err_fd: int,
         *,
         caps: tuple[int, int],
         deadline: float,
@@ -244,14 +251,15 @@ class _Watch:
         cancel: Cancellation | None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
-        self._pgid = handle.pid
+        self._pgid: int | None = None
+        self._pidfd: int | None = None
         self._uid = uid
         self._keep = keep
         self._cancel = cancel
         self.finished: asyncio.Future[None] = self._loop.create_future()
         self.timed_out = self.cancelled = self.exited = False
         self.notes: list[str] = []
-        self._buffers = {handle.out_fd: bytearray(), handle.err_fd: bytearray()}
+        self._buffers = {out_fd: bytearray(), err_fd: bytearray()}
         self._caps = dict(zip(self._buffers, caps))
         self._omitted = {fd: 0 for fd in self._buffers}
         self._open = set(self._buffers)
@@ -261,16 +269,22 @@ class _Watch:
         for fd in self._buffers:
             os.set_blocking(fd, False)
             self._loop.add_reader(fd, self._read, fd)
-        try:
-            self._pidfd: int | None = os.pidfd_open(handle.pid)
-        except ProcessLookupError:  # already gone (and reaped by the spawner)
-            self._pidfd = None
-            self._on_exit()
-        else:
-            self._loop.add_reader(self._pidfd, self._on_exit)
         self._deadline = self._loop.call_later(max(deadline - time.monotonic(), 0.0), self._stop, "timed_out")
         if cancel is not None:
             cancel.on_set(self._on_cancel)
+
+    def follow(self, pid: int) -> None:
+        """Watch the started command ``pid`` (its process group too); a stop asked for before it was known now
+        takes effect."""
+        self._pgid = pid
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:  # already gone (and reaped by the spawner)
+            self._on_exit()
+            return
+        self._loop.add_reader(self._pidfd, self._on_exit)
+        if self.timed_out or self.cancelled:
+            self._kill()
 
     def output(self, fd: int) -> tuple[bytes, int]:
         """What was kept of one pipe, and how many bytes past its cap were not."""
@@ -311,11 +325,16 @@ class _Watch:
         self._stop("cancelled")
 
     def _stop(self, why: str) -> None:
-        """On timeout or cancel: the group, the command itself even if it moved to another group, and, with a
-        workspace user, every process of that user (but its spawner)."""
         if self.exited or self.timed_out or self.cancelled:
             return
         setattr(self, why, True)
+        self._kill()
+
+    def _kill(self) -> None:
+        """On timeout or cancel: the group, the command itself even if it moved to another group, and, with a
+        workspace user, every process of that user (but its spawner). Before the pid is known, ``follow`` does it."""
+        if self._pgid is None:
+            return
         _kill_group(self._pgid)
         if self._pidfd is not None:
             with contextlib.suppress(ProcessLookupError, OSError):
@@ -346,7 +365,7 @@ class _Watch:
     async def close(self) -> None:
         """Stop watching. If the command has not exited (the caller gave up), it and everything it started are
         killed as on a cancel. Returns once the sweeps by user id are done."""
-        if not self.exited:
+        if not self.exited and self._pgid is not None:
             self._stop("cancelled")
         for fd in self._buffers:
             self._loop.remove_reader(fd)

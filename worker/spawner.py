@@ -167,11 +167,12 @@ class Spawner:
     def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
         return self._ready.wait(timeout) and self._alive
 
-    async def spawn(self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int) -> "Spawned":
-        """Start ``argv`` as the workspace user in a new process group, its output on the given descriptors.
+    def send(self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int) -> "Spawned":
+        """Ask for ``argv`` to be started as the workspace user in a new process group, its output on the given
+        descriptors; ``Spawned.started`` then gives its pid.
 
-        Never blocks the event loop: the socket does not wait (a spawner that stopped taking commands is given
-        up), and the pid is awaited on the loop."""
+        Never waits: the socket does not block (a spawner that stopped taking commands is given up), so the
+        caller can set up while the spawner starts the command."""
         if not self.ready:
             raise SpawnerError("the spawner is not running")
         message = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
@@ -182,30 +183,22 @@ class Spawner:
             socket.send_fds(self._sock, [message], [stdout_fd, stderr_fd, control_w])
         except OSError as exc:
             os.close(control_r)
-            self._shut()
+            self.shut()
             raise SpawnerError(f"the spawner did not take the command: {exc}") from exc
         finally:
             os.close(control_w)
-        spawned = Spawned(control_r)
-        reply = await spawned.next_message(REPLY_TIMEOUT_SECONDS)
-        if reply is None or "pid" not in reply:
-            spawned.close()
-            if reply is None:
-                self._shut()
-            raise SpawnerError((reply or {}).get("error", "the spawner did not answer"))
-        spawned.pid = int(reply["pid"])
-        return spawned
+        return Spawned(self, control_r)
 
     def close(self) -> None:
         """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread."""
-        self._shut()
+        self.shut()
         try:
             self._proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
 
-    def _shut(self) -> None:
+    def shut(self) -> None:
         """Close the socket, which tells the spawner to stop; does not wait for it."""
         self._alive = False
         try:
@@ -234,13 +227,26 @@ class Spawner:
 
 
 class Spawned:
-    """One command a spawner started: its pid, and its control pipe, read on the event loop of its run."""
+    """One command sent to a spawner: its pid once started, and its control pipe, read on the run's event loop."""
 
-    def __init__(self, control_fd: int) -> None:
+    def __init__(self, spawner: Spawner, control_fd: int) -> None:
         self.pid = 0
         os.set_blocking(control_fd, False)
+        self._spawner = spawner
         self._fd = control_fd
         self._pending = b""
+
+    async def started(self) -> int:
+        """The command's pid once the spawner has started it. ``SpawnerError`` if it refused or did not answer
+        (then nothing runs, and a spawner that did not answer is given up)."""
+        reply = await self.next_message(REPLY_TIMEOUT_SECONDS)
+        if reply is None or "pid" not in reply:
+            self.close()
+            if reply is None:
+                self._spawner.shut()
+            raise SpawnerError((reply or {}).get("error", "the spawner did not answer"))
+        self.pid = int(reply["pid"])
+        return self.pid
 
     async def next_message(self, timeout: float) -> dict | None:
         """The next line the spawner wrote about this command, or ``None`` at its end or after ``timeout``."""

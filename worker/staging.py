@@ -18,7 +18,9 @@ import hashlib
 import os
 import shutil
 import stat
+import threading
 from abc import ABC, abstractmethod
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,9 +59,16 @@ class BaseSkillStager(ABC):
     def __init__(self) -> None:
         self._signatures: dict[tuple[Path, str], str] = {}
         self._sources: dict[tuple[str, str], Path] = {}
+        self._locks: defaultdict[Path, threading.Lock] = defaultdict(threading.Lock)
 
     def stage(self, workspace: Workspace, skill: SkillRef) -> Path:
-        """Stage ``skill`` into ``workspace`` (or do nothing if it is staged and unchanged); return its folder."""
+        """Stage ``skill`` into ``workspace`` (or do nothing if it is staged and unchanged); return its folder.
+
+        Runs of one workspace that start together stage one at a time: the later finds the skill staged."""
+        with self._locks[workspace.path]:
+            return self._stage(workspace, skill)
+
+    def _stage(self, workspace: Workspace, skill: SkillRef) -> Path:
         source = self._sources.get((skill.root, skill.path))
         if source is None:
             source = self._sources[(skill.root, skill.path)] = resolve_skill_source(skill)

@@ -144,7 +144,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
                 self._seen.popitem(last=False)
 
     def _prepare_next_run(self, workspace_id: str) -> None:
-        """Make a reused workspace's next run directory in the background, while the caller reads this result."""
+        """Make a reused workspace's next run directory in the background."""
         workspace = self.workspaces.find_known(workspace_id)
         if workspace is None or not self._reused(workspace_id):
             return
