@@ -132,6 +132,17 @@ async def test_a_cancelled_run_stops_its_command(cube_runtime_factory):
     assert runtime.cancel(request.run_id) is False
 
 
+async def test_an_awaiting_caller_that_gives_up_ends_the_command_in_the_sandbox(cube_runtime_factory):
+    runtime = cube_runtime_factory()
+    task = asyncio.create_task(runtime.run(RunRequest(skill=SKILL, workspace_id="c", command="sleep 48.6", timeout=60)))
+    while not running("48.6"):
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert running("48.6") == []
+
+
 async def test_idle_and_closed_workspaces_lose_their_sandboxes(cube_runtime_factory, cube_standin):
     runtime = cube_runtime_factory(idle_seconds=0.2)
     await runtime.run(RunRequest(skill=SKILL, workspace_id="idle", command="true"))

@@ -118,6 +118,26 @@ async def test_cancel_stops_the_command_in_the_container(docker_runtime_factory,
     assert not [p for p in top["Processes"] if "sleep 60" in " ".join(p)]
 
 
+async def test_an_awaiting_caller_that_gives_up_ends_the_command_in_the_container(docker_runtime_factory, docker_engine):
+    runtime = docker_runtime_factory()
+    task = asyncio.create_task(runtime.run(_request("sleep 61", timeout=120)))
+    for _ in range(400):
+        container = runtime.container_id("hostile")
+        if container and [p for p in docker_engine.client.api.top(container)["Processes"] if "sleep 61" in " ".join(p)]:
+            break
+        await asyncio.sleep(0.025)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(200):  # the thread following the command sees the cancel at its next poll
+        top = docker_engine.client.api.top(runtime.container_id("hostile"))
+        if not [p for p in top["Processes"] if "sleep 61" in " ".join(p)]:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the command outlived its cancelled caller")
+
+
 def test_skillrun_run_in_docker_from_the_command_line(docker_engine, work_root):
     result = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "run", "python-math", "id -u; python3 scripts/fib.py 7 | tail -1",

@@ -112,7 +112,11 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
     ) -> ProcessOutcome:
-        return await asyncio.to_thread(self._exec, workspace, request, cwd, env, cancel)
+        try:
+            return await asyncio.to_thread(self._exec, workspace, request, cwd, env, cancel)
+        except asyncio.CancelledError:
+            cancel.set()  # the caller gave up: the thread following the command kills it
+            raise
 
     def _exec(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation

@@ -215,6 +215,13 @@ class CubeCodeExecutor:
                     waiting.cancel()
                 with contextlib.suppress(BaseException):
                     await waiting
+        except asyncio.CancelledError:
+            # The caller gave up: what the command started ends before the cancellation goes on.
+            with contextlib.suppress(Exception):
+                await self.kill_marked(marker)
+                await handle.kill()
+            waiting.cancel()
+            raise
         finally:
             if cancelled_wait is not None:
                 cancelled_wait.cancel()
