@@ -32,7 +32,9 @@ from pathlib import Path
 
 from worker.errors import WorkerError
 
-MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024
+"""The largest request a spawner takes (it receives into a buffer of this size every time); a larger command or
+environment is started directly instead."""
 READY_TIMEOUT_SECONDS = 5.0
 REPLY_TIMEOUT_SECONDS = 5.0
 STATUS_TIMEOUT_SECONDS = 5.0

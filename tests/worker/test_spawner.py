@@ -86,3 +86,16 @@ async def test_a_spawner_stopped_by_a_command_costs_one_reply_timeout_and_no_run
         assert (result.exit_code, result.stdout) == (0, "still here\n")
         assert runtime._spawners.get("sp") is not stopped
         assert not os.path.exists(f"/proc/{stopped.pid}") or _status(stopped.pid)["State"].startswith("Z")
+
+
+async def test_a_command_too_large_for_the_spawner_is_started_directly_and_the_spawner_kept(work_root, make_request):
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id="sp"))
+        spawner = runtime._spawners["sp"]
+        filler = "x" * (spawner_module.MAX_MESSAGE_BYTES + 1)
+        result = await runtime.run(make_request(f": {filler}; echo $PPID", workspace_id="sp"))
+        assert result.exit_code == 0
+        assert int(result.stdout) != spawner.pid
+        assert runtime._spawners["sp"] is spawner and spawner.ready
+        result = await runtime.run(make_request("echo $PPID", workspace_id="sp"))
+        assert int(result.stdout) == spawner.pid

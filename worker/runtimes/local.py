@@ -99,7 +99,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         try:
             return await run_process(argv, spawner=spawner, **process_args)
         except SpawnerError:
-            await asyncio.to_thread(self._drop_spawner, workspace.id)
+            if not spawner.alive:  # it stopped answering: a new one is started for the next run
+                await asyncio.to_thread(self._drop_spawner, workspace.id)
             return await run_process(argv, **process_args)
 
     async def _spawner(self, workspace: Workspace) -> Spawner | None:
