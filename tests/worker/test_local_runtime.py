@@ -429,3 +429,13 @@ async def test_an_awaiting_caller_that_gives_up_leaves_no_process_behind(runtime
     with pytest.raises(asyncio.CancelledError):
         await task
     assert wait_gone(int(pid_text)), f"process {pid_text} outlived its cancelled caller"
+
+
+async def test_a_runtime_still_runs_after_close(work_root, make_request):
+    runtime = LocalWorkspaceRuntime(work_root)
+    await runtime.run(make_request("true", workspace_id="again"))
+    await runtime.close()
+    for _ in range(2):
+        result = await runtime.run(make_request("echo again", workspace_id="again"))
+        assert result.stdout == "again\n"
+    await runtime.close()

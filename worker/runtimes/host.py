@@ -16,6 +16,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,9 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         self.input_file_bytes = input_file_bytes
         self._cancels: dict[str, Cancellation] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._background: set[asyncio.Future] = set()
+        # Housekeeping off the runs' path, one job at a time; its thread starts with the first job.
+        self._housekeeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillrun-housekeeping")
+        self._background: set[Future] = set()
         self._lock = threading.Lock()
 
     @property
@@ -148,9 +151,12 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         workspace = self.workspaces.find_known(workspace_id)
         if workspace is None or not self._reused(workspace_id):
             return
-        task = asyncio.get_running_loop().run_in_executor(None, self.workspaces.prepare_run_dir, workspace)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        try:
+            job = self._housekeeper.submit(self.workspaces.prepare_run_dir, workspace)
+        except RuntimeError:  # closed: a run after close goes without a spare folder
+            return
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
 
     def cancel(self, run_id: str) -> bool:
         """Stop a run in progress (its whole process group is killed); ``False`` if it is not running here."""
@@ -252,12 +258,13 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     async def idle(self) -> None:
         """Wait until background housekeeping (spare run folders) is done."""
         if self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+            await asyncio.gather(*(asyncio.wrap_future(job) for job in list(self._background)), return_exceptions=True)
 
     async def close(self) -> None:
         for cancel in self._cancels.values():
             cancel.set()
         await self.idle()
+        self._housekeeper.shutdown(wait=False)
 
     def remove_workspace(self, workspace_id: str) -> None:
         """Delete a workspace and everything in it."""
