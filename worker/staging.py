@@ -19,6 +19,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterator
@@ -30,6 +31,9 @@ from worker.roots import is_url, resolve_root
 from worker.workspace import Workspace, reachable_by_others, remove_tree
 
 SKILL_FILE = "SKILL.md"
+SETTLED_NS = 1_000_000_000
+"""A folder listed this long after its last change keeps its listing while its mtime stays: any later change
+gets a later mtime (file system clock ticks are milliseconds)."""
 WORKSPACE_LINKS = {"work": "../../work", "out": "../../out", "inputs": "../../work/inputs"}
 
 
@@ -178,9 +182,21 @@ class LinkSkillStager(BaseSkillStager):
     def __init__(self, fallback_to_copy: bool = True) -> None:
         super().__init__()
         self.fallback_to_copy = fallback_to_copy
+        self._listings: dict[Path, tuple[int, str]] = {}  # source → (mtime, entries) of settled listings
 
     def signature(self, source: Path) -> str:
-        return f"{os.stat(source).st_mtime_ns}:{','.join(sorted(os.listdir(source)))}"
+        """The folder's mtime and its entries (what linking depends on). The entries are listed again only when
+        the mtime moved, or when the last listing was taken so soon after the folder's last change that a change
+        in the same clock tick could have left the mtime where it was."""
+        mtime = os.stat(source).st_mtime_ns
+        known = self._listings.get(source)
+        if known is not None and known[0] == mtime:
+            return f"{mtime}:{known[1]}"
+        listed_at = time.time_ns()
+        entries = ",".join(sorted(os.listdir(source)))
+        if listed_at - mtime > SETTLED_NS:
+            self._listings[source] = (mtime, entries)
+        return f"{mtime}:{entries}"
 
     def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
         if workspace.uid is not None:

@@ -65,6 +65,33 @@ def test_adding_a_file_to_the_skill_restages_it(workspace, library):
     assert (staged / "NEW.md").read_text() == "new doc"
 
 
+def test_a_settled_library_folder_is_checked_by_its_mtime_alone(workspace, library, monkeypatch):
+    folder = library / "demo"
+    an_hour_ago = os.stat(folder).st_mtime_ns - 3600 * 10**9
+    os.utime(folder, ns=(an_hour_ago, an_hour_ago))
+    stager = LinkSkillStager()
+    staged = stager.stage(workspace, _ref(library))
+    listed: list[str] = []
+    real_listdir = os.listdir
+    monkeypatch.setattr("worker.staging.os.listdir", lambda path: listed.append(str(path)) or real_listdir(path))
+    assert stager.current(workspace, _ref(library)) == staged
+    assert listed == []
+    (folder / "NEW.md").write_text("new doc")  # moves the folder's mtime
+    assert stager.current(workspace, _ref(library)) is None
+    assert (stager.stage(workspace, _ref(library)) / "NEW.md").read_text() == "new doc"
+
+
+def test_an_entry_added_in_the_clock_tick_of_the_last_listing_is_still_noticed(workspace, library):
+    folder = library / "demo"
+    stager = LinkSkillStager()
+    stager.stage(workspace, _ref(library))  # listed right after the fixture made the folder: not settled
+    mtime = os.stat(folder).st_mtime_ns
+    (folder / "NEW.md").write_text("new doc")
+    os.utime(folder, ns=(mtime, mtime))  # as if the addition fell in the same tick: the mtime did not move
+    assert stager.current(workspace, _ref(library)) is None
+    assert (stager.stage(workspace, _ref(library)) / "NEW.md").read_text() == "new doc"
+
+
 def test_copy_stager_restages_when_a_nested_file_changes(workspace, library):
     stager = CopySkillStager()
     staged = stager.stage(workspace, _ref(library))
