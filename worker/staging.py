@@ -91,6 +91,7 @@ class BaseSkillStager(ABC):
             self._signatures[key] = signature
             return target
         self._build(workspace, source, target)
+        signature = self._signature(source)  # the build may have chosen how the folder is to be checked
         staged[skill.name] = {"source": str(source), "stager": self.kind, "signature": signature}
         workspace.write_metadata(meta)
         self._signatures[key] = signature
@@ -100,7 +101,7 @@ class BaseSkillStager(ABC):
         """The staged folder of ``skill`` when this stager staged it into ``workspace`` and it is unchanged since;
         ``None`` when it must go through ``stage``. Touches nothing but the signature's metadata."""
         source = self._sources.get((skill.root, skill.path))
-        if source is None:
+        if source is None or not self._quick(source):
             return None
         try:
             signature = self._signature(source)
@@ -113,6 +114,10 @@ class BaseSkillStager(ABC):
 
     def _signature(self, source: Path) -> str:
         return f"{self.kind}:{source}:{self.signature(source)}"
+
+    def _quick(self, source: Path) -> bool:
+        """Whether checking ``source`` costs a couple of metadata calls (see ``quick_signature``)."""
+        return self.quick_signature
 
     @abstractmethod
     def signature(self, source: Path) -> str:
@@ -183,11 +188,15 @@ class LinkSkillStager(BaseSkillStager):
         super().__init__()
         self.fallback_to_copy = fallback_to_copy
         self._listings: dict[Path, tuple[int, str]] = {}  # source → (mtime, entries) of settled listings
+        self._copied: set[Path] = set()  # sources the workspace user cannot reach, staged as copies
 
     def signature(self, source: Path) -> str:
         """The folder's mtime and its entries (what linking depends on). The entries are listed again only when
         the mtime moved, or when the last listing was taken so soon after the folder's last change that a change
-        in the same clock tick could have left the mtime where it was."""
+        in the same clock tick could have left the mtime where it was. A source staged as a copy is checked as
+        the copying stager checks it: every file, nested ones included."""
+        if source in self._copied:
+            return "copied:" + CopySkillStager().signature(source)
         mtime = os.stat(source).st_mtime_ns
         known = self._listings.get(source)
         if known is not None and known[0] == mtime:
@@ -197,6 +206,9 @@ class LinkSkillStager(BaseSkillStager):
         if listed_at - mtime > SETTLED_NS:
             self._listings[source] = (mtime, entries)
         return f"{mtime}:{entries}"
+
+    def _quick(self, source: Path) -> bool:
+        return source not in self._copied
 
     def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
         if workspace.uid is not None:
@@ -208,6 +220,7 @@ class LinkSkillStager(BaseSkillStager):
                         "use CopySkillStager or make the library readable"
                     )
                 CopySkillStager()._fill(workspace, source, staging)
+                self._copied.add(source)
                 return
         for entry in os.scandir(source):
             if entry.name not in WORKSPACE_LINKS:

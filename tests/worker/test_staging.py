@@ -139,6 +139,24 @@ def test_library_the_workspace_user_cannot_reach_is_copied(workspace, shared_dir
         )
 
 
+@pytest.mark.root
+def test_a_copied_library_is_restaged_when_a_nested_file_changes(workspace, shared_dir):
+    private = shared_dir / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    write_skill(private, "demo", files={"scripts/hello.sh": "echo hi\n"})
+    ref = SkillRef(name="demo", root=str(private), path="demo")
+    stager = LinkSkillStager()
+    staged = stager.stage(workspace, ref)
+    assert stager.current(workspace, ref) is None  # a copy is checked file by file: not on the quick path
+    assert stager.stage(workspace, ref) == staged
+    script = private / "demo" / "scripts" / "hello.sh"
+    script.write_text("echo edited\n")
+    later = os.stat(script).st_mtime_ns + 5 * 10**9
+    os.utime(script, ns=(later, later))
+    assert (stager.stage(workspace, ref) / "scripts" / "hello.sh").read_text() == "echo edited\n"
+
+
 def test_skill_removed_from_its_root_after_staging_is_a_clear_error(workspace, library):
     stager = LinkSkillStager()
     stager.stage(workspace, _ref(library))

@@ -120,7 +120,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         workspace was used here before, its skill is staged and unchanged, a spare run folder is ready, and it
         brings no inputs. Otherwise ``None``: ``_prepare`` does it in a thread."""
         workspace = self.workspaces.find_known(request.workspace_id)
-        if workspace is None or request.inputs or not self.stager.quick_signature:
+        if workspace is None or request.inputs:
             return None
         skill_dir = self.stager.current(workspace, request.skill)
         run_dir = self.workspaces.take_spare_run_dir(workspace) if skill_dir is not None else None
