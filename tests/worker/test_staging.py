@@ -124,12 +124,19 @@ def test_world_writable_library_file_is_refused_when_commands_run_as_another_use
     assert [p.name for p in workspace.skills_dir.iterdir()] == []
 
 
-@pytest.mark.root
-def test_library_the_workspace_user_cannot_reach_is_copied(workspace, shared_dir):
+@pytest.fixture
+def private_library(shared_dir: Path) -> Path:
+    """A library under a folder the workspace users cannot enter."""
     private = shared_dir / "private"
     private.mkdir(mode=0o700)
     private.chmod(0o700)
     write_skill(private, "demo", files={"scripts/hello.sh": "echo hi\n"})
+    return private
+
+
+@pytest.mark.root
+def test_library_the_workspace_user_cannot_reach_is_copied(workspace, private_library):
+    private = private_library
     staged = LinkSkillStager().stage(workspace, SkillRef(name="demo", root=str(private), path="demo"))
     assert not os.path.islink(staged / "scripts")
     assert (staged / "scripts" / "hello.sh").read_text() == "echo hi\n"
@@ -140,11 +147,8 @@ def test_library_the_workspace_user_cannot_reach_is_copied(workspace, shared_dir
 
 
 @pytest.mark.root
-def test_a_copied_library_is_restaged_when_a_nested_file_changes(workspace, shared_dir):
-    private = shared_dir / "private"
-    private.mkdir(mode=0o700)
-    private.chmod(0o700)
-    write_skill(private, "demo", files={"scripts/hello.sh": "echo hi\n"})
+def test_a_copied_library_is_restaged_when_a_nested_file_changes(workspace, private_library):
+    private = private_library
     ref = SkillRef(name="demo", root=str(private), path="demo")
     stager = LinkSkillStager()
     staged = stager.stage(workspace, ref)
