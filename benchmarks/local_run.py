@@ -1,7 +1,8 @@
 """Per-run overhead of the local runtime against a bare ``subprocess.run(["bash", "-c", cmd])``.
 
-Both are measured in this process, interleaved, so a noisy machine slows both alike; the figure that matters is
-the ratio of medians. Three series:
+All are measured in this process, interleaved, each series going first in turn and background housekeeping
+awaited between measurements, so a noisy machine slows all alike; the figure that matters is the ratio of
+medians. The series:
 
 * bare       subprocess.run(["bash", "-c", cmd], capture_output=True)
 * warm       a run in an existing workspace (skill already staged): the everyday case
@@ -47,23 +48,27 @@ async def main() -> None:
         await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
         if shared_runtime is not None:
             await shared_runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
-        for i in range(args.runs):
-            t = time.perf_counter()
+        async def run_bare() -> None:
             subprocess.run(["bash", "-c", args.command], capture_output=True)
-            bare.append(time.perf_counter() - t)
 
-            t = time.perf_counter()
-            result = await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
-            warm.append(time.perf_counter() - t)
+        async def run_in(rt: LocalWorkspaceRuntime) -> None:
+            result = await rt.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
             assert result.exit_code == 0, result.stderr
-            # Between two runs of a session a model is thinking; let the runtime's housekeeping finish, so it does
-            # not land on the next series.
-            await runtime.idle()
 
-            if shared_runtime is not None:
+        series = [(bare, run_bare), (warm, lambda: run_in(runtime))]
+        if shared_runtime is not None:
+            series.append((shared, lambda: run_in(shared_runtime)))
+        for i in range(args.runs):
+            # Each series goes first as often as the others: what one leaves behind lands on all alike.
+            for samples, step in series[i % len(series):] + series[: i % len(series)]:
                 t = time.perf_counter()
-                result = await shared_runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
-                shared.append(time.perf_counter() - t)
+                await step()
+                samples.append(time.perf_counter() - t)
+                # Between two runs of a session a model is thinking; let housekeeping (the next spare run
+                # folder) finish, so it does not land on the next measurement.
+                await runtime.idle()
+                if shared_runtime is not None:
+                    await shared_runtime.idle()
             if (i + 1) % 50 == 0:
                 print(f"  {i + 1}/{args.runs} warm runs of each", file=sys.stderr)
         # New workspaces in a phase of their own: each leaves the kernel tearing down its network namespace for
