@@ -27,7 +27,7 @@ from worker import defaults
 from worker.cancellation import Cancellation
 from worker.contract import RunLimits
 from worker.errors import RuntimeUnavailableError
-from worker.spawner import Spawner
+from worker.spawner import ReadyShell, Spawner
 
 TIMEOUT_EXIT_CODE = 124
 READ_BYTES = 64 * 1024
@@ -187,15 +187,20 @@ async def run_process(
     gid: int | None = None,
     cancel: Cancellation | None = None,
     spawner: Spawner | None = None,
+    ready: ReadyShell | None = None,
     no_network: bool = False,
 ) -> ProcessOutcome:
     """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started.
 
     With a ``spawner`` (of the workspace user ``uid``) the command is started by it; otherwise directly, switching to
-    ``uid``/``gid`` when given. A ``SpawnerError`` means nothing was started and the caller may start it directly.
+    ``uid``/``gid`` when given. With ``ready``, a ready shell of that spawner already handed its command, the
+    command is that shell (``argv`` is not used). A ``SpawnerError`` means nothing ran and the caller may start
+    the command directly.
     """
     started = time.monotonic()
-    if spawner is not None:
+    if ready is not None:
+        handle = _Started(ready.out_fd, ready.err_fd, ready.spawned.started, ready.spawned.exit_status, ready.release)
+    elif spawner is not None:
         handle = _start_spawned(argv, cwd, env, spawner)
     else:
         handle = _start_direct(argv, cwd, env, uid, gid, no_network)

@@ -10,7 +10,7 @@ process group) and every deadline.
 
 Wire format. Host → spawner, over ``SOCK_SEQPACKET``, one JSON object per message: ``{"argv", "env", "cwd"}``
 with three descriptors as ``SCM_RIGHTS``: the stdout and stderr write ends and the write end of a control pipe
-of that run. The spawner answers on the control pipe, one JSON line each: ``{"pid": n}`` (or ``{"error": "..."}``)
+of that run, and optionally a fourth that becomes the child's descriptor 3 (a ready shell's script pipe). The spawner answers on the control pipe, one JSON line each: ``{"pid": n}`` (or ``{"error": "..."}``)
 at once, then ``{"exited": pid, "status": code}`` when it reaps the child (``status`` as
 ``os.waitstatus_to_exitcode``: negative for a signal), and closes it. The run's event loop reads its control pipe
 directly: no thread stands between a command and its caller. The socket itself carries only
@@ -20,9 +20,11 @@ directly: no thread stands between a command and its caller. The socket itself c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
+import shlex
 import socket
 import stat
 import subprocess
@@ -73,12 +75,12 @@ while True:
             if pid in controls:
                 tell(controls.pop(pid), {"exited": pid, "status": os.waitstatus_to_exitcode(status)}, last=True)
     if sock in ready:
-        data, fds, _, _ = socket.recv_fds(sock, %(max)d, 3)
+        data, fds, _, _ = socket.recv_fds(sock, %(max)d, 4)
         if not data:
             break
         for fd in fds:
             os.set_inheritable(fd, False)
-        if len(fds) != 3:
+        if len(fds) not in (3, 4):
             for fd in fds:
                 os.close(fd)
             continue
@@ -90,7 +92,7 @@ while True:
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, fds[0], 1),
                 (os.POSIX_SPAWN_DUP2, fds[1], 2),
-            ]
+            ] + [(os.POSIX_SPAWN_DUP2, fd, 3) for fd in fds[3:]]
             pid = os.posix_spawn(
                 req["argv"][0], req["argv"], req["env"], file_actions=actions, setpgroup=0,
                 setsigdef=(signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ),
@@ -100,10 +102,18 @@ while True:
         except Exception as exc:
             tell(control, {"error": f"{type(exc).__name__}: {exc}"}, last=True)
         finally:
-            os.close(fds[0])
-            os.close(fds[1])
+            for fd in fds[:2] + fds[3:]:
+                os.close(fd)
             os.chdir("/")
 """ % {"max": MAX_MESSAGE_BYTES}
+
+
+READY_SHELL_VARIABLE = "__skillrun_command"
+READY_SHELL_LOADER = f'source /proc/self/fd/3 && eval "${READY_SHELL_VARIABLE}"'
+"""What a ready shell runs: read its script (one short file: the run's variables and the command in a variable),
+then run the command at top level."""
+RUN_VARIABLES = frozenset({"RUN_DIR", "HOME", "TMPDIR"})
+"""The variables that differ from one run of a workspace to the next (a ready shell gets them with its script)."""
 
 
 class SpawnerError(WorkerError):
@@ -151,6 +161,7 @@ class Spawner:
             child_sock.close()
         self._ready = threading.Event()
         self._alive = True
+        self._shell: ReadyShell | None = None
         self._reader = threading.Thread(target=self._watch, name=f"spawner-{uid}", daemon=True)
         self._reader.start()
 
@@ -169,9 +180,11 @@ class Spawner:
     def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
         return self._ready.wait(timeout) and self._alive
 
-    def send(self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int) -> "Spawned":
+    def send(
+        self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int, fd3: int | None = None
+    ) -> "Spawned":
         """Ask for ``argv`` to be started as the workspace user in a new process group, its output on the given
-        descriptors; ``Spawned.started`` then gives its pid.
+        descriptors (and ``fd3`` as its descriptor 3); ``Spawned.started`` then gives its pid.
 
         Never waits: the socket does not block (a spawner that stopped taking commands is given up), so the
         caller can set up while the spawner starts the command."""
@@ -182,7 +195,7 @@ class Spawner:
             raise SpawnerError("the command and its environment are too large for the spawner")
         control_r, control_w = os.pipe()
         try:
-            socket.send_fds(self._sock, [message], [stdout_fd, stderr_fd, control_w])
+            socket.send_fds(self._sock, [message], [stdout_fd, stderr_fd, control_w, *([] if fd3 is None else [fd3])])
         except OSError as exc:
             os.close(control_r)
             self.shut()
@@ -190,6 +203,41 @@ class Spawner:
         finally:
             os.close(control_w)
         return Spawned(self, control_r)
+
+    def prepare_shell(self, bash: str, env: dict[str, str], cwd: str) -> None:
+        """Have a ready shell (``ready_shell``) wait for this workspace's next run, in place of any other."""
+        old, self._shell = self._shell, None
+        if old is not None:
+            old.discard()
+        if self.ready:
+            with contextlib.suppress(SpawnerError):
+                self._shell = self.ready_shell(bash, env, cwd)
+
+    def take_shell(self) -> "ReadyShell | None":
+        """The ready shell waiting for the next run, if any (it is the caller's from now on)."""
+        shell, self._shell = self._shell, None
+        return shell
+
+    def ready_shell(self, bash: str, env: dict[str, str], cwd: str) -> "ReadyShell":
+        """Start a shell for a command not known yet: bash started now, with ``env`` in ``cwd``, waiting on its
+        descriptor 3 for the script (``ReadyShell.start``)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        script_r, script_w = os.pipe()
+        try:
+            # bash reopens it through /proc as the workspace user: its group may read it, nobody of it may write
+            # (another process of the workspace could otherwise slip its own script in through /proc/<pid>/fd/3).
+            os.fchown(script_r, -1, self.gid)
+            os.fchmod(script_r, 0o440)
+            spawned = self.send([bash, "-c", READY_SHELL_LOADER], env, cwd, out_w, err_w, script_r)
+        except BaseException:
+            for fd in (out_r, err_r, script_w):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, script_r):
+                os.close(fd)
+        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w)
 
     def close(self) -> None:
         """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread."""
@@ -201,8 +249,11 @@ class Spawner:
             self._proc.wait()
 
     def shut(self) -> None:
-        """Close the socket, which tells the spawner to stop; does not wait for it."""
+        """Close the socket, which tells the spawner to stop; does not wait for it. A ready shell is given up."""
         self._alive = False
+        shell = self.take_shell()
+        if shell is not None:
+            shell.discard()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -241,6 +292,8 @@ class Spawned:
     async def started(self) -> int:
         """The command's pid once the spawner has started it. ``SpawnerError`` if it refused or did not answer
         (then nothing runs, and a spawner that did not answer is given up)."""
+        if self.pid:
+            return self.pid
         reply = await self.next_message(REPLY_TIMEOUT_SECONDS)
         if reply is None or "pid" not in reply:
             self.close()
@@ -280,6 +333,80 @@ class Spawned:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class ReadyShell:
+    """A bash started ahead of its command, so a warm run skips the spawner's round trip and bash's start-up.
+
+    It was started as the workspace user in a process group of its own, with the environment and folder of the
+    workspace's last run, reading its descriptor 3. ``start`` writes one short script there, in one atomic pipe
+    write: it exports the run's own ``RUN_DIR``, ``HOME`` and ``TMPDIR``, resets ``SECONDS`` and holds the command
+    in a shell variable, which the shell then runs with ``eval`` at top level (where line numbers, ``return`` and
+    error messages behave as under ``bash -c``). A shell that is not used is discarded: its pipe closes, it reads
+    nothing, runs nothing and exits."""
+
+    def __init__(
+        self, spawned: Spawned, env: dict[str, str], cwd: str, out_fd: int, err_fd: int, script_fd: int
+    ) -> None:
+        self.spawned = spawned
+        self.env = env
+        self.cwd = cwd
+        self.folder = _identity(cwd)
+        self.out_fd = out_fd
+        self.err_fd = err_fd
+        self._script = script_fd
+
+    def fits(self, env: dict[str, str], cwd: str) -> bool:
+        """Whether a run with ``env`` in ``cwd`` can use this shell: the same folder (the same one, not one put in
+        its place since: a restaged skill is a new folder) and the same environment but for the run's own folder
+        variables, so bash started as it would have for this run (what it reads at start-up alone, such as
+        ``BASH_ENV``, a request may not set)."""
+        return (
+            cwd == self.cwd
+            and self.folder is not None
+            and _identity(cwd) == self.folder
+            and {k: v for k, v in env.items() if k not in RUN_VARIABLES}
+            == {k: v for k, v in self.env.items() if k not in RUN_VARIABLES}
+        )
+
+    def start(self, command: str, env: dict[str, str]) -> bool:
+        """Hand the shell ``command`` to run with ``env``'s run variables. ``False`` if the shell is gone or the
+        script would not fit in one atomic pipe write: then nothing ran and the shell is discarded."""
+        exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in sorted(RUN_VARIABLES & env.keys()))
+        script = f"exec 3<&-; export {exports}; SECONDS=0; {READY_SHELL_VARIABLE}={shlex.quote(command)}\n".encode()
+        try:
+            if len(script) > select.PIPE_BUF or "\0" in command:
+                return False
+            os.write(self._script, script)
+            return True
+        except OSError:  # it was killed (a timeout of another run of the workspace kills every process of its user)
+            return False
+        finally:
+            os.close(self._script)
+            self._script = -1
+
+    def discard(self) -> None:
+        """Give the shell up: it reads an empty script and exits."""
+        if self._script >= 0:
+            os.close(self._script)
+            self._script = -1
+        self.release()
+
+    def release(self) -> None:
+        """Close what this process holds of the shell (after its run, or once discarded)."""
+        for fd in (self.out_fd, self.err_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.out_fd = self.err_fd = -1
+        self.spawned.close()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 async def _readable(fd: int, timeout: float) -> bool:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import time
 
 import pytest
 
+from tests.processes import wait_gone
 from worker import spawner as spawner_module
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -99,3 +101,117 @@ async def test_a_command_too_large_for_the_spawner_is_started_directly_and_the_s
         assert runtime._spawners["sp"] is spawner and spawner.ready
         result = await runtime.run(make_request("echo $PPID", workspace_id="sp"))
         assert int(result.stdout) == spawner.pid
+
+
+LOADER = spawner_module.READY_SHELL_LOADER
+
+FIDELITY_COMMANDS = [
+    "echo $LINENO; no_such_command_here; echo $?",
+    "return 3; echo after",
+    "exit 7",
+    'echo "$0"',
+    "env | cut -d= -f1 | sort",
+    "echo $SECONDS",
+    "ls /proc/self/fd | sort -n | tr '\\n' ' '",
+    "pwd; cd / && pwd",
+    "cat; echo stdin-done",
+    "printf '%s\\n' 'quotes \" and '\\'' and $ and \\\\ and é'",
+    "set -e; false; echo not-here",
+    "cat <<EOF\nline one\n$SKILL_NAME\nEOF\necho $LINENO",
+    'test "$HOME" = "$RUN_DIR" && test "$TMPDIR" = "$RUN_DIR" && test -d "$RUN_DIR" && echo own-run-dir',
+    "ulimit -n; ulimit -u",
+    "trap 'echo trapped' EXIT; echo body",
+    "if then",
+]
+
+
+@pytest.mark.parametrize("command", FIDELITY_COMMANDS)
+async def test_a_ready_shell_runs_a_command_as_bash_c_does(work_root, make_request, command):
+    async with LocalWorkspaceRuntime(work_root / "plain", spawners="eager", ready_shells=False) as plain, \
+            LocalWorkspaceRuntime(work_root / "ready", spawners="eager") as ready:
+        expected = await plain.run(make_request(command, workspace_id="fid"))
+        await ready.run(make_request("true", workspace_id="fid"))
+        probe = await ready.run(make_request('echo "$BASH_EXECUTION_STRING"', workspace_id="fid"))
+        assert probe.stdout == LOADER + "\n"
+        result = await ready.run(make_request(command, workspace_id="fid"))
+
+        def seen(run, runtime: LocalWorkspaceRuntime) -> tuple[str, str, int]:  # noqa: ANN001
+            folder = str(runtime.workspaces.find_known("fid").path)
+            return run.stdout.replace(folder, "<ws>"), run.stderr.replace(folder, "<ws>"), run.exit_code
+
+        if command == "if then":  # the one difference: the parser names eval, not -c
+            assert result.exit_code == expected.exit_code == 2
+            assert "-c: line 1: syntax error" in expected.stderr and "eval: line 1: syntax error" in result.stderr
+        else:
+            assert seen(result, ready) == seen(expected, plain)
+
+
+async def test_a_run_with_another_environment_or_folder_does_not_use_the_ready_shell(work_root, make_request):
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id="rs"))
+        other_env = await runtime.run(make_request('echo "$BASH_EXECUTION_STRING"', workspace_id="rs", env={"X": "1"}))
+        assert other_env.stdout != LOADER + "\n" and "BASH_EXECUTION_STRING" in other_env.stdout
+        other_cwd = await runtime.run(make_request('echo "$BASH_EXECUTION_STRING"', workspace_id="rs", cwd="$WORK_DIR"))
+        assert other_cwd.stdout != LOADER + "\n"
+        same = await runtime.run(make_request('echo "$BASH_EXECUTION_STRING"', workspace_id="rs", cwd="$WORK_DIR"))
+        assert same.stdout == LOADER + "\n"
+
+
+async def test_a_killed_ready_shell_costs_nothing_but_its_speed(work_root, make_request):
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id="rs"))
+        shell = runtime._spawners["rs"]._shell
+        pid = await shell.spawned.started()
+        os.kill(pid, signal.SIGKILL)
+        assert wait_gone(pid)
+        result = await runtime.run(make_request('echo still here; echo "$BASH_EXECUTION_STRING"', workspace_id="rs"))
+        assert result.exit_code == 0
+        assert result.stdout.splitlines()[0] == "still here" and LOADER not in result.stdout
+
+
+async def test_a_command_longer_than_one_pipe_write_runs_without_the_ready_shell(work_root, make_request):
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id="rs"))
+        filler = "x" * 5000
+        result = await runtime.run(make_request(f': {filler}; echo "${{#BASH_EXECUTION_STRING}}"', workspace_id="rs"))
+        assert result.exit_code == 0 and int(result.stdout) > 5000
+
+
+async def test_a_ready_shell_that_times_out_is_killed_with_what_it_started(work_root, make_request):
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id="rs"))
+        result = await runtime.run(make_request("sleep 30 & echo $! > $WORK_DIR/child; sleep 30", workspace_id="rs", timeout=0.5))
+        assert result.timed_out and result.exit_code == 124
+        child = int((runtime.workspaces.find_known("rs").work_dir / "child").read_text())
+        assert wait_gone(child)
+
+
+async def test_closing_the_runtime_ends_its_ready_shells(work_root, make_request):
+    runtime = LocalWorkspaceRuntime(work_root, spawners="eager")
+    await runtime.run(make_request("true", workspace_id="rs"))
+    pid = await runtime._spawners["rs"]._shell.spawned.started()
+    await runtime.close()
+    assert wait_gone(pid)
+
+
+async def test_another_process_of_the_workspace_cannot_slip_a_script_into_the_ready_shell(work_root, make_request):
+    # A process a run left behind (detached, holding no pipe) waits for the next ready shell and tries to write a
+    # script of its own into it through /proc.
+    attacker = (
+        "for _ in $(seq 200); do for fd in /proc/[0-9]*/fd/3; do "
+        "grep -qs 'source /proc/self/fd/3' ${fd%/fd/3}/cmdline || continue; "
+        "{ echo 'echo injected' > $fd && echo written || echo refused; } > $WORK_DIR/attack 2>&1; exit; "
+        "done; sleep 0.02; done"
+    )
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id="rs"))
+        detach = f"setsid bash -c {shlex.quote(attacker)} </dev/null >/dev/null 2>&1 & sleep 0.3"  # out of the group
+        await runtime.run(make_request(detach, workspace_id="rs"))
+        attack_file = runtime.workspaces.find_known("rs").work_dir / "attack"
+        for _ in range(250):
+            if attack_file.exists() and attack_file.read_text():
+                break
+            time.sleep(0.02)
+        assert "refused" in attack_file.read_text() and "Permission denied" in attack_file.read_text()
+        result = await runtime.run(make_request('echo legit; echo "$BASH_EXECUTION_STRING"', workspace_id="rs"))
+        assert result.stdout == f"legit\n{LOADER}\n"

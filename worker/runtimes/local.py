@@ -30,7 +30,7 @@ from worker.process import (
 )
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
-from worker.spawner import Spawner, SpawnerError, spawner_python
+from worker.spawner import ReadyShell, Spawner, SpawnerError, spawner_python
 from worker.staging import BaseSkillStager
 from worker.workspace import Workspace, WorkspaceManager
 
@@ -57,6 +57,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         spawners: SpawnerMode = "auto",
         disk_bytes: int | None = None,
         allow_network: bool = False,
+        ready_shells: bool = True,
     ) -> None:
         """``spawners`` applies when commands run as workspace users: ``auto`` starts a workspace's spawner when the
         workspace is used a second time and uses it once ready (a one-off run never pays for one), ``eager`` starts
@@ -64,7 +65,10 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
         With workspace users (root), commands run in a network namespace of their own, with no network, unless a
         request asks for it (``network``) and ``allow_network`` is set. A non-root host cannot take the network
-        away: there commands share the host's."""
+        away: there commands share the host's.
+
+        ``ready_shells``: after each run through a spawner, the spawner starts bash for the workspace's next run
+        (``spawner.ReadyShell``), so that run skips a round trip and bash's start-up."""
         super().__init__(
             WorkspaceManager(work_root, isolate_users=isolate_users, disk_bytes=disk_bytes), stager=stager,
             artifact_store=artifact_store,
@@ -73,6 +77,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self.sandbox_path = sandbox_path
         self.spawner_mode: SpawnerMode = spawners
         self.allow_network = allow_network
+        self.ready_shells = ready_shells
         self._bash: str | None = None
         self._spawners: OrderedDict[str, Spawner] = OrderedDict()
 
@@ -96,12 +101,26 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             no_network=no_network,
         )
         spawner = await self._spawner(workspace) if no_network or workspace.uid is None else None
+        shell = self._ready_shell(spawner, script, env, cwd) if spawner is not None else None
         try:
-            return await run_process(argv, spawner=spawner, **process_args)
+            return await run_process(argv, spawner=spawner, ready=shell, **process_args)
         except SpawnerError:
             if not spawner.alive:  # it stopped answering: a new one is started for the next run
                 await asyncio.to_thread(self._drop_spawner, workspace.id)
             return await run_process(argv, **process_args)
+        finally:
+            if spawner is not None and self.ready_shells:
+                spawner.prepare_shell(argv[0], env, cwd)
+
+    def _ready_shell(self, spawner: Spawner, script: str, env: dict[str, str], cwd: str) -> ReadyShell | None:
+        """The spawner's ready shell, handed ``script``, when it fits this run; otherwise it is given up."""
+        shell = spawner.take_shell()
+        if shell is None:
+            return None
+        if shell.fits(env, cwd) and shell.start(script, env):
+            return shell
+        shell.discard()
+        return None
 
     async def _spawner(self, workspace: Workspace) -> Spawner | None:
         """The workspace's ready spawner, starting one if there is none (see ``spawners``)."""
