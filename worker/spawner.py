@@ -10,7 +10,8 @@ process group) and every deadline.
 
 Wire format. Host → spawner, over ``SOCK_SEQPACKET``, one JSON object per message: ``{"argv", "env", "cwd"}``
 with three descriptors as ``SCM_RIGHTS``: the stdout and stderr write ends and the write end of a control pipe
-of that run, and optionally a fourth that becomes the child's descriptor 3 (a ready shell's script pipe). The spawner answers on the control pipe, one JSON line each: ``{"pid": n}`` (or ``{"error": "..."}``)
+of that run, and optionally more that become the child's descriptors 3, 4 (a ready shell's script pipe, and
+the pipe it closes once started). The spawner answers on the control pipe, one JSON line each: ``{"pid": n}`` (or ``{"error": "..."}``)
 at once, then ``{"exited": pid, "status": code}`` when it reaps the child (``status`` as
 ``os.waitstatus_to_exitcode``: negative for a signal), and closes it. The run's event loop reads its control pipe
 directly: no thread stands between a command and its caller. The socket itself carries only
@@ -75,12 +76,12 @@ while True:
             if pid in controls:
                 tell(controls.pop(pid), {"exited": pid, "status": os.waitstatus_to_exitcode(status)}, last=True)
     if sock in ready:
-        data, fds, _, _ = socket.recv_fds(sock, %(max)d, 4)
+        data, fds, _, _ = socket.recv_fds(sock, %(max)d, 5)
         if not data:
             break
         for fd in fds:
             os.set_inheritable(fd, False)
-        if len(fds) not in (3, 4):
+        if len(fds) < 3:
             for fd in fds:
                 os.close(fd)
             continue
@@ -92,7 +93,8 @@ while True:
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, fds[0], 1),
                 (os.POSIX_SPAWN_DUP2, fds[1], 2),
-            ] + [(os.POSIX_SPAWN_DUP2, fd, 3) for fd in fds[3:]]
+            ] + [(os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate(fds[3:])]  # received fds are > 4:
+            # 0-2 are /dev/null here and the socket and the wake pipe hold three more, so no dup2 overwrites one
             pid = os.posix_spawn(
                 req["argv"][0], req["argv"], req["env"], file_actions=actions, setpgroup=0,
                 setsigdef=(signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ),
@@ -109,9 +111,9 @@ while True:
 
 
 READY_SHELL_VARIABLE = "__skillrun_command"
-READY_SHELL_LOADER = f'source /proc/self/fd/3 && eval "${READY_SHELL_VARIABLE}"'
-"""What a ready shell runs: read its script (one short file: the run's variables and the command in a variable),
-then run the command at top level."""
+READY_SHELL_LOADER = f'exec 4>&-; source /proc/self/fd/3 && eval "${READY_SHELL_VARIABLE}"'
+"""What a ready shell runs: say it has started (close descriptor 4), read its script (one short file: the run's
+variables and the command in a variable), then run the command at top level."""
 RUN_VARIABLES = frozenset({"RUN_DIR", "HOME", "TMPDIR"})
 """The variables that differ from one run of a workspace to the next (a ready shell gets them with its script)."""
 
@@ -181,10 +183,10 @@ class Spawner:
         return self._ready.wait(timeout) and self._alive
 
     def send(
-        self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int, fd3: int | None = None
+        self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int, *more_fds: int
     ) -> "Spawned":
         """Ask for ``argv`` to be started as the workspace user in a new process group, its output on the given
-        descriptors (and ``fd3`` as its descriptor 3); ``Spawned.started`` then gives its pid.
+        descriptors (and ``more_fds`` as its descriptors 3, 4, …); ``Spawned.started`` then gives its pid.
 
         Never waits: the socket does not block (a spawner that stopped taking commands is given up), so the
         caller can set up while the spawner starts the command."""
@@ -195,7 +197,7 @@ class Spawner:
             raise SpawnerError("the command and its environment are too large for the spawner")
         control_r, control_w = os.pipe()
         try:
-            socket.send_fds(self._sock, [message], [stdout_fd, stderr_fd, control_w, *([] if fd3 is None else [fd3])])
+            socket.send_fds(self._sock, [message], [stdout_fd, stderr_fd, control_w, *more_fds])
         except OSError as exc:
             os.close(control_r)
             self.shut()
@@ -213,6 +215,11 @@ class Spawner:
             with contextlib.suppress(SpawnerError):
                 self._shell = self.ready_shell(bash, env, cwd)
 
+    @property
+    def waiting_shell(self) -> "ReadyShell | None":
+        """The ready shell waiting for the next run, if any."""
+        return self._shell
+
     def take_shell(self) -> "ReadyShell | None":
         """The ready shell waiting for the next run, if any (it is the caller's from now on)."""
         shell, self._shell = self._shell, None
@@ -224,20 +231,21 @@ class Spawner:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         script_r, script_w = os.pipe()
+        up_r, up_w = os.pipe()
         try:
             # bash reopens it through /proc as the workspace user: its group may read it, nobody of it may write
             # (another process of the workspace could otherwise slip its own script in through /proc/<pid>/fd/3).
             os.fchown(script_r, -1, self.gid)
             os.fchmod(script_r, 0o440)
-            spawned = self.send([bash, "-c", READY_SHELL_LOADER], env, cwd, out_w, err_w, script_r)
+            spawned = self.send([bash, "-c", READY_SHELL_LOADER], env, cwd, out_w, err_w, script_r, up_w)
         except BaseException:
-            for fd in (out_r, err_r, script_w):
+            for fd in (out_r, err_r, script_w, up_r):
                 os.close(fd)
             raise
         finally:
-            for fd in (out_w, err_w, script_r):
+            for fd in (out_w, err_w, script_r, up_w):
                 os.close(fd)
-        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w)
+        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w, up_r)
 
     def close(self) -> None:
         """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread."""
@@ -346,7 +354,7 @@ class ReadyShell:
     nothing, runs nothing and exits."""
 
     def __init__(
-        self, spawned: Spawned, env: dict[str, str], cwd: str, out_fd: int, err_fd: int, script_fd: int
+        self, spawned: Spawned, env: dict[str, str], cwd: str, out_fd: int, err_fd: int, script_fd: int, up_fd: int
     ) -> None:
         self.spawned = spawned
         self.env = env
@@ -355,6 +363,18 @@ class ReadyShell:
         self.out_fd = out_fd
         self.err_fd = err_fd
         self._script = script_fd
+        os.set_blocking(up_fd, False)
+        self._up = up_fd
+
+    async def wait_up(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
+        """Wait until the shell has started and waits for its script (or has gone); ``False`` after ``timeout``."""
+        if self._up < 0:
+            return True
+        if not await _readable(self._up, timeout):
+            return False
+        os.close(self._up)
+        self._up = -1
+        return True
 
     def fits(self, env: dict[str, str], cwd: str) -> bool:
         """Whether a run with ``env`` in ``cwd`` can use this shell: the same folder (the same one, not one put in
@@ -394,10 +414,10 @@ class ReadyShell:
 
     def release(self) -> None:
         """Close what this process holds of the shell (after its run, or once discarded)."""
-        for fd in (self.out_fd, self.err_fd):
+        for fd in (self.out_fd, self.err_fd, self._up):
             if fd >= 0:
                 os.close(fd)
-        self.out_fd = self.err_fd = -1
+        self.out_fd = self.err_fd = self._up = -1
         self.spawned.close()
 
 

@@ -160,7 +160,7 @@ async def test_a_run_with_another_environment_or_folder_does_not_use_the_ready_s
 async def test_a_killed_ready_shell_costs_nothing_but_its_speed(work_root, make_request):
     async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
         await runtime.run(make_request("true", workspace_id="rs"))
-        shell = runtime._spawners["rs"]._shell
+        shell = runtime._spawners["rs"].waiting_shell
         pid = await shell.spawned.started()
         os.kill(pid, signal.SIGKILL)
         assert wait_gone(pid)
@@ -189,7 +189,7 @@ async def test_a_ready_shell_that_times_out_is_killed_with_what_it_started(work_
 async def test_closing_the_runtime_ends_its_ready_shells(work_root, make_request):
     runtime = LocalWorkspaceRuntime(work_root, spawners="eager")
     await runtime.run(make_request("true", workspace_id="rs"))
-    pid = await runtime._spawners["rs"]._shell.spawned.started()
+    pid = await runtime._spawners["rs"].waiting_shell.spawned.started()
     await runtime.close()
     assert wait_gone(pid)
 
@@ -215,3 +215,14 @@ async def test_another_process_of_the_workspace_cannot_slip_a_script_into_the_re
         assert "refused" in attack_file.read_text() and "Permission denied" in attack_file.read_text()
         result = await runtime.run(make_request('echo legit; echo "$BASH_EXECUTION_STRING"', workspace_id="rs"))
         assert result.stdout == f"legit\n{LOADER}\n"
+
+
+async def test_idle_waits_until_the_next_runs_shell_has_started(work_root, make_request):
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id="rs"))
+        await runtime.idle()
+        pid = await runtime._spawners["rs"].waiting_shell.spawned.started()
+        # bash has run the loader's first command: fd 4, the pipe it closes to say it started, is closed (or
+        # already holds the script pipe, reopened for reading)
+        fd4 = f"/proc/{pid}/fd/4"
+        assert not os.path.exists(fd4) or os.readlink(fd4) == os.readlink(f"/proc/{pid}/fd/3")

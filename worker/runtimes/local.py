@@ -161,6 +161,15 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         if workspace.uid is not None:
             kill_user_processes(workspace.uid)
 
+    async def idle(self) -> None:
+        """Wait until background work is done: spare run folders, and the ready shells being started."""
+        await super().idle()
+        with self._lock:
+            shells = [spawner.waiting_shell for spawner in self._spawners.values()]
+        for shell in shells:
+            if shell is not None:
+                await shell.wait_up()
+
     async def close(self) -> None:
         await super().close()
         with self._lock:
