@@ -187,6 +187,10 @@ class CubeCodeExecutor:
                 on_stderr=sink(2),
                 request_timeout=self.config.request_timeout,
             )
+        except asyncio.CancelledError:
+            # The caller gave up while the command was starting: it may be running already.
+            await self._kill_quietly(marker)
+            raise
         except Exception as exc:
             raise sandbox_error("starting a command", exc, self.sandbox_id) from exc
         waiting = asyncio.ensure_future(handle.wait())
@@ -217,9 +221,7 @@ class CubeCodeExecutor:
                     await waiting
         except asyncio.CancelledError:
             # The caller gave up: what the command started ends before the cancellation goes on.
-            with contextlib.suppress(Exception):
-                await self.kill_marked(marker)
-                await handle.kill()
+            await self._kill_quietly(marker, handle)
             waiting.cancel()
             raise
         finally:
@@ -268,6 +270,12 @@ class CubeCodeExecutor:
             await self.sandbox.commands.run(
                 script, user=self.config.user, timeout=30, request_timeout=self.config.request_timeout
             )
+
+    async def _kill_quietly(self, marker: str | None, handle=None) -> None:  # noqa: ANN001 - the SDK's handle
+        with contextlib.suppress(Exception):
+            await self.kill_marked(marker)
+            if handle is not None:
+                await handle.kill()
 
     async def close(self) -> None:
         """Kill the sandbox if this executor created it."""
