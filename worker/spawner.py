@@ -11,11 +11,14 @@ process group) and every deadline.
 Wire format. Host → spawner, over ``SOCK_SEQPACKET``, one JSON object per message: ``{"argv", "env", "cwd"}``
 with three descriptors as ``SCM_RIGHTS``: the stdout and stderr write ends and the write end of a control pipe
 of that run, and optionally more that become the child's descriptors 3, 4 (a ready shell's script pipe, and
-the pipe it closes once started). The spawner answers on the control pipe, one JSON line each: ``{"pid": n}`` (or ``{"error": "..."}``)
-at once, then ``{"exited": pid, "status": code}`` when it reaps the child (``status`` as
+the pipe it closes once started). The spawner answers on the control pipe, one JSON line each: ``{"pid": n}``
+(or ``{"error": "..."}``) at once, then ``{"exited": pid, "status": code}`` when it reaps the child (``status`` as
 ``os.waitstatus_to_exitcode``: negative for a signal), and closes it. The run's event loop reads its control pipe
 directly: no thread stands between a command and its caller. The socket itself carries only
 ``{"ready": true}`` once, and its end tells that the spawner stopped.
+
+Ready shells (``ReadyShell``): after a run, the spawner starts bash for the workspace's next run ahead of time;
+the next run that fits hands it its script, skipping the round trip above and bash's start-up.
 """
 
 from __future__ import annotations
