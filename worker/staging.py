@@ -56,9 +56,6 @@ class BaseSkillStager(ABC):
     """Puts a skill folder into a workspace's ``skills/`` directory."""
 
     kind: str = "base"
-    quick_signature: bool = False
-    """Whether ``signature`` costs a couple of metadata system calls whatever the skill's size (so ``current`` may be
-    called on an event loop)."""
 
     def __init__(self) -> None:
         self._signatures: dict[tuple[Path, str], str] = {}
@@ -116,8 +113,9 @@ class BaseSkillStager(ABC):
         return f"{self.kind}:{source}:{self.signature(source)}"
 
     def _quick(self, source: Path) -> bool:
-        """Whether checking ``source`` costs a couple of metadata calls (see ``quick_signature``)."""
-        return self.quick_signature
+        """Whether ``signature(source)`` costs a couple of metadata system calls whatever the skill's size (so
+        ``current`` may be called on an event loop)."""
+        return False
 
     @abstractmethod
     def signature(self, source: Path) -> str:
@@ -182,7 +180,6 @@ class LinkSkillStager(BaseSkillStager):
     """
 
     kind = "link"
-    quick_signature = True
 
     def __init__(self, fallback_to_copy: bool = True) -> None:
         super().__init__()
