@@ -11,10 +11,11 @@ concurrent writers never share a version.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from worker.contract import WORKSPACE_ID_PATTERN, ArtifactFile
@@ -37,6 +38,10 @@ class FileArtifactStore:
         if not name or "\0" in name or len(name) > 1024:
             raise ArtifactError(f"invalid artifact name {name!r}")
         return self.root / scope / urllib.parse.quote(name, safe="")
+
+    def sink(self, scope: str) -> Callable[[str, int, str], ArtifactFile]:
+        """``save_fd`` for one scope: what output collection calls for each file (``collect.ArtifactSink``)."""
+        return functools.partial(self.save_fd, scope)
 
     def save_fd(self, scope: str, name: str, fd: int, mime_type: str) -> ArtifactFile:
         """Copy the whole file behind ``fd`` (from its start) as the next version of ``name``."""

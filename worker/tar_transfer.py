@@ -24,9 +24,9 @@ from worker.errors import UnsafeArchiveError
 from worker.staging import WORKSPACE_LINKS, walk_tree
 
 SIZES_MEMBER = ".skillrun-sizes"
+"""A member of a download archive listing ``path NUL size NUL`` for files sent only in part."""
 MAX_DEPTH = 64
 """Most path components of one entry of a download archive."""
-"""A member of a download archive listing ``path NUL size NUL`` for files sent only in part."""
 
 
 class UploadArchive:

@@ -61,8 +61,11 @@ def validate_input_name(name: str) -> PurePosixPath:
     return path
 
 
-def validate_request(request: RunRequest) -> None:
-    """Everything that can be checked before a workspace exists."""
+def validate_request(request: RunRequest, *, allow_host_paths: bool = False) -> None:
+    """Everything that can be checked before a workspace exists. Inputs read from host paths only where the caller
+    allows them (the CLI, an operator), never for a model's tool call."""
+    if any(item.host_path is not None for item in request.inputs) and not allow_host_paths:
+        raise InvalidRunRequestError("inputs", "host paths are not allowed for this caller; send the content instead")
     validate_env(request.env)
     variables = placeholder_variables(request.skill.name)
     resolve_patterns(request.output_files, variables, PurePosixPath(variables["WORKSPACE_DIR"]))

@@ -101,6 +101,12 @@ class Workspace:
         os.replace(tmp, self.metadata_path)
 
 
+def run_stamp() -> str:
+    """The ``<timestamp>`` of ``runs/run_<timestamp>``: UTC, to the microsecond."""
+    seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(seconds))}.{micros:06d}"
+
+
 def default_work_root() -> Path:
     """The guide puts workspaces in the system temporary directory."""
     return Path(tempfile.gettempdir())
@@ -207,8 +213,7 @@ class WorkspaceManager:
 
     @staticmethod
     def _run_dir_name(workspace: Workspace) -> str:
-        seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
-        return f"{workspace.path}/runs/run_{time.strftime('%Y%m%dT%H%M%S', time.gmtime(seconds))}.{micros:06d}"
+        return f"{workspace.path}/runs/run_{run_stamp()}"
 
     def prepare_run_dir(self, workspace: Workspace) -> None:
         """Make the spare folder the next ``new_run_dir`` will rename into place (call it off the critical path)."""

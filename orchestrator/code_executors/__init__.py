@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 
 from worker.artifacts import FileArtifactStore
-from worker.errors import RuntimeUnavailableError
+from worker.contract import RuntimeName
 from worker.runtimes import BaseWorkspaceRuntime, LocalWorkspaceRuntime
+from worker.runtimes.base import resolve_runtime
 from worker.staging import BaseSkillStager
 
 
@@ -33,11 +34,9 @@ def create_container_workspace_runtime(
 ) -> BaseWorkspaceRuntime:
     """A runtime that runs skill commands in a hardened Docker container per workspace (``pip install '.[docker]'``);
     ``options`` are those of ``ContainerWorkspaceRuntime`` (image, memory_bytes, allow_network, ...)."""
-    try:
-        from worker.runtimes.container import ContainerWorkspaceRuntime
-    except ImportError as exc:
-        raise RuntimeUnavailableError(f"the Docker runtime needs the docker extra (pip install '.[docker]'): {exc}") from exc
-    return ContainerWorkspaceRuntime(work_root, stager=stager, artifact_store=artifact_store, **options)
+    return resolve_runtime(
+        RuntimeName.DOCKER, work_root=work_root, stager=stager, artifact_store=artifact_store, **options
+    )
 
 
 __all__ = [

@@ -7,15 +7,16 @@ Callers take ``runtime=None`` and build the default (``local``).
 from __future__ import annotations
 
 import importlib
-import socket
 import os
+import socket
+import stat
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, BinaryIO
 
 from worker import defaults
 from worker.collect import Collection
-from worker.contract import RunRequest, RunResult, RunTimings, RuntimeName
-from worker.errors import RuntimeUnavailableError
+from worker.contract import InputFile, RunRequest, RunResult, RunTimings, RuntimeName
+from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
 from worker.process import ProcessOutcome
 
 
@@ -34,6 +35,31 @@ def command_environment(
     env.update(variables)
     env["SHELL"] = shell
     return env
+
+
+def open_input(item: InputFile, limit: int) -> tuple[bytes | BinaryIO, int]:
+    """An input's content, or its host file opened for reading (the caller closes it), and its size. Refused, with
+    the reason, when the host file cannot be read or is not a regular file (opened without blocking: a FIFO at that
+    path must not hang the run), or when the input is over ``limit`` bytes."""
+    if item.host_path is None:
+        content = item.content or b""
+        source: bytes | BinaryIO = content
+        size = len(content)
+    else:
+        try:
+            source = os.fdopen(os.open(item.host_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), "rb")
+        except OSError as exc:
+            raise InvalidRunRequestError("inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}") from exc
+        info = os.fstat(source.fileno())
+        size = info.st_size
+        if not stat.S_ISREG(info.st_mode):
+            source.close()
+            raise InvalidRunRequestError("inputs", f"host path {item.host_path!r} is not a regular file")
+    if size > limit:
+        if not isinstance(source, bytes):
+            source.close()
+        raise InvalidRunRequestError("inputs", f"input {item.name!r} is {size} bytes; the limit is {limit}")
+    return source, size
 
 
 def run_result(
@@ -122,5 +148,7 @@ def resolve_runtime(name: str | RuntimeName, **kwargs: Any) -> BaseWorkspaceRunt
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise RuntimeUnavailableError(f"runtime {key!r} needs an optional dependency: {exc}") from exc
+        raise RuntimeUnavailableError(
+            f"runtime {key!r} needs an optional dependency (pip install '.[{key}]'): {exc}"
+        ) from exc
     return getattr(module, class_name)(**kwargs)

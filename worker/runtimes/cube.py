@@ -43,12 +43,12 @@ from e2b.exceptions import FileNotFoundException, NotFoundException, SandboxNotR
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
-from worker.collect import ArtifactSink, Collection, collect_outputs, resolve_patterns
+from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
-from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult, RuntimeName
+from worker.contract import InputFile, RunRequest, RunResult, RuntimeName
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, UnsafeArchiveError, WorkspaceError
 from worker.process import TIMEOUT_EXIT_CODE, remote_ulimit_prefix
-from worker.runtimes.base import BaseWorkspaceRuntime, command_environment, run_result
+from worker.runtimes.base import BaseWorkspaceRuntime, command_environment, open_input, run_result
 from worker.runtimes.cube_executor import (
     KILL_SCRIPT,
     KILLED_EXIT_CODE,
@@ -67,10 +67,10 @@ from worker.runtimes.cube_scripts import (
     STAGE_SCRIPT,
     glob_regex,
 )
-from worker.staging import CopySkillStager, resolve_skill_source, walk_tree
+from worker.staging import WORKSPACE_LINKS, CopySkillStager, resolve_skill_source, walk_tree
 from worker.tar_transfer import SIZES_MEMBER, UploadArchive, extract_mirror
 from worker.validation import resolve_cwd, validate_input_name, validate_request
-from worker.workspace import METADATA_FILE, Workspace
+from worker.workspace import METADATA_FILE, Workspace, run_stamp
 
 WORKSPACE_LABEL = "skillrun.workspace"
 ROOT_LABEL = "skillrun.root"
@@ -81,13 +81,14 @@ PACK_GRACE_SECONDS = 30.0
 itself is killed in the sandbox at its timeout)."""
 
 
+def _download_budget(request: RunRequest) -> int:
+    """The most output bytes a run's download may carry: whole files when they become artifacts."""
+    return ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else request.limits.output_total_bytes
+
+
 def _remove_mirror(mirror: Path) -> None:
     shutil.rmtree(mirror, ignore_errors=True)
     mirror.with_name(mirror.name + ".tar").unlink(missing_ok=True)
-
-
-def _stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
 
 
 class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
@@ -174,11 +175,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
 
     # ---- running ----------------------------------------------------------------------------------------------
     async def run(self, request: RunRequest, *, allow_host_paths: bool = False) -> RunResult:
-        validate_request(request)
-        if any(item.host_path is not None for item in request.inputs) and not allow_host_paths:
-            raise InvalidRunRequestError(
-                "inputs", "host paths are not allowed for this caller; send the content instead"
-            )
+        validate_request(request, allow_host_paths=allow_host_paths)
         if request.network and not self.config.allow_internet_access:
             raise InvalidRunRequestError(
                 "network", "network access is not allowed on this runtime (allow_internet_access=False)"
@@ -207,6 +204,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         ws = self.workspace_path(request.workspace_id)
         skill_dir = f"{ws}/skills/{request.skill.name}"
         pack_dir = f"{REMOTE_TMP}/skillrun-pack-{uuid.uuid4().hex}"
+        pack = self._pack_script(request, ws, pack_dir)
         limit = min(request.timeout, self.config.execute_timeout)
         options = {
             "timeout": request.timeout,
@@ -218,7 +216,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         done = None
         if request.cwd is None and not request.inputs and self._staged.get(self._key(executor, request)) == signature:
             # Staged before by this process: check and make the run folder in the command's own round trip.
-            run_dir = f"{ws}/runs/run_{_stamp()}"
+            run_dir = f"{ws}/runs/run_{run_stamp()}"
             nonce = uuid.uuid4().hex
             guard = FAST_GUARD.format(
                 ws=shlex.quote(ws),
@@ -231,7 +229,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             staged = time.monotonic()
             try:
                 done = await executor.run_script(
-                    guard + self._command_script(request, ws, run_dir, skill_dir, pack_dir, limit),
+                    guard + self._command_script(request, ws, run_dir, skill_dir, pack, limit),
                     marker=run_dir,
                     **options,
                 )
@@ -251,12 +249,12 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             except RuntimeUnavailableError:
                 executor = await self._replace_if_gone(executor, request.workspace_id)
                 prepared = await self._prepare(executor, request, source, signature, inputs)
-            _, run_dir, real_cwd = prepared
+            run_dir, real_cwd = prepared
             if real_cwd is not None and real_cwd != ws and not real_cwd.startswith(ws + "/"):
                 raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
             staged = time.monotonic()
             done = await executor.run_script(
-                self._command_script(request, ws, run_dir, real_cwd or skill_dir, pack_dir, limit),
+                self._command_script(request, ws, run_dir, real_cwd or skill_dir, pack, limit),
                 marker=run_dir,
                 **options,
             )
@@ -267,7 +265,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         executed = time.monotonic()
 
         packed = not (outcome.timed_out or outcome.cancelled)
-        collection = await self._collect(executor, request, ws, run_dir, pack_dir, packed)
+        collection = await self._collect(executor, request, ws, run_dir, pack_dir, pack, packed)
         finished = time.monotonic()
         stderr = done.stderr_text + ("\n[skillrun: the run was cancelled]\n" if outcome.cancelled else "")
         return run_result(
@@ -306,10 +304,10 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     def _key(executor: CubeCodeExecutor, request: RunRequest) -> tuple[str, str, str]:
         return executor.sandbox_id, request.workspace_id, request.skill.name
 
-    def _command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str, pack_dir: str, limit: float) -> str:
+    def _command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str, pack: str, limit: float) -> str:
         """Enter ``cwd`` and run the command under ``env -i`` (the environment from scratch), killed with its
         process group after ``limit`` seconds (``timeout -s KILL``: 137); once it has exited, in the same round
-        trip, kill what it left running and pack its outputs into ``pack_dir``; exit with the command's status."""
+        trip, kill what it left running and run ``pack`` (``_pack_script``); exit with the command's status."""
         variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
         env = command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
         inner = remote_ulimit_prefix(request.limits) + request.command
@@ -318,7 +316,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
             + f" /bin/bash -c {shlex.quote(inner)}"
         )
-        after = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + self._pack_script(request, ws, pack_dir)
+        after = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + pack
         # The command's stderr goes to fd 3, the wrapper's own (bash's "Killed" notice) nowhere.
         # Without coreutils' timeout in the template, the caller's deadline (plus the grace) is the only one.
         return (
@@ -349,7 +347,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             ws=shlex.quote(ws),
             pack_dir=shlex.quote(pack_dir),
             cap=-1 if request.save_as_artifacts else limits.output_file_bytes,
-            budget=ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes,
+            budget=_download_budget(request),
             most=limits.output_max_files + 1,
             sizes=SIZES_MEMBER,
             patterns=base64.b64encode(bytes(listing)).decode(),
@@ -362,29 +360,27 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         source: Path,
         signature: str,
         inputs: UploadArchive | None,
-    ) -> tuple[str, str, str | None]:
+    ) -> tuple[str, str | None]:
         """Make the workspace (idempotently), place the inputs, make the run folder, and stage the skill when the
-        sandbox lacks it (or it changed); return the workspace, run folder and real ``cwd`` paths."""
+        sandbox lacks it (or it changed); return the run folder and the real ``cwd`` paths."""
         key = self._key(executor, request)
         with_skill = self._staged.get(key) != signature
         archive = inputs
         if with_skill:
             archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, request.inputs)
-        upload = await self._upload(executor, request, archive, user="root" if with_skill else self.config.user)
+        upload = await self._upload(executor, archive, user="root" if with_skill else self.config.user)
         lines = await self._prep(executor, request, upload, keep_upload=with_skill)
         if lines.get("sig") != signature:
             if not with_skill:  # staged by someone else, changed, or cleaned up from outside: stage it again
                 archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, [])
-                upload = await self._upload(executor, request, archive, user="root")
+                upload = await self._upload(executor, archive, user="root")
             await self._stage(executor, request, upload, signature)
         elif with_skill and upload:  # already staged there (by another worker): the root-owned upload goes
             self._in_background(executor.run_script(f"rm -f -- {shlex.quote(upload)}", timeout=30, user="root"))
         self._staged[key] = signature
-        return lines["ws"], lines["run"], lines.get("cwd")
+        return lines["run"], lines.get("cwd")
 
-    async def _upload(
-        self, executor: CubeCodeExecutor, request: RunRequest, archive: UploadArchive | None, *, user: str
-    ) -> str:
+    async def _upload(self, executor: CubeCodeExecutor, archive: UploadArchive | None, *, user: str) -> str:
         if archive is None or not archive.members:
             return ""
         upload = f"{REMOTE_TMP}/skillrun-up-{uuid.uuid4().hex}.tar"
@@ -436,7 +432,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             upload=shlex.quote(upload),
             inputs="1" if request.inputs else "''",
             keep="1" if keep_upload else "''",
-            stamp=_stamp(),
+            stamp=run_stamp(),
             cwd_check=cwd_check,
         )
         done = await executor.run_script(script, timeout=min(60.0, self.config.execute_timeout))
@@ -445,7 +441,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 f"cube: preparing workspace {request.workspace_id!r} in sandbox {executor.sandbox_id} "
                 f"failed (exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
             )
-        lines = {"ws": ws}
+        lines: dict[str, str] = {}
         for line in done.stdout_text.splitlines():
             key, sep, value = line.partition("=")
             if sep:
@@ -475,36 +471,25 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     def _add_inputs(self, archive: UploadArchive, inputs: list[InputFile]) -> None:
         for item in inputs:
             rel = validate_input_name(item.name)
-            if item.host_path is None:
-                data = item.content or b""
-                if len(data) > self.input_file_bytes:
-                    raise InvalidRunRequestError(
-                        "inputs", f"input {item.name!r} is {len(data)} bytes; the limit is {self.input_file_bytes}"
-                    )
-                archive.add_input(rel, data, len(data))
-                continue
-            try:  # non-blocking: a FIFO at that path must not hang the run
-                f = os.fdopen(os.open(item.host_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), "rb")
-            except OSError as exc:
-                raise InvalidRunRequestError(
-                    "inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}"
-                ) from exc
-            with f:
-                info = os.fstat(f.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise InvalidRunRequestError("inputs", f"host path {item.host_path!r} is not a regular file")
-                if info.st_size > self.input_file_bytes:
-                    raise InvalidRunRequestError(
-                        "inputs", f"input {item.name!r} is {info.st_size} bytes; the limit is {self.input_file_bytes}"
-                    )
-                archive.add_input(rel, f, info.st_size)
+            source, size = open_input(item, self.input_file_bytes)
+            if isinstance(source, bytes):
+                archive.add_input(rel, source, size)
+            else:
+                with source:
+                    archive.add_input(rel, source, size)
 
     async def _collect(
-        self, executor: CubeCodeExecutor, request: RunRequest, ws: str, run_dir: str, pack_dir: str, packed: bool
+        self,
+        executor: CubeCodeExecutor,
+        request: RunRequest,
+        ws: str,
+        run_dir: str,
+        pack_dir: str,
+        pack: str,
+        packed: bool,
     ) -> Collection:
-        """Fetch the outputs the command's round trip packed (or, after a timeout or cancel, kill what is left and
-        pack them now) and collect them through a local mirror."""
-        pack = self._pack_script(request, ws, pack_dir)
+        """Fetch the outputs the command's round trip packed with ``pack`` into ``pack_dir`` (or, after a timeout
+        or cancel, kill what is left and pack them now) and collect them through a local mirror."""
         if not pack:
             return Collection()
         mirror = Path(tempfile.mkdtemp(prefix=f"cube-{request.run_id[:12]}-", dir=self._mirror_parent()))
@@ -512,7 +497,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             if not packed:
                 await self._pack(executor, request, run_dir, pack_dir, pack)
             limits = request.limits
-            budget = ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes
+            budget = _download_budget(request)
             # The file contents, plus a tar header and padding per entry, plus the sizes list.
             limit = budget + 2048 * 3 * (limits.output_max_files + 2) + 1024 * 1024
             download = mirror.with_name(mirror.name + ".tar")
@@ -543,7 +528,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
             )
 
-    async def _download(self, executor: CubeCodeExecutor, path: str, dest: Path, limit: int) -> Path:
+    async def _download(self, executor: CubeCodeExecutor, path: str, dest: Path, limit: int) -> None:
         """Stream the sandbox file ``path`` into ``dest``, refusing more than ``limit`` bytes (the sandbox is not
         trusted to send what it was asked for)."""
         received = 0
@@ -560,23 +545,22 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             raise
         except Exception as exc:
             raise sandbox_error("downloading the outputs", exc, executor.sandbox_id) from exc
-        return dest
 
     def _collect_mirror(self, data: Path, mirror: Path, ws: str, request: RunRequest) -> Collection:
         for d in ("skills", "work/inputs", "out", "runs"):
             (mirror / d).mkdir(parents=True, exist_ok=True)
         skill_dir = mirror / "skills" / request.skill.name
         skill_dir.mkdir(exist_ok=True)
-        for entry, target in (("work", "../../work"), ("out", "../../out"), ("inputs", "../../work/inputs")):
+        for entry, target in WORKSPACE_LINKS.items():
             os.symlink(target, skill_dir / entry)
         limits = request.limits
-        budget = ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else limits.output_total_bytes
+        budget = _download_budget(request)
         sizes = extract_mirror(
             data, mirror, remote_root=ws, max_members=3 * (limits.output_max_files + 1) + 1, max_bytes=budget
         )
         mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
         patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
-        sink = self._artifact_sink(request.workspace_id) if request.save_as_artifacts else None
+        sink = self.artifact_store.sink(request.workspace_id) if request.save_as_artifacts else None
         return collect_outputs(
             patterns,
             workspace_root=mirror,
@@ -586,14 +570,6 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             artifact_sink=sink,
             true_sizes=sizes,
         )
-
-    def _artifact_sink(self, scope: str) -> ArtifactSink:
-        store = self.artifact_store
-
-        def sink(name: str, fd: int, mime_type: str) -> ArtifactFile:
-            return store.save_fd(scope, name, fd, mime_type)
-
-        return sink
 
     def _mirror_parent(self) -> str:
         parent = self.local_root / ".skillrun" / "cube-mirrors"

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import stat
 import threading
 import time
 from abc import abstractmethod
@@ -23,11 +22,11 @@ from pathlib import Path
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
-from worker.collect import ArtifactSink, Collection, collect_outputs, resolve_patterns
-from worker.contract import ArtifactFile, InputFile, RunRequest, RunResult
+from worker.collect import Collection, collect_outputs, resolve_patterns
+from worker.contract import InputFile, RunRequest, RunResult
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.process import ProcessOutcome
-from worker.runtimes.base import BaseWorkspaceRuntime, run_result
+from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
 from worker.staging import BaseSkillStager, LinkSkillStager
 from worker.validation import resolve_cwd, validate_input_name, validate_request
 from worker.workspace import Workspace, WorkspaceManager
@@ -65,9 +64,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         return self.workspaces.work_root
 
     async def run(self, request: RunRequest, *, allow_host_paths: bool = False) -> RunResult:
-        validate_request(request)
-        if any(item.host_path is not None for item in request.inputs) and not allow_host_paths:
-            raise InvalidRunRequestError("inputs", "host paths are not allowed for this caller; send the content instead")
+        validate_request(request, allow_host_paths=allow_host_paths)
         cancel = Cancellation()
         self._cancels[request.run_id] = cancel
         try:
@@ -87,7 +84,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
 
         collection = Collection()
         if prepared.patterns:
-            sink = self._artifact_sink(request.workspace_id) if request.save_as_artifacts else None
+            sink = self.artifact_store.sink(request.workspace_id) if request.save_as_artifacts else None
             collection = await asyncio.to_thread(
                 collect_outputs, prepared.patterns, workspace_root=prepared.workspace.path,
                 skill_dir=prepared.skill_dir, limits=request.limits,
@@ -193,22 +190,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     def _write_input(self, workspace: Workspace, item: InputFile) -> None:
         """Write one input under ``work/inputs`` without following any link a command may have planted there."""
         rel = validate_input_name(item.name)
-        src_fd = None
-        if item.host_path is not None:
-            try:
-                src_fd = os.open(item.host_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
-            except OSError as exc:
-                raise InvalidRunRequestError("inputs", f"cannot read host file {item.host_path!r}: {exc.strerror}") from exc
-            size = os.fstat(src_fd).st_size
-            if not stat.S_ISREG(os.fstat(src_fd).st_mode):
-                os.close(src_fd)
-                raise InvalidRunRequestError("inputs", f"host path {item.host_path!r} is not a regular file")
-        else:
-            size = len(item.content or b"")
-        if size > self.input_file_bytes:
-            if src_fd is not None:
-                os.close(src_fd)
-            raise InvalidRunRequestError("inputs", f"input {item.name!r} is {size} bytes; the limit is {self.input_file_bytes}")
+        source, _ = open_input(item, self.input_file_bytes)
         dir_fd = os.open(workspace.path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             for part in ("work", "inputs", *rel.parts[:-1]):
@@ -234,26 +216,16 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             except OSError as exc:
                 raise InvalidRunRequestError("inputs", f"cannot write {item.name!r}: {exc.strerror}") from exc
             with os.fdopen(out_fd, "wb") as out:
-                if src_fd is not None:
-                    with os.fdopen(src_fd, "rb") as src:
-                        src_fd = None
-                        shutil.copyfileobj(src, out, COPY_CHUNK_BYTES)
+                if isinstance(source, bytes):
+                    out.write(source)
                 else:
-                    out.write(item.content or b"")
+                    shutil.copyfileobj(source, out, COPY_CHUNK_BYTES)
                 if workspace.uid is not None:
                     os.fchown(out.fileno(), workspace.uid, workspace.gid)
         finally:
             os.close(dir_fd)
-            if src_fd is not None:
-                os.close(src_fd)
-
-    def _artifact_sink(self, scope: str) -> ArtifactSink:
-        store = self.artifact_store
-
-        def sink(name: str, fd: int, mime_type: str) -> ArtifactFile:
-            return store.save_fd(scope, name, fd, mime_type)
-
-        return sink
+            if not isinstance(source, bytes):
+                source.close()
 
     async def idle(self) -> None:
         """Wait until background housekeeping (spare run folders) is done."""
