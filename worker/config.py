@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -11,8 +12,21 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults
 
+MAX_CPU_SECONDS = 24 * 3600
+"""Default operator ceiling on a run's ``limits.cpu_seconds``."""
+MAX_PROCESSES = 4096
+"""Default operator ceiling on a run's ``limits.processes``."""
+
+
+def host_memory_bytes() -> int:
+    """The host's physical memory, bytes: the default ceiling on a run's ``limits.memory_bytes``."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
 
 class WorkerSettings(BaseSettings):
+    """Where a worker keeps things, and the operator's ceilings on what a run request may ask for (enforced by
+    ``worker.validation.validate_request`` in workers and, before queueing, in the API)."""
+
     model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore")
 
     redis_url: str | None = Field(default=None, description="The Redis the run queue lives in.")
@@ -25,6 +39,15 @@ class WorkerSettings(BaseSettings):
     heartbeat_ttl_seconds: int = Field(
         default=defaults.HEARTBEAT_TTL_SECONDS, ge=2, description="Silence after which a started run's worker is lost."
     )
+    max_timeout_seconds: float = Field(
+        default=defaults.MAX_RUN_TIMEOUT_SECONDS, gt=0, allow_inf_nan=False,
+        description="The longest timeout a run request may ask for, seconds.",
+    )
+    max_cpu_seconds: int = Field(default=MAX_CPU_SECONDS, gt=0, description="The most CPU seconds a run may ask for.")
+    max_memory_bytes: int = Field(
+        default_factory=host_memory_bytes, gt=0, description="The most memory a run may ask for (default: the host's)."
+    )
+    max_processes: int = Field(default=MAX_PROCESSES, gt=0, description="The most processes a run may ask for.")
 
 
 @lru_cache

@@ -1,4 +1,9 @@
-"""Checks on a run request that need no workspace: done before anything is created or executed."""
+"""Checks on a run request that need no workspace: done before anything is created or executed.
+
+Every field a caller fills has a bound, so a request can neither carry a 100 MB command onto the queue nor ask
+for more than the operator allows (``WorkerSettings.max_*``). The HTTP API declares the same bounds in its
+schemas and calls ``validate_request`` before queueing; workers call it again before running.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from pathlib import PurePosixPath
 
 from worker import defaults
 from worker.collect import expand_variables, resolve_patterns
+from worker.config import WorkerSettings, get_worker_settings
 from worker.contract import RunRequest
 from worker.errors import InvalidRunRequestError
 
@@ -16,7 +22,63 @@ WORKSPACE_VARIABLES = ("WORKSPACE_DIR", "SKILLS_DIR", "WORK_DIR", "OUTPUT_DIR", 
 FORBIDDEN_ENV = {"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "GCONV_PATH", "PROMPT_COMMAND", "PS4"}
 FORBIDDEN_ENV_PREFIXES = ("LD_", "BASH_FUNC_")
 
+ALLOWED_ENV_NAME = re.compile(
+    f"^(?!{'|'.join(FORBIDDEN_ENV_PREFIXES)}|(?:{'|'.join(sorted(FORBIDDEN_ENV | set(WORKSPACE_VARIABLES)))})$)"
+    + ENV_NAME.pattern.lstrip("^")
+)
+"""The names ``validate_env`` accepts, as one pattern (for schemas; it uses a look-ahead)."""
+
 _PLACEHOLDER_ROOT = "/skillrun-workspace"
+
+MAX_COMMAND_CHARS = 128 * 1024
+"""A command's length: ``bash -c`` takes it as one argument, which Linux caps at 128 KiB, so a longer one could
+never start."""
+MAX_ENV_VARS = 64
+MAX_ENV_NAME_CHARS = 128
+MAX_ENV_VALUE_CHARS = 4096
+"""With the command, 64 such variables (4 bytes a character at most) fit the kernel's 2 MiB for a program's
+arguments and environment."""
+MAX_PATH_CHARS = 1024
+"""A ``cwd``, an output glob, an input's destination."""
+MAX_OUTPUT_PATTERNS = 64
+MAX_INPUTS = 64
+
+
+def _at_most(field: str, count: int, limit: int, what: str) -> None:
+    if count > limit:
+        raise InvalidRunRequestError(field, f"{count} {what}; the limit is {limit}")
+
+
+def run_ceilings(settings: WorkerSettings) -> dict[str, float]:
+    """The operator's ceilings, by field path (``limits.memory_bytes``): a request may not ask for more."""
+    return {
+        "timeout": settings.max_timeout_seconds,
+        "limits.cpu_seconds": settings.max_cpu_seconds,
+        "limits.memory_bytes": settings.max_memory_bytes,
+        "limits.processes": settings.max_processes,
+    }
+
+
+def _validate_sizes(request: RunRequest, settings: WorkerSettings) -> None:
+    """Refuse fields longer or more numerous than the bounds, and limits above the operator's ceilings."""
+    _at_most("command", len(request.command), MAX_COMMAND_CHARS, "characters")
+    _at_most("env", len(request.env), MAX_ENV_VARS, "variables")
+    for name, value in request.env.items():
+        _at_most("env", len(name), MAX_ENV_NAME_CHARS, f"characters in the name {name[:32]!r}…")
+        _at_most("env", len(value), MAX_ENV_VALUE_CHARS, f"characters in the value of {name}")
+    _at_most("output_files", len(request.output_files), MAX_OUTPUT_PATTERNS, "patterns")
+    for pattern in request.output_files:
+        _at_most("output_files", len(pattern), MAX_PATH_CHARS, "characters in a pattern")
+    _at_most("cwd", len(request.cwd or ""), MAX_PATH_CHARS, "characters")
+    _at_most("inputs", len(request.inputs), MAX_INPUTS, "inputs")
+    for item in request.inputs:
+        _at_most("inputs", len(item.name), MAX_PATH_CHARS, "characters in an input's name")
+    for path, ceiling in run_ceilings(settings).items():
+        value = request
+        for part in path.split("."):
+            value = getattr(value, part)
+        if value > ceiling:
+            raise InvalidRunRequestError(path, f"{value} is more than this server allows ({ceiling})")
 
 
 def validate_env(env: dict[str, str]) -> None:
@@ -61,9 +123,13 @@ def validate_input_name(name: str) -> PurePosixPath:
     return path
 
 
-def validate_request(request: RunRequest, *, allow_host_paths: bool = False) -> None:
+def validate_request(
+    request: RunRequest, *, allow_host_paths: bool = False, settings: WorkerSettings | None = None
+) -> None:
     """Everything that can be checked before a workspace exists. Inputs read from host paths only where the caller
-    allows them (the CLI, an operator), never for a model's tool call."""
+    allows them (the CLI, an operator), never for a model's tool call. Ceilings come from ``settings`` (default:
+    this process's ``SKILLRUN_*`` environment)."""
+    _validate_sizes(request, settings or get_worker_settings())
     if any(item.host_path is not None for item in request.inputs) and not allow_host_paths:
         raise InvalidRunRequestError("inputs", "host paths are not allowed for this caller; send the content instead")
     validate_env(request.env)
