@@ -18,13 +18,12 @@ the first rename wins and the others use its entry. Any failure removes the temp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import ipaddress
 import json
 import os
 import re
 import shutil
-import socket
 import tempfile
 import time
 import urllib.parse
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from worker.addresses import public_addresses
 from worker.archives import ArchiveLimits, extract_tar, extract_zip
 from worker.errors import SkillRootError, UnsafeArchiveError
 
@@ -50,8 +50,9 @@ class FetchLimits:
     connect_seconds: float = 10.0
     archive: ArchiveLimits = field(default_factory=ArchiveLimits)
     allow_private_addresses: bool = True
-    """False refuses URLs (and redirects) to loopback, private, link-local and reserved addresses: for URLs a
-    remote caller names, so the server cannot be used to reach its own network."""
+    """False refuses URLs (and redirects) to loopback, private, link-local and reserved addresses, however they are
+    spelled, and connects only to the addresses it vetted (``worker.addresses``): for URLs a remote caller names,
+    so the server cannot be used to reach its own network."""
 
 
 def default_cache_dir() -> Path:
@@ -201,46 +202,66 @@ def _download(url: str, target: Path, limits: FetchLimits) -> tuple[str, str]:
     digest = hashlib.sha256()
     deadline = time.monotonic() + limits.download_seconds
     timeout = httpx.Timeout(limits.download_seconds, connect=limits.connect_seconds)
-    hooks = {} if limits.allow_private_addresses else {"request": [_refuse_private_address]}
     try:
-        with httpx.Client(follow_redirects=True, max_redirects=limits.max_redirects, timeout=timeout,
-                          event_hooks=hooks) as client:
-            with client.stream("GET", url) as response:
-                if response.status_code != 200:
-                    raise SkillRootError(f"{url}: the server answered HTTP {response.status_code}")
-                declared = response.headers.get("content-length")
-                if declared and declared.isdigit() and int(declared) > limits.max_download_bytes:
-                    raise UnsafeArchiveError(f"{url}: {declared} bytes is more than the {limits.max_download_bytes}-byte download limit")
-                size = 0
-                with open(target, "wb") as out:
-                    for chunk in response.iter_bytes():
-                        size += len(chunk)
-                        if size > limits.max_download_bytes:
-                            raise UnsafeArchiveError(f"{url}: the download exceeds the {limits.max_download_bytes}-byte limit")
-                        if time.monotonic() > deadline:
-                            raise SkillRootError(f"{url}: the download took longer than {limits.download_seconds:g} s")
-                        digest.update(chunk)
-                        out.write(chunk)
-                return digest.hexdigest(), response.headers.get("content-type", "")
-    except httpx.TooManyRedirects as exc:
-        raise SkillRootError(f"{url}: more than {limits.max_redirects} redirects") from exc
+        with httpx.Client(timeout=timeout) as client, contextlib.closing(_get(client, url, limits)) as response:
+            if response.status_code != 200:
+                raise SkillRootError(f"{url}: the server answered HTTP {response.status_code}")
+            declared = response.headers.get("content-length")
+            if declared and declared.isdigit() and int(declared) > limits.max_download_bytes:
+                raise UnsafeArchiveError(f"{url}: {declared} bytes is more than the {limits.max_download_bytes}-byte download limit")
+            size = 0
+            with open(target, "wb") as out:
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > limits.max_download_bytes:
+                        raise UnsafeArchiveError(f"{url}: the download exceeds the {limits.max_download_bytes}-byte limit")
+                    if time.monotonic() > deadline:
+                        raise SkillRootError(f"{url}: the download took longer than {limits.download_seconds:g} s")
+                    digest.update(chunk)
+                    out.write(chunk)
+            return digest.hexdigest(), response.headers.get("content-type", "")
     except httpx.TimeoutException as exc:
         raise SkillRootError(f"{url}: timed out ({type(exc).__name__})") from exc
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise SkillRootError(f"{url}: {type(exc).__name__}: {exc}") from exc
 
 
-def _refuse_private_address(request: httpx.Request) -> None:
-    """Refuse a request (the first, or a redirect) whose host resolves to a non-public address."""
-    host = request.url.host
+def _get(client: httpx.Client, url: str, limits: FetchLimits) -> httpx.Response:
+    """``GET url`` as a stream, following redirects here rather than in httpx, so each hop goes through ``_send``."""
+    target = httpx.URL(url)
+    for _ in range(limits.max_redirects + 1):
+        response = _send(client, target, limits)
+        if not response.is_redirect:
+            return response
+        response.close()
+        target = target.join(response.headers["location"])
+    raise SkillRootError(f"{url}: more than {limits.max_redirects} redirects")
+
+
+def _send(client: httpx.Client, url: httpx.URL, limits: FetchLimits) -> httpx.Response:
+    """Send one hop. Without ``allow_private_addresses`` the host is resolved once, every address it has is vetted
+    (``worker.addresses``), and the request is sent to a vetted address itself: the IP goes in the request URL,
+    the name in the ``Host`` header and as the TLS server name (so certificates are still checked against the name).
+    No second lookup happens, so the connection cannot go anywhere the check did not see (DNS rebinding)."""
+    if url.scheme not in ("http", "https"):
+        raise SkillRootError(f"{url}: only http and https URLs can be fetched")
+    if limits.allow_private_addresses:
+        return client.send(client.build_request("GET", url), stream=True)
+    host = url.raw_host.decode("ascii")
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, request.url.port or 443, proto=socket.IPPROTO_TCP)}
-    except socket.gaierror as exc:
-        raise SkillRootError(f"{request.url}: cannot resolve {host!r}") from exc
-    for address in addresses:
-        ip = ipaddress.ip_address(address.split("%")[0])
-        if not ip.is_global or ip.is_multicast:
-            raise SkillRootError(f"{request.url}: refused, {host!r} is a private or local address")
+        addresses = public_addresses(host, url.port or (443 if url.scheme == "https" else 80))
+    except SkillRootError as exc:
+        raise SkillRootError(f"{url}: {exc}") from None
+    extensions = {"sni_hostname": host} if url.scheme == "https" else {}
+    failure: httpx.ConnectError | None = None
+    for address in addresses:  # in the resolver's order, as a connection to the name would try them
+        request = client.build_request("GET", url.copy_with(host=address), headers={"Host": url.netloc.decode("ascii")},
+                                       extensions=extensions)
+        try:
+            return client.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            failure = exc
+    raise failure or SkillRootError(f"{url}: {host!r} has no address")
 
 
 def _unpack(url: str, download: Path, content_type: str, root: Path, limits: ArchiveLimits) -> None:
