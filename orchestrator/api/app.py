@@ -6,9 +6,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
+from orchestrator.api.limits import BodyLimitMiddleware
+from orchestrator.api.responses import install_error_handlers
 from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
@@ -20,7 +23,9 @@ from orchestrator.teams import TeamStore
 from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from worker.artifacts import FileArtifactStore
+from worker.config import get_worker_settings
 from worker.roots import FetchLimits
+from worker.validation import run_ceilings
 from worker.workspace import REGISTRY_DIR, default_work_root
 
 
@@ -99,4 +104,23 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.services = services
     for module in (health, metrics, libraries, skills, runs, sessions):
         app.include_router(module.router)
+    app.add_middleware(BodyLimitMiddleware)
+    install_error_handlers(app)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = declare_ceilings(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def declare_ceilings(document: dict[str, Any]) -> dict[str, Any]:
+    """The run schemas' maxima lowered to this server's ceilings (``SKILLRUN_MAX_*``), which the API enforces."""
+    schemas = document["components"]["schemas"]
+    for path, ceiling in run_ceilings(get_worker_settings()).items():
+        owner, _, name = path.rpartition(".")
+        prop = schemas["RunLimits" if owner == "limits" else "RunCreate"]["properties"][name]
+        prop["maximum"] = min(prop.get("maximum", ceiling), ceiling)
+    return document

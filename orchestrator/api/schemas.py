@@ -2,20 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from orchestrator.events import Event
+from orchestrator.libraries import LIBRARY_NAME
 from worker import defaults
-from worker.contract import Base64Bytes, RunLimits, RunResult, RuntimeName
+from worker.contract import SKILL_NAME_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
 from worker.run_store import RunRecord, RunStatus
+from worker.validation import (
+    ALLOWED_ENV_NAME, ENV_NAME, MAX_COMMAND_CHARS, MAX_ENV_NAME_CHARS, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_INPUTS,
+    MAX_OUTPUT_PATTERNS, MAX_PATH_CHARS,
+)
+
+SESSION_ID = r"^[A-Za-z0-9._-]{1,64}$"
+RUN_ID = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_MESSAGE_CHARS = 100_000
+MAX_URL_CHARS = 2048
+
+SkillName = Annotated[str, StringConstraints(pattern=SKILL_NAME_PATTERN.pattern, max_length=64)]
+LibraryName = Annotated[str, StringConstraints(pattern=LIBRARY_NAME.pattern)]
+PathText = Annotated[str, StringConstraints(max_length=MAX_PATH_CHARS)]
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME.pattern, max_length=MAX_ENV_NAME_CHARS)]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
+
+
+def _env_schema(schema: dict[str, Any]) -> None:
+    """Every variable's name must match (``propertyNames``), not only those that match (``patternProperties``), and
+    the names a run may not set are left out; the API's own check (``validate_env``) says which rule a name broke."""
+    (value,) = schema.pop("patternProperties").values()
+    schema["propertyNames"] = {"pattern": ALLOWED_ENV_NAME.pattern, "maxLength": MAX_ENV_NAME_CHARS}
+    schema["additionalProperties"] = value
 
 
 class SessionCreate(BaseModel):
     """A new session; the id is generated when not given."""
 
-    session_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    session_id: str | None = Field(default=None, pattern=SESSION_ID)
     state: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -31,7 +55,7 @@ class SessionPublic(BaseModel):
 class MessageCreate(BaseModel):
     """A user message to the session's agent."""
 
-    text: str = Field(min_length=1)
+    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
 
 
 class Health(BaseModel):
@@ -55,22 +79,23 @@ class InputContent(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: PathText = Field(min_length=1)
     content: Base64Bytes
 
 
 class RunCreate(BaseModel):
     """The fields of a run request a caller may set; the skill is named, the server finds it in the library."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    skill: str
-    command: str = Field(min_length=1)
-    cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout: float = Field(default=defaults.RUN_TIMEOUT_SECONDS, gt=0, le=defaults.MAX_RUN_TIMEOUT_SECONDS)
-    output_files: list[str] = Field(default_factory=list)
-    inputs: list[InputContent] = Field(default_factory=list)
+    skill: SkillName
+    command: str = Field(min_length=1, max_length=MAX_COMMAND_CHARS)
+    cwd: PathText | None = None
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV_VARS, json_schema_extra=_env_schema)
+    timeout: float = Field(default=defaults.RUN_TIMEOUT_SECONDS, gt=0, le=defaults.MAX_RUN_TIMEOUT_SECONDS,
+                           description="Seconds; at most the server's SKILLRUN_MAX_TIMEOUT_SECONDS.")
+    output_files: list[PathText] = Field(default_factory=list, max_length=MAX_OUTPUT_PATTERNS)
+    inputs: list[InputContent] = Field(default_factory=list, max_length=MAX_INPUTS)
     runtime: RuntimeName = RuntimeName.LOCAL
     limits: RunLimits = Field(default_factory=RunLimits)
     save_as_artifacts: bool = False
@@ -115,8 +140,8 @@ class LibraryCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    url: str
+    name: LibraryName
+    url: str = Field(pattern=r"^https?://[^\s/?#]+", max_length=MAX_URL_CHARS)
 
 
 class LibraryVersionPublic(BaseModel):
@@ -135,4 +160,4 @@ class LibraryPublic(BaseModel):
 
 
 class CurrentVersion(BaseModel):
-    version: int
+    version: int = Field(ge=1)

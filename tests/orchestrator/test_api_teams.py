@@ -128,7 +128,7 @@ async def test_library_names_with_slashes_or_dots_are_refused(services, server, 
     url = server.add("/ok.tar.gz", V1)
     async with client(services, new_team(services, "team-a")) as c:
         response = await c.post("/v1/libraries", json={"name": name, "url": url})
-        assert response.status_code == 422 and "library name" in response.json()["detail"]
+        assert response.status_code == 422 and "body.name" in response.json()["detail"]
 
 
 async def test_an_upload_that_is_not_an_archive_is_refused(services):

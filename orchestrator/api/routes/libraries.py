@@ -6,24 +6,25 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Path as PathParam, Query, Request, status
 
 from orchestrator.api.auth import current_team
+from orchestrator.api.responses import error_responses
 from orchestrator.api.schemas import CurrentVersion, LibraryCreate, LibraryPublic
 from orchestrator.api.services import Services, get_services
-from orchestrator.libraries import LibraryError
+from orchestrator.libraries import LIBRARY_NAME, LibraryError
 from orchestrator.teams import Team
 
-router = APIRouter(prefix="/v1/libraries", tags=["libraries"])
+router = APIRouter(prefix="/v1/libraries", tags=["libraries"], responses=error_responses(401, 422))
 
-MAX_UPLOAD_BYTES = 256 * 1024 * 1024
+LibraryName = PathParam(pattern=LIBRARY_NAME.pattern, description="1-64 lowercase letters, digits, '-' and '_'.")
 
 
 def _public(library) -> LibraryPublic:  # noqa: ANN001 - a Library
     return LibraryPublic(name=library.name, current=library.current, versions=[v.model_dump() for v in library.versions])
 
 
-@router.post("", response_model=LibraryPublic, status_code=status.HTTP_201_CREATED)
+@router.post("", response_model=LibraryPublic, status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413))
 async def register_library(body: LibraryCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> LibraryPublic:
     """Fetch the archive at ``url`` (safely, within limits) as the newest version of library ``name``."""
     try:
@@ -34,21 +35,19 @@ async def register_library(body: LibraryCreate, team: Team = Depends(current_tea
 
 
 @router.post("/{name}/upload", response_model=LibraryPublic, status_code=status.HTTP_201_CREATED,
-             openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+             responses=error_responses(413), openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                                             "required": True}})
 async def upload_library(
-    name: str, request: Request, filename: str = Query(default="upload.tar.gz", description="Tells the format"),
+    request: Request, name: str = LibraryName,
+    filename: str = Query(default="upload.tar.gz", max_length=255, description="Tells the format"),
     team: Team = Depends(current_team), services: Services = Depends(get_services),
 ) -> LibraryPublic:
-    """Upload an archive (``.tar.gz``, ``.tgz`` or ``.zip``; the body is the archive) as a new version of ``name``."""
+    """Upload an archive (``.tar.gz``, ``.tgz`` or ``.zip``; the body is the archive) as a new version of ``name``.
+    The body's size is bounded by ``orchestrator.api.limits`` while it streams in."""
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "upload"
-        size = 0
         with open(archive, "wb") as out:
             async for chunk in request.stream():
-                size += len(chunk)
-                if size > MAX_UPLOAD_BYTES:
-                    raise HTTPException(413, f"an upload may be at most {MAX_UPLOAD_BYTES} bytes")
                 out.write(chunk)
         try:
             library = await asyncio.to_thread(services.libraries.add_from_file, team.id, name, archive, filename)
@@ -63,20 +62,18 @@ def list_libraries(team: Team = Depends(current_team), services: Services = Depe
     return [_public(lib) for lib in services.libraries.list(team.id)]
 
 
-@router.get("/{name}", response_model=LibraryPublic)
-def get_library(name: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> LibraryPublic:
-    try:
-        library = services.libraries.get(team.id, name)
-    except LibraryError as exc:
-        raise HTTPException(422, str(exc)) from exc
+@router.get("/{name}", response_model=LibraryPublic, responses=error_responses(404))
+def get_library(name: str = LibraryName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> LibraryPublic:
+    library = services.libraries.get(team.id, name)
     if library is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no library {name!r}")
     return _public(library)
 
 
-@router.put("/{name}/current", response_model=LibraryPublic)
+@router.put("/{name}/current", response_model=LibraryPublic, responses=error_responses(400, 404, 413))
 def set_current_version(
-    name: str, body: CurrentVersion, team: Team = Depends(current_team), services: Services = Depends(get_services)
+    body: CurrentVersion, name: str = LibraryName, team: Team = Depends(current_team),
+    services: Services = Depends(get_services),
 ) -> LibraryPublic:
     """Choose the version the team's runs and agents see."""
     try:

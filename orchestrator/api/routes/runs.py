@@ -5,26 +5,50 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import PurePosixPath
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.schemas import RunCreate, RunPublic, RunsPublic
+from orchestrator.api.responses import error_responses
+from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import DispatchError, SkillNotFoundError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, SkillRef
 from worker.errors import ArtifactError, WorkerError
 from worker.run_store import RunRecord, RunStatus
-from worker.validation import validate_request
+from worker.validation import MAX_PATH_CHARS, validate_request
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"])
+router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=error_responses(401, 422))
 
 MAX_WAIT_SECONDS = 300.0
 EVENT_WAIT_SECONDS = 15.0
+
+RunId = Path(pattern=RUN_ID, description="The run's id.")
+FileName = Path(min_length=1, max_length=MAX_PATH_CHARS, description="The file's path in the workspace (out/x.png).")
+FOUND = error_responses(404)
+
+_INLINE_TYPES = {"text/plain", "text/csv", "application/json", "application/octet-stream"}
+"""Types a browser shows without running anything; every other type is sent as a download."""
+
+
+def _served(data: bytes, mime_type: str, name: str, headers: dict[str, str] | None = None) -> Response:
+    """A run's file for a browser: never sniffed into another type; HTML, SVG, XML, scripts and any type not
+    known to be passive are downloaded (``attachment``), never shown on the API's origin."""
+    base = mime_type.split(";")[0].strip().lower()
+    passive = base in _INLINE_TYPES or (base.startswith(("image/", "audio/", "video/")) and "xml" not in base)
+    filename = urllib.parse.quote(PurePosixPath(name).name or "file")
+    return Response(data, media_type=mime_type, headers={
+        **(headers or {}),
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox",
+        "Content-Disposition": f"{'inline' if passive else 'attachment'}; filename*=UTF-8''{filename}",
+    })
 
 
 async def _record(services: Services, run_id: str, team: Team) -> RunRecord:
@@ -44,7 +68,8 @@ def _skill_ref(services: Services, team: Team, name: str) -> SkillRef:
     return services.repository_for(team).skill_ref(name)
 
 
-@router.post("", response_model=RunPublic, status_code=status.HTTP_202_ACCEPTED)
+@router.post("", response_model=RunPublic, status_code=status.HTTP_202_ACCEPTED,
+             responses=error_responses(400, 404, 413))
 async def submit_run(
     body: RunCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
 ) -> Response:
@@ -55,11 +80,11 @@ async def submit_run(
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id"})
-    request = RunRequest(
-        skill=ref, inputs=[InputFile(name=i.name, content=i.content) for i in body.inputs],
-        workspace_id=f"{team.id}.{body.workspace_id or uuid.uuid4().hex[:16]}", **fields,
-    )
     try:
+        request = RunRequest(
+            skill=ref, inputs=[InputFile(name=i.name, content=i.content) for i in body.inputs],
+            workspace_id=f"{team.id}.{body.workspace_id or uuid.uuid4().hex[:16]}", **fields,
+        )
         validate_request(request)
         record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
     except (ValueError, DispatchError, WorkerError) as exc:
@@ -79,9 +104,9 @@ async def list_runs(
     return RunsPublic(data=[RunPublic.of(r) for r in records], count=len(records))
 
 
-@router.get("/{run_id}", response_model=RunPublic)
+@router.get("/{run_id}", response_model=RunPublic, responses=FOUND)
 async def get_run(
-    run_id: str,
+    run_id: str = RunId,
     wait: float = Query(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS, description="Seconds to wait for the run to end."),
     team: Team = Depends(current_team),
     services: Services = Depends(get_services),
@@ -95,16 +120,16 @@ async def get_run(
     return _json(RunPublic.of(record))
 
 
-@router.post("/{run_id}/cancel", response_model=RunPublic)
-async def cancel_run(run_id: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> RunPublic:
+@router.post("/{run_id}/cancel", response_model=RunPublic, responses=FOUND)
+async def cancel_run(run_id: str = RunId, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> RunPublic:
     """Cancel a run: a queued one at once, a started one is stopped (its processes killed) by its worker."""
     await _record(services, run_id, team)
     return RunPublic.of(await services.dispatcher.cancel(run_id))
 
 
 @router.get("/{run_id}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "queued, started, finished..."}})
-async def run_events(run_id: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
+            responses={200: {"content": {"text/event-stream": {}}, "description": "queued, started, finished..."}, **FOUND})
+async def run_events(run_id: str = RunId, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
     """The run's events as server-sent events (with timings), until it ends."""
     await _record(services, run_id, team)
     return StreamingResponse(_events(services, run_id), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -123,8 +148,8 @@ async def _events(services: Services, run_id: str) -> AsyncIterator[str]:
 
 
 @router.get("/{run_id}/files/{name:path}", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."}})
-async def get_file(run_id: str, name: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."}, **FOUND})
+async def get_file(run_id: str = RunId, name: str = FileName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
     """An output file of a finished run, with its MIME type (``X-Skillrun-Truncated`` when it was capped)."""
     record = await _record(services, run_id, team)
     found = next((f for f in (record.result.output_files if record.result else []) if f.name == name), None)
@@ -133,12 +158,12 @@ async def get_file(run_id: str, name: str, team: Team = Depends(current_team), s
     if found.encoding == "none":
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{name!r} was collected without content; save it as an artifact")
     data = base64.b64decode(found.content) if found.encoding == "base64" else found.content.encode()
-    return Response(data, media_type=found.mime_type, headers={"X-Skillrun-Truncated": str(found.truncated).lower()})
+    return _served(data, found.mime_type, name, {"X-Skillrun-Truncated": str(found.truncated).lower()})
 
 
 @router.get("/{run_id}/artifacts/{name:path}", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."}})
-async def get_artifact(run_id: str, name: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."}, **FOUND})
+async def get_artifact(run_id: str = RunId, name: str = FileName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
     """An artifact a run saved, byte for byte, with its MIME type."""
     record = await _record(services, run_id, team)
     found = next((a for a in (record.result.artifact_files if record.result else []) if a.name == name), None)
@@ -148,4 +173,4 @@ async def get_artifact(run_id: str, name: str, team: Team = Depends(current_team
         data = await asyncio.to_thread(services.artifact_store.load, record.request.workspace_id, name, found.version)
     except ArtifactError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-    return Response(data, media_type=found.mime_type)
+    return _served(data, found.mime_type, name)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, Depends, HTTPException, Path, status
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.schemas import MessageCreate, SessionCreate, SessionPublic
+from orchestrator.api.responses import error_responses
+from orchestrator.api.schemas import SESSION_ID, MessageCreate, SessionCreate, SessionPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
@@ -22,12 +23,13 @@ from orchestrator.models.constants import TOOL_STREAMING_ARGS
 from orchestrator.teams import Team
 from orchestrator.types import Content, Part
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=error_responses(401, 422))
 
 SSE_MEDIA_TYPE = "text/event-stream"
+SessionId = Path(pattern=SESSION_ID, description="The session's id.")
 
 
-@router.post("", response_model=SessionPublic, status_code=status.HTTP_201_CREATED)
+@router.post("", response_model=SessionPublic, status_code=status.HTTP_201_CREATED, responses=error_responses(400, 409, 413))
 async def create_session(
     body: SessionCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
 ) -> SessionPublic:
@@ -41,9 +43,9 @@ async def create_session(
     return SessionPublic(**session.model_dump())
 
 
-@router.get("/{session_id}", response_model=SessionPublic)
+@router.get("/{session_id}", response_model=SessionPublic, responses=error_responses(404))
 async def get_session(
-    session_id: str, team: Team = Depends(current_team), services: Services = Depends(get_services)
+    session_id: str = SessionId, team: Team = Depends(current_team), services: Services = Depends(get_services)
 ) -> SessionPublic:
     """A session's events and state."""
     session = await services.session_service.get_session(app_name=services.app_name, user_id=team.id, session_id=session_id)
@@ -55,10 +57,11 @@ async def get_session(
 @router.post(
     "/{session_id}/messages",
     response_class=StreamingResponse,
-    responses={200: {"content": {SSE_MEDIA_TYPE: {}}, "description": "The agent's events as server-sent events."}},
+    responses={200: {"content": {SSE_MEDIA_TYPE: {}}, "description": "The agent's events as server-sent events."},
+               **error_responses(400, 404, 413)},
 )
 async def post_message(
-    session_id: str, body: MessageCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
+    body: MessageCreate, session_id: str = SessionId, team: Team = Depends(current_team), services: Services = Depends(get_services)
 ) -> StreamingResponse:
     """Send a message; the answer streams back as server-sent events while the agent works."""
     session = await services.session_service.get_session(app_name=services.app_name, user_id=team.id, session_id=session_id)

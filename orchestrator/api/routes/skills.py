@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, Depends, HTTPException, Path, status
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.schemas import SkillPublic, SkillSummaryPublic
+from orchestrator.api.responses import error_responses
+from orchestrator.api.schemas import SkillName, SkillPublic, SkillSummaryPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import SkillNotFoundError, SkillValidationError
 from orchestrator.teams import Team
 
-router = APIRouter(prefix="/v1/skills", tags=["skills"])
+router = APIRouter(prefix="/v1/skills", tags=["skills"], responses=error_responses(401))
 
 
 @router.get("", response_model=list[SkillSummaryPublic])
@@ -19,8 +20,8 @@ def list_skills(team: Team = Depends(current_team), services: Services = Depends
     return [SkillSummaryPublic(name=s.name, description=s.description) for s in services.repository_for(team).summaries()]
 
 
-@router.get("/{name}", response_model=SkillPublic)
-def get_skill(name: str, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> SkillPublic:
+@router.get("/{name}", response_model=SkillPublic, responses=error_responses(404, 422))
+def get_skill(name: SkillName = Path(description="The skill's name."), team: Team = Depends(current_team), services: Services = Depends(get_services)) -> SkillPublic:
     """One skill: body, declared tools, doc names."""
     try:
         skill = services.repository_for(team).get(name)

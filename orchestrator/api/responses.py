@@ -1,0 +1,69 @@
+"""How the API answers errors: one body shape (``ErrorPublic``) for every 4xx, declared on every route.
+
+``HTTPException``\\ s and request validation errors are both answered as ``{"detail": "<message>", "errors":
+[...]}``; validation errors list each field (``loc``, ``msg``) without echoing the input back (a refused 100 MB
+command is not sent back, and a ``NaN`` cannot break the answer's JSON).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+_DESCRIPTIONS = {
+    400: "The body could not be parsed.",
+    401: "A missing, wrong or revoked API key.",
+    404: "No such object (or another team's).",
+    409: "The object already exists.",
+    413: "The body is larger than this route accepts.",
+    422: "A field is missing, malformed or out of bounds; the message names it.",
+}
+
+
+class FieldProblem(BaseModel):
+    loc: list[str | int] = Field(description="Where: 'body', then the field path.")
+    msg: str
+
+
+class ErrorPublic(BaseModel):
+    """Every error answer."""
+
+    detail: str = Field(description="What was wrong.")
+    errors: list[FieldProblem] = Field(default_factory=list, description="Each refused field, for validation errors.")
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: each of ``codes`` answered with an ``ErrorPublic``."""
+    return {code: {"model": ErrorPublic, "description": _DESCRIPTIONS[code]} for code in codes}
+
+
+def error_response(status_code: int, detail: str, errors: list[FieldProblem] | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorPublic(detail=detail, errors=errors or [])
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code, headers=headers)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # Starlette names only the methods of the first route on the path
+        routes = [route for route in request.app.routes if route.matches(request.scope)[0] is not Match.NONE]
+        headers["Allow"] = ", ".join(sorted({method for route in routes for method in getattr(route, "methods", ())}))
+    return error_response(exc.status_code, str(exc.detail), headers=headers)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    problems = [FieldProblem(loc=[str(p) if not isinstance(p, int) else p for p in e["loc"]], msg=e["msg"])
+                for e in exc.errors()]
+    detail = "; ".join(f"{'.'.join(str(p) for p in problem.loc)}: {problem.msg}" for problem in problems)
+    return error_response(422, detail or "invalid request", problems)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
