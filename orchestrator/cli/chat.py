@@ -11,7 +11,7 @@ import uuid
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.cli import UsageError
 from orchestrator.cli.common import repository
-from orchestrator.cli.output import clip
+from orchestrator.cli.output import clip, json_text, write
 from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.config import get_settings
 from orchestrator.dispatch import InlineDispatcher
@@ -45,13 +45,14 @@ async def _converse(runner: Runner, dispatcher: InlineDispatcher, session_id: st
             user_id="cli", session_id=session_id, new_message=Content(parts=[Part.from_text(text)])
         ):
             if as_json:
-                print(event.model_dump_json(), flush=True)
+                print(json_text(event.model_dump_json()), flush=True)
             elif event.error_message:
-                print(f"\nerror: {event.error_message}", file=sys.stderr)
+                write(sys.stderr, f"\nerror: {event.error_message}\n")
             elif event.partial and event.content is not None:
                 for part in event.content.parts:
                     if part.text and not part.thought:
-                        print(part.text, end="", flush=True)
+                        write(sys.stdout, part.text)
+                        sys.stdout.flush()
             elif event.content is not None:
                 _print_tool_parts(event)
             failed = failed or bool(event.error_message)
@@ -63,10 +64,12 @@ async def _converse(runner: Runner, dispatcher: InlineDispatcher, session_id: st
 
 
 def _print_tool_parts(event: Event) -> None:
+    """Each tool call and result on a line (a run's output in them escaped on a terminal, as everywhere)."""
     for part in event.content.parts:
         if part.function_call:
             args = json.dumps(part.function_call.args, ensure_ascii=False)
-            print(f"\n→ {part.function_call.name}({clip(args)})", flush=True)
+            write(sys.stdout, f"\n→ {part.function_call.name}({clip(args)})\n")
         elif part.function_response:
             result = json.dumps(part.function_response.response, ensure_ascii=False)
-            print(f"← {part.function_response.name}: {clip(result)}", flush=True)
+            write(sys.stdout, f"← {part.function_response.name}: {clip(result)}\n")
+        sys.stdout.flush()

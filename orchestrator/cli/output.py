@@ -1,9 +1,31 @@
-"""Output helpers of the command line: readable tables, sizes, JSON."""
+"""Output helpers of the command line: readable tables, sizes, JSON, and text from runs made safe for terminals."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from typing import TextIO
+
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_LEFT_RAW_BY_JSON = re.compile("[\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """C0 and C1 control characters but newline and tab shown as ``\\x1b``: ANSI and OSC sequences a run printed
+    cannot drive the operator's terminal (rewrite lines, set titles or clipboards, hide text)."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def write(stream: TextIO, text: str) -> None:
+    """Write text that came from a run or a library: escaped on a terminal, unchanged into a pipe or a file."""
+    stream.write(escape_controls(text) if stream.isatty() else text)
+
+
+def json_text(text: str) -> str:
+    """JSON made safe to print: ``json`` escapes C0 controls itself, but leaves DEL and C1 raw without
+    ``ensure_ascii``; they are written as ``\\u009b`` escapes, which keeps the JSON valid and equal."""
+    return _LEFT_RAW_BY_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -39,4 +61,4 @@ def clip(text: str, limit: int = 300) -> str:
 
 
 def print_json(data: object) -> None:
-    print(json.dumps(data, indent=2, ensure_ascii=False))
+    print(json_text(json.dumps(data, indent=2, ensure_ascii=False)))

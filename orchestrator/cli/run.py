@@ -10,7 +10,7 @@ import uuid
 
 from orchestrator.cli import UsageError
 from orchestrator.cli.common import repository
-from orchestrator.cli.output import print_json, size, table
+from orchestrator.cli.output import print_json, size, table, write
 from orchestrator.config import get_settings
 from orchestrator.dispatch import InlineDispatcher
 from worker.artifacts import FileArtifactStore
@@ -62,9 +62,10 @@ async def _dispatch(dispatcher: InlineDispatcher, request: RunRequest) -> RunRes
 
 
 def _print_result(result: RunResult) -> None:
-    sys.stdout.write(result.stdout)
+    """The run's output as it printed it, its files in a table; on a terminal, with control characters escaped."""
+    write(sys.stdout, result.stdout)
     sys.stdout.flush()
-    sys.stderr.write(result.stderr)
+    write(sys.stderr, result.stderr)
     status = f"timed out (killed, exit {TIMEOUT_EXIT_CODE})" if result.timed_out else f"exit {result.exit_code}"
     lines = [f"── {status} · {result.duration_ms} ms · workspace {result.workspace_id} (reuse: --workspace {result.workspace_id})"]
     if result.output_files:
@@ -74,4 +75,4 @@ def _print_result(result: RunResult) -> None:
         lines.append(f"artifact {artifact.name} v{artifact.version} ({size(artifact.size)})")
     for skipped in result.skipped_files:
         lines.append(f"skipped {skipped.name}: {skipped.reason}")
-    print("\n".join(lines), file=sys.stderr)
+    write(sys.stderr, "\n".join(lines) + "\n")
