@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from orchestrator.dispatch import InlineDispatcher
+from tests.orchestrator.api_helpers import make_services
 from tests.services import RedisServer, unavailable
 from worker.contract import RunRequest, SkillRef
 from worker.runtimes.local import LocalWorkspaceRuntime
@@ -89,6 +91,15 @@ def make_request(library: Path):
         return RunRequest(command=command, **fields)
 
     return make
+
+
+@pytest.fixture
+async def services(work_root):
+    """The API's services on the embedded default (inline runs, file registries) for one test."""
+    runtime = LocalWorkspaceRuntime(work_root)
+    built = make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data")
+    yield built
+    await built.close()
 
 
 def workspace_dirs(work_root: Path) -> list[Path]:

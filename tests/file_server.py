@@ -45,8 +45,12 @@ class FileServer:
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}{path}"
+        return f"http://127.0.0.1:{self.port}{path}"
 
     def add(self, path: str, body: Body, status: int = 200, headers: dict[str, str] | None = None) -> str:
         self.routes[path] = (status, body, headers or {})

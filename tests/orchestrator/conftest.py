@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.dispatch import InlineDispatcher
 from orchestrator.models import OpenAIModel
 from tests.model_server import ScriptedModelServer
-from tests.orchestrator.api_helpers import make_services
-from worker.runtimes.local import LocalWorkspaceRuntime
 
 
 @pytest.fixture
@@ -21,15 +18,6 @@ def model_server() -> ScriptedModelServer:
 @pytest.fixture
 def model(model_server: ScriptedModelServer) -> OpenAIModel:
     return OpenAIModel(model_name="test-model", api_key="test-key", base_url=model_server.base_url, retry_backoff=0.01)
-
-
-@pytest.fixture
-async def services(work_root):
-    """The API's services on the embedded default (inline runs, file registries) for one test."""
-    runtime = LocalWorkspaceRuntime(work_root)
-    built = make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data")
-    yield built
-    await built.close()
 
 
 def system_message(body: dict) -> str:
