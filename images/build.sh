@@ -22,7 +22,9 @@ while (( $# )); do
 done
 if [[ -z "$base" ]]; then
   base=${prefix}base:bookworm
-  if ! docker image inspect "$base" >/dev/null 2>&1; then
+  wanted=$(grep -v '^#' images/base/packages.txt | paste -sd, -)
+  have=$(docker image inspect -f '{{ index .Config.Labels "skillrun.base.packages" }}' "$base" 2>/dev/null || true)
+  if [[ "$have" != "$wanted" ]]; then
     bash images/base/build-base.sh --tag "$base" ${ca_bundle:+--ca-bundle "$ca_bundle"}
   else
     echo "==> using the existing $base (docker rmi it to rebuild)"

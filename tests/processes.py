@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import time
 
 
@@ -19,6 +21,38 @@ def wait_gone(pid: int, seconds: float = 5.0) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def sleeper() -> tuple[str, str]:
+    """A ``sleep`` command with an argument no other process has, and that argument: a test finds the process by
+    it from the host, whatever its pid is inside a run's sandbox (a PID namespace of its own)."""
+    seconds = f"{60 + random.random():.9f}"
+    return f"sleep {seconds}", seconds
+
+
+def running_with(argument: str) -> list[int]:
+    """Host pids of running processes with ``argument`` on their command line."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                if argument.encode() in f.read().split(b"\0") and alive(int(entry.name)):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_none_with(argument: str, seconds: float = 5.0) -> bool:
+    """Whether every process with ``argument`` on its command line is gone within ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not running_with(argument):
             return True
         time.sleep(0.02)
     return False

@@ -27,6 +27,11 @@ SANDBOX_UID_BASE = 30000
 SANDBOX_UID_COUNT = 30000
 """Range of user ids handed to workspaces when the host process runs as root."""
 
+SANDBOX_TMPFS_BYTES = 64 * 1024 * 1024
+"""Size of the private /tmp and, again, of /dev/shm of a sandboxed local run (memory the run's group pays for)."""
+SANDBOX_CPUS = 1.0
+"""CPU time a sandboxed local run may use at once, in cores (its control group's quota)."""
+
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 SANDBOX_LANG = "C.UTF-8"
 

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from worker import defaults
 from worker.cancellation import Cancellation
+from worker.cgroups import RunCgroup
 from worker.contract import RunLimits
 from worker.errors import RuntimeUnavailableError
+from worker.sandbox import SandboxSpec, SandboxStart, find_bwrap
 from worker.spawner import ReadyShell, Spawner
 
 TIMEOUT_EXIT_CODE = 124
@@ -105,7 +107,8 @@ def remote_ulimit_prefix(limits: RunLimits) -> str:
 
 class _Started:
     """A command being started: the read ends of its pipes, its pid once known (also its process group), how to
-    get its exit status once it has exited, and how to release what the host holds for it."""
+    get its exit status once it has exited, how to release what the host holds for it, and, for a command in a
+    sandbox, the sandbox's start (still blocked, until placed in its control group)."""
 
     def __init__(
         self,
@@ -114,18 +117,25 @@ class _Started:
         pid: Callable[[], Awaitable[int]],
         status: Callable[[], Awaitable[int | None]],
         release: Callable[[], None],
+        sandbox: SandboxStart | None = None,
     ) -> None:
         self.out_fd = out_fd
         self.err_fd = err_fd
         self.pid = pid
         self.status = status
         self.release = release
+        self.sandbox = sandbox
 
 
 def _start_direct(
-    argv: list[str], cwd: str, env: dict[str, str], uid: int | None, gid: int | None, no_network: bool
+    argv: list[str], cwd: str, env: dict[str, str], uid: int | None, gid: int | None, no_network: bool,
+    sandbox: SandboxSpec | None,
 ) -> _Started:
     user_kwargs: dict = {}
+    start = SandboxStart() if sandbox is not None else None
+    if start is not None:
+        info_fd, block_fd = start.child_fds()
+        argv = [*sandbox.argv(find_bwrap(), info_fd=info_fd, block_fd=block_fd, cwd=cwd), *argv]
     if uid is not None:
         setpriv = find_setpriv()
         if setpriv is not None:
@@ -134,10 +144,17 @@ def _start_direct(
             user_kwargs = {"user": uid, "group": gid, "extra_groups": []}
     if no_network:
         argv = [*network_off_prefix(), *argv]
-    proc = subprocess.Popen(
-        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        process_group=0, close_fds=True, **user_kwargs,
-    )
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            process_group=0, close_fds=True, pass_fds=start.child_fds() if start is not None else (), **user_kwargs,
+        )
+    except BaseException:
+        if start is not None:
+            start.close()
+        raise
+    if start is not None:
+        start.sent()
 
     async def pid() -> int:
         return proc.pid
@@ -150,29 +167,38 @@ def _start_direct(
         proc.stderr.close()
         proc.poll()  # a command killed because its caller gave up is reaped here or by subprocess later
 
-    return _Started(proc.stdout.fileno(), proc.stderr.fileno(), pid, status, release)
+    return _Started(proc.stdout.fileno(), proc.stderr.fileno(), pid, status, release, start)
 
 
-def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner) -> _Started:
+def _start_spawned(
+    argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner, sandbox: SandboxSpec | None
+) -> _Started:
     """Send the command to the spawner; its pid comes while the caller sets up."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    start = SandboxStart() if sandbox is not None else None
     try:
-        spawned = spawner.send(argv, env, cwd, out_w, err_w)
+        if start is not None:  # the spawner hands the sandbox's ends over as its descriptors 3 and 4
+            argv = [*sandbox.argv(find_bwrap(), info_fd=3, block_fd=4, cwd=cwd), *argv]
+        spawned = spawner.send(argv, env, cwd, out_w, err_w, *(start.child_fds() if start is not None else ()))
     except BaseException:
         os.close(out_r)
         os.close(err_r)
+        if start is not None:
+            start.close()
         raise
     finally:
         os.close(out_w)
         os.close(err_w)
+    if start is not None:
+        start.sent()
 
     def release() -> None:
         os.close(out_r)
         os.close(err_r)
         spawned.close()
 
-    return _Started(out_r, err_r, spawned.started, spawned.exit_status, release)
+    return _Started(out_r, err_r, spawned.started, spawned.exit_status, release, start)
 
 
 async def run_process(
@@ -189,21 +215,24 @@ async def run_process(
     spawner: Spawner | None = None,
     ready: ReadyShell | None = None,
     no_network: bool = False,
+    sandbox: SandboxSpec | None = None,
+    cgroup: RunCgroup | None = None,
 ) -> ProcessOutcome:
     """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started.
 
     With a ``spawner`` (of the workspace user ``uid``) the command is started by it; otherwise directly, switching to
     ``uid``/``gid`` when given. With ``ready``, a ready shell of that spawner already handed its command, the
-    command is that shell (``argv`` is not used). A ``SpawnerError`` means nothing ran and the caller may start
-    the command directly.
+    command is that shell (``argv`` is not used; the shell is in its sandbox and control group already). With
+    ``sandbox`` the command runs in that bubblewrap sandbox, placed in ``cgroup`` before it starts. A
+    ``SpawnerError`` means nothing ran and the caller may start the command directly.
     """
     started = time.monotonic()
     if ready is not None:
         handle = _Started(ready.out_fd, ready.err_fd, ready.spawned.started, ready.spawned.exit_status, ready.release)
     elif spawner is not None:
-        handle = _start_spawned(argv, cwd, env, spawner)
+        handle = _start_spawned(argv, cwd, env, spawner, sandbox)
     else:
-        handle = _start_direct(argv, cwd, env, uid, gid, no_network)
+        handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox)
     try:
         watch = _Watch(
             handle.out_fd, handle.err_fd, caps=(stdout_cap, stderr_cap), deadline=started + timeout, uid=uid,
@@ -211,12 +240,16 @@ async def run_process(
         )
         try:
             watch.follow(await handle.pid())
+            if handle.sandbox is not None:
+                await handle.sandbox.release(cgroup)
             await watch.finished
             returncode = await handle.status()
         finally:
             await watch.close()
     finally:
         handle.release()
+        if handle.sandbox is not None:
+            handle.sandbox.close()
     notes = watch.notes
     if returncode is None:
         notes.append("the exit status was lost (the spawner stopped); reported as killed")

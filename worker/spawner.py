@@ -17,8 +17,9 @@ the pipe it closes once started). The spawner answers on the control pipe, one J
 directly: no thread stands between a command and its caller. The socket itself carries only
 ``{"ready": true}`` once, and its end tells that the spawner stopped.
 
-Ready shells (``ReadyShell``): after a run, the spawner starts bash for the workspace's next run ahead of time;
-the next run that fits hands it its script, skipping the round trip above and bash's start-up.
+Ready shells (``ReadyShell``): after a run, the spawner starts bash for the workspace's next run ahead of time,
+in a sandbox of its own (``worker.sandbox``) that the caller places in a control group while it waits; the next
+run that fits hands it its script, skipping the round trip above, bash's start-up and the sandbox's.
 """
 
 from __future__ import annotations
@@ -29,24 +30,32 @@ import json
 import os
 import select
 import shlex
+import signal
 import socket
 import stat
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from worker.cgroups import CgroupError, RunCgroup
 from worker.errors import WorkerError
+from worker.fdwait import wait_readable
+from worker.sandbox import SandboxError, SandboxSpec, SandboxStart, find_bwrap
 
 MAX_MESSAGE_BYTES = 64 * 1024
 """The largest request a spawner takes (it receives into a buffer of this size every time); a larger command or
 environment is started directly instead."""
+MAX_DESCRIPTORS = 8
+"""The most descriptors one request hands the spawner: the two output pipes, the control pipe and up to five
+more for the command (a ready shell's script and start pipes, its sandbox's report and block pipes)."""
 READY_TIMEOUT_SECONDS = 5.0
 REPLY_TIMEOUT_SECONDS = 5.0
 STATUS_TIMEOUT_SECONDS = 5.0
 
 SPAWNER_SOURCE = r"""
-import json, os, select, signal, socket, sys
+import fcntl, json, os, select, signal, socket, sys
 sock = socket.socket(fileno=int(sys.argv[1]))
 os.set_inheritable(sock.fileno(), False)
 wake_r, wake_w = os.pipe()
@@ -79,7 +88,7 @@ while True:
             if pid in controls:
                 tell(controls.pop(pid), {"exited": pid, "status": os.waitstatus_to_exitcode(status)}, last=True)
     if sock in ready:
-        data, fds, _, _ = socket.recv_fds(sock, %(max)d, 5)
+        data, fds, _, _ = socket.recv_fds(sock, %(max)d, %(fds)d)
         if not data:
             break
         for fd in fds:
@@ -89,6 +98,9 @@ while True:
                 os.close(fd)
             continue
         control = fds[2]
+        # The child's descriptors 3, 4, ... come from copies above any of those numbers, so that no dup2 overwrites
+        # a descriptor still to be copied (and each target is a fresh copy, open across the exec).
+        extra = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds[3:]]
         try:
             req = json.loads(data)
             os.chdir(req["cwd"])
@@ -96,8 +108,7 @@ while True:
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, fds[0], 1),
                 (os.POSIX_SPAWN_DUP2, fds[1], 2),
-            ] + [(os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate(fds[3:])]  # received fds are > 4:
-            # 0-2 are /dev/null here and the socket and the wake pipe hold three more, so no dup2 overwrites one
+            ] + [(os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate(extra)]
             pid = os.posix_spawn(
                 req["argv"][0], req["argv"], req["env"], file_actions=actions, setpgroup=0,
                 setsigdef=(signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ),
@@ -107,10 +118,10 @@ while True:
         except Exception as exc:
             tell(control, {"error": f"{type(exc).__name__}: {exc}"}, last=True)
         finally:
-            for fd in fds[:2] + fds[3:]:
+            for fd in fds[:2] + fds[3:] + extra:
                 os.close(fd)
             os.chdir("/")
-""" % {"max": MAX_MESSAGE_BYTES}
+""" % {"max": MAX_MESSAGE_BYTES, "fds": MAX_DESCRIPTORS}
 
 
 READY_SHELL_VARIABLE = "__skillrun_command"
@@ -209,14 +220,18 @@ class Spawner:
             os.close(control_w)
         return Spawned(self, control_r)
 
-    def prepare_shell(self, bash: str, env: dict[str, str], cwd: str) -> None:
-        """Have a ready shell (``ready_shell``) wait for this workspace's next run, in place of any other."""
+    def prepare_shell(
+        self, bash: str, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None = None
+    ) -> "ReadyShell | None":
+        """Have a ready shell (``ready_shell``) wait for this workspace's next run, in place of any other; the new
+        shell, if one could be started."""
         old, self._shell = self._shell, None
         if old is not None:
             old.discard()
         if self.ready:
             with contextlib.suppress(SpawnerError):
-                self._shell = self.ready_shell(bash, env, cwd)
+                self._shell = self.ready_shell(bash, env, cwd, sandbox)
+        return self._shell
 
     @property
     def waiting_shell(self) -> "ReadyShell | None":
@@ -228,27 +243,39 @@ class Spawner:
         shell, self._shell = self._shell, None
         return shell
 
-    def ready_shell(self, bash: str, env: dict[str, str], cwd: str) -> "ReadyShell":
+    def ready_shell(
+        self, bash: str, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None = None
+    ) -> "ReadyShell":
         """Start a shell for a command not known yet: bash started now, with ``env`` in ``cwd``, waiting on its
-        descriptor 3 for the script (``ReadyShell.start``)."""
+        descriptor 3 for the script (``ReadyShell.start``). In a ``sandbox``, the shell starts once placed
+        (``ReadyShell.place``)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         script_r, script_w = os.pipe()
         up_r, up_w = os.pipe()
+        start = SandboxStart() if sandbox is not None else None
+        argv = [bash, "-c", READY_SHELL_LOADER]
         try:
             # bash reopens it through /proc as the workspace user: its group may read it, nobody of it may write
             # (another process of the workspace could otherwise slip its own script in through /proc/<pid>/fd/3).
             os.fchown(script_r, -1, self.gid)
             os.fchmod(script_r, 0o440)
-            spawned = self.send([bash, "-c", READY_SHELL_LOADER], env, cwd, out_w, err_w, script_r, up_w)
+            if start is not None:  # the sandbox's ends become the shell's descriptors 5 and 6
+                argv = [*sandbox.argv(find_bwrap(), info_fd=5, block_fd=6, cwd=cwd), *argv]
+            spawned = self.send(argv, env, cwd, out_w, err_w, script_r, up_w,
+                                *(start.child_fds() if start is not None else ()))
         except BaseException:
             for fd in (out_r, err_r, script_w, up_r):
                 os.close(fd)
+            if start is not None:
+                start.close()
             raise
         finally:
             for fd in (out_w, err_w, script_r, up_w):
                 os.close(fd)
-        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w, up_r)
+        if start is not None:
+            start.sent()
+        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w, up_r, sandbox=sandbox, start=start)
 
     def close(self) -> None:
         """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread."""
@@ -299,12 +326,19 @@ class Spawned:
         self._spawner = spawner
         self._fd = control_fd
         self._pending = b""
+        self._starting: asyncio.Future[int] | None = None
 
     async def started(self) -> int:
         """The command's pid once the spawner has started it. ``SpawnerError`` if it refused or did not answer
-        (then nothing runs, and a spawner that did not answer is given up)."""
+        (then nothing runs, and a spawner that did not answer is given up). Callers that ask at once share one
+        read of the reply."""
         if self.pid:
             return self.pid
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._read_pid())
+        return await asyncio.shield(self._starting)
+
+    async def _read_pid(self) -> int:
         reply = await self.next_message(REPLY_TIMEOUT_SECONDS)
         if reply is None or "pid" not in reply:
             self.close()
@@ -321,7 +355,7 @@ class Spawned:
             try:
                 chunk = os.read(self._fd, 4096)
             except BlockingIOError:
-                if not await _readable(self._fd, deadline - time.monotonic()):
+                if not await wait_readable(self._fd, deadline - time.monotonic()):
                     return None
                 continue
             if not chunk:
@@ -354,10 +388,14 @@ class ReadyShell:
     write: it exports the run's own ``RUN_DIR``, ``HOME`` and ``TMPDIR``, resets ``SECONDS`` and holds the command
     in a shell variable, which the shell then runs with ``eval`` at top level (where line numbers, ``return`` and
     error messages behave as under ``bash -c``). A shell that is not used is discarded: its pipe closes, it reads
-    nothing, runs nothing and exits."""
+    nothing, runs nothing and exits.
+
+    A shell in a sandbox waits, blocked, until ``place`` has put it in its control group (``cgroup``), which it
+    keeps for its run; ``on_release`` is called once the host has let go of the shell (to remove that group)."""
 
     def __init__(
-        self, spawned: Spawned, env: dict[str, str], cwd: str, out_fd: int, err_fd: int, script_fd: int, up_fd: int
+        self, spawned: Spawned, env: dict[str, str], cwd: str, out_fd: int, err_fd: int, script_fd: int, up_fd: int,
+        *, sandbox: SandboxSpec | None = None, start: SandboxStart | None = None,
     ) -> None:
         self.spawned = spawned
         self.env = env
@@ -368,24 +406,66 @@ class ReadyShell:
         self._script = script_fd
         os.set_blocking(up_fd, False)
         self._up = up_fd
+        self.sandbox = sandbox
+        self.cgroup: RunCgroup | None = None
+        self.on_release: Callable[["ReadyShell"], None] | None = None
+        self.placement: asyncio.Task | None = None  # the caller's task running ``place``
+        self._start = start
+        self._placing = False
+        self._discarded = False
+
+    @property
+    def placed(self) -> bool:
+        """Whether the shell can take a run: it needs no placing, or it was placed."""
+        return self._start is None or (self.cgroup is not None and not self._placing and self._start.init_pid > 0)
+
+    async def place(self, cgroup: RunCgroup | None) -> bool:
+        """Put the sandboxed shell in ``cgroup`` and let it start; ``False`` if that failed (it is then discarded).
+        A shell discarded meanwhile is let go here, once the sandbox's pipes are no longer watched."""
+        if self._start is None or self._placing or self._discarded:
+            return False
+        self._placing = True
+        placed = False
+        try:
+            await self.spawned.started()
+            await self._start.release(cgroup)
+            placed = self._start.init_pid > 0
+        except (SandboxError, CgroupError, SpawnerError, OSError):
+            placed = False
+        finally:
+            self._placing = False
+        if placed:
+            self.cgroup = cgroup
+        if not placed or self._discarded:
+            self._kill_unplaced()
+            self.discard()
+        return placed and not self._discarded
+
+    def _kill_unplaced(self) -> None:
+        """A shell that was not placed must not start outside its group: kill its sandbox before letting go."""
+        if self.spawned.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.spawned.pid, signal.SIGKILL)
 
     async def wait_up(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
         """Wait until the shell has started and waits for its script (or has gone); ``False`` after ``timeout``."""
         if self._up < 0:
             return True
-        if not await _readable(self._up, timeout):
+        if not await wait_readable(self._up, timeout):
             return False
         os.close(self._up)
         self._up = -1
         return True
 
-    def fits(self, env: dict[str, str], cwd: str) -> bool:
+    def fits(self, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None = None) -> bool:
         """Whether a run with ``env`` in ``cwd`` can use this shell: the same folder (the same one, not one put in
-        its place since: a restaged skill is a new folder) and the same environment but for the run's own folder
+        its place since: a restaged skill is a new folder), the same environment but for the run's own folder
         variables, so bash started as it would have for this run (what it reads at start-up alone, such as
-        ``BASH_ENV``, a request may not set)."""
+        ``BASH_ENV``, a request may not set), and the same sandbox, placed."""
         return (
-            cwd == self.cwd
+            sandbox == self.sandbox
+            and self.placed
+            and cwd == self.cwd
             and self.folder is not None
             and _identity(cwd) == self.folder
             and {k: v for k, v in env.items() if k not in RUN_VARIABLES}
@@ -409,7 +489,13 @@ class ReadyShell:
             self._script = -1
 
     def discard(self) -> None:
-        """Give the shell up: it reads an empty script and exits."""
+        """Give the shell up: it reads an empty script and exits. While it is being placed, ``place`` finishes
+        this."""
+        self._discarded = True
+        if self._placing:
+            return
+        if self._start is not None and not self.placed:
+            self._kill_unplaced()
         if self._script >= 0:
             os.close(self._script)
             self._script = -1
@@ -422,6 +508,11 @@ class ReadyShell:
                 os.close(fd)
         self.out_fd = self.err_fd = self._up = -1
         self.spawned.close()
+        if self._start is not None:
+            self._start.close()
+        callback, self.on_release = self.on_release, None
+        if callback is not None:
+            callback(self)
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -430,18 +521,3 @@ def _identity(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return info.st_dev, info.st_ino
-
-
-async def _readable(fd: int, timeout: float) -> bool:
-    """Wait on the running loop until ``fd`` can be read; ``False`` after ``timeout``."""
-    if timeout <= 0:
-        return False
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(True))
-    timer = loop.call_later(timeout, lambda: ready.done() or ready.set_result(False))
-    try:
-        return await ready
-    finally:
-        timer.cancel()
-        loop.remove_reader(fd)

@@ -109,6 +109,11 @@ class BaseSkillStager(ABC):
         target = workspace.skills_dir / skill.name
         return target if os.path.isdir(target) else None
 
+    def linked_source(self, skill: SkillRef) -> Path | None:
+        """The library folder a staged ``skill`` links into, which its runs must see (read-only); ``None`` when
+        it is staged as a copy (or was never staged by this stager)."""
+        return None
+
     def _signature(self, source: Path) -> str:
         return f"{self.kind}:{source}:{self.signature(source)}"
 
@@ -206,6 +211,10 @@ class LinkSkillStager(BaseSkillStager):
 
     def _quick(self, source: Path) -> bool:
         return source not in self._copied
+
+    def linked_source(self, skill: SkillRef) -> Path | None:
+        source = self._sources.get((skill.root, skill.path))
+        return None if source is None or source in self._copied else source
 
     def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
         if workspace.uid is not None:

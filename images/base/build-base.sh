@@ -24,7 +24,9 @@ done
 command -v debootstrap >/dev/null || { echo "install debootstrap: apt-get install debootstrap" >&2; exit 1; }
 [[ -z "$ca_bundle" || -f "$ca_bundle" ]] || { echo "no CA bundle at $ca_bundle" >&2; exit 1; }
 
-packages=bash,coreutils,util-linux,procps,ca-certificates,python3,python3-venv,python3-yaml,libmagic1,redis-server
+# The package list lives in packages.txt beside this script; the image carries it as a label, so images/build.sh
+# builds the base again when the list changed.
+packages=$(grep -v '^#' "$(dirname "$0")/packages.txt" | paste -sd, -)
 rootfs=$(mktemp -d /tmp/skillrun-rootfs.XXXXXX)
 trap 'rm -rf "$rootfs"' EXIT
 echo "==> debootstrap $suite ($packages) from $mirror"
@@ -41,5 +43,6 @@ echo "==> docker import as $tag"
 tar -C "$rootfs" -c . | docker import \
   -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8' \
   -c 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
+  -c "LABEL skillrun.base.packages=$packages" \
   - "$tag" >/dev/null
 echo "==> built $tag"

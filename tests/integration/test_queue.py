@@ -18,7 +18,7 @@ from orchestrator.dispatch import QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from tests.integration.conftest import cube_remote_root
 from tests.services import RedisServer
-from tests.processes import wait_gone
+from tests.processes import running_with, sleeper, wait_none_with
 from worker import jobs
 from worker.config import get_worker_settings
 from worker.contract import InputFile, RunRequest, RunResult
@@ -147,21 +147,20 @@ async def test_waiting_for_a_result_blocks_until_a_worker_process_finishes_it(re
 async def test_cancelling_a_started_run_kills_its_processes(redis_url, workers, repo, work_root):
     workers.start()
     dispatcher = QueueDispatcher(redis_url)
-    request = RunRequest(skill=repo.skill_ref("python-math"), command="echo $$ > $WORK_DIR/pid; sleep 60", timeout=120,
-                         workspace_id="cancel-me")
+    sleep, marker = sleeper()
+    request = RunRequest(skill=repo.skill_ref("python-math"), command=sleep, timeout=120, workspace_id="cancel-me")
     record = await dispatcher.submit(request)
     await _wait_status(dispatcher, record.id, RunStatus.STARTED)
-    pid_file = next(work_root.glob("ws_cancel-me_*")) / "work" / "pid"
     for _ in range(200):
-        if pid_file.exists() and pid_file.read_text().strip():
+        if running_with(marker):
             break
         await asyncio.sleep(0.05)
-    pid = int(pid_file.read_text())
+    assert running_with(marker)
     await dispatcher.cancel(record.id)
     done = await dispatcher.wait(record.id, 30)
     assert done.status == RunStatus.CANCELLED
     assert "cancelled" in done.result.stderr
-    assert wait_gone(pid), f"the cancelled command ({pid}) is still running"
+    assert wait_none_with(marker), "the cancelled command is still running"
     await dispatcher.close()
 
 

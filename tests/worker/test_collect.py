@@ -13,7 +13,7 @@ from tests.conftest import workspace_dirs
 from worker import mime
 from worker.artifacts import FileArtifactStore
 from worker.collect import expand_braces
-from worker.contract import RunLimits
+from worker.contract import InputFile, RunLimits
 from worker.errors import InvalidRunRequestError
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -92,11 +92,10 @@ async def test_output_dir_variable_and_relative_patterns_name_the_same_file(runt
     assert [(f.name, f.content, f.mime_type) for f in result.output_files] == [("out/r.txt", "hi\n", "text/plain")]
 
 
-async def test_binary_png_and_csv_get_their_mime_types(runtime, make_request, shared_dir):
-    png = shared_dir / "chart.png"
-    png.write_bytes(_png())
-    command = f"cp {png} out/chart.png; printf 'label,value\\na,1\\nb,2\\n' > out/data.csv"
-    result = await runtime.run(make_request(command, output_files=["out/*"]))
+async def test_binary_png_and_csv_get_their_mime_types(runtime, make_request):
+    command = "cp inputs/chart.png out/chart.png; printf 'label,value\\na,1\\nb,2\\n' > out/data.csv"
+    inputs = [InputFile(name="chart.png", content=_png())]
+    result = await runtime.run(make_request(command, output_files=["out/*"], inputs=inputs))
     files = {f.name: f for f in result.output_files}
     assert files["out/chart.png"].mime_type == "image/png"
     assert files["out/chart.png"].encoding == "base64"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.processes import wait_gone
+from tests.processes import sleeper, wait_gone, wait_none_with
 from worker import spawner as spawner_module
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -22,7 +22,7 @@ def _status(pid: int) -> dict[str, str]:
 
 
 async def test_commands_are_started_by_the_workspace_spawner(work_root, make_request):
-    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+    async with LocalWorkspaceRuntime(work_root, spawners="eager", sandbox=False) as runtime:
         result = await runtime.run(make_request("echo $PPID; id -u", workspace_id="sp"))
         spawner = runtime._spawners["sp"]
         parent, uid = (int(x) for x in result.stdout.split())
@@ -79,7 +79,7 @@ async def test_closing_the_runtime_stops_its_spawners(work_root, make_request):
 
 async def test_a_spawner_stopped_by_a_command_costs_one_reply_timeout_and_no_run(work_root, make_request, monkeypatch):
     monkeypatch.setattr(spawner_module, "REPLY_TIMEOUT_SECONDS", 0.5)
-    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+    async with LocalWorkspaceRuntime(work_root, spawners="eager", sandbox=False) as runtime:
         await runtime.run(make_request("true", workspace_id="sp"))
         stopped = runtime._spawners["sp"]
         # The command runs as the spawner's own user, so it can stop it.
@@ -91,7 +91,7 @@ async def test_a_spawner_stopped_by_a_command_costs_one_reply_timeout_and_no_run
 
 
 async def test_a_command_too_large_for_the_spawner_is_started_directly_and_the_spawner_kept(work_root, make_request):
-    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+    async with LocalWorkspaceRuntime(work_root, spawners="eager", sandbox=False) as runtime:
         await runtime.run(make_request("true", workspace_id="sp"))
         spawner = runtime._spawners["sp"]
         filler = "x" * (spawner_module.MAX_MESSAGE_BYTES + 1)
@@ -180,10 +180,10 @@ async def test_a_command_longer_than_one_pipe_write_runs_without_the_ready_shell
 async def test_a_ready_shell_that_times_out_is_killed_with_what_it_started(work_root, make_request):
     async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
         await runtime.run(make_request("true", workspace_id="rs"))
-        result = await runtime.run(make_request("sleep 30 & echo $! > $WORK_DIR/child; sleep 30", workspace_id="rs", timeout=0.5))
+        sleep, marker = sleeper()
+        result = await runtime.run(make_request(f"{sleep} & {sleep}", workspace_id="rs", timeout=0.5))
         assert result.timed_out and result.exit_code == 124
-        child = int((runtime.workspaces.find_known("rs").work_dir / "child").read_text())
-        assert wait_gone(child)
+        assert wait_none_with(marker)
 
 
 async def test_closing_the_runtime_ends_its_ready_shells(work_root, make_request):
@@ -196,14 +196,15 @@ async def test_closing_the_runtime_ends_its_ready_shells(work_root, make_request
 
 async def test_another_process_of_the_workspace_cannot_slip_a_script_into_the_ready_shell(work_root, make_request):
     # A process a run left behind (detached, holding no pipe) waits for the next ready shell and tries to write a
-    # script of its own into it through /proc.
+    # script of its own into it through /proc. Without the sandbox (in which it would neither outlive its run nor
+    # see the next shell) the pipe's own permissions refuse it.
     attacker = (
         "for _ in $(seq 200); do for fd in /proc/[0-9]*/fd/3; do "
         "grep -qs 'source /proc/self/fd/3' ${fd%/fd/3}/cmdline || continue; "
         "{ echo 'echo injected' > $fd && echo written || echo refused; } > $WORK_DIR/attack 2>&1; exit; "
         "done; sleep 0.02; done"
     )
-    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+    async with LocalWorkspaceRuntime(work_root, spawners="eager", sandbox=False) as runtime:
         await runtime.run(make_request("true", workspace_id="rs"))
         detach = f"setsid bash -c {shlex.quote(attacker)} </dev/null >/dev/null 2>&1 & sleep 0.3"  # out of the group
         await runtime.run(make_request(detach, workspace_id="rs"))

@@ -2,7 +2,9 @@
 
 For development and the embedded default. The command's environment is built from scratch (no host variable
 leaks in), it runs in its own process group under ``ulimit`` limits, and when the host runs as root it runs as
-its workspace's own unprivileged user (through the workspace's spawner once the workspace is reused).
+its workspace's own unprivileged user (through the workspace's spawner once the workspace is reused), in a
+bubblewrap sandbox of its own (``worker.sandbox``) held to the run's limits by a control group of its own
+(``worker.cgroups``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Literal
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
+from worker.cgroups import CgroupError, CgroupLimits, CgroupTree, RunCgroup
 from worker.contract import RunRequest, RuntimeName
 from worker.errors import InvalidRunRequestError
 from worker.process import (
@@ -30,6 +33,7 @@ from worker.process import (
 )
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
+from worker.sandbox import SandboxSpec, find_bwrap
 from worker.spawner import ReadyShell, Spawner, SpawnerError, spawner_python
 from worker.staging import BaseSkillStager
 from worker.workspace import Workspace, WorkspaceManager
@@ -58,6 +62,9 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         disk_bytes: int | None = None,
         allow_network: bool = False,
         ready_shells: bool = True,
+        sandbox: bool = True,
+        tmpfs_bytes: int = defaults.SANDBOX_TMPFS_BYTES,
+        cpus: float | None = defaults.SANDBOX_CPUS,
     ) -> None:
         """``spawners`` applies when commands run as workspace users: ``auto`` starts a workspace's spawner when the
         workspace is used a second time and uses it once ready (a one-off run never pays for one), ``eager`` starts
@@ -68,7 +75,12 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         away: there commands share the host's.
 
         ``ready_shells``: after each run through a spawner, the spawner starts bash for the workspace's next run
-        (``spawner.ReadyShell``), so that run skips a round trip and bash's start-up."""
+        (``spawner.ReadyShell``), so that run skips a round trip and bash's start-up.
+
+        ``sandbox`` (with workspace users): each command runs in a bubblewrap sandbox (``worker.sandbox``) with
+        private ``/tmp`` and ``/dev/shm`` of ``tmpfs_bytes`` each, held with everything it starts to the request's
+        memory and process limits and to ``cpus`` cores (``None``: no CPU cap) by a control group of its own where
+        the host has one (otherwise the result says so). It needs bubblewrap (``apt-get install bubblewrap``)."""
         super().__init__(
             WorkspaceManager(work_root, isolate_users=isolate_users, disk_bytes=disk_bytes), stager=stager,
             artifact_store=artifact_store,
@@ -78,8 +90,13 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self.spawner_mode: SpawnerMode = spawners
         self.allow_network = allow_network
         self.ready_shells = ready_shells
+        self.sandbox = sandbox and self.workspaces.isolate_users
+        self.tmpfs_bytes = tmpfs_bytes
+        self.cpus = cpus
         self._bash: str | None = None
         self._spawners: OrderedDict[str, Spawner] = OrderedDict()
+        self._cgroups: CgroupTree | str | None = None
+        self._placements: set[asyncio.Task] = set()
 
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         if self._bash is None:
@@ -95,32 +112,111 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         no_network = workspace.uid is not None and not request.network
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None) + request.command
         argv = [self._bash or find_bash(), "-c", script]
+        sandbox = await self._sandbox(workspace, request)
+        limits = CgroupLimits(request.limits.memory_bytes, request.limits.processes, self.cpus)
         process_args = dict(
             cwd=cwd, env=env, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
             stderr_cap=request.limits.stderr_bytes, uid=workspace.uid, gid=workspace.gid, cancel=cancel,
-            no_network=no_network,
+            no_network=no_network, sandbox=sandbox,
         )
         spawner = await self._spawner(workspace) if no_network or workspace.uid is None else None
-        shell = self._ready_shell(spawner, script, env, cwd) if spawner is not None else None
+        shell = await self._ready_shell(spawner, script, env, cwd, sandbox, limits) if spawner is not None else None
+        cgroup = shell.cgroup if shell is not None else await self._new_cgroup(sandbox, limits)
+        oom_kills = 0
         try:
-            return await run_process(argv, spawner=spawner, ready=shell, **process_args)
-        except SpawnerError:
-            if not spawner.alive:  # it stopped answering: a new one is started for the next run
-                await asyncio.to_thread(self._drop_spawner, workspace.id)
-            return await run_process(argv, **process_args)
+            try:
+                outcome = await run_process(argv, spawner=spawner, ready=shell, cgroup=cgroup, **process_args)
+            except SpawnerError:
+                if not spawner.alive:  # it stopped answering: a new one is started for the next run
+                    await asyncio.to_thread(self._drop_spawner, workspace.id)
+                outcome = await run_process(argv, cgroup=cgroup, **process_args)
         finally:
             if spawner is not None and self.ready_shells:
-                spawner.prepare_shell(argv[0], env, cwd)
+                self._place(spawner.prepare_shell(argv[0], env, cwd, sandbox))
+            if cgroup is not None:
+                oom_kills = cgroup.oom_kills()
+                self._retire(cgroup)
+        if sandbox is not None:
+            self._report_limits(outcome, request, oom_kills)
+        return outcome
 
-    def _ready_shell(self, spawner: Spawner, script: str, env: dict[str, str], cwd: str) -> ReadyShell | None:
-        """The spawner's ready shell, handed ``script``, when it fits this run; otherwise it is given up."""
+    async def _ready_shell(
+        self, spawner: Spawner, script: str, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None,
+        limits: CgroupLimits,
+    ) -> ReadyShell | None:
+        """The spawner's ready shell, held to ``limits`` and handed ``script``, when it fits this run; otherwise
+        it is given up. A shell still being placed in its control group is waited for (it takes a moment)."""
         shell = spawner.take_shell()
         if shell is None:
             return None
-        if shell.fits(env, cwd) and shell.start(script, env):
-            return shell
+        if shell.placement is not None:
+            await asyncio.shield(shell.placement)
+        if shell.fits(env, cwd, sandbox):
+            try:
+                if shell.cgroup is not None:
+                    shell.cgroup.set_limits(limits)
+                started = shell.start(script, env)
+            except CgroupError:
+                started = False
+            if started:
+                shell.on_release = None  # its group is this run's now, retired after it
+                return shell
         shell.discard()
         return None
+
+    async def _sandbox(self, workspace: Workspace, request: RunRequest) -> SandboxSpec | None:
+        """This run's sandbox: its workspace, and the library folder its skill is linked from (read-only)."""
+        if not self.sandbox or workspace.uid is None:
+            return None
+        if self._cgroups is None:
+            await asyncio.to_thread(find_bwrap)  # checked once: installed, and able to make its namespaces
+            self._cgroups = await asyncio.to_thread(CgroupTree.detect)
+        source = self.stager.linked_source(request.skill)
+        return SandboxSpec(str(workspace.path), (str(source),) if source is not None else (), self.tmpfs_bytes)
+
+    async def _new_cgroup(self, sandbox: SandboxSpec | None, limits: CgroupLimits) -> RunCgroup | None:
+        """A control group for a run started now, with its limits; ``None`` where there are none."""
+        if sandbox is None or not isinstance(self._cgroups, CgroupTree):
+            return None
+        cgroup = self._cgroups.new_group()
+        try:
+            cgroup.set_limits(limits)
+        except CgroupError:
+            self._retire(cgroup)
+            raise
+        return cgroup
+
+    def _place(self, shell: ReadyShell | None) -> None:
+        """Put a sandboxed ready shell in a control group of its own, on the loop, while nothing waits for it."""
+        if shell is None or shell.sandbox is None:
+            return
+        cgroup = self._cgroups.new_group() if isinstance(self._cgroups, CgroupTree) else None
+        if cgroup is not None:
+            shell.on_release = lambda released: self._retire(cgroup)
+        task = shell.placement = asyncio.get_running_loop().create_task(shell.place(cgroup))
+        self._placements.add(task)
+        task.add_done_callback(self._placements.discard)
+
+    def _retire(self, cgroup: RunCgroup) -> None:
+        """Remove a run's control group once its processes are gone (in the background)."""
+        try:
+            job = self._housekeeper.submit(cgroup.remove)
+        except RuntimeError:  # closed: remove it here
+            cgroup.remove()
+            return
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
+
+    def _report_limits(self, outcome: ProcessOutcome, request: RunRequest, oom_kills: int) -> None:
+        """Say in the result when the run's limits held only per process, or when it went past its memory."""
+        if isinstance(self._cgroups, str):
+            outcome.notes.append(f"memory, process and CPU limits held per process only: {self._cgroups}")
+        if oom_kills:
+            outcome.oom_killed = True
+            outcome.notes.append(
+                f"the run went past its memory limit ({request.limits.memory_bytes} bytes): the kernel killed "
+                f"{oom_kills} of its processes"
+            )
 
     async def _spawner(self, workspace: Workspace) -> Spawner | None:
         """The workspace's ready spawner, starting one if there is none (see ``spawners``)."""
@@ -163,6 +259,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def idle(self) -> None:
         """Wait until background work is done: spare run folders, and the ready shells being started."""
+        if self._placements:
+            await asyncio.gather(*list(self._placements), return_exceptions=True)
         await super().idle()
         with self._lock:
             shells = [spawner.waiting_shell for spawner in self._spawners.values()]

@@ -1,0 +1,229 @@
+"""Per-run control groups: memory, process-count and CPU limits that hold for a run's processes together.
+
+``ulimit`` limits hold per process: three processes may each use the whole memory limit. A control group holds
+the run's sandbox (its init and everything it starts), so its limits hold for the run as a whole. Both cgroup
+versions are handled:
+
+* **v1** (separate ``memory``, ``pids`` and ``cpu`` hierarchies): run groups are made under this process's own
+  group in each hierarchy, in a folder ``skillrun``.
+* **v2** (one unified hierarchy): run groups are made in a folder ``skillrun`` under this process's own group,
+  with the three controllers enabled for it. A v2 group that holds processes cannot hand controllers down (the
+  "no internal processes" rule), so where this process does not sit in the root group or a group it may
+  delegate from, v2 limits are not available and ``CgroupTree.detect`` says why.
+
+A run group is made ahead (off the run's path), its limits are written when the run starts (only those that
+changed), and it is removed once the run's processes are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.errors import WorkerError
+
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+GROUP_FOLDER = "skillrun"
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_MICROSECONDS = 100_000
+REMOVE_ATTEMPTS = 20
+REMOVE_PAUSE_SECONDS = 0.05
+_names = itertools.count()
+
+
+class CgroupError(WorkerError):
+    """A control group could not be made or used."""
+
+
+@dataclass(frozen=True)
+class CgroupLimits:
+    """What a run group holds its processes to. ``cpus`` is a share of CPU time (1.0 = one core)."""
+
+    memory_bytes: int
+    processes: int
+    cpus: float | None
+
+
+class CgroupTree:
+    """Where this process makes run groups; ``detect`` finds it or says why there is none."""
+
+    def __init__(self, version: int, parents: dict[str, Path]) -> None:
+        self.version = version
+        self.parents = parents  # controller (v1) or "unified" (v2) → the skillrun folder
+
+    @classmethod
+    def detect(cls) -> "CgroupTree | str":
+        """The tree, or a sentence saying why run groups cannot be made here."""
+        if os.geteuid() != 0:
+            return "control groups need the worker to run as root"
+        try:
+            own = _own_groups()
+        except OSError as exc:
+            return f"cannot read /proc/self/cgroup: {exc.strerror}"
+        if (CGROUP_MOUNT / "cgroup.controllers").exists():
+            return cls._detect_v2(CGROUP_MOUNT, own.get("", "/"))
+        parents: dict[str, Path] = {}
+        for controller in V1_CONTROLLERS:
+            mount = CGROUP_MOUNT / controller
+            path = next((p for names, p in own.items() if controller in names.split(",")), None)
+            if path is None or not (mount / "cgroup.procs").exists():
+                return f"the cgroup v1 {controller} controller is not mounted at {mount}"
+            parents[controller] = mount / path.lstrip("/") / GROUP_FOLDER
+        try:
+            for parent in parents.values():
+                parent.mkdir(exist_ok=True)
+        except OSError as exc:
+            return f"cannot make control groups under {parent.parent}: {exc.strerror}"
+        return cls(1, parents)
+
+    @classmethod
+    def _detect_v2(cls, mount: Path, own: str) -> "CgroupTree | str":
+        base = mount / own.lstrip("/")
+        parent = base / GROUP_FOLDER
+        wanted = {"memory", "pids", "cpu"}
+        try:
+            if not wanted <= set((base / "cgroup.controllers").read_text().split()):
+                return f"the cgroup v2 group {base} lacks one of the memory, pids and cpu controllers"
+            _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+            parent.mkdir(exist_ok=True)
+            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+        except OSError as exc:
+            if exc.errno == errno.EBUSY:
+                return (f"the cgroup v2 group {base} holds processes, so it cannot delegate controllers; run the "
+                        "worker in a group of its own (systemd: Delegate=yes) to get per-run limits")
+            return f"cannot make control groups under {base}: {exc.strerror}"
+        return cls(2, {"unified": parent})
+
+    def new_group(self) -> "RunCgroup":
+        """Make an empty run group (no limits yet)."""
+        name = f"run-{os.getpid()}-{next(_names)}"
+        paths = {key: parent / name for key, parent in self.parents.items()}
+        made: list[Path] = []
+        try:
+            for path in paths.values():
+                path.mkdir()
+                made.append(path)
+        except OSError as exc:
+            for path in made:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            raise CgroupError(f"cannot make control group {name}: {exc.strerror}") from exc
+        return RunCgroup(self.version, paths)
+
+
+class RunCgroup:
+    """One run's group: add its processes, set its limits, ask whether it ran out of memory, remove it."""
+
+    def __init__(self, version: int, paths: dict[str, Path]) -> None:
+        self.version = version
+        self.paths = paths
+        self.limits: CgroupLimits | None = None
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` into the group (its later children are born in it)."""
+        try:
+            for path in self.paths.values():
+                _write(path / "cgroup.procs", str(pid))
+        except OSError as exc:
+            raise CgroupError(f"cannot move process {pid} into its run's control group: {exc.strerror}") from exc
+
+    def set_limits(self, limits: CgroupLimits) -> None:
+        """Hold the group to ``limits`` (only what differs from the limits it has is written)."""
+        old, self.limits = self.limits, None
+        try:
+            if old is None or old.memory_bytes != limits.memory_bytes:
+                self._set_memory(limits.memory_bytes, None if old is None else old.memory_bytes)
+            if old is None or old.processes != limits.processes:
+                self._set(("pids", "pids.max"), str(limits.processes))
+            if old is None or old.cpus != limits.cpus:
+                self._set_cpus(limits.cpus)
+        except OSError as exc:
+            raise CgroupError(f"cannot set the run's control group limits: {exc.strerror}") from exc
+        self.limits = limits
+
+    def _set_memory(self, memory: int, old: int | None) -> None:
+        if self.version == 2:
+            self._set(("unified", "memory.max"), str(memory))
+            with contextlib.suppress(FileNotFoundError):  # no swap accounting: nothing to hold
+                self._set(("unified", "memory.swap.max"), "0")
+            return
+        # v1: memory+swap may never be below memory, so the order depends on the direction of the change.
+        swap = self.paths["memory"] / "memory.memsw.limit_in_bytes"
+        steps = [("memory.limit_in_bytes", memory)] + ([("memory.memsw.limit_in_bytes", memory)] if swap.exists() else [])
+        if old is not None and memory > old:
+            steps.reverse()
+        for name, value in steps:
+            _write(self.paths["memory"] / name, str(value))
+
+    def _set_cpus(self, cpus: float | None) -> None:
+        quota = -1 if cpus is None else max(int(cpus * CPU_PERIOD_MICROSECONDS), 1000)
+        if self.version == 2:
+            self._set(("unified", "cpu.max"), f"{'max' if quota < 0 else quota} {CPU_PERIOD_MICROSECONDS}")
+            return
+        _write(self.paths["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_MICROSECONDS))
+        _write(self.paths["cpu"] / "cpu.cfs_quota_us", str(quota))
+
+    def _set(self, where: tuple[str, str], value: str) -> None:
+        key, name = where
+        _write(self.paths["unified" if self.version == 2 else key] / name, value)
+
+    def oom_kills(self) -> int:
+        """How many processes of the group the kernel killed for going past its memory limit."""
+        path = self.paths["unified"] / "memory.events" if self.version == 2 else self.paths["memory"] / "memory.oom_control"
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def procs(self) -> list[int]:
+        """The processes in the group now."""
+        path = next(iter(self.paths.values())) / "cgroup.procs"
+        try:
+            return [int(pid) for pid in path.read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def remove(self) -> bool:
+        """Remove the group once its processes are gone (waits a little for them); ``False`` if some remain."""
+        for _ in range(REMOVE_ATTEMPTS):
+            busy = False
+            for path in self.paths.values():
+                try:
+                    path.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        raise CgroupError(f"cannot remove control group {path}: {exc.strerror}") from exc
+                    busy = True
+            if not busy:
+                return True
+            time.sleep(REMOVE_PAUSE_SECONDS)
+        return False
+
+
+def _own_groups() -> dict[str, str]:
+    """This process's groups, by controller list ("" for the v2 hierarchy)."""
+    groups: dict[str, str] = {}
+    with open("/proc/self/cgroup") as lines:
+        for line in lines:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            groups[controllers] = path
+    return groups
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)

@@ -1,0 +1,177 @@
+"""The local runtime's sandbox: each command of a workspace user runs inside bubblewrap (``bwrap``).
+
+What the sandbox gives a run, and what each part stops:
+
+* **A PID namespace** with its own ``/proc``: the run sees only its own processes (not other tenants' command
+  lines, not the worker, not its workspace's spawner, so it can neither ``ptrace`` nor signal them), and when
+  its command ends the namespace's init ends and the kernel kills everything left in it, whatever it did to
+  detach (``setsid``, ``nohup``, a double fork).
+* **A mount namespace** whose root is built from nothing: the system folders read-only (``/usr`` and its
+  links, ``/etc``), a fresh ``/dev``, private size-capped ``/tmp`` and ``/dev/shm`` (tmpfs, gone with the run),
+  the run's own workspace read-write and the folder its skill is staged from read-only, each at its own path.
+  No other workspace, no store of the platform (artifacts, libraries, run data) and no home folder is there.
+* **A user namespace** in which no further user namespace can be made (``--disable-userns``), so the kernel's
+  user-namespace attack surface stays out of reach; IPC, UTS and cgroup namespaces of its own; no
+  capabilities and no-new-privileges (bwrap sets both).
+
+bwrap runs as the workspace user (unprivileged user namespaces), after the network was taken away by root
+(``unshare --net``) where the run has none. It starts blocked (``--block-fd``) and reports its init's pid
+(``--info-fd``), so the caller can move the sandbox into the run's control group before anything of the run
+executes (``release``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from worker import defaults
+from worker.cgroups import RunCgroup
+from worker.errors import RuntimeUnavailableError, WorkerError
+from worker.fdwait import wait_readable
+
+INFO_TIMEOUT_SECONDS = 5.0
+VISIBLE_PROC = "/run/skillrun/proc"
+SANDBOX_HOSTNAME = "skillrun"
+INIT_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)\s*[,}]')
+"""bwrap's report (``--info-fd``) names its init first, at once; the rest follows once the sandbox is set up."""
+SYSTEM_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"),
+                ("usr/libx32", "/libx32"), ("usr/lib32", "/lib32"))
+"""Merged-/usr systems (Debian 12, Ubuntu): the top-level folders are links into /usr."""
+
+
+class SandboxError(WorkerError):
+    """The sandbox did not start (bwrap failed, or did not report its init)."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What one sandbox holds: the workspace (read-write), folders shown read-only, the size of its tmpfs.
+
+    The network is the one bwrap starts in: root has already taken it away (``unshare --net``) for a run that has
+    none."""
+
+    workspace: str
+    read_only: tuple[str, ...] = ()
+    tmpfs_bytes: int = defaults.SANDBOX_TMPFS_BYTES
+
+    def argv(self, bwrap: str, *, info_fd: int, block_fd: int, cwd: str) -> list[str]:
+        """The ``bwrap`` command line up to ``--``, starting in ``cwd``, reporting on ``info_fd`` and blocked on
+        ``block_fd``."""
+        args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--disable-userns", "--die-with-parent", "--hostname", SANDBOX_HOSTNAME, "--ro-bind", "/usr", "/usr"]
+        for target, link in SYSTEM_LINKS:
+            if os.path.islink(link):
+                args += ["--symlink", target, link]
+            elif os.path.isdir(link):
+                args += ["--ro-bind", link, link]
+        args += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
+                 "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+                 "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
+                 "--bind", self.workspace, self.workspace]
+        for folder in self.read_only:
+            args += ["--ro-bind", folder, folder]
+        args += ["--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd), "--"]
+        return args
+
+
+@functools.cache
+def find_bwrap() -> str:
+    """bubblewrap, checked once: it must be installed and able to make its namespaces as an unprivileged user.
+
+    The kernel lets a user namespace mount a ``/proc`` only where a fully visible one is mounted already; a
+    container's ``/proc`` has parts masked (Docker's defaults), so a worker running as root there mounts an unmasked
+    one out of the way (``VISIBLE_PROC``) first. No run sees it: a sandbox's root is built from nothing."""
+    bwrap = shutil.which("bwrap", path=defaults.SANDBOX_PATH + ":/usr/sbin:/sbin")
+    if bwrap is None:
+        raise RuntimeUnavailableError(
+            "bubblewrap is not installed; the local runtime sandboxes commands with it when running as root "
+            "(apt-get install bubblewrap)"
+        )
+    probe = _probe(bwrap)
+    if probe.returncode != 0 and os.geteuid() == 0 and _proc_is_masked():
+        os.makedirs(VISIBLE_PROC, mode=0o700, exist_ok=True)
+        subprocess.run(["mount", "-t", "proc", "-o", "nosuid,nodev,noexec", "proc", VISIBLE_PROC],
+                       capture_output=True, timeout=30)
+        probe = _probe(bwrap)
+    if probe.returncode != 0:
+        raise RuntimeUnavailableError(
+            f"bubblewrap cannot make its namespaces here ({probe.stderr.strip() or probe.returncode}): allow "
+            "unprivileged user namespaces (sysctl user.max_user_namespaces > 0); in a container, give the worker "
+            "CAP_SYS_ADMIN and no AppArmor profile that forbids mounts (docker: --cap-add SYS_ADMIN "
+            "--security-opt apparmor=unconfined)"
+        )
+    return bwrap
+
+
+def _probe(bwrap: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bwrap, "--unshare-user", "--unshare-pid",
+         "--disable-userns", "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
+        capture_output=True, text=True, timeout=30,
+    )
+
+
+def _proc_is_masked() -> bool:
+    """Whether something is mounted over part of ``/proc`` (as container engines do)."""
+    with open("/proc/self/mountinfo") as mounts:
+        return any(line.split()[4].startswith("/proc/") for line in mounts)
+
+
+class SandboxStart:
+    """The host's end of a sandbox being started: the pipe it reports its init's pid on, and the one that holds it
+    until the caller has placed it in its control group."""
+
+    def __init__(self) -> None:
+        self.info_r, self.info_w = os.pipe()
+        self.block_r, self.block_w = os.pipe()
+        self.init_pid = 0
+
+    def child_fds(self) -> tuple[int, int]:
+        """The ends the sandbox gets (close them here once it has them: ``sent``)."""
+        return self.info_w, self.block_r
+
+    def sent(self) -> None:
+        """The sandbox (or the spawner starting it) holds its ends now."""
+        for fd in (self.info_w, self.block_r):
+            os.close(fd)
+        self.info_w = self.block_r = -1
+
+    async def release(self, cgroup: RunCgroup | None, timeout: float = INFO_TIMEOUT_SECONDS) -> None:
+        """Wait (on the loop) for the sandbox's init, put it in ``cgroup`` and let it run.
+
+        A bwrap that failed before making its sandbox reports nothing and exits with its message on stderr, which
+        becomes the run's. ``SandboxError`` if it neither reported nor ended in time, ``CgroupError`` if it could
+        not be placed: then the caller kills it (it is still blocked) before ``close``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        os.set_blocking(self.info_r, False)
+        report = b""
+        while (match := INIT_PID.search(report)) is None:
+            try:
+                chunk = os.read(self.info_r, 4096)
+            except BlockingIOError:
+                if not await wait_readable(self.info_r, deadline - loop.time()):
+                    raise SandboxError(f"the sandbox did not start within {timeout:g} s") from None
+                continue
+            if not chunk:
+                return  # bwrap failed: nothing to place, and its message is on stderr
+            report += chunk
+        self.init_pid = int(match.group(1))
+        if cgroup is not None:
+            cgroup.add(self.init_pid)
+        os.write(self.block_w, b"1")
+
+    def close(self) -> None:
+        """Close what the host still holds. A sandbox never released reads the end of its block pipe and goes on,
+        so callers kill one they did not release first."""
+        for name in ("info_r", "info_w", "block_r", "block_w"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
