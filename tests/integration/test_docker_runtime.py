@@ -12,12 +12,13 @@ import pytest
 
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
+from worker.runtimes.container import RESIDENT_PROCESSES
 
 pytestmark = pytest.mark.docker
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
-UNLIMITED = RunLimits(memory_bytes=16 * 1024**3, processes=65536)
+UNLIMITED = RunLimits(memory_bytes=16 * 1024**3, processes=4096)
 
 
 def _request(command: str, **fields) -> RunRequest:
@@ -35,10 +36,11 @@ async def test_one_container_per_workspace_reused_and_hardened(docker_runtime_fa
     config = docker_engine.client.api.inspect_container(first)["HostConfig"]
     assert config["NetworkMode"] == "none" and config["ReadonlyRootfs"] is True
     assert config["CapDrop"] == ["ALL"] and "no-new-privileges" in config["SecurityOpt"][0]
-    assert config["Memory"] == runtime.memory_bytes and config["PidsLimit"] == runtime.pids
-    assert "/tmp" in config["Tmpfs"]
+    assert config["Memory"] == runtime.memory_bytes and config["PidsLimit"] == runtime.pids + RESIDENT_PROCESSES
+    assert "/tmp" in config["Tmpfs"] and config["ShmSize"] == runtime.shm_bytes
     result = await runtime.run(_request("id -u; cat /proc/self/status | grep CapEff", workspace_id="a"))
-    assert result.stdout.splitlines() == ["1000", "CapEff:\t0000000000000000"]
+    uid, caps = result.stdout.splitlines()
+    assert 30000 <= int(uid) < 60000 and caps == "CapEff:\t0000000000000000"
 
 
 async def test_network_is_off_and_a_request_for_it_is_refused_unless_allowed(docker_runtime_factory):
@@ -146,7 +148,8 @@ def test_skillrun_run_in_docker_from_the_command_line(docker_engine, work_root):
     )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert (data["runtime"], data["stdout"]) == ("docker", "1000\n8\n")
+    uid, fib = data["stdout"].splitlines()
+    assert (data["runtime"], fib) == ("docker", "8") and 30000 <= int(uid) < 60000
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"skillrun.work_root={work_root / 'cli'}"})
 
 
