@@ -8,6 +8,8 @@ medians. The series:
 * warm       a run in an existing workspace (skill already staged): the everyday case
 * cold       the first run of a new workspace: create + stage + run
 * shared-uid (as root only) a warm run with per-workspace users turned off, to show what that isolation costs
+* unboxed    (as root only) warm and cold runs with the sandbox turned off (bubblewrap, PID namespace, per-run
+             control group), to show what it costs
 
 Usage: .venv/bin/python benchmarks/local_run.py [--runs N] [--command CMD]
 """
@@ -42,12 +44,13 @@ async def main() -> None:
     runtime = LocalWorkspaceRuntime(work_root)
     as_root = os.geteuid() == 0
     shared_runtime = LocalWorkspaceRuntime(work_root / "shared", isolate_users=False) if as_root else None
+    unboxed_runtime = LocalWorkspaceRuntime(work_root / "unboxed", sandbox=False) if as_root else None
+    runtimes = [rt for rt in (runtime, shared_runtime, unboxed_runtime) if rt is not None]
     skill = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
-    bare, warm, cold, shared, cold_bare = [], [], [], [], []
+    bare, warm, cold, shared, unboxed, cold_unboxed, cold_bare = [], [], [], [], [], [], []
     try:
-        await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
-        if shared_runtime is not None:
-            await shared_runtime.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
+        for rt in runtimes:
+            await rt.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
         async def run_bare() -> None:
             subprocess.run(["bash", "-c", args.command], capture_output=True)
 
@@ -56,8 +59,8 @@ async def main() -> None:
             assert result.exit_code == 0, result.stderr
 
         series = [(bare, run_bare), (warm, lambda: run_in(runtime))]
-        if shared_runtime is not None:
-            series.append((shared, lambda: run_in(shared_runtime)))
+        if as_root:
+            series += [(shared, lambda: run_in(shared_runtime)), (unboxed, lambda: run_in(unboxed_runtime))]
         for i in range(args.runs):
             # Each series goes first as often as the others: what one leaves behind lands on all alike.
             for samples, step in series[i % len(series):] + series[: i % len(series)]:
@@ -66,31 +69,36 @@ async def main() -> None:
                 samples.append(time.perf_counter() - t)
                 # Between two runs of a session a model is thinking; let housekeeping (the next spare run
                 # folder) finish, so it does not land on the next measurement.
-                await runtime.idle()
-                if shared_runtime is not None:
-                    await shared_runtime.idle()
+                for rt in runtimes:
+                    await rt.idle()
             if (i + 1) % 50 == 0:
                 print(f"  {i + 1}/{args.runs} warm runs of each", file=sys.stderr)
         # New workspaces in a phase of their own: each leaves the kernel tearing down its network namespace for
         # a while after the run, which would otherwise land on whichever warm measurement came next.
+        cold_series = [(cold, runtime)] + ([(cold_unboxed, unboxed_runtime)] if as_root else [])
         for i in range(args.runs):
             t = time.perf_counter()
             subprocess.run(["bash", "-c", args.command], capture_output=True)
             cold_bare.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            result = await runtime.run(RunRequest(skill=skill, command=args.command, workspace_id=f"cold-{i}"))
-            cold.append(time.perf_counter() - t)
-            assert result.exit_code == 0, result.stderr
+            for samples, rt in cold_series[i % len(cold_series):] + cold_series[: i % len(cold_series)]:
+                t = time.perf_counter()
+                result = await rt.run(RunRequest(skill=skill, command=args.command, workspace_id=f"cold-{i}"))
+                samples.append(time.perf_counter() - t)
+                assert result.exit_code == 0, result.stderr
             if (i + 1) % 50 == 0:
                 print(f"  {i + 1}/{args.runs} cold runs", file=sys.stderr)
     finally:
+        for rt in runtimes:
+            await rt.close()
         shutil.rmtree(work_root, ignore_errors=True)
 
     print(f"local runtime vs bare bash -c, {args.runs} runs each, command {args.command!r}, "
           f"{'root (per-workspace users)' if as_root else 'non-root'}")
     print(f"{'series':<10} {'median ms':>10} {'p95 ms':>8} {'ratio (median)':>15}")
-    series = [("bare", bare, bare), ("warm", warm, bare)] + ([("shared-uid", shared, bare)] if shared else [])
+    series = [("bare", bare, bare), ("warm", warm, bare)]
+    series += [("shared-uid", shared, bare), ("unboxed", unboxed, bare)] if as_root else []
     series += [("bare", cold_bare, cold_bare), ("cold", cold, cold_bare)]
+    series += [("cold-unbox", cold_unboxed, cold_bare)] if as_root else []
     for name, samples, baseline in series:
         (med, p95), (base, _) = summary_ms(samples), summary_ms(baseline)
         print(f"{name:<10} {med:>10.2f} {p95:>8.2f} {med / base:>15.2f}")

@@ -92,6 +92,7 @@ class RedisServer:
 
 
 SANDBOX_IMAGE = "skillrun/sandbox:latest"
+BASE_IMAGE = "skillrun/base:bookworm"
 IMAGES = (SANDBOX_IMAGE, "skillrun/worker:latest", "skillrun/api:latest")
 
 
@@ -128,10 +129,16 @@ class DockerEngine:
         unavailable("dockerd did not come up within 60 s; see /tmp/skillrun-test-dockerd.log")
 
     def _ensure_image(self, repo_root: str) -> None:
+        """Build the images when one is missing or the base image's packages are not those of
+        ``images/base/packages.txt`` (then ``images/build.sh`` builds the base again)."""
+        with open(os.path.join(repo_root, "images", "base", "packages.txt")) as f:
+            packages = ",".join(line.strip() for line in f if line.strip() and not line.startswith("#"))
         try:
             for image in IMAGES:
                 self.client.images.get(image)
-            return
+            base = self.client.images.get(BASE_IMAGE)
+            if (base.labels or {}).get("skillrun.base.packages") == packages:
+                return
         except self._docker.errors.ImageNotFound:
             pass
         ensure_installed("debootstrap", "debootstrap")

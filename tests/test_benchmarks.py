@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(("script", "ratio_rows"), [
-    ("local_run.py", ["bare", "warm", "cold"]),
+    ("local_run.py", ["bare", "warm", "cold", "unboxed", "cold-unbox"]),
     ("cube_run.py", ["local run", "bare sandbox command", "cube run", "cube run + outputs"]),
 ])
 def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows):

@@ -1,4 +1,4 @@
-"""A filesystem artifact store: output files kept byte for byte, versioned per name.
+"""A filesystem artifact store: output files kept byte for byte, versioned per name, readable by its owner only.
 
 ::
 
@@ -17,6 +17,7 @@ import os
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 from worker.contract import WORKSPACE_ID_PATTERN, ArtifactFile
 from worker.errors import ArtifactError
@@ -60,12 +61,13 @@ class FileArtifactStore:
 
     def _save(self, scope: str, name: str, chunks: Iterator[bytes], mime_type: str) -> ArtifactFile:
         folder = self._name_dir(scope, name)
-        folder.mkdir(parents=True, exist_ok=True)
+        for level in (self.root, folder.parent, folder):  # private to the platform: no run or other user reads it
+            level.mkdir(mode=0o700, parents=True, exist_ok=True)
         version_dir = self._next_version_dir(folder)
         digest = hashlib.sha256()
         size = 0
         try:
-            with open(version_dir / "data", "wb") as out:
+            with _private_file(version_dir / "data", "wb") as out:
                 for chunk in chunks:
                     size += len(chunk)
                     if size > self.max_bytes:
@@ -75,7 +77,8 @@ class FileArtifactStore:
             artifact = ArtifactFile(
                 name=name, version=int(version_dir.name), mime_type=mime_type, size=size, sha256=digest.hexdigest()
             )
-            (version_dir / "meta.json").write_text(artifact.model_dump_json())
+            with _private_file(version_dir / "meta.json", "w") as meta:
+                meta.write(artifact.model_dump_json())
         except BaseException:
             for leftover in version_dir.iterdir():
                 leftover.unlink()
@@ -125,7 +128,12 @@ class FileArtifactStore:
         while True:
             candidate = folder / str(version)
             try:
-                candidate.mkdir()
+                candidate.mkdir(mode=0o700)
                 return candidate
             except FileExistsError:
                 version += 1
+
+
+def _private_file(path: Path, mode: str) -> IO:
+    """A new file only its owner may read."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), mode)

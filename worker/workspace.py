@@ -21,9 +21,11 @@ cannot read another workspace.
 from __future__ import annotations
 
 import errno
+import grp
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -346,10 +348,14 @@ class WorkspaceManager:
             os.chmod(workspace.path, 0o750)
 
     def _allocate_uid(self, workspace_id: str) -> int:
+        """A user id of the range that no other workspace holds and no user or group of this host has (a file a
+        command writes must not belong to a real account, nor its group give a real group's access)."""
         uids = self.registry / "uids"
         start = int.from_bytes(hashlib.sha256(workspace_id.encode()).digest()[:8], "big") % self.uid_count
         for i in range(self.uid_count):
             uid = self.uid_base + (start + i) % self.uid_count
+            if host_account_exists(uid):
+                continue
             try:
                 fd = os.open(uids / str(uid), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileExistsError:
@@ -358,6 +364,20 @@ class WorkspaceManager:
                 f.write(workspace_id)
             return uid
         raise WorkspaceError(f"all {self.uid_count} sandbox user ids are in use; remove idle workspaces")
+
+
+def host_account_exists(uid: int) -> bool:
+    """Whether this host has a user or a group with the id ``uid``."""
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        pass
+    try:
+        grp.getgrgid(uid)
+        return True
+    except KeyError:
+        return False
 
 
 def remove_tree(path: Path) -> None:

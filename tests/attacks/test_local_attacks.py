@@ -8,8 +8,10 @@ contained. The names say what each defends.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from tests.conftest import write_skill
 from tests.processes import running_with, sleeper, wait_none_with
 from worker.contract import RunLimits, SkillRef
 from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.workspace import WorkspaceManager
 
 pytestmark = pytest.mark.root
 
@@ -62,6 +65,8 @@ async def test_a_run_cannot_read_the_artifact_store(runtime, make_request):
     spy = await _run(runtime, make_request, f"cat {stored[0]}; ls {store}", workspace_id="spy")
     assert "private" not in spy.stdout
     assert "No such file or directory" in spy.stderr
+    # and should the store be reachable some other way, it is its owner's alone
+    assert all(p.stat().st_mode & 0o077 == 0 for p in [store, *store.rglob("*")])
 
 
 async def test_a_run_cannot_read_another_library_or_the_host_home(runtime, make_request, shared_dir):
@@ -200,3 +205,16 @@ async def test_another_skill_root_in_the_same_workspace_is_not_shown(runtime, ma
     result = await runtime.run(make_request(f"ls {other}", workspace_id="two"))
     assert "No such file or directory" in result.stderr
     assert os.path.isdir(other)
+
+
+def test_a_workspace_never_gets_the_id_of_a_host_user_or_group(work_root):
+    manager = WorkspaceManager(work_root)
+    start = int.from_bytes(hashlib.sha256(b"collide").digest()[:8], "big") % manager.uid_count
+    taken = manager.uid_base + start  # the id "collide" would get first
+    name = f"skillrun-test-{taken}"
+    subprocess.run(["groupadd", "-g", str(taken), name], check=True, capture_output=True)
+    try:
+        workspace = manager.acquire("collide")
+    finally:
+        subprocess.run(["groupdel", name], check=True, capture_output=True)
+    assert workspace.uid != taken and workspace.uid == taken + 1
