@@ -222,7 +222,7 @@ def _download(url: str, target: Path, limits: FetchLimits) -> tuple[str, str]:
             return digest.hexdigest(), response.headers.get("content-type", "")
     except httpx.TimeoutException as exc:
         raise SkillRootError(f"{url}: timed out ({type(exc).__name__})") from exc
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a host name IDNA cannot encode
         raise SkillRootError(f"{url}: {type(exc).__name__}: {exc}") from exc
 
 

@@ -115,6 +115,10 @@ def resolve_cwd(cwd: str, variables: dict[str, str], skill_dir: str) -> str:
     return target
 
 
+INPUT_NAME_PATTERN = r"^(?!/)(?![.]+$)(?!(?:.*/)?\.\.(?:/|$))[^\\\x00]+$"
+"""The names ``validate_input_name`` accepts, as one pattern (for schemas; it uses look-aheads)."""
+
+
 def validate_input_name(name: str) -> PurePosixPath:
     """An input's destination relative to ``work/inputs``; refused when it could leave that folder."""
     path = PurePosixPath(name)

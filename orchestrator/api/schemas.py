@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from orchestrator.events import Event
 from orchestrator.libraries import LIBRARY_NAME
@@ -12,7 +12,7 @@ from worker import defaults
 from worker.contract import SKILL_NAME_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
 from worker.run_store import RunRecord, RunStatus
 from worker.validation import (
-    ALLOWED_ENV_NAME, ENV_NAME, MAX_COMMAND_CHARS, MAX_ENV_NAME_CHARS, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_INPUTS,
+    ALLOWED_ENV_NAME, ENV_NAME, INPUT_NAME_PATTERN, MAX_COMMAND_CHARS, MAX_ENV_NAME_CHARS, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_INPUTS,
     MAX_OUTPUT_PATTERNS, MAX_PATH_CHARS,
 )
 
@@ -20,6 +20,7 @@ SESSION_ID = r"^[A-Za-z0-9._-]{1,64}$"
 RUN_ID = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_MESSAGE_CHARS = 100_000
 MAX_URL_CHARS = 2048
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 SkillName = Annotated[str, StringConstraints(pattern=SKILL_NAME_PATTERN.pattern, max_length=64)]
 LibraryName = Annotated[str, StringConstraints(pattern=LIBRARY_NAME.pattern)]
@@ -79,8 +80,8 @@ class InputContent(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: PathText = Field(min_length=1)
-    content: Base64Bytes
+    name: PathText = Field(min_length=1, json_schema_extra={"pattern": INPUT_NAME_PATTERN})
+    content: Annotated[Base64Bytes, WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": BASE64})]
 
 
 class RunCreate(BaseModel):
