@@ -19,8 +19,9 @@ MAX_PROCESSES = 4096
 
 
 def host_memory_bytes() -> int:
-    """The host's physical memory, bytes: the default ceiling on a run's ``limits.memory_bytes``."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """The host's physical memory, bytes: the default ceiling on a run's ``limits.memory_bytes`` (never below the
+    default limit, so a request that leaves the limit alone runs on a small host too)."""
+    return max(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), defaults.MEMORY_BYTES)
 
 
 class WorkerSettings(BaseSettings):
