@@ -33,7 +33,7 @@ RunId = Path(pattern=RUN_ID, description="The run's id.")
 FileName = Path(min_length=1, max_length=MAX_PATH_CHARS, description="The file's path in the workspace (out/x.png).")
 FOUND = error_responses(404)
 
-_INLINE_TYPES = {"text/plain", "text/csv", "application/json", "application/octet-stream"}
+_INLINE_TYPES = {"text/plain", "text/csv", "application/json"}
 """Types a browser shows without running anything; every other type is sent as a download."""
 
 
