@@ -5,7 +5,8 @@ the run's sandbox (its init and everything it starts), so its limits hold for th
 versions are handled:
 
 * **v1** (separate ``memory``, ``pids`` and ``cpu`` hierarchies): run groups are made under this process's own
-  group in each hierarchy, in a folder ``skillrun``.
+  group in each hierarchy, in a folder ``skillrun`` (in a container, in the hierarchy mounted again; see
+  ``_v1_parent``).
 * **v2** (one unified hierarchy): run groups are made in a folder ``skillrun`` under this process's own group,
   with the three controllers enabled for it. A v2 group that holds processes cannot hand controllers down (the
   "no internal processes" rule), so where this process does not sit in the root group or a group it may
@@ -21,6 +22,7 @@ import contextlib
 import errno
 import itertools
 import os
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ from worker.errors import WorkerError
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 GROUP_FOLDER = "skillrun"
+V1_MOUNTS = Path("/run/skillrun/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_MICROSECONDS = 100_000
 REMOVE_ATTEMPTS = 20
@@ -69,16 +72,13 @@ class CgroupTree:
             return cls._detect_v2(CGROUP_MOUNT, own.get("", "/"))
         parents: dict[str, Path] = {}
         for controller in V1_CONTROLLERS:
-            mount = CGROUP_MOUNT / controller
-            path = next((p for names, p in own.items() if controller in names.split(",")), None)
-            if path is None or not (mount / "cgroup.procs").exists():
-                return f"the cgroup v1 {controller} controller is not mounted at {mount}"
-            parents[controller] = mount / path.lstrip("/") / GROUP_FOLDER
-        try:
-            for parent in parents.values():
-                parent.mkdir(exist_ok=True)
-        except OSError as exc:
-            return f"cannot make control groups under {parent.parent}: {exc.strerror}"
+            names, path = next(((n, p) for n, p in own.items() if controller in n.split(",")), (None, None))
+            if names is None:
+                return f"this process is in no cgroup v1 group of the {controller} controller"
+            parent = _v1_parent(names, path)
+            if isinstance(parent, str):
+                return parent
+            parents[controller] = parent
         return cls(1, parents)
 
     @classmethod
@@ -209,6 +209,37 @@ class RunCgroup:
                 return True
             time.sleep(REMOVE_PAUSE_SECONDS)
         return False
+
+
+def _v1_parent(controllers: str, own: str) -> "Path | str":
+    """The ``skillrun`` folder under this process's group of one v1 hierarchy, made if need be; or why not.
+
+    In a container the hierarchy is mounted read-only with the container's own group at its top (while
+    ``/proc/self/cgroup`` names the group by its path on the host): there a worker running as root mounts the
+    hierarchy again, writable, under ``V1_MOUNTS``, and makes its groups under its own group, inside the container's
+    limits."""
+    mount = CGROUP_MOUNT / controllers.split(",")[0]
+    try:
+        parent = mount / own.lstrip("/") / GROUP_FOLDER
+        parent.mkdir(exist_ok=True)
+        return parent
+    except OSError as exc:
+        problem = f"cannot make control groups under {mount / own.lstrip('/')}: {exc.strerror}"
+    if os.geteuid() != 0:
+        return problem
+    again = V1_MOUNTS / controllers.replace(",", "+")
+    try:
+        if not (again / "cgroup.procs").exists():
+            again.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(["mount", "-t", "cgroup", "-o", controllers, "cgroup", str(again)],
+                                  capture_output=True, text=True, timeout=30)
+            if done.returncode != 0:
+                return f"{problem}; mounting the hierarchy again failed: {done.stderr.strip()}"
+        parent = again / own.lstrip("/") / GROUP_FOLDER
+        parent.mkdir(exist_ok=True)
+        return parent
+    except OSError as exc:
+        return f"{problem}; and under {again}: {exc.strerror}"
 
 
 def _own_groups() -> dict[str, str]:

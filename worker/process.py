@@ -134,8 +134,7 @@ def _start_direct(
     user_kwargs: dict = {}
     start = SandboxStart() if sandbox is not None else None
     if start is not None:
-        info_fd, block_fd = start.child_fds()
-        argv = [*sandbox.argv(find_bwrap(), info_fd=info_fd, block_fd=block_fd, cwd=cwd), *argv]
+        argv = [*sandbox.argv(find_bwrap(), fds=start.child_fds(), cwd=cwd), *argv]
     if uid is not None:
         setpriv = find_setpriv()
         if setpriv is not None:
@@ -178,8 +177,8 @@ def _start_spawned(
     err_r, err_w = os.pipe()
     start = SandboxStart() if sandbox is not None else None
     try:
-        if start is not None:  # the spawner hands the sandbox's ends over as its descriptors 3 and 4
-            argv = [*sandbox.argv(find_bwrap(), info_fd=3, block_fd=4, cwd=cwd), *argv]
+        if start is not None:  # the spawner hands the sandbox's ends over as its descriptors 3, 4 and 5
+            argv = [*sandbox.argv(find_bwrap(), fds=(3, 4, 5), cwd=cwd), *argv]
         spawned = spawner.send(argv, env, cwd, out_w, err_w, *(start.child_fds() if start is not None else ()))
     except BaseException:
         os.close(out_r)

@@ -10,9 +10,9 @@ What the sandbox gives a run, and what each part stops:
   links, ``/etc``), a fresh ``/dev``, private size-capped ``/tmp`` and ``/dev/shm`` (tmpfs, gone with the run),
   the run's own workspace read-write and the folder its skill is staged from read-only, each at its own path.
   No other workspace, no store of the platform (artifacts, libraries, run data) and no home folder is there.
-* **A user namespace** in which no further user namespace can be made (``--disable-userns``), so the kernel's
-  user-namespace attack surface stays out of reach; IPC, UTS and cgroup namespaces of its own; no
-  capabilities and no-new-privileges (bwrap sets both).
+* **A seccomp filter** (``worker.seccomp``): no further user namespace can be made, so the kernel's
+  user-namespace attack surface stays out of reach, nor the other kernel interfaces container engines keep from
+  containers; IPC, UTS and cgroup namespaces of its own; no capabilities and no-new-privileges (bwrap sets both).
 
 bwrap runs as the workspace user (unprivileged user namespaces), after the network was taken away by root
 (``unshare --net``) where the run has none. It starts blocked (``--block-fd``) and reports its init's pid
@@ -34,6 +34,7 @@ from worker import defaults
 from worker.cgroups import RunCgroup
 from worker.errors import RuntimeUnavailableError, WorkerError
 from worker.fdwait import wait_readable
+from worker.seccomp import sandbox_filter
 
 INFO_TIMEOUT_SECONDS = 5.0
 VISIBLE_PROC = "/run/skillrun/proc"
@@ -60,11 +61,13 @@ class SandboxSpec:
     read_only: tuple[str, ...] = ()
     tmpfs_bytes: int = defaults.SANDBOX_TMPFS_BYTES
 
-    def argv(self, bwrap: str, *, info_fd: int, block_fd: int, cwd: str) -> list[str]:
-        """The ``bwrap`` command line up to ``--``, starting in ``cwd``, reporting on ``info_fd`` and blocked on
-        ``block_fd``."""
+    def argv(self, bwrap: str, *, fds: tuple[int, int, int], cwd: str) -> list[str]:
+        """The ``bwrap`` command line up to ``--``, starting in ``cwd``; ``fds`` are the numbers the sandbox's ends
+        of a ``SandboxStart`` have in the bwrap process: it reports on the first, is blocked on the second and reads
+        its seccomp filter from the third."""
+        info_fd, block_fd, seccomp_fd = fds
         args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--disable-userns", "--die-with-parent", "--hostname", SANDBOX_HOSTNAME, "--ro-bind", "/usr", "/usr"]
+                "--die-with-parent", "--hostname", SANDBOX_HOSTNAME, "--ro-bind", "/usr", "/usr"]
         for target, link in SYSTEM_LINKS:
             if os.path.islink(link):
                 args += ["--symlink", target, link]
@@ -76,7 +79,8 @@ class SandboxSpec:
                  "--bind", self.workspace, self.workspace]
         for folder in self.read_only:
             args += ["--ro-bind", folder, folder]
-        args += ["--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd), "--"]
+        args += ["--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
+                 "--"]
         return args
 
 
@@ -112,7 +116,7 @@ def find_bwrap() -> str:
 def _probe(bwrap: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bwrap, "--unshare-user", "--unshare-pid",
-         "--disable-userns", "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
+         "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
         capture_output=True, text=True, timeout=30,
     )
 
@@ -124,23 +128,28 @@ def _proc_is_masked() -> bool:
 
 
 class SandboxStart:
-    """The host's end of a sandbox being started: the pipe it reports its init's pid on, and the one that holds it
-    until the caller has placed it in its control group."""
+    """The host's end of a sandbox being started: the pipe it reports its init's pid on, the one that holds it
+    until the caller has placed it in its control group, and the one it reads its seccomp filter from."""
 
     def __init__(self) -> None:
         self.info_r, self.info_w = os.pipe()
         self.block_r, self.block_w = os.pipe()
+        self.seccomp_r, seccomp_w = os.pipe()
+        try:
+            os.write(seccomp_w, sandbox_filter())  # a few hundred bytes: the pipe takes them at once
+        finally:
+            os.close(seccomp_w)
         self.init_pid = 0
 
-    def child_fds(self) -> tuple[int, int]:
-        """The ends the sandbox gets (close them here once it has them: ``sent``)."""
-        return self.info_w, self.block_r
+    def child_fds(self) -> tuple[int, int, int]:
+        """The ends the sandbox gets, in ``SandboxSpec.argv``'s order (close them here once it has them: ``sent``)."""
+        return self.info_w, self.block_r, self.seccomp_r
 
     def sent(self) -> None:
         """The sandbox (or the spawner starting it) holds its ends now."""
-        for fd in (self.info_w, self.block_r):
+        for fd in self.child_fds():
             os.close(fd)
-        self.info_w = self.block_r = -1
+        self.info_w = self.block_r = self.seccomp_r = -1
 
     async def release(self, cgroup: RunCgroup | None, timeout: float = INFO_TIMEOUT_SECONDS) -> None:
         """Wait (on the loop) for the sandbox's init, put it in ``cgroup`` and let it run.
@@ -170,7 +179,7 @@ class SandboxStart:
     def close(self) -> None:
         """Close what the host still holds. A sandbox never released reads the end of its block pipe and goes on,
         so callers kill one they did not release first."""
-        for name in ("info_r", "info_w", "block_r", "block_w"):
+        for name in ("info_r", "info_w", "block_r", "block_w", "seccomp_r"):
             fd = getattr(self, name)
             if fd >= 0:
                 os.close(fd)

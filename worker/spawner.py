@@ -49,7 +49,7 @@ MAX_MESSAGE_BYTES = 64 * 1024
 environment is started directly instead."""
 MAX_DESCRIPTORS = 8
 """The most descriptors one request hands the spawner: the two output pipes, the control pipe and up to five
-more for the command (a ready shell's script and start pipes, its sandbox's report and block pipes)."""
+more for the command (a ready shell's script and start pipes, its sandbox's report, block and seccomp pipes)."""
 READY_TIMEOUT_SECONDS = 5.0
 REPLY_TIMEOUT_SECONDS = 5.0
 STATUS_TIMEOUT_SECONDS = 5.0
@@ -260,8 +260,8 @@ class Spawner:
             # (another process of the workspace could otherwise slip its own script in through /proc/<pid>/fd/3).
             os.fchown(script_r, -1, self.gid)
             os.fchmod(script_r, 0o440)
-            if start is not None:  # the sandbox's ends become the shell's descriptors 5 and 6
-                argv = [*sandbox.argv(find_bwrap(), info_fd=5, block_fd=6, cwd=cwd), *argv]
+            if start is not None:  # the sandbox's ends become the shell's descriptors 5, 6 and 7
+                argv = [*sandbox.argv(find_bwrap(), fds=(5, 6, 7), cwd=cwd), *argv]
             spawned = self.send(argv, env, cwd, out_w, err_w, script_r, up_w,
                                 *(start.child_fds() if start is not None else ()))
         except BaseException:

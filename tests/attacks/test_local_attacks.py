@@ -12,6 +12,7 @@ import hashlib
 import os
 import socket
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -127,17 +128,18 @@ async def test_a_run_cannot_make_user_namespaces(runtime, make_request):
 
 async def test_private_tmp_and_dev_shm_are_capped_and_gone_with_the_run(work_root, make_request):
     cap = 4 * 1024 * 1024
+    left = f"left-{uuid.uuid4().hex}"
     async with LocalWorkspaceRuntime(work_root, tmpfs_bytes=cap) as runtime:
         first = await runtime.run(make_request(
-            "echo a > /tmp/left; echo b > /dev/shm/left; head -c 8M /dev/zero > /tmp/big; echo tmp=$?; "
+            f"echo a > /tmp/{left}; echo b > /dev/shm/{left}; head -c 8M /dev/zero > /tmp/big; echo tmp=$?; "
             "head -c 8M /dev/zero > /dev/shm/big; echo shm=$?", workspace_id="t"))
         assert "tmp=1" in first.stdout and "shm=1" in first.stdout
         assert "No space left on device" in first.stderr
         again = await runtime.run(make_request("ls -A /tmp /dev/shm", workspace_id="t"))
         other = await runtime.run(make_request("ls -A /tmp /dev/shm", workspace_id="other"))
     for result in (again, other):
-        assert "left" not in result.stdout and "big" not in result.stdout
-    assert not Path("/tmp/left").exists() and not Path("/dev/shm/left").exists()
+        assert left not in result.stdout and "big" not in result.stdout
+    assert not Path(f"/tmp/{left}").exists() and not Path(f"/dev/shm/{left}").exists()
 
 
 async def test_memory_limit_holds_for_the_whole_run_not_per_process(runtime, make_request):
