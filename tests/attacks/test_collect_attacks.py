@@ -8,9 +8,7 @@ import os
 
 import pytest
 
-from tests.integration.conftest import docker_engine, docker_runtime_factory  # noqa: F401 - fixtures
 from worker.collect import MAX_DEPTH, MAX_LISTED_ENTRIES
-from worker.contract import RunRequest, SkillRef
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 
@@ -22,15 +20,6 @@ async def runtime(request, work_root):
     local = LocalWorkspaceRuntime(work_root / "local")
     yield local
     await local.close()
-
-
-@pytest.fixture
-def run_in(library):
-    def make(command: str, **fields) -> RunRequest:
-        fields.setdefault("workspace_id", "collected")
-        return RunRequest(skill=SkillRef(name="demo", root=str(library), path="demo"), command=command, **fields)
-
-    return make
 
 
 @pytest.fixture
@@ -69,7 +58,7 @@ async def test_collect_survives_links_into_proc_roots_and_climbing_or_looping_li
 async def test_collect_survives_fifos_sockets_devices_and_unreadable_files(runtime, run_in):
     first = await runtime.run(run_in("true"))
     assert first.exit_code == 0
-    out = runtime.workspaces.find("collected").path / "out"
+    out = runtime.workspaces.find("attacked").path / "out"
     os.mknod(out / "null", 0o666 | 0o020000, os.makedev(1, 3))  # a device the command could not make itself
     result = await runtime.run(run_in(
         "mkfifo out/pipe; python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('out/sock')\"; "

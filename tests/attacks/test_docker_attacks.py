@@ -13,8 +13,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.conftest import docker_engine, docker_runtime_factory  # noqa: F401 - fixtures
-from worker.contract import RunLimits, RunRequest, SkillRef
+from worker.contract import RunLimits
 from worker.runtimes.container import RESIDENT_PROCESSES
 from worker.runtimes.container_host import RESIDENT_UID
 
@@ -34,16 +33,7 @@ DETACHING = {
 ENDINGS = {"finished": "true", "failed": "exit 3", "timed out": "sleep 60", "cancelled": "sleep 60"}
 
 
-@pytest.fixture
-def run_in(library):
-    def make(command: str, **fields) -> RunRequest:
-        fields.setdefault("workspace_id", "attacked")
-        return RunRequest(skill=SkillRef(name="demo", root=str(library), path="demo"), command=command, **fields)
-
-    return make
-
-
-async def _run_until_cancelled(runtime, request, docker_engine, marker: str):  # noqa: F811
+async def _run_until_cancelled(runtime, request, docker_engine, marker: str):
     """Start ``request``, cancel it once ``marker`` shows in its container, return its result."""
     task = asyncio.create_task(runtime.run(request))
     for _ in range(400):
@@ -55,13 +45,13 @@ async def _run_until_cancelled(runtime, request, docker_engine, marker: str):  #
     return await task
 
 
-def _engine_side(docker_engine, container_id: str) -> list[str]:  # noqa: F811
+def _engine_side(docker_engine, container_id: str) -> list[str]:
     return [" ".join(p) for p in docker_engine.client.api.top(container_id, ps_args="-eo uid,pid,args")["Processes"]]
 
 
 @pytest.mark.parametrize("ending", list(ENDINGS))
 @pytest.mark.parametrize("detach", list(DETACHING))
-async def test_docker_background_child_does_not_outlive_its_run(docker_runtime_factory, docker_engine, run_in, detach, ending):  # noqa: F811
+async def test_docker_background_child_does_not_outlive_its_run(docker_runtime_factory, docker_engine, run_in, detach, ending):
     runtime = docker_runtime_factory()
     request = run_in(f"{DETACHING[detach]}\n{ENDINGS[ending]}", timeout=1 if ending == "timed out" else 60)
     if ending == "cancelled":
@@ -78,7 +68,7 @@ async def test_docker_background_child_does_not_outlive_its_run(docker_runtime_f
     assert all(line.split()[0] == str(RESIDENT_UID) for line in others), after.stdout  # init and keep-alive only
 
 
-async def test_docker_overlapping_runs_of_one_workspace_take_turns_and_end_only_their_own(docker_runtime_factory, run_in):  # noqa: F811
+async def test_docker_overlapping_runs_of_one_workspace_take_turns_and_end_only_their_own(docker_runtime_factory, run_in):
     runtime = docker_runtime_factory()
     await runtime.run(run_in("true"))
     first = asyncio.create_task(runtime.run(run_in("setsid sleep 1002 >/dev/null 2>&1 & sleep 1; echo first done")))
@@ -88,7 +78,7 @@ async def test_docker_overlapping_runs_of_one_workspace_take_turns_and_end_only_
     assert second.stdout.endswith("second done\n") and "sleep 1002" not in second.stdout and "sleep 1" not in second.stdout
 
 
-async def test_docker_tmp_and_shm_are_private_size_capped_and_emptied_between_runs(docker_runtime_factory, run_in):  # noqa: F811
+async def test_docker_tmp_and_shm_are_private_size_capped_and_emptied_between_runs(docker_runtime_factory, run_in):
     canary = f"/tmp/skillrun-host-canary-{os.getpid()}"
     open(canary, "w").close()
     try:
@@ -111,7 +101,7 @@ async def test_docker_tmp_and_shm_are_private_size_capped_and_emptied_between_ru
         os.unlink(canary)
 
 
-async def test_docker_three_processes_together_cannot_use_three_times_the_memory_limit(docker_runtime_factory, run_in):  # noqa: F811
+async def test_docker_three_processes_together_cannot_use_three_times_the_memory_limit(docker_runtime_factory, run_in):
     runtime = docker_runtime_factory(memory_bytes=256 * 1024**2)
     hog = "python3 -c 'import time; x = bytearray(150 * 1024 * 1024); time.sleep(3); print(\"kept\")'"
     result = await runtime.run(run_in(f"{hog} & {hog} & {hog} & wait", limits=ROOMY, timeout=60))
@@ -119,7 +109,7 @@ async def test_docker_three_processes_together_cannot_use_three_times_the_memory
     assert result.oom_killed and "memory limit" in result.stderr
 
 
-async def test_docker_fork_bomb_stops_at_the_pids_limit_without_harming_the_host(docker_runtime_factory, docker_engine, run_in):  # noqa: F811
+async def test_docker_fork_bomb_stops_at_the_pids_limit_without_harming_the_host(docker_runtime_factory, docker_engine, run_in):
     runtime = docker_runtime_factory(pids=64)
     task = asyncio.create_task(runtime.run(run_in("bomb() { bomb | bomb & }; bomb; sleep 3", timeout=4, limits=ROOMY)))
     most = 0
@@ -135,7 +125,7 @@ async def test_docker_fork_bomb_stops_at_the_pids_limit_without_harming_the_host
     assert after.stdout.strip() == "1"  # this run's own bash only: the bomb is gone
 
 
-async def test_docker_a_later_run_gets_its_own_limits_in_the_same_container(docker_runtime_factory, docker_engine, run_in):  # noqa: F811
+async def test_docker_a_later_run_gets_its_own_limits_in_the_same_container(docker_runtime_factory, docker_engine, run_in):
     runtime = docker_runtime_factory(memory_bytes=512 * 1024**2, pids=128)
     alloc = "python3 -c 'x = bytearray(200 * 1024 * 1024); print(\"allocated\")'"
     seen = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max 2>/dev/null || "
@@ -152,7 +142,7 @@ async def test_docker_a_later_run_gets_its_own_limits_in_the_same_container(dock
     assert (config["Memory"], config["PidsLimit"]) == (512 * 1024**2, 128 + RESIDENT_PROCESSES)
 
 
-async def test_docker_runs_as_a_workspace_id_that_no_host_user_or_group_has(docker_runtime_factory, run_in):  # noqa: F811
+async def test_docker_runs_as_a_workspace_id_that_no_host_user_or_group_has(docker_runtime_factory, run_in):
     runtime = docker_runtime_factory()
     result = await runtime.run(run_in(
         "id -u; id -g; echo mine > $WORK_DIR/file; cd ~ && pwd; "
@@ -168,7 +158,7 @@ async def test_docker_runs_as_a_workspace_id_that_no_host_user_or_group_has(dock
     assert other.stdout.strip() != uid
 
 
-async def test_docker_network_is_off(docker_runtime_factory, docker_engine, run_in):  # noqa: F811
+async def test_docker_network_is_off(docker_runtime_factory, docker_engine, run_in):
     subnet = docker_engine.client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Subnet"]
     gateway = str(ipaddress.ip_network(subnet)[1])  # the host, as containers with a network reach it
     runtime = docker_runtime_factory()
@@ -181,7 +171,7 @@ async def test_docker_network_is_off(docker_runtime_factory, docker_engine, run_
     assert "unreachable" in lines[1] and "gaierror" in lines[2]
 
 
-async def test_docker_capabilities_are_dropped_and_privileges_cannot_be_gained(docker_runtime_factory, run_in):  # noqa: F811
+async def test_docker_capabilities_are_dropped_and_privileges_cannot_be_gained(docker_runtime_factory, run_in):
     runtime = docker_runtime_factory()
     result = await runtime.run(run_in(
         "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status; "
@@ -193,7 +183,7 @@ async def test_docker_capabilities_are_dropped_and_privileges_cannot_be_gained(d
     assert rest.count("Operation not permitted") + rest.count("Permission denied") >= 3
 
 
-async def test_docker_root_file_system_is_read_only_and_only_the_workspace_and_scratch_are_writable(docker_runtime_factory, run_in):  # noqa: F811
+async def test_docker_root_file_system_is_read_only_and_only_the_workspace_and_scratch_are_writable(docker_runtime_factory, run_in):
     runtime = docker_runtime_factory()
     result = await runtime.run(run_in(
         "for m in $(awk '{print $2}' /proc/self/mounts) /etc /usr/bin /root /var /; do "
@@ -204,7 +194,7 @@ async def test_docker_root_file_system_is_read_only_and_only_the_workspace_and_s
     assert workspace == "workspace writable"  # its work/, out/ and run folder; its root and skills/ are root's
 
 
-async def test_docker_no_other_workspace_or_platform_store_is_visible(docker_runtime_factory, shared_dir, run_in):  # noqa: F811
+async def test_docker_no_other_workspace_or_platform_store_is_visible(docker_runtime_factory, shared_dir, run_in):
     runtime = docker_runtime_factory()
     token = f"victim-secret-{os.getpid()}"
     victim = await runtime.run(run_in(f"echo {token} > $WORK_DIR/s; echo $WORKSPACE_DIR", workspace_id="victim",
