@@ -18,9 +18,14 @@ def alive(pid: int) -> bool:
 
 def wait_gone(pid: int, seconds: float = 5.0) -> bool:
     """Whether ``pid`` stops running within ``seconds``."""
+    return _within(seconds, lambda: not alive(pid))
+
+
+def _within(seconds: float, done) -> bool:  # noqa: ANN001 - a callable returning bool
+    """Whether ``done()`` holds within ``seconds`` (looked at every 20 ms)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if not alive(pid):
+        if done():
             return True
         time.sleep(0.02)
     return False
@@ -50,9 +55,4 @@ def running_with(argument: str) -> list[int]:
 
 def wait_none_with(argument: str, seconds: float = 5.0) -> bool:
     """Whether every process with ``argument`` on its command line is gone within ``seconds``."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if not running_with(argument):
-            return True
-        time.sleep(0.02)
-    return False
+    return _within(seconds, lambda: not running_with(argument))
