@@ -13,7 +13,8 @@ versions are handled:
   delegate from, v2 limits are not available and ``CgroupTree.detect`` says why.
 
 A run group is made ahead (off the run's path), its limits are written when the run starts (only those that
-changed), and it is removed once the run's processes are gone.
+changed), and once the run's processes are gone it is kept for its workspace's next run (``CgroupPool``) or
+removed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import errno
 import itertools
 import os
 import subprocess
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +37,12 @@ GROUP_FOLDER = "skillrun"
 V1_MOUNTS = Path("/run/skillrun/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_MICROSECONDS = 100_000
-REMOVE_ATTEMPTS = 20
-REMOVE_PAUSE_SECONDS = 0.05
+EMPTY_ATTEMPTS = 20
+EMPTY_PAUSE_SECONDS = 0.05
+MAX_IDLE_GROUPS = 128
+"""Run groups kept between runs (``CgroupPool``), at most."""
+IDLE_PER_OWNER = 2
+SPARE_GROUPS = 2
 _names = itertools.count()
 
 
@@ -123,6 +130,11 @@ class RunCgroup:
         self.version = version
         self.paths = paths
         self.limits: CgroupLimits | None = None
+        self._oom_base = 0
+
+    def begin(self) -> None:
+        """A new run starts in the group: its out-of-memory kills are counted from here."""
+        self._oom_base = self._oom_total()
 
     def add(self, pid: int) -> None:
         """Move process ``pid`` into the group (its later children are born in it)."""
@@ -173,7 +185,10 @@ class RunCgroup:
         _write(self.paths["unified" if self.version == 2 else key] / name, value)
 
     def oom_kills(self) -> int:
-        """How many processes of the group the kernel killed for going past its memory limit."""
+        """How many processes of the group's current run the kernel killed for going past its memory limit."""
+        return self._oom_total() - self._oom_base
+
+    def _oom_total(self) -> int:
         path = self.paths["unified"] / "memory.events" if self.version == 2 else self.paths["memory"] / "memory.oom_control"
         try:
             for line in path.read_text().splitlines():
@@ -192,23 +207,99 @@ class RunCgroup:
         except (OSError, ValueError):
             return []
 
-    def remove(self) -> bool:
-        """Remove the group once its processes are gone (waits a little for them); ``False`` if some remain."""
-        for _ in range(REMOVE_ATTEMPTS):
-            busy = False
-            for path in self.paths.values():
-                try:
-                    path.rmdir()
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY:
-                        raise CgroupError(f"cannot remove control group {path}: {exc.strerror}") from exc
-                    busy = True
-            if not busy:
+    def wait_empty(self) -> bool:
+        """Wait a little for the group's processes to be gone (a killed sandbox takes a moment); ``False`` if some
+        remain."""
+        for _ in range(EMPTY_ATTEMPTS):
+            if not self.procs():
                 return True
-            time.sleep(REMOVE_PAUSE_SECONDS)
+            time.sleep(EMPTY_PAUSE_SECONDS)
         return False
+
+    def remove(self) -> bool:
+        """Remove the group once its processes are gone; ``False`` if some remain."""
+        self.wait_empty()
+        for path in self.paths.values():
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno == errno.EBUSY:
+                    return False
+                raise CgroupError(f"cannot remove control group {path}: {exc.strerror}") from exc
+        return True
+
+
+class CgroupPool:
+    """Run groups kept between runs, each for one owner (a workspace), and a few never used for new owners.
+
+    Making and removing a memory control group costs the kernel about a millisecond of work, which lands on the
+    runs of the moment; a group kept empty between two runs of its workspace costs nothing. A group serves its
+    owner's runs only, so nothing a run left charged to it (page cache of its files) counts against another
+    tenant. At most ``MAX_IDLE_GROUPS`` are kept (the least recently used owners' go first)."""
+
+    def __init__(self, tree: CgroupTree) -> None:
+        self.tree = tree
+        self._idle: OrderedDict[str, list[RunCgroup]] = OrderedDict()
+        self._spare: list[RunCgroup] = []
+        self._lock = threading.Lock()
+
+    def take(self, owner: str) -> RunCgroup:
+        """A group for a run of ``owner``: one it used before, a spare, or a new one."""
+        with self._lock:
+            kept = self._idle.get(owner)
+            group = kept.pop() if kept else (self._spare.pop() if self._spare else None)
+            if kept == []:
+                del self._idle[owner]
+        group = group or self.tree.new_group()
+        group.begin()
+        return group
+
+    def give_back(self, owner: str, group: RunCgroup) -> None:
+        """Keep ``group`` for ``owner``'s next run once its processes are gone, or remove it (blocks: a thread's)."""
+        surplus = [group]
+        if group.wait_empty():
+            with self._lock:
+                kept = self._idle.setdefault(owner, [])
+                self._idle.move_to_end(owner)
+                if len(kept) < IDLE_PER_OWNER:
+                    kept.append(group)
+                    surplus = self._evict()
+        for extra in surplus:
+            extra.remove()
+
+    def refill(self) -> None:
+        """Make the spare groups new owners take (blocks: a thread's)."""
+        while True:
+            with self._lock:
+                if len(self._spare) >= SPARE_GROUPS:
+                    return
+            group = self.tree.new_group()
+            with self._lock:
+                self._spare.append(group)
+
+    def drop(self, owner: str) -> None:
+        """Remove the groups kept for ``owner`` (its workspace is gone)."""
+        with self._lock:
+            groups = self._idle.pop(owner, [])
+        for group in groups:
+            group.remove()
+
+    def close(self) -> None:
+        """Remove every kept group."""
+        with self._lock:
+            groups = [g for kept in self._idle.values() for g in kept] + self._spare
+            self._idle.clear()
+            self._spare = []
+        for group in groups:
+            group.remove()
+
+    def _evict(self) -> list[RunCgroup]:
+        evicted: list[RunCgroup] = []
+        while sum(len(kept) for kept in self._idle.values()) > MAX_IDLE_GROUPS:
+            evicted += self._idle.popitem(last=False)[1]
+        return evicted
 
 
 def _v1_parent(controllers: str, own: str) -> "Path | str":

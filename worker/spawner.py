@@ -412,12 +412,13 @@ class ReadyShell:
         self.placement: asyncio.Task | None = None  # the caller's task running ``place``
         self._start = start
         self._placing = False
+        self._placed = False
         self._discarded = False
 
     @property
     def placed(self) -> bool:
         """Whether the shell can take a run: it needs no placing, or it was placed."""
-        return self._start is None or (self.cgroup is not None and not self._placing and self._start.init_pid > 0)
+        return self._start is None or (self._placed and not self._discarded)
 
     async def place(self, cgroup: RunCgroup | None) -> bool:
         """Put the sandboxed shell in ``cgroup`` and let it start; ``False`` if that failed (it is then discarded).
@@ -436,6 +437,7 @@ class ReadyShell:
             self._placing = False
         if placed:
             self.cgroup = cgroup
+            self._placed = True
         if not placed or self._discarded:
             self._kill_unplaced()
             self.discard()

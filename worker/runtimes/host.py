@@ -15,6 +15,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,14 +147,18 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     def _prepare_next_run(self, workspace_id: str) -> None:
         """Make a reused workspace's next run directory in the background."""
         workspace = self.workspaces.find_known(workspace_id)
-        if workspace is None or not self._reused(workspace_id):
-            return
+        if workspace is not None and self._reused(workspace_id):
+            self._in_background(self.workspaces.prepare_run_dir, workspace)  # closed: no spare folder, then
+
+    def _in_background(self, work: Callable[..., object], *args: object) -> bool:
+        """Have the housekeeping thread do ``work(*args)``; ``False`` if the runtime is closed (nothing is done)."""
         try:
-            job = self._housekeeper.submit(self.workspaces.prepare_run_dir, workspace)
-        except RuntimeError:  # closed: a run after close goes without a spare folder
-            return
+            job = self._housekeeper.submit(work, *args)
+        except RuntimeError:
+            return False
         self._background.add(job)
         job.add_done_callback(self._background.discard)
+        return True
 
     def cancel(self, run_id: str) -> bool:
         """Stop a run in progress (its whole process group is killed); ``False`` if it is not running here."""

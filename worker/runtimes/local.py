@@ -18,7 +18,7 @@ from typing import Literal
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
-from worker.cgroups import CgroupError, CgroupLimits, CgroupTree, RunCgroup
+from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, RunCgroup
 from worker.contract import RunRequest, RuntimeName
 from worker.errors import InvalidRunRequestError
 from worker.process import (
@@ -95,7 +95,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self.cpus = cpus
         self._bash: str | None = None
         self._spawners: OrderedDict[str, Spawner] = OrderedDict()
-        self._cgroups: CgroupTree | str | None = None
+        self._cgroups: CgroupPool | str | None = None
         self._placements: set[asyncio.Task] = set()
 
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
@@ -121,7 +121,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         )
         spawner = await self._spawner(workspace) if no_network or workspace.uid is None else None
         shell = await self._ready_shell(spawner, script, env, cwd, sandbox, limits) if spawner is not None else None
-        cgroup = shell.cgroup if shell is not None else await self._new_cgroup(sandbox, limits)
+        cgroup = shell.cgroup if shell is not None else self._new_cgroup(workspace.id, sandbox, limits)
         oom_kills = 0
         try:
             try:
@@ -132,10 +132,10 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 outcome = await run_process(argv, cgroup=cgroup, **process_args)
         finally:
             if spawner is not None and self.ready_shells:
-                self._place(spawner.prepare_shell(argv[0], env, cwd, sandbox))
+                self._place(spawner.prepare_shell(argv[0], env, cwd, sandbox), workspace.id)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
-                self._retire(cgroup)
+                self._retire(workspace.id, cgroup)
         if sandbox is not None:
             self._report_limits(outcome, request, oom_kills)
         return outcome
@@ -170,42 +170,41 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             return None
         if self._cgroups is None:
             await asyncio.to_thread(find_bwrap)  # checked once: installed, and able to make its namespaces
-            self._cgroups = await asyncio.to_thread(CgroupTree.detect)
+            tree = await asyncio.to_thread(CgroupTree.detect)
+            self._cgroups = CgroupPool(tree) if isinstance(tree, CgroupTree) else tree
         source = self.stager.linked_source(request.skill)
         return SandboxSpec(str(workspace.path), (str(source),) if source is not None else (), self.tmpfs_bytes)
 
-    async def _new_cgroup(self, sandbox: SandboxSpec | None, limits: CgroupLimits) -> RunCgroup | None:
+    def _new_cgroup(self, workspace_id: str, sandbox: SandboxSpec | None, limits: CgroupLimits) -> RunCgroup | None:
         """A control group for a run started now, with its limits; ``None`` where there are none."""
-        if sandbox is None or not isinstance(self._cgroups, CgroupTree):
+        if sandbox is None or not isinstance(self._cgroups, CgroupPool):
             return None
-        cgroup = self._cgroups.new_group()
+        cgroup = self._cgroups.take(workspace_id)
         try:
             cgroup.set_limits(limits)
         except CgroupError:
-            self._retire(cgroup)
+            self._retire(workspace_id, cgroup)
             raise
         return cgroup
 
-    def _place(self, shell: ReadyShell | None) -> None:
+    def _place(self, shell: ReadyShell | None, workspace_id: str) -> None:
         """Put a sandboxed ready shell in a control group of its own, on the loop, while nothing waits for it."""
         if shell is None or shell.sandbox is None:
             return
-        cgroup = self._cgroups.new_group() if isinstance(self._cgroups, CgroupTree) else None
+        cgroup = self._cgroups.take(workspace_id) if isinstance(self._cgroups, CgroupPool) else None
         if cgroup is not None:
-            shell.on_release = lambda released: self._retire(cgroup)
+            shell.on_release = lambda released: self._retire(workspace_id, cgroup)
         task = shell.placement = asyncio.get_running_loop().create_task(shell.place(cgroup))
         self._placements.add(task)
         task.add_done_callback(self._placements.discard)
 
-    def _retire(self, cgroup: RunCgroup) -> None:
-        """Remove a run's control group once its processes are gone (in the background)."""
-        try:
-            job = self._housekeeper.submit(cgroup.remove)
-        except RuntimeError:  # closed: remove it here
+    def _retire(self, workspace_id: str, cgroup: RunCgroup) -> None:
+        """Once a run's processes are gone, keep its control group for the workspace's next run, or remove it;
+        and have spare groups ready for new workspaces (in the background; here once the runtime is closed)."""
+        if self._in_background(self._cgroups.give_back, workspace_id, cgroup):
+            self._in_background(self._cgroups.refill)
+        else:
             cgroup.remove()
-            return
-        self._background.add(job)
-        job.add_done_callback(self._background.discard)
 
     def _report_limits(self, outcome: ProcessOutcome, request: RunRequest, oom_kills: int) -> None:
         """Say in the result when the run's limits held only per process, or when it went past its memory."""
@@ -256,6 +255,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self._drop_spawner(workspace.id)
         if workspace.uid is not None:
             kill_user_processes(workspace.uid)
+        if isinstance(self._cgroups, CgroupPool):
+            self._cgroups.drop(workspace.id)
 
     async def idle(self) -> None:
         """Wait until background work is done: spare run folders, and the ready shells being started."""
@@ -275,3 +276,6 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             self._spawners.clear()
         for spawner in spawners:
             await asyncio.to_thread(spawner.close)
+        if isinstance(self._cgroups, CgroupPool):
+            await self.idle()  # the groups of the runs just ended come back first
+            await asyncio.to_thread(self._cgroups.close)
