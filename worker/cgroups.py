@@ -30,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.errors import WorkerError
+from worker.errors import CgroupError
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 GROUP_FOLDER = "skillrun"
@@ -44,10 +44,6 @@ MAX_IDLE_GROUPS = 128
 IDLE_PER_OWNER = 2
 SPARE_GROUPS = 2
 _names = itertools.count()
-
-
-class CgroupError(WorkerError):
-    """A control group could not be made or used."""
 
 
 @dataclass(frozen=True)

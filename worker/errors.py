@@ -7,6 +7,9 @@ Every error the worker raises descends from one root::
     ├── WorkspaceError           a workspace cannot be created, found or used
     ├── StagingError             a skill cannot be staged into a workspace
     ├── RuntimeUnavailableError  a runtime cannot be used on this machine
+    ├── SandboxError             a command's bubblewrap sandbox did not start
+    ├── CgroupError              a run's control group could not be made or used
+    ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
     ├── ArtifactError            an artifact cannot be stored or read
     └── SkillRootError           a skills root URL cannot be fetched (also a RuntimeError, as the guide says)
         └── UnsafeArchiveError   an archive breaks a path rule or a limit; nothing of it is kept
@@ -53,3 +56,15 @@ class SkillRootError(WorkerError, RuntimeError):
 
 class UnsafeArchiveError(SkillRootError):
     """An archive has a hostile entry (absolute path, ``..``, link, device...) or exceeds a limit."""
+
+
+class SandboxError(WorkerError):
+    """A command's sandbox did not start (bwrap failed, or did not report its init)."""
+
+
+class CgroupError(WorkerError):
+    """A run's control group could not be made or used."""
+
+
+class SpawnerError(WorkerError):
+    """The spawner could not start a command; the caller may fall back to starting it directly."""

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 
 from worker import defaults
 from worker.cgroups import RunCgroup
-from worker.errors import RuntimeUnavailableError, WorkerError
+from worker.errors import RuntimeUnavailableError, SandboxError
 from worker.fdwait import wait_readable
 from worker.seccomp import sandbox_filter
 
@@ -44,10 +44,6 @@ INIT_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)\s*[,}]')
 SYSTEM_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"),
                 ("usr/libx32", "/libx32"), ("usr/lib32", "/lib32"))
 """Merged-/usr systems (Debian 12, Ubuntu): the top-level folders are links into /usr."""
-
-
-class SandboxError(WorkerError):
-    """The sandbox did not start (bwrap failed, or did not report its init)."""
 
 
 @dataclass(frozen=True)

@@ -20,22 +20,23 @@ from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, RunCgroup
 from worker.contract import RunRequest, RuntimeName
-from worker.errors import InvalidRunRequestError
+from worker.errors import InvalidRunRequestError, SpawnerError
 from worker.process import (
     SETPRIV_HARDENING,
     ProcessOutcome,
     find_bash,
     find_setpriv,
-    kill_user_processes,
     network_off_prefix,
     run_process,
     ulimit_prefix,
 )
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
+from worker.ready_shell import ReadyShell
 from worker.sandbox import SandboxSpec, find_bwrap
-from worker.spawner import ReadyShell, Spawner, SpawnerError, spawner_python
+from worker.spawner import Spawner, spawner_python
 from worker.staging import BaseSkillStager
+from worker.watch import kill_user_processes
 from worker.workspace import Workspace, WorkspaceManager
 
 MAX_SPAWNERS = 64
