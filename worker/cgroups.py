@@ -133,10 +133,13 @@ class RunCgroup:
         self._oom_base = self._oom_total()
 
     def add(self, pid: int) -> None:
-        """Move process ``pid`` into the group (its later children are born in it)."""
+        """Move process ``pid`` into the group (its later children are born in it); ``ProcessLookupError`` if it is
+        gone."""
         try:
             for path in self.paths.values():
                 _write(path / "cgroup.procs", str(pid))
+        except ProcessLookupError:
+            raise
         except OSError as exc:
             raise CgroupError(f"cannot move process {pid} into its run's control group: {exc.strerror}") from exc
 

@@ -62,13 +62,7 @@ class SandboxSpec:
         of a ``SandboxStart`` have in the bwrap process: it reports on the first, is blocked on the second and reads
         its seccomp filter from the third."""
         info_fd, block_fd, seccomp_fd = fds
-        args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--hostname", SANDBOX_HOSTNAME, "--ro-bind", "/usr", "/usr"]
-        for target, link in SYSTEM_LINKS:
-            if os.path.islink(link):
-                args += ["--symlink", target, link]
-            elif os.path.isdir(link):
-                args += ["--ro-bind", link, link]
+        args = [bwrap, *_system_args()]
         args += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
@@ -78,6 +72,19 @@ class SandboxSpec:
         args += ["--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
                  "--"]
         return args
+
+
+@functools.cache
+def _system_args() -> tuple[str, ...]:
+    """The namespaces and the read-only system folders every sandbox gets (looked at once)."""
+    args = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--hostname", SANDBOX_HOSTNAME, "--ro-bind", "/usr", "/usr"]
+    for target, link in SYSTEM_LINKS:
+        if os.path.islink(link):
+            args += ["--symlink", target, link]
+        elif os.path.isdir(link):
+            args += ["--ro-bind", link, link]
+    return tuple(args)
 
 
 @functools.cache
@@ -168,9 +175,12 @@ class SandboxStart:
                 return  # bwrap failed: nothing to place, and its message is on stderr
             report += chunk
         self.init_pid = int(match.group(1))
-        if cgroup is not None:
-            cgroup.add(self.init_pid)
-        os.write(self.block_w, b"1")
+        try:
+            if cgroup is not None:
+                cgroup.add(self.init_pid)
+            os.write(self.block_w, b"1")
+        except (ProcessLookupError, BrokenPipeError):
+            return  # killed already (a cancel or the deadline came first): nothing is left to let go
 
     def close(self) -> None:
         """Close what the host still holds. A sandbox never released reads the end of its block pipe and goes on,

@@ -160,6 +160,7 @@ async def test_a_run_with_another_environment_or_folder_does_not_use_the_ready_s
 async def test_a_killed_ready_shell_costs_nothing_but_its_speed(work_root, make_request):
     async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
         await runtime.run(make_request("true", workspace_id="rs"))
+        await runtime.idle()
         shell = runtime._spawners["rs"].waiting_shell
         pid = await shell.spawned.started()
         os.kill(pid, signal.SIGKILL)
@@ -189,6 +190,7 @@ async def test_a_ready_shell_that_times_out_is_killed_with_what_it_started(work_
 async def test_closing_the_runtime_ends_its_ready_shells(work_root, make_request):
     runtime = LocalWorkspaceRuntime(work_root, spawners="eager")
     await runtime.run(make_request("true", workspace_id="rs"))
+    await runtime.idle()
     pid = await runtime._spawners["rs"].waiting_shell.spawned.started()
     await runtime.close()
     assert wait_gone(pid)
@@ -199,7 +201,7 @@ async def test_another_process_of_the_workspace_cannot_slip_a_script_into_the_re
     # script of its own into it through /proc. Without the sandbox (in which it would neither outlive its run nor
     # see the next shell) the pipe's own permissions refuse it.
     attacker = (
-        "for _ in $(seq 200); do for fd in /proc/[0-9]*/fd/3; do "
+        "for _ in $(seq 1000); do for fd in /proc/[0-9]*/fd/3; do "
         "grep -qs 'source /proc/self/fd/3' ${fd%/fd/3}/cmdline || continue; "
         "{ echo 'echo injected' > $fd && echo written || echo refused; } > $WORK_DIR/attack 2>&1; exit; "
         "done; sleep 0.02; done"
@@ -208,8 +210,9 @@ async def test_another_process_of_the_workspace_cannot_slip_a_script_into_the_re
         await runtime.run(make_request("true", workspace_id="rs"))
         detach = f"setsid bash -c {shlex.quote(attacker)} </dev/null >/dev/null 2>&1 & sleep 0.3"  # out of the group
         await runtime.run(make_request(detach, workspace_id="rs"))
+        await runtime.idle()
         attack_file = runtime.workspaces.find_known("rs").work_dir / "attack"
-        for _ in range(250):
+        for _ in range(1000):
             if attack_file.exists() and attack_file.read_text():
                 break
             time.sleep(0.02)

@@ -132,8 +132,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                     await asyncio.to_thread(self._drop_spawner, workspace.id)
                 outcome = await run_process(argv, cgroup=cgroup, **process_args)
         finally:
-            if spawner is not None and self.ready_shells:
-                self._place(spawner.prepare_shell(argv[0], env, cwd, sandbox), workspace.id)
+            if spawner is not None and self.ready_shells:  # once this run's result is on its way
+                asyncio.get_running_loop().call_soon(self._next_shell, spawner, argv[0], env, cwd, sandbox, workspace.id)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
                 self._retire(workspace.id, cgroup)
@@ -188,8 +188,12 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             raise
         return cgroup
 
-    def _place(self, shell: ReadyShell | None, workspace_id: str) -> None:
-        """Put a sandboxed ready shell in a control group of its own, on the loop, while nothing waits for it."""
+    def _next_shell(
+        self, spawner: Spawner, bash: str, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None, workspace_id: str
+    ) -> None:
+        """Have a ready shell wait for the workspace's next run, placed in a control group of its own while
+        nothing waits for it."""
+        shell = spawner.prepare_shell(bash, env, cwd, sandbox)
         if shell is None or shell.sandbox is None:
             return
         cgroup = self._cgroups.take(workspace_id) if isinstance(self._cgroups, CgroupPool) else None
@@ -261,6 +265,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def idle(self) -> None:
         """Wait until background work is done: spare run folders, and the ready shells being started."""
+        await asyncio.sleep(0)  # the next ready shells, asked for as the last runs ended, are under way
         if self._placements:
             await asyncio.gather(*list(self._placements), return_exceptions=True)
         await super().idle()
