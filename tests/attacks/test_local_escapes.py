@@ -1,0 +1,602 @@
+"""More escapes tried against the local runtime as root, by a skill command that wants out of its run.
+
+Each attack runs for real (bubblewrap sandboxes, control groups, per-workspace users, spawners and ready shells)
+and is asserted contained. Where it could be arranged, each assertion was seen to fail against an undefended
+target: the same code in an unsandboxed process of an unprivileged user (the kernel-facing attacks), a larger
+limit (the memory ones), a leaked pipe, the code before the fix (the discarded ready shell). Attacks that get
+through are written as the safe behaviour and marked ``xfail(strict=True)`` with what gets through, so fixing the
+hole turns them into failures to be unmarked. ``tests/attacks/test_local_attacks.py`` holds the first round;
+nothing here repeats it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import socket
+import subprocess
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_skill
+from tests.processes import running_with, sleeper
+from worker.contract import RunLimits, SkillRef
+from worker.errors import InvalidRunRequestError
+from worker.ready_shell import READY_SHELL_LOADER
+from worker.runtimes.local import LocalWorkspaceRuntime
+
+pytestmark = pytest.mark.root
+
+
+SESSION = uuid.uuid4().hex[:8]
+
+
+def ws(name: str) -> str:
+    """A workspace id of this session: its user id is derived from it, and a timeout anywhere on the host kills
+    every process of a workspace's user (see the uid test below), so ids shared with other suites running at the
+    same time would let their runs kill these."""
+    return f"{name}-{SESSION}"
+
+
+def _py(code: str) -> str:
+    """A shell command running ``code`` with the sandbox's system Python."""
+    return f"python3 -c {shlex.quote(textwrap.dedent(code))}"
+
+
+async def _wait_for(path: Path, seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if path.exists():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def _appears(argument: str, seconds: float) -> bool:
+    """Whether a process with ``argument`` on its command line shows up within ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if running_with(argument):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+# --- Holes: the safe behaviour, marked xfail(strict=True) until fixed -------------------------------------------
+
+
+async def _discard_a_ready_shell_holding(runtime: LocalWorkspaceRuntime, make_request, command: str) -> None:
+    """Have the workspace's ready shell start with ``__skillrun_command`` (a name the request may set) in its
+    environment, then be discarded: the next run has another environment."""
+    first = await runtime.run(make_request("echo first", workspace_id=ws("rs"), env={"__skillrun_command": command}))
+    assert first.stdout == "first\n"
+    await runtime.idle()  # the ready shell for the next run waits, with the first run's environment
+    assert runtime._spawners[ws("rs")].waiting_shell is not None
+    second = await runtime.run(make_request("echo second", workspace_id=ws("rs")))  # another env: it is discarded
+    assert second.stdout == "second\n" and second.exit_code == 0
+    await runtime.idle()
+
+
+async def test_a_discarded_ready_shell_runs_nothing_the_run_before_left_in_its_environment(work_root, make_request):
+    # A discarded shell reads an empty script, so its loader evals whatever $__skillrun_command its environment
+    # (the run before's) holds. In a sandbox, the discarded shell is killed first, with everything in it.
+    sleep, marker = sleeper()
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await _discard_a_ready_shell_holding(runtime, make_request, sleep)
+        assert not await _appears(marker, 2.0), "code of a finished run is running, outside any limit"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "without the sandbox (sandbox=False, the per-workspace user stays) a discarded ready shell is not killed: it "
+    "reads an empty script, `source` succeeds and the loader evals $__skillrun_command from the environment of "
+    "the run before (a name validate_env accepts), so that run's code runs after it ended with no timeout and no "
+    "ulimit; the same happens to a shell whose run is too long for one pipe write"))
+async def test_without_the_sandbox_a_discarded_ready_shell_runs_nothing_the_run_before_left(work_root, make_request):
+    sleep, marker = sleeper()
+    async with LocalWorkspaceRuntime(work_root, spawners="eager", sandbox=False) as runtime:
+        await _discard_a_ready_shell_holding(runtime, make_request, sleep)
+        assert not await _appears(marker, 2.0), "code of a finished run is running, outside any limit"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a run with `network: true` is started in the host's own network namespace: it reaches every service on the "
+    "host's loopback (Redis, the API) and the host's abstract unix sockets, and lists them in /proc/net"))
+async def test_a_network_run_cannot_reach_the_hosts_loopback_services_or_abstract_sockets(work_root, make_request):
+    name = f"skillrun-host-{uuid.uuid4().hex}"
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen()
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind("\0" + name)
+    abstract.listen()
+    attack = (f"echo hi > /dev/tcp/127.0.0.1/{tcp.getsockname()[1]} && echo tcp-connected; "
+              f"grep -c {name} /proc/net/unix; "
+              + _py(f"""
+                  import socket
+                  s = socket.socket(socket.AF_UNIX)
+                  s.connect("\\0{name}")
+                  print("abstract-connected")
+              """))
+    try:
+        async with LocalWorkspaceRuntime(work_root, allow_network=True) as runtime:
+            result = await runtime.run(make_request(attack, network=True))
+    finally:
+        tcp.close()
+        abstract.close()
+    assert "tcp-connected" not in result.stdout, "a service on the host's loopback answered"
+    assert "abstract-connected" not in result.stdout, "an abstract unix socket of the host answered"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "output past the stdout/stderr cap is still read, 64 KiB at a time, and thrown away by the worker: a run "
+    "writing /dev/zero to both pipes makes the worker spend most of a core for as long as its timeout, outside "
+    "the run's CPU quota (and a run that widens its pipes to 1 MiB stalls the event loop for 100+ ms at a time)"))
+async def test_flooding_the_output_past_its_cap_costs_the_worker_no_cpu(work_root, make_request):
+    async with LocalWorkspaceRuntime(work_root) as runtime:
+        await runtime.run(make_request("true"))  # bwrap checked, control groups found: not counted below
+        before = time.process_time()
+        result = await runtime.run(make_request("cat /dev/zero & cat /dev/zero >&2", timeout=2))
+        spent = time.process_time() - before
+    assert result.timed_out and result.stdout_truncated and result.stderr_truncated
+    assert spent < 0.5, f"the worker spent {spent:.2f} s of CPU reading output it throws away"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the sandbox's root (bwrap's own tmpfs, no size) and its /dev (tmpfs, no size) are writable by the run: "
+    "files there are not held to tmpfs_bytes (only to the run's memory, and by nothing where control groups "
+    "are unavailable)"))
+async def test_a_run_cannot_store_more_than_the_tmpfs_cap_in_the_sandbox_root_or_dev(work_root, make_request):
+    cap = 4 * 1024 * 1024
+    async with LocalWorkspaceRuntime(work_root, tmpfs_bytes=cap) as runtime:
+        result = await runtime.run(make_request(
+            "head -c 8M /dev/zero > /tmp/big; echo tmp=$?; "
+            "head -c 8M /dev/zero > /stash && echo root-written $(stat -c %s /stash); "
+            "head -c 8M /dev/zero > /dev/stash && echo dev-written $(stat -c %s /dev/stash)"))
+    assert "tmp=1" in result.stdout  # the documented cap holds for /tmp
+    assert "root-written" not in result.stdout, result.stdout
+    assert "dev-written" not in result.stdout, result.stdout
+
+
+# --- Contained ---------------------------------------------------------------------------------------------------
+
+I386_UNSHARE = """
+    import ctypes, mmap, os
+    before = os.readlink("/proc/self/ns/user")
+    # push rbx; mov eax, 310 (i386 unshare); mov ebx, CLONE_NEWUSER; int 0x80; pop rbx; ret
+    code = bytes.fromhex("53" "b836010000" "bb00000010" "cd80" "5b" "c3")
+    page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(code)
+    call = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+    returned = call()
+    print("returned", returned, "new-userns", os.readlink("/proc/self/ns/user") != before, flush=True)
+"""
+
+
+async def test_a_32_bit_system_call_cannot_make_a_user_namespace(runtime, make_request):
+    # Without the filter, an unprivileged 64-bit process makes a user namespace through the i386 entry point
+    # (int 0x80), which a filter written for x86_64 numbers alone would not see.
+    result = await runtime.run(make_request(_py(I386_UNSHARE) + "; echo status=$?"))
+    assert "new-userns True" not in result.stdout
+    assert "status=159" in result.stdout, result.stdout + result.stderr  # killed by SIGSYS: a foreign architecture
+
+
+INJECT_INTO_INIT = """
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    Regs = ctypes.c_ulonglong * 27  # struct user_regs_struct (x86_64)
+    RAX, RDI, ORIG_RAX, RIP = 10, 14, 15, 16
+    def ptrace(request, addr=None, data=None):
+        ctypes.set_errno(0)
+        done = libc.ptrace(request, 1, addr, data)
+        if done == -1 and ctypes.get_errno():
+            raise OSError(ctypes.get_errno(), f"ptrace {request}")
+        return done
+    before = os.readlink("/proc/1/ns/user")
+    ptrace(16)  # PTRACE_ATTACH to the sandbox's init (bwrap), which waits in wait4
+    os.waitpid(1, 0x40000000)
+    saved = Regs()
+    ptrace(12, data=ctypes.addressof(saved))
+    assert ptrace(1, addr=saved[RIP] - 2) & 0xFFFF == 0x050F, "not stopped after a syscall instruction"
+    regs = Regs(*saved)
+    regs[RAX], regs[RDI], regs[ORIG_RAX], regs[RIP] = 272, 0x10000000, 2**64 - 1, saved[RIP] - 2
+    ptrace(13, data=ctypes.addressof(regs))  # unshare(CLONE_NEWUSER), made by init itself
+    ptrace(9)  # PTRACE_SINGLESTEP
+    os.waitpid(1, 0x40000000)
+    after = Regs()
+    ptrace(12, data=ctypes.addressof(after))
+    made = os.readlink("/proc/1/ns/user") != before
+    ptrace(13, data=ctypes.addressof(saved))
+    ptrace(17)  # PTRACE_DETACH
+    print("init-unshare", ctypes.c_longlong(after[RAX]).value, "new-userns", made, flush=True)
+"""
+
+
+async def test_tracing_the_sandbox_init_does_not_get_past_the_seccomp_filter(runtime, make_request):
+    # The run may trace its own init (same user, same namespaces); if that init were not under the filter, code
+    # injected into it would make user namespaces (and reach io_uring, bpf, ...). The injection itself works: on an
+    # unfiltered process the same code makes a user namespace.
+    result = await runtime.run(make_request(_py(INJECT_INTO_INIT)))
+    assert "init-unshare -1 new-userns False" in result.stdout, result.stdout + result.stderr  # -EPERM
+
+
+REFUSED_CALLS = """
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    def call(name, number, *args):
+        ctypes.set_errno(0)
+        done = libc.syscall(ctypes.c_long(number), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+        print(name, "allowed" if done >= 0 else os.strerror(ctypes.get_errno()))
+    call("add_key", 248, b"user", b"skillrun", b"x", 1, -3)  # into the session keyring
+    attr = (ctypes.c_char * 128)()
+    ctypes.memmove(attr, (ctypes.c_uint32 * 2)(1, 128), 8)  # PERF_TYPE_SOFTWARE, size
+    ctypes.memmove(ctypes.addressof(attr) + 40, (ctypes.c_uint64 * 1)(1 << 5 | 1 << 6), 8)  # user space only
+    call("perf_event_open", 298, attr, 0, -1, -1, 0)
+    call("io_uring_setup", 425, 4, (ctypes.c_char * 120)())
+    call("userfaultfd", 323, 1)  # UFFD_USER_MODE_ONLY
+    handle = (ctypes.c_char * 256)(*([b"\\x80"] + [b"\\0"] * 255))
+    call("name_to_handle_at", 303, -100, b"/", handle, (ctypes.c_int * 1)(), 0)
+"""
+
+
+async def test_kernel_interfaces_an_unprivileged_user_may_use_are_refused_in_a_run(runtime, make_request):
+    # Each of these succeeds for an unprivileged user outside the sandbox on this kind of host (checked with
+    # setpriv --reuid=65534): the filter, not the lack of privilege, refuses them.
+    result = await runtime.run(make_request(_py(REFUSED_CALLS)))
+    lines = result.stdout.splitlines()
+    refused = ("add_key", "perf_event_open", "io_uring_setup", "userfaultfd", "name_to_handle_at")
+    assert lines == [f"{name} Operation not permitted" for name in refused], result.stderr
+
+
+async def test_a_run_without_network_cannot_reach_an_abstract_unix_socket_of_the_host(runtime, make_request):
+    name = f"skillrun-host-{uuid.uuid4().hex}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("\0" + name)
+    server.listen()
+    try:
+        result = await runtime.run(make_request(
+            f"grep -c {name} /proc/net/unix; " + _py(f"""
+                import socket
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect("\\0{name}")
+                    print("connected")
+                except OSError as exc:
+                    print("refused", exc.errno)
+            """)))
+    finally:
+        server.close()
+    assert result.stdout.splitlines() == ["0", "refused 111"], result.stdout + result.stderr
+
+
+async def test_concurrent_runs_of_two_workspaces_share_no_abstract_socket_and_no_loopback(runtime, make_request):
+    name = f"skillrun-tenant-{uuid.uuid4().hex}"
+    with socket.socket() as probe:  # a port free here; the runs have loopbacks of their own anyway
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listener = _py(f"""
+        import os, socket, time
+        u = socket.socket(socket.AF_UNIX); u.bind("\\0{name}"); u.listen()
+        t = socket.socket(); t.bind(("127.0.0.1", {port})); t.listen()
+        open(os.environ["WORK_DIR"] + "/listening", "w").close()
+        time.sleep(20)
+    """)
+    victim = asyncio.create_task(runtime.run(make_request(listener, workspace_id=ws("victim"), timeout=30)))
+    try:
+        for _ in range(500):
+            found = runtime.workspaces.find(ws("victim"))
+            if found is not None and (found.work_dir / "listening").exists():
+                break
+            await asyncio.sleep(0.02)
+        assert (runtime.workspaces.find(ws("victim")).work_dir / "listening").exists(), "the victim did not listen"
+        spy = await runtime.run(make_request(
+            f"grep -c {name} /proc/net/unix; (echo hi > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo tcp-connected; "
+            + _py(f"""
+                import socket
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect("\\0{name}")
+                    print("abstract-connected")
+                except OSError as exc:
+                    print("refused", exc.errno)
+            """), workspace_id=ws("spy")))
+    finally:
+        victim.cancel()
+        await asyncio.gather(victim, return_exceptions=True)
+    assert spy.stdout.splitlines() == ["0", "refused 111"], spy.stdout + spy.stderr
+
+
+async def test_system_v_ipc_is_neither_shared_with_another_tenant_nor_left_for_the_next_run(work_root, make_request):
+    ids = "ipcs -m -q -s | awk '$1 ~ /^0x/ {print $2}' | sort | tr '\\n' ' '; echo"
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id=ws("ipc")))  # the next run of "ipc" is a ready shell's
+        holder = asyncio.create_task(runtime.run(make_request(
+            "ipcmk -M 65536 && ipcmk -Q && ipcmk -S 2 && " + ids.replace("; echo", " > $WORK_DIR/made.tmp") +
+            " && mv $WORK_DIR/made.tmp $WORK_DIR/made; sleep 20", workspace_id=ws("ipc"), timeout=30)))
+        try:
+            made = runtime.workspaces.find(ws("ipc")).work_dir / "made"
+            assert await _wait_for(made), "the holder did not make its objects"
+            made_ids = made.read_text().split()
+            assert len(made_ids) == 3
+            other = await runtime.run(make_request(ids, workspace_id=ws("other")))
+        finally:
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+        await runtime.idle()
+        again = await runtime.run(make_request(f"{ids}; echo \"$BASH_EXECUTION_STRING\"", workspace_id=ws("ipc")))
+    assert other.stdout.split() == [], other.stdout
+    lines = again.stdout.splitlines()
+    assert lines[0].split() == [], again.stdout
+    assert lines[-1] == READY_SHELL_LOADER  # the next run was the one started ahead, after the holder
+
+
+async def test_a_run_holds_no_capability_and_a_setuid_root_program_gives_it_none(shared_dir, make_request, runtime):
+    folder = write_skill(shared_dir / "suid-library", "suid")
+    subprocess.run(["install", "-o", "0", "-g", "0", "-m", "4755", "/usr/bin/id", str(folder / "id")], check=True)
+    assert os.stat(folder / "id").st_mode & 0o4000
+    result = await runtime.run(make_request(
+        "./id; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/self/status; "
+        "unshare --mount --fork true && echo mount-namespace-made; "
+        "mount -t tmpfs none $RUN_DIR && echo mounted",
+        skill=SkillRef(name="suid", root=str(folder.parent), path="suid")))
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("uid=") and "euid=0" not in first and not first.startswith("uid=0("), first
+    status = dict(line.split(":\t") for line in result.stdout.splitlines()[1:] if ":\t" in line)
+    assert status == {"CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "0" * 16,
+                      "CapAmb": "0" * 16, "NoNewPrivs": "1"}, result.stdout
+    assert "mount-namespace-made" not in result.stdout and "mounted" not in result.stdout
+
+
+async def test_files_in_the_private_tmpfs_count_against_the_runs_memory_limit(work_root, make_request):
+    # 60 MiB in /tmp and 60 MiB in /dev/shm fit their 64 MiB caps, but not together in a 96 MiB run.
+    async with LocalWorkspaceRuntime(work_root) as runtime:
+        result = await runtime.run(make_request(
+            "head -c 60M /dev/zero > /tmp/a && echo tmp-held; head -c 60M /dev/zero > /dev/shm/b && echo shm-held; "
+            "sleep 0.1", limits=RunLimits(memory_bytes=96 * 1024 * 1024)))
+    assert not ("tmp-held" in result.stdout and "shm-held" in result.stdout), result.stdout
+    assert result.oom_killed, result.stderr
+
+
+SOCKET_HOARD = """
+    import socket
+    kept, held = [], 0
+    for _ in range(64):  # 4 MiB each: 256 MiB of kernel memory, queued on socket pairs nobody reads
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        a.setblocking(False)
+        sent = 0
+        try:
+            while sent < 4 << 20:
+                sent += a.send(bytes(65536))
+        except BlockingIOError:
+            pass
+        held += sent
+        kept.append((a, b))
+    print("held", held >> 20, "MiB", flush=True)
+"""
+
+
+async def test_socket_buffers_count_against_the_runs_memory_limit(work_root, make_request):
+    async with LocalWorkspaceRuntime(work_root) as runtime:
+        result = await runtime.run(make_request(_py(SOCKET_HOARD), limits=RunLimits(memory_bytes=64 * 1024 * 1024)))
+    held = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("held")]
+    assert not held or held[0] < 64, result.stdout
+    assert result.oom_killed, result.stdout + result.stderr
+
+
+FORK_AND_HOLD = """
+    import os, time
+    n = 0
+    for _ in range(200):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+    print("forked", n, flush=True)
+"""
+
+
+async def test_a_run_in_a_ready_shell_is_held_to_its_own_limits_not_those_of_the_run_before(work_root, make_request):
+    hog = _py("import time; b = bytearray(120 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(2)")
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id=ws("warm")))  # default limits: 512 processes, 4 GiB
+        await runtime.idle()
+        pids = await runtime.run(make_request(
+            'echo "$BASH_EXECUTION_STRING"; ulimit -u; ' + _py(FORK_AND_HOLD), workspace_id=ws("warm"),
+            limits=RunLimits(processes=40)))
+        await runtime.idle()
+        memory = await runtime.run(make_request(
+            f'echo "$BASH_EXECUTION_STRING"; {hog} & {hog} & {hog} & wait', workspace_id=ws("warm"),
+            limits=RunLimits(memory_bytes=256 * 1024 * 1024)))
+    loader, ulimit, forked = pids.stdout.splitlines()
+    assert loader == READY_SHELL_LOADER  # the ready shell took the run
+    assert ulimit == "40"
+    assert 0 < int(forked.split()[1]) < 40, forked
+    assert memory.stdout.splitlines()[0] == READY_SHELL_LOADER
+    assert memory.oom_killed, memory.stderr
+
+
+async def test_a_run_cannot_rename_or_replace_what_the_host_relies_on_in_its_workspace(runtime, make_request, library):
+    attempts = [
+        "mv skills skills.old", "mv skills/demo skills/demo.old", "ln -sfn / skills/demo/work",
+        "rm -f skills/demo/SKILL.md", "touch skills/.staging-demo-1", "touch runs/planted", "mkdir runs/.next",
+        "ln -s / runs/.next", "mv out out.old", "mv work work.old", "mv metadata.json metadata.old",
+        "echo {} > metadata.json", "touch .metadata.json.1.tmp", "ln -s /etc/shadow planted", "mkfifo fifo",
+    ]
+    script = "cd $WORKSPACE_DIR; " + "; ".join(f"{{ {a}; }} 2>/dev/null && echo {shlex.quote('DID ' + a)}"
+                                                for a in attempts)
+    result = await runtime.run(make_request(script, workspace_id=ws("layout")))
+    assert "DID" not in result.stdout, result.stdout
+    workspace = runtime.workspaces.find(ws("layout"))
+    assert sorted(p.name for p in workspace.path.iterdir()) == ["metadata.json", "out", "runs", "skills", "work"]
+    assert workspace.read_metadata()["workspace_id"] == ws("layout")
+    staged = workspace.skills_dir / "demo"
+    assert os.readlink(staged / "work") == "../../work" and (staged / "SKILL.md").is_symlink()
+    assert not (workspace.runs_dir / "planted").exists() and not (workspace.runs_dir / ".next").is_symlink()
+    after = await runtime.run(make_request("cat SKILL.md | head -2", workspace_id=ws("layout")))
+    assert after.stdout == "---\nname: demo\n"
+
+
+async def test_a_run_cannot_raise_its_limits_or_reach_its_control_group(runtime, make_request):
+    result = await runtime.run(make_request(
+        "ulimit -n 100000 2>/dev/null && echo raised-files; ulimit -u 100000 2>/dev/null && echo raised-procs; "
+        "ls /sys/fs/cgroup 2>/dev/null && echo cgroups-visible; "
+        "mount -t cgroup -o pids none $RUN_DIR 2>/dev/null && echo cgroup-mounted; echo end",
+        limits=RunLimits(open_files=256, processes=64)))
+    assert result.stdout.splitlines() == ["end"], result.stdout
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bwrap makes the run's cgroup namespace before the host moves the run into its group, so the namespace's root "
+    "is the worker's group and /proc/self/cgroup reads /skillrun/run-<worker pid>-<n>: the worker's pid and how "
+    "many groups it has made so far (every tenant's runs and ready shells: a side channel on others' activity)"))
+async def test_a_run_learns_nothing_of_the_worker_from_its_control_group_path(runtime, make_request):
+    result = await runtime.run(make_request("cat /proc/self/cgroup"))
+    if isinstance(runtime._cgroups, str):
+        pytest.skip(f"no run groups on this host: {runtime._cgroups}")
+    paths = {line.split(":", 2)[2] for line in result.stdout.splitlines()}
+    assert paths == {"/"}, result.stdout
+
+
+async def test_no_descriptor_of_the_host_is_open_in_any_process_of_a_run(work_root, make_request):
+    # bwrap's report, block and seccomp pipes, and a ready shell's script and start pipes, stay out of the run: of
+    # every process in the sandbox (its init included) the only pipes open are the run's own stdout and stderr.
+    survey = _py("""
+        import os
+        own = sorted({os.readlink("/proc/self/fd/1"), os.readlink("/proc/self/fd/2")})
+        found = set()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+        print(" ".join(own))
+        print(" ".join(sorted(t for t in found if t.startswith("pipe:"))))
+    """) + '; echo "$BASH_EXECUTION_STRING" | head -1'
+
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        cold = await runtime.run(make_request(survey, workspace_id=ws("fd-cold")))
+        await runtime.run(make_request("true", workspace_id=ws("fd-warm")))
+        await runtime.idle()
+        warm = await runtime.run(make_request(survey, workspace_id=ws("fd-warm")))
+    for result in (cold, warm):
+        own, found, _ = result.stdout.splitlines()
+        assert len(own.split()) == 2 and found.split() == own.split(), result.stdout
+    assert warm.stdout.splitlines()[2] == READY_SHELL_LOADER
+
+
+async def test_a_run_cannot_signal_a_concurrent_run_of_another_workspace(runtime, make_request):
+    victim = asyncio.create_task(runtime.run(make_request(
+        "touch $WORK_DIR/started; sleep 1.5; echo survived", workspace_id=ws("victim"), timeout=30)))
+    for _ in range(500):
+        found = runtime.workspaces.find(ws("victim"))
+        if found is not None and (found.work_dir / "started").exists():
+            break
+        await asyncio.sleep(0.02)
+    # kill(-1) reaches every process the caller may signal but itself and its init: with a PID namespace of its
+    # own (and another user besides) that is nothing of the victim's.
+    spy = await runtime.run(make_request("sleep 5 & kill -STOP -1; kill -KILL -1; echo sent", workspace_id=ws("spy")))
+    result = await victim
+    assert result.stdout == "survived\n" and result.exit_code == 0
+    assert spy.stdout == "sent\n"
+
+
+async def test_a_concurrent_run_cannot_find_or_feed_the_ready_shell_of_its_own_workspace(work_root, make_request):
+    attacker = (
+        "for _ in $(seq 1000); do test -e $WORK_DIR/stop && break; for fd in /proc/[0-9]*/fd/3; do "
+        "test ${fd%/fd/3} = /proc/$$ && continue; grep -qs 'source /proc/self/fd/3' ${fd%/fd/3}/cmdline || continue; "
+        "echo 'echo injected' > $fd 2>/dev/null && echo written >> $WORK_DIR/attack; done; sleep 0.02; done; "
+        "echo scanned >> $WORK_DIR/attack"
+    )
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        await runtime.run(make_request("true", workspace_id=ws("rs")))
+        await runtime.idle()
+        scanner = asyncio.create_task(runtime.run(make_request(attacker, workspace_id=ws("rs"), timeout=30)))
+        await asyncio.sleep(0.3)
+        await runtime.run(make_request("true", workspace_id=ws("rs")))  # meanwhile: the next run's shell waits
+        await runtime.idle()
+        assert runtime._spawners[ws("rs")].waiting_shell is not None
+        await asyncio.sleep(0.5)  # the scanner looks for it all this time
+        assert not scanner.done(), scanner.result()
+        (runtime.workspaces.find(ws("rs")).work_dir / "stop").touch()
+        await scanner
+        result = await runtime.run(make_request('echo legit; echo "$BASH_EXECUTION_STRING"', workspace_id=ws("rs")))
+        attack = (runtime.workspaces.find(ws("rs")).work_dir / "attack").read_text()
+    assert attack == "scanned\n"
+    assert result.stdout == f"legit\n{READY_SHELL_LOADER}\n"
+
+
+async def test_a_planted_link_or_fifo_cannot_become_a_runs_folder(runtime, make_request):
+    await runtime.run(make_request("ln -s /etc $WORK_DIR/etc; ln -s /root $WORK_DIR/home; mkfifo $WORK_DIR/fifo",
+                                   workspace_id=ws("cwd")))
+    for cwd in ("$WORK_DIR/etc", "$WORK_DIR/home", "$WORK_DIR/fifo"):
+        with pytest.raises(InvalidRunRequestError) as info:
+            await asyncio.wait_for(runtime.run(make_request("pwd; ls", workspace_id=ws("cwd"), cwd=cwd)), 10)
+        assert info.value.field == "cwd"
+
+
+async def test_a_run_cannot_hard_link_files_it_does_not_own_into_its_outputs(runtime, make_request, library):
+    result = await runtime.run(make_request(
+        f"ln /etc/passwd $OUTPUT_DIR/passwd && echo linked-etc; "
+        f"ln {library}/demo/SKILL.md $OUTPUT_DIR/skill && echo linked-library; "
+        "ln $WORKSPACE_DIR/metadata.json $OUTPUT_DIR/meta && echo linked-metadata; echo end",
+        output_files=["out/*"]))
+    assert result.stdout == "end\n", result.stdout
+    assert result.output_files == []
+
+
+async def test_a_run_flooding_its_pipes_still_stops_at_its_timeout(work_root, make_request):
+    flood = _py("""
+        import fcntl, os
+        for fd in (1, 2):
+            fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ: the largest pipe an unprivileged user may have
+        chunk = bytes(1 << 20)
+        os.fork()
+        fd = 1 if os.fork() else 2
+        while True:
+            os.write(fd, chunk)
+    """)
+    async with LocalWorkspaceRuntime(work_root) as runtime:
+        started = time.monotonic()
+        result = await runtime.run(make_request(flood, timeout=1))
+        took = time.monotonic() - started
+    assert result.timed_out and result.exit_code == 124
+    assert took < 4, f"the run took {took:.1f} s to stop"
+    assert len(result.stdout.encode()) < 1024 * 1024 + 1024
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "user ids are allocated exclusively per work root (<work root>/.skillrun/uids), not per host: two runtimes "
+    "with different work roots on one host (two workers, the API's embedded runtime and a worker, the local and "
+    "Docker runtimes) give the same workspace id the same uid, and other ids collide too. A timeout or cancel in "
+    "one kills every process of that uid host-wide, so one tenant's timed-out run kills another tenant's run; "
+    "their processes also share the uid's RLIMIT_NPROC count"))
+async def test_a_timeout_in_another_work_root_does_not_kill_this_tenants_run(shared_dir, make_request):
+    name = ws("tenant")
+    async with LocalWorkspaceRuntime(shared_dir / "root-a") as first, \
+            LocalWorkspaceRuntime(shared_dir / "root-b") as second:
+        victim = asyncio.create_task(first.run(make_request(
+            "touch $WORK_DIR/started; sleep 2; echo survived", workspace_id=name, timeout=30)))
+        for _ in range(500):
+            found = first.workspaces.find(name)
+            if found is not None and (found.work_dir / "started").exists():
+                break
+            await asyncio.sleep(0.02)
+        other = await second.run(make_request("sleep 5", workspace_id=name, timeout=0.3))  # another tenant's
+        result = await victim
+    assert other.timed_out
+    assert first.workspaces.find(name).uid != second.workspaces.find(name).uid, "two tenants share a user id"
+    assert result.stdout == "survived\n" and result.exit_code == 0, "another tenant's timeout killed this run"
