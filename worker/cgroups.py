@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
+import secrets
 import subprocess
 import threading
 import time
@@ -43,7 +43,6 @@ MAX_IDLE_GROUPS = 128
 """Run groups kept between runs (``CgroupPool``), at most."""
 IDLE_PER_OWNER = 2
 SPARE_GROUPS = 2
-_names = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ class CgroupTree:
 
     def new_group(self) -> "RunCgroup":
         """Make an empty run group (no limits yet)."""
-        name = f"run-{os.getpid()}-{next(_names)}"
+        name = f"run-{secrets.token_hex(8)}"  # tells a run (its cgroup namespace shows it) nothing of the worker
         paths = {key: parent / name for key, parent in self.parents.items()}
         made: list[Path] = []
         try:

@@ -230,9 +230,13 @@ async def run_process(
     else:
         handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox)
     try:
+        # In a sandbox, ending its init ends everything of the run: no sweep by user id, which would reach the
+        # workspace's next ready shell (and any process of that id elsewhere on the host).
+        sandboxed = sandbox is not None or (ready is not None and ready.sandbox is not None)
         watch = CommandWatch(
-            handle.out_fd, handle.err_fd, caps=(stdout_cap, stderr_cap), deadline=started + timeout, uid=uid,
-            keep=frozenset({spawner.pid}) if spawner is not None else frozenset(), cancel=cancel,
+            handle.out_fd, handle.err_fd, caps=(stdout_cap, stderr_cap), deadline=started + timeout,
+            uid=None if sandboxed else uid, keep=frozenset({spawner.pid}) if spawner is not None else frozenset(),
+            cancel=cancel,
         )
         try:
             watch.follow(await handle.pid())

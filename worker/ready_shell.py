@@ -27,9 +27,12 @@ if TYPE_CHECKING:
 
 READY_TIMEOUT_SECONDS = 5.0
 READY_SHELL_VARIABLE = "__skillrun_command"
-READY_SHELL_LOADER = f'exec 4>&-; source /proc/self/fd/3 && eval "${READY_SHELL_VARIABLE}"'
-"""What a ready shell runs: say it has started (close descriptor 4), read its script (one short file: the run's
-variables and the command in a variable), then run the command at top level."""
+READY_SHELL_LOADER = (
+    f'exec 4>&-; unset {READY_SHELL_VARIABLE}; source /proc/self/fd/3 && eval "${READY_SHELL_VARIABLE}"'
+)
+"""What a ready shell runs: say it has started (close descriptor 4), forget any variable of that name its
+environment brought, read its script (one short file: the run's variables and the command in a variable), then
+run the command at top level. A shell given up reads an empty script and runs nothing."""
 RUN_VARIABLES = frozenset({"RUN_DIR", "HOME", "TMPDIR"})
 """The variables that differ from one run of a workspace to the next (a ready shell gets them with its script)."""
 

@@ -9,7 +9,8 @@ What the sandbox gives a run, and what each part stops:
 * **A mount namespace** whose root is built from nothing: the system folders read-only (``/usr`` and its
   links, ``/etc``), a fresh ``/dev``, private size-capped ``/tmp`` and ``/dev/shm`` (tmpfs, gone with the run),
   the run's own workspace read-write and the folder its skill is staged from read-only, each at its own path.
-  No other workspace, no store of the platform (artifacts, libraries, run data) and no home folder is there.
+  No other workspace, no store of the platform (artifacts, libraries, run data) and no home folder is there;
+  the root and ``/dev`` themselves are read-only.
 * **A seccomp filter** (``worker.seccomp``): no further user namespace can be made, so the kernel's
   user-namespace attack surface stays out of reach, nor the other kernel interfaces container engines keep from
   containers; IPC, UTS and cgroup namespaces of its own; no capabilities and no-new-privileges (bwrap sets both).
@@ -69,7 +70,9 @@ class SandboxSpec:
                  "--bind", self.workspace, self.workspace]
         for folder in self.read_only:
             args += ["--ro-bind", folder, folder]
-        args += ["--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
+        # The sandbox's own root and /dev are tmpfs with no size of their own: read-only once laid out, so a run
+        # writes nowhere but its workspace, /tmp and /dev/shm.
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
                  "--"]
         return args
 

@@ -20,7 +20,8 @@ from worker.errors import InvalidRunRequestError
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 WORKSPACE_VARIABLES = ("WORKSPACE_DIR", "SKILLS_DIR", "WORK_DIR", "OUTPUT_DIR", "RUN_DIR", "SKILL_NAME")
 FORBIDDEN_ENV = {"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "GCONV_PATH", "PROMPT_COMMAND", "PS4"}
-FORBIDDEN_ENV_PREFIXES = ("LD_", "BASH_FUNC_")
+FORBIDDEN_ENV_PREFIXES = ("LD_", "BASH_FUNC_", "__skillrun")
+"""``__skillrun*`` names are the ready shell's own (``ready_shell.READY_SHELL_VARIABLE``)."""
 
 ALLOWED_ENV_NAME = re.compile(
     f"^(?!{'|'.join(FORBIDDEN_ENV_PREFIXES)}|(?:{'|'.join(sorted(FORBIDDEN_ENV | set(WORKSPACE_VARIABLES)))})$)"

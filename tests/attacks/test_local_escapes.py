@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from worker.contract import RunLimits, SkillRef
 from worker.errors import InvalidRunRequestError
 from worker.ready_shell import READY_SHELL_LOADER
 from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.workspace import WorkspaceManager
 
 pytestmark = pytest.mark.root
 
@@ -71,15 +73,28 @@ async def _appears(argument: str, seconds: float) -> bool:
 
 
 async def _discard_a_ready_shell_holding(runtime: LocalWorkspaceRuntime, make_request, command: str) -> None:
-    """Have the workspace's ready shell start with ``__skillrun_command`` (a name the request may set) in its
-    environment, then be discarded: the next run has another environment."""
-    first = await runtime.run(make_request("echo first", workspace_id=ws("rs"), env={"__skillrun_command": command}))
+    """Have the workspace's ready shell start with ``__skillrun_command`` in its environment, then be discarded: the
+    next run has another environment. A request may not name it (refused, below); the attack sets it in the
+    runtime's environment builder, as a variable that reached the shell's environment some other way would."""
+    build = runtime.command_environment
+
+    def planting(run_dir, request, variables):  # noqa: ANN001, ANN202 - the runtime's own signature
+        env = build(run_dir, request, variables)
+        return {**env, "__skillrun_command": command} if request.command == "echo first" else env
+
+    runtime.command_environment = planting
+    first = await runtime.run(make_request("echo first", workspace_id=ws("rs")))
     assert first.stdout == "first\n"
     await runtime.idle()  # the ready shell for the next run waits, with the first run's environment
     assert runtime._spawners[ws("rs")].waiting_shell is not None
     second = await runtime.run(make_request("echo second", workspace_id=ws("rs")))  # another env: it is discarded
     assert second.stdout == "second\n" and second.exit_code == 0
     await runtime.idle()
+
+
+async def test_a_request_cannot_name_the_ready_shells_own_variable(runtime, make_request):
+    with pytest.raises(InvalidRunRequestError, match="env"):
+        await runtime.run(make_request("true", env={"__skillrun_command": "id"}))
 
 
 async def test_a_discarded_ready_shell_runs_nothing_the_run_before_left_in_its_environment(work_root, make_request):
@@ -91,11 +106,6 @@ async def test_a_discarded_ready_shell_runs_nothing_the_run_before_left_in_its_e
         assert not await _appears(marker, 2.0), "code of a finished run is running, outside any limit"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "without the sandbox (sandbox=False, the per-workspace user stays) a discarded ready shell is not killed: it "
-    "reads an empty script, `source` succeeds and the loader evals $__skillrun_command from the environment of "
-    "the run before (a name validate_env accepts), so that run's code runs after it ended with no timeout and no "
-    "ulimit; the same happens to a shell whose run is too long for one pipe write"))
 async def test_without_the_sandbox_a_discarded_ready_shell_runs_nothing_the_run_before_left(work_root, make_request):
     sleep, marker = sleeper()
     async with LocalWorkspaceRuntime(work_root, spawners="eager", sandbox=False) as runtime:
@@ -146,10 +156,6 @@ async def test_flooding_the_output_past_its_cap_costs_the_worker_no_cpu(work_roo
     assert spent < 0.5, f"the worker spent {spent:.2f} s of CPU reading output it throws away"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the sandbox's root (bwrap's own tmpfs, no size) and its /dev (tmpfs, no size) are writable by the run: "
-    "files there are not held to tmpfs_bytes (only to the run's memory, and by nothing where control groups "
-    "are unavailable)"))
 async def test_a_run_cannot_store_more_than_the_tmpfs_cap_in_the_sandbox_root_or_dev(work_root, make_request):
     cap = 4 * 1024 * 1024
     async with LocalWorkspaceRuntime(work_root, tmpfs_bytes=cap) as runtime:
@@ -458,16 +464,17 @@ async def test_a_run_cannot_raise_its_limits_or_reach_its_control_group(runtime,
     assert result.stdout.splitlines() == ["end"], result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bwrap makes the run's cgroup namespace before the host moves the run into its group, so the namespace's root "
-    "is the worker's group and /proc/self/cgroup reads /skillrun/run-<worker pid>-<n>: the worker's pid and how "
-    "many groups it has made so far (every tenant's runs and ready shells: a side channel on others' activity)"))
 async def test_a_run_learns_nothing_of_the_worker_from_its_control_group_path(runtime, make_request):
-    result = await runtime.run(make_request("cat /proc/self/cgroup"))
+    # bwrap makes the run's cgroup namespace before the run is moved into its group, so the run sees its group's
+    # path below the worker's: the name must say nothing of the worker (its pid) or of other tenants (a counter).
+    first = await runtime.run(make_request("cat /proc/self/cgroup", workspace_id=ws("cg-a")))
+    second = await runtime.run(make_request("cat /proc/self/cgroup", workspace_id=ws("cg-b")))
     if isinstance(runtime._cgroups, str):
         pytest.skip(f"no run groups on this host: {runtime._cgroups}")
-    paths = {line.split(":", 2)[2] for line in result.stdout.splitlines()}
-    assert paths == {"/"}, result.stdout
+    names = {line.rsplit("/", 1)[-1] for result in (first, second) for line in result.stdout.splitlines()
+             if "/skillrun/" in line}
+    assert len(names) == 2 and all(re.fullmatch(r"run-[0-9a-f]{16}", name) for name in names), names
+    assert str(os.getpid()) not in first.stdout + second.stdout
 
 
 async def test_no_descriptor_of_the_host_is_open_in_any_process_of_a_run(work_root, make_request):
@@ -578,12 +585,6 @@ async def test_a_run_flooding_its_pipes_still_stops_at_its_timeout(work_root, ma
     assert len(result.stdout.encode()) < 1024 * 1024 + 1024
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "user ids are allocated exclusively per work root (<work root>/.skillrun/uids), not per host: two runtimes "
-    "with different work roots on one host (two workers, the API's embedded runtime and a worker, the local and "
-    "Docker runtimes) give the same workspace id the same uid, and other ids collide too. A timeout or cancel in "
-    "one kills every process of that uid host-wide, so one tenant's timed-out run kills another tenant's run; "
-    "their processes also share the uid's RLIMIT_NPROC count"))
 async def test_a_timeout_in_another_work_root_does_not_kill_this_tenants_run(shared_dir, make_request):
     name = ws("tenant")
     async with LocalWorkspaceRuntime(shared_dir / "root-a") as first, \
@@ -598,5 +599,15 @@ async def test_a_timeout_in_another_work_root_does_not_kill_this_tenants_run(sha
         other = await second.run(make_request("sleep 5", workspace_id=name, timeout=0.3))  # another tenant's
         result = await victim
     assert other.timed_out
-    assert first.workspaces.find(name).uid != second.workspaces.find(name).uid, "two tenants share a user id"
     assert result.stdout == "survived\n" and result.exit_code == 0, "another tenant's timeout killed this run"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "user ids are allocated exclusively per work root (<work root>/.skillrun/uids), not per host: two runtimes "
+    "with different work roots on one host (two workers, the API's embedded runtime and a worker, the local and "
+    "Docker runtimes) give the same workspace id the same uid, and other ids collide too; their processes share "
+    "the uid's RLIMIT_NPROC count (a sandboxed run's end no longer kills by uid: see the test above)"))
+async def test_two_work_roots_never_give_two_tenants_the_same_user_id(shared_dir):
+    name = ws("tenant")
+    first, second = WorkspaceManager(shared_dir / "root-a"), WorkspaceManager(shared_dir / "root-b")
+    assert first.acquire(name).uid != second.acquire(name).uid, "two tenants share a user id"

@@ -136,7 +136,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 asyncio.get_running_loop().call_soon(self._next_shell, spawner, argv[0], env, cwd, sandbox, workspace.id)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
-                self._retire(workspace.id, cgroup)
+                asyncio.get_running_loop().call_soon(self._retire, workspace.id, cgroup)
         if sandbox is not None:
             self._report_limits(outcome, request, oom_kills)
         return outcome
