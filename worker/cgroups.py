@@ -126,10 +126,35 @@ class RunCgroup:
         self.paths = paths
         self.limits: CgroupLimits | None = None
         self._oom_base = 0
+        self._oom_event = self._watch_oom() if version == 1 else None
+
+    def _watch_oom(self) -> int | None:
+        """An eventfd the kernel signals when the group runs out of memory (v1), so a run that did not costs no
+        read of the group's counters once it ended (they are slow to read while its processes are torn down)."""
+        event = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        control = os.open(self.paths["memory"] / "memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _write(self.paths["memory"] / "cgroup.event_control", f"{event} {control}")
+            return event
+        except OSError:
+            os.close(event)
+            return None
+        finally:
+            os.close(control)
 
     def begin(self) -> None:
         """A new run starts in the group: its out-of-memory kills are counted from here."""
+        self._ran_out()
         self._oom_base = self._oom_total()
+
+    def _ran_out(self) -> bool:
+        """Whether the kernel signalled an out-of-memory condition since last asked (``True`` when it cannot tell)."""
+        if self._oom_event is None:
+            return True
+        try:
+            return os.eventfd_read(self._oom_event) > 0
+        except BlockingIOError:
+            return False
 
     def add(self, pid: int) -> None:
         """Move process ``pid`` into the group (its later children are born in it); ``ProcessLookupError`` if it is
@@ -184,7 +209,11 @@ class RunCgroup:
 
     def oom_kills(self) -> int:
         """How many processes of the group's current run the kernel killed for going past its memory limit."""
-        return self._oom_total() - self._oom_base
+        if not self._ran_out():
+            return 0
+        total = self._oom_total()
+        kills, self._oom_base = total - self._oom_base, total
+        return kills
 
     def _oom_total(self) -> int:
         path = self.paths["unified"] / "memory.events" if self.version == 2 else self.paths["memory"] / "memory.oom_control"
@@ -217,6 +246,9 @@ class RunCgroup:
     def remove(self) -> bool:
         """Remove the group once its processes are gone; ``False`` if some remain."""
         self.wait_empty()
+        if self._oom_event is not None:
+            os.close(self._oom_event)
+            self._oom_event = None
         for path in self.paths.values():
             try:
                 path.rmdir()
