@@ -37,6 +37,14 @@ class WorkerSettings(BaseSettings):
     workspace_disk_bytes: int | None = Field(
         default=None, description="Give each workspace a file system of this size (root; loop-mounted ext4)."
     )
+    run_cpus: float = Field(
+        default=defaults.SANDBOX_CPUS, gt=0,
+        description="CPU cores a run of the local or Docker runtime may use at once (its control group's quota).",
+    )
+    run_tmpfs_bytes: int = Field(
+        default=defaults.SANDBOX_TMPFS_BYTES, ge=1024 * 1024,
+        description="Size of a run's private /tmp (and, on the local runtime, /dev/shm) on the local or Docker runtime.",
+    )
     heartbeat_ttl_seconds: int = Field(
         default=defaults.HEARTBEAT_TTL_SECONDS, ge=2, description="Silence after which a started run's worker is lost."
     )

@@ -19,7 +19,7 @@ from rq import get_current_job
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
-from worker.contract import RunResult
+from worker.contract import RunResult, RuntimeName
 from worker.run_store import BaseRunStore, RedisRunStore
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
@@ -42,6 +42,8 @@ def runtime_for(name: str) -> BaseWorkspaceRuntime:
     if name not in _runtimes:
         settings = get_worker_settings()
         options: dict[str, Any] = {"work_root": settings.work_root, "disk_bytes": settings.workspace_disk_bytes}
+        if name in (RuntimeName.LOCAL, RuntimeName.DOCKER):
+            options |= {"cpus": settings.run_cpus, "tmpfs_bytes": settings.run_tmpfs_bytes}
         if settings.artifacts_dir is not None:
             options["artifact_store"] = FileArtifactStore(settings.artifacts_dir)
         _runtimes[name] = resolve_runtime(name, **options)
