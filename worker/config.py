@@ -37,6 +37,11 @@ class WorkerSettings(BaseSettings):
     workspace_disk_bytes: int | None = Field(
         default=None, description="Give each workspace a file system of this size (root; loop-mounted ext4)."
     )
+    uid_registry: Path = Field(
+        default=Path(defaults.UID_REGISTRY_DIR),
+        description="Where sandbox user ids are recorded: one folder for every work root of a host (workers in "
+                    "containers that share a work root share it too: put it on that volume).",
+    )
     run_cpus: float = Field(
         default=defaults.SANDBOX_CPUS, gt=0,
         description="CPU cores a run of the local or Docker runtime may use at once (its control group's quota).",

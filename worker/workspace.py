@@ -21,11 +21,9 @@ cannot read another workspace.
 from __future__ import annotations
 
 import errno
-import grp
 import hashlib
 import json
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -39,6 +37,7 @@ from pathlib import Path
 from worker import defaults
 from worker.contract import WORKSPACE_ID_PATTERN
 from worker.errors import WorkspaceError
+from worker.user_ids import UserIdRegistry
 
 METADATA_FILE = "metadata.json"
 REGISTRY_DIR = ".skillrun"
@@ -122,8 +121,7 @@ class WorkspaceManager:
         work_root: str | os.PathLike[str] | None = None,
         *,
         isolate_users: bool | None = None,
-        uid_base: int = defaults.SANDBOX_UID_BASE,
-        uid_count: int = defaults.SANDBOX_UID_COUNT,
+        user_ids: UserIdRegistry | None = None,
         fixed_uid: int | None = None,
         disk_bytes: int | None = None,
     ) -> None:
@@ -139,8 +137,7 @@ class WorkspaceManager:
         self.isolate_users = fixed_uid is None and ((os.geteuid() == 0) if isolate_users is None else isolate_users)
         if (self.isolate_users or fixed_uid is not None) and os.geteuid() != 0:
             raise WorkspaceError("per-workspace users and workspace owners need the host process to run as root")
-        self.uid_base = uid_base
-        self.uid_count = uid_count
+        self.user_ids = user_ids or UserIdRegistry()
         self._known: dict[str, Workspace] = {}
 
     @property
@@ -179,7 +176,7 @@ class WorkspaceManager:
         self._unmount_disk(workspace.path)
         remove_tree(workspace.path)
         if workspace.uid is not None and self.isolate_users:
-            (self.registry / "uids" / str(workspace.uid)).unlink(missing_ok=True)
+            self.user_ids.release(workspace.uid, workspace.path)
 
     def new_run_dir(self, workspace: Workspace) -> Path:
         """Create ``runs/run_<timestamp>`` for one run (unique even for runs in the same microsecond): the spare
@@ -237,8 +234,7 @@ class WorkspaceManager:
                 "running as a workspace user could not reach their workspace; choose a work root under a folder "
                 "with mode o+x (for example /tmp or /var/lib/skillrun)"
             )
-        for sub in ("workspaces", "uids"):
-            (self.registry / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        (self.registry / "workspaces").mkdir(parents=True, exist_ok=True, mode=0o700)
         info = self.registry.lstat()
         if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o022 or not stat.S_ISDIR(info.st_mode):
             raise WorkspaceError(
@@ -262,7 +258,11 @@ class WorkspaceManager:
             return None
         if meta.get("workspace_id") != workspace_id:
             raise WorkspaceError(f"index entry for {workspace_id!r} points at another workspace ({path})")
-        return Workspace(id=workspace_id, path=path, uid=meta.get("uid"), gid=meta.get("gid"))
+        uid = meta.get("uid")
+        if uid is not None and self.isolate_users and not self.user_ids.claim(uid, path):
+            raise WorkspaceError(f"workspace {workspace_id!r} ({path}) has user id {uid}, which another workspace "
+                                 "of this host holds; remove one of them")
+        return Workspace(id=workspace_id, path=path, uid=uid, gid=meta.get("gid"))
 
     def _create(self, workspace_id: str) -> Workspace:
         name = f"ws_{workspace_id}_{time.time_ns()}"
@@ -273,7 +273,8 @@ class WorkspaceManager:
             if self.disk_bytes is not None:
                 self._mount_disk(path)
             if self.isolate_users:
-                uid = gid = self._allocate_uid(workspace_id)
+                start = int.from_bytes(hashlib.sha256(workspace_id.encode()).digest()[:8], "big")
+                uid = gid = self.user_ids.allocate(path, start % self.user_ids.count)
             elif self.fixed_uid is not None:
                 uid = gid = self.fixed_uid
             workspace = Workspace(id=workspace_id, path=path, uid=uid, gid=gid)
@@ -331,7 +332,7 @@ class WorkspaceManager:
         self._unmount_disk(path)
         remove_tree(path)
         if uid is not None and self.isolate_users:
-            (self.registry / "uids" / str(uid)).unlink(missing_ok=True)
+            self.user_ids.release(uid, path)
 
     def _lay_out(self, workspace: Workspace) -> None:
         # skills/ and runs/ belong to the host process: a command can neither change its staged skill nor plant
@@ -346,38 +347,6 @@ class WorkspaceManager:
             # root owns the workspace root and skills/; the workspace's group may enter, nobody else.
             os.chown(workspace.path, 0, workspace.gid)
             os.chmod(workspace.path, 0o750)
-
-    def _allocate_uid(self, workspace_id: str) -> int:
-        """A user id of the range that no other workspace holds and no user or group of this host has (a file a
-        command writes must not belong to a real account, nor its group give a real group's access)."""
-        uids = self.registry / "uids"
-        start = int.from_bytes(hashlib.sha256(workspace_id.encode()).digest()[:8], "big") % self.uid_count
-        for i in range(self.uid_count):
-            uid = self.uid_base + (start + i) % self.uid_count
-            if host_account_exists(uid):
-                continue
-            try:
-                fd = os.open(uids / str(uid), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            except FileExistsError:
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(workspace_id)
-            return uid
-        raise WorkspaceError(f"all {self.uid_count} sandbox user ids are in use; remove idle workspaces")
-
-
-def host_account_exists(uid: int) -> bool:
-    """Whether this host has a user or a group with the id ``uid``."""
-    try:
-        pwd.getpwuid(uid)
-        return True
-    except KeyError:
-        pass
-    try:
-        grp.getgrgid(uid)
-        return True
-    except KeyError:
-        return False
 
 
 def remove_tree(path: Path) -> None:

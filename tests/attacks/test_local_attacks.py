@@ -211,12 +211,13 @@ async def test_another_skill_root_in_the_same_workspace_is_not_shown(runtime, ma
 
 def test_a_workspace_never_gets_the_id_of_a_host_user_or_group(work_root):
     manager = WorkspaceManager(work_root)
-    start = int.from_bytes(hashlib.sha256(b"collide").digest()[:8], "big") % manager.uid_count
-    taken = manager.uid_base + start  # the id "collide" would get first
+    start = int.from_bytes(hashlib.sha256(b"collide").digest()[:8], "big") % manager.user_ids.count
+    taken = manager.user_ids.base + start  # the id "collide" would get first
     name = f"skillrun-test-{taken}"
     subprocess.run(["groupadd", "-g", str(taken), name], check=True, capture_output=True)
     try:
         workspace = manager.acquire("collide")
     finally:
         subprocess.run(["groupdel", name], check=True, capture_output=True)
-    assert workspace.uid != taken and workspace.uid == taken + 1
+    assert workspace.uid != taken
+    assert manager.user_ids.base <= workspace.uid < manager.user_ids.base + manager.user_ids.count

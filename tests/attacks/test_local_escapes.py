@@ -596,12 +596,13 @@ async def test_a_timeout_in_another_work_root_does_not_kill_this_tenants_run(sha
     assert result.stdout == "survived\n" and result.exit_code == 0, "another tenant's timeout killed this run"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "user ids are allocated exclusively per work root (<work root>/.skillrun/uids), not per host: two runtimes "
-    "with different work roots on one host (two workers, the API's embedded runtime and a worker, the local and "
-    "Docker runtimes) give the same workspace id the same uid, and other ids collide too; their processes share "
-    "the uid's RLIMIT_NPROC count (a sandboxed run's end no longer kills by uid: see the test above)"))
 async def test_two_work_roots_never_give_two_tenants_the_same_user_id(shared_dir):
+    # Two runtimes with different work roots on one host (two workers, the API's embedded runtime and a worker,
+    # the local and Docker runtimes) would otherwise give the same workspace id the same user id.
     name = ws("tenant")
     first, second = WorkspaceManager(shared_dir / "root-a"), WorkspaceManager(shared_dir / "root-b")
-    assert first.acquire(name).uid != second.acquire(name).uid, "two tenants share a user id"
+    one, two = first.acquire(name), second.acquire(name)
+    assert one.uid != two.uid, "two tenants share a user id"
+    first.remove(name)
+    # an id is held while its workspace exists: given back on removal, and taken again once its folder is gone
+    assert WorkspaceManager(shared_dir / "root-c").acquire(name).uid == one.uid
