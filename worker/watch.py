@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -19,6 +20,12 @@ from worker import defaults
 from worker.cancellation import Cancellation
 
 READ_BYTES = 64 * 1024
+SPLICE_BYTES = 1024 * 1024
+READS_PER_TURN = 16
+"""Reads of one pipe per event-loop turn, at most."""
+FREE_DROP_BYTES = 64 * 1024 * 1024
+DROP_PAUSE_SECONDS = 0.02
+"""Past its cap, a pipe drops ``FREE_DROP_BYTES`` at full speed, then is drained once per pause."""
 
 
 class CommandWatch:
@@ -57,6 +64,7 @@ class CommandWatch:
         self._swept = False
         self._sweeps: list[asyncio.Future] = []
         self._drain: asyncio.TimerHandle | None = None
+        self._paused: dict[int, asyncio.TimerHandle] = {}
         for fd in self._buffers:
             os.set_blocking(fd, False)
             self._loop.add_reader(fd, self._read, fd)
@@ -82,22 +90,38 @@ class CommandWatch:
         return bytes(self._buffers[fd]), self._omitted[fd]
 
     def _read(self, fd: int) -> None:
-        """Take what the pipe holds now (up to its end): one loop iteration, however the writes were split."""
+        """Take what the pipe holds now (up to its end, or ``READS_PER_TURN`` reads, after which the loop's other
+        work gets its turn and the selector calls again).
+
+        Past its cap, a pipe's bytes are counted and dropped in the kernel (spliced to /dev/null); once more than
+        ``FREE_DROP_BYTES`` were dropped, the pipe is drained only every ``DROP_PAUSE_SECONDS``, so a run flooding
+        its output (and it alone: it waits for its pipe) slows down instead of costing the worker a core."""
         buf = self._buffers[fd]
-        while True:
+        for _ in range(READS_PER_TURN):
+            room = self._caps[fd] - len(buf)
             try:
-                chunk = os.read(fd, READ_BYTES)
+                if room > 0:
+                    chunk = os.read(fd, READ_BYTES)
+                    taken = len(chunk)
+                    buf += chunk[:room]
+                else:
+                    taken = os.splice(fd, _devnull(), SPLICE_BYTES, flags=os.SPLICE_F_NONBLOCK)
             except BlockingIOError:
-                return
-            if not chunk:
+                break
+            if not taken:
                 self._loop.remove_reader(fd)
                 self._open.discard(fd)
                 self._settle()
                 return
-            room = self._caps[fd] - len(buf)
-            if room > 0:
-                buf += chunk[:room]
-            self._omitted[fd] += max(len(chunk) - max(room, 0), 0)
+            self._omitted[fd] += max(taken - max(room, 0), 0)
+        if self._omitted[fd] > FREE_DROP_BYTES and not self.exited:
+            self._loop.remove_reader(fd)
+            self._paused[fd] = self._loop.call_later(DROP_PAUSE_SECONDS, self._resume, fd)
+
+    def _resume(self, fd: int) -> None:
+        self._paused.pop(fd, None)
+        if fd in self._open:
+            self._loop.add_reader(fd, self._read, fd)
 
     def _on_exit(self) -> None:
         if self._pidfd is not None:
@@ -166,6 +190,8 @@ class CommandWatch:
         self._deadline.cancel()
         if self._drain is not None:
             self._drain.cancel()
+        for timer in self._paused.values():
+            timer.cancel()
         if self._cancel is not None:
             self._cancel.remove(self._on_cancel)
         if self._sweeps:
@@ -198,3 +224,9 @@ def kill_user_processes(uid: int, keep: frozenset[int] = frozenset()) -> int:
         if not found:
             break
     return killed
+
+
+@functools.cache
+def _devnull() -> int:
+    """Where output past its cap goes (opened once, kept open)."""
+    return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
