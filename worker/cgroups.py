@@ -14,13 +14,15 @@ versions are handled:
 
 A run group is made ahead (off the run's path), its limits are written when the run starts (only those that
 changed), and once the run's processes are gone it is kept for its workspace's next run (``CgroupPool``) or
-removed.
+removed. Each runtime's groups live in a folder of its own (``skillrun/<token>/run-<token>``), removed when the
+runtime closes; the folders a killed worker left are swept by the next one to start on the host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
 import subprocess
@@ -35,6 +37,9 @@ from worker.errors import CgroupError
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 GROUP_FOLDER = "skillrun"
 V1_MOUNTS = Path("/run/skillrun/cgroup")
+OWNERS = Path("/run/skillrun/cgroup-owners")
+"""One lock file per live tree (``CgroupTree``): a tree's folder whose lock nobody holds was left by a dead process."""
+V2_CONTROLS = "+cpu +memory +pids"
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_MICROSECONDS = 100_000
 EMPTY_ATTEMPTS = 20
@@ -59,7 +64,35 @@ class CgroupTree:
 
     def __init__(self, version: int, parents: dict[str, Path]) -> None:
         self.version = version
-        self.parents = parents  # controller (v1) or "unified" (v2) → the skillrun folder
+        self.parents = parents  # controller (v1) or "unified" (v2) → this tree's own folder in it
+        self._lock_fd = -1
+
+    def _claim(self) -> "CgroupTree":
+        """Make this tree a folder of its own under each ``skillrun`` folder, named by a random token and held by
+        a lock file (``OWNERS``) for as long as this process lives; first, sweep the folders of processes that
+        died without removing theirs."""
+        OWNERS.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for parent in self.parents.values():
+            _sweep_abandoned(parent)
+        token = secrets.token_hex(8)
+        self._lock_fd = os.open(OWNERS / token, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self.parents = {key: parent / token for key, parent in self.parents.items()}
+        for parent in self.parents.values():
+            parent.mkdir()
+            if self.version == 2:
+                _write(parent / "cgroup.subtree_control", V2_CONTROLS)
+        return self
+
+    def close(self) -> None:
+        """Remove this tree's folders (its run groups are gone first) and let go of its lock."""
+        for parent in self.parents.values():
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        if self._lock_fd >= 0:
+            (OWNERS / next(iter(self.parents.values())).name).unlink(missing_ok=True)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     @classmethod
     def detect(cls) -> "CgroupTree | str":
@@ -81,25 +114,24 @@ class CgroupTree:
             if isinstance(parent, str):
                 return parent
             parents[controller] = parent
-        return cls(1, parents)
+        return cls(1, parents)._claim()
 
     @classmethod
     def _detect_v2(cls, mount: Path, own: str) -> "CgroupTree | str":
         base = mount / own.lstrip("/")
         parent = base / GROUP_FOLDER
-        wanted = {"memory", "pids", "cpu"}
         try:
-            if not wanted <= set((base / "cgroup.controllers").read_text().split()):
+            if not set(V1_CONTROLLERS) <= set((base / "cgroup.controllers").read_text().split()):
                 return f"the cgroup v2 group {base} lacks one of the memory, pids and cpu controllers"
-            _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+            _write(base / "cgroup.subtree_control", V2_CONTROLS)
             parent.mkdir(exist_ok=True)
-            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+            _write(parent / "cgroup.subtree_control", V2_CONTROLS)
         except OSError as exc:
             if exc.errno == errno.EBUSY:
                 return (f"the cgroup v2 group {base} holds processes, so it cannot delegate controllers; run the "
                         "worker in a group of its own (systemd: Delegate=yes) to get per-run limits")
             return f"cannot make control groups under {base}: {exc.strerror}"
-        return cls(2, {"unified": parent})
+        return cls(2, {"unified": parent})._claim()
 
     def new_group(self) -> "RunCgroup":
         """Make an empty run group (no limits yet)."""
@@ -324,12 +356,37 @@ class CgroupPool:
             self._spare = []
         for group in groups:
             group.remove()
+        self.tree.close()
 
     def _evict(self) -> list[RunCgroup]:
         evicted: list[RunCgroup] = []
         while sum(len(kept) for kept in self._idle.values()) > MAX_IDLE_GROUPS:
             evicted += self._idle.popitem(last=False)[1]
         return evicted
+
+
+def _sweep_abandoned(parent: Path) -> None:
+    """Remove the folders (and their empty run groups) of trees whose process is gone: their lock file is missing
+    or nobody holds it. A group something still runs in stays."""
+    for folder in [entry for entry in parent.iterdir() if entry.is_dir()] if parent.is_dir() else []:
+        try:
+            lock = os.open(OWNERS / folder.name, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            lock = -1
+        try:
+            if lock >= 0:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            continue  # its process lives
+        for group in [entry for entry in folder.iterdir() if entry.is_dir()]:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        if lock >= 0:
+            (OWNERS / folder.name).unlink(missing_ok=True)
+            os.close(lock)
 
 
 def _v1_parent(controllers: str, own: str) -> "Path | str":
