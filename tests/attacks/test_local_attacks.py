@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import socket
 import subprocess
 import uuid
@@ -164,7 +165,7 @@ async def test_a_run_is_held_by_a_control_group_of_its_own(runtime, make_request
     pids = Path("/sys/fs/cgroup/pids") / groups["pids"].lstrip("/")
     cpu_key = next(key for key in groups if "cpu" in key.split(",") and "cpuset" not in key)
     cpu = Path("/sys/fs/cgroup/cpu") / groups[cpu_key].lstrip("/")
-    assert "/skillrun/run-" in groups["memory"]
+    assert re.search(r"/skillrun/[0-9a-f]{16}/run-[0-9a-f]{16}$", groups["memory"]), groups["memory"]
     assert int((memory / "memory.limit_in_bytes").read_text()) == 300 * 1024 * 1024
     assert (pids / "pids.max").read_text().strip() == "77"
     assert int((cpu / "cpu.cfs_quota_us").read_text()) == 100_000  # one core, the runtime's default

@@ -284,4 +284,5 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             await asyncio.to_thread(spawner.close)
         if isinstance(self._cgroups, CgroupPool):
             await self.idle()  # the groups of the runs just ended come back first
-            await asyncio.to_thread(self._cgroups.close)
+            pool, self._cgroups = self._cgroups, None  # a run after close makes its groups anew
+            await asyncio.to_thread(pool.close)
