@@ -248,23 +248,12 @@ class RunCgroup:
         return kills
 
     def _oom_total(self) -> int:
-        path = self.paths["unified"] / "memory.events" if self.version == 2 else self.paths["memory"] / "memory.oom_control"
-        try:
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
+        events = self.paths["unified"] / "memory.events" if self.version == 2 else self.paths["memory"] / "memory.oom_control"
+        return oom_kill_count(events) or 0
 
     def procs(self) -> list[int]:
         """The processes in the group now."""
-        path = next(iter(self.paths.values())) / "cgroup.procs"
-        try:
-            return [int(pid) for pid in path.read_text().split()]
-        except (OSError, ValueError):
-            return []
+        return group_procs(next(iter(self.paths.values())) / "cgroup.procs")
 
     def wait_empty(self) -> bool:
         """Wait a little for the group's processes to be gone (a killed sandbox takes a moment); ``False`` if some
@@ -363,6 +352,29 @@ class CgroupPool:
         while sum(len(kept) for kept in self._idle.values()) > MAX_IDLE_GROUPS:
             evicted += self._idle.popitem(last=False)[1]
         return evicted
+
+
+def group_procs(procs_file: str | os.PathLike[str]) -> list[int]:
+    """The processes a group's ``cgroup.procs`` lists (none if it cannot be read)."""
+    try:
+        with open(procs_file) as f:
+            return [int(pid) for pid in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def oom_kill_count(events_file: str | os.PathLike[str]) -> int | None:
+    """The ``oom_kill`` count of a group's ``memory.oom_control`` (v1) or ``memory.events`` (v2); ``None`` if it
+    cannot be read."""
+    try:
+        with open(events_file) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _sweep_abandoned(parent: Path) -> None:

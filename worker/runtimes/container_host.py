@@ -19,6 +19,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from worker.cgroups import group_procs, oom_kill_count
+
 RESIDENT_UID = 65533
 """The user of the container's init and keep-alive: not a workspace's (30000–59999), so no run can signal them,
 and a run's processes are told from them by it."""
@@ -70,25 +72,11 @@ class HostView:
         return view if init_pid in view.pids() else None
 
     def pids(self) -> list[int]:
-        try:
-            with open(self.procs) as f:
-                return [int(pid) for pid in f.read().split()]
-        except (OSError, ValueError):
-            return []
+        return group_procs(self.procs)
 
     def oom_kills(self) -> int | None:
         """How many processes the kernel killed in the container for going past its memory limit."""
-        if self.oom_events is None:
-            return None
-        try:
-            with open(self.oom_events) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            pass
-        return None
+        return oom_kill_count(self.oom_events) if self.oom_events is not None else None
 
     def end_run(self) -> bool:
         """Kill every process in the container but the residents, then empty its scratch folders; ``False``
