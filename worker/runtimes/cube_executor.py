@@ -285,12 +285,14 @@ class CubeCodeExecutor:
 
 
 KILL_SCRIPT = (
-    'm={marker}; for p in /proc/[0-9]*; do [ -O "$p" ] && [ "$p" != /proc/$$ ] || continue; hit=; '
+    'm={marker}; for pass in 1 2 3 4 5 6 7 8 9 10; do k=; for p in /proc/[0-9]*; do '
+    '[ -O "$p" ] && [ "$p" != /proc/$$ ] || continue; hit=; '
     'while IFS= read -r -d \'\' e; do [ "$e" = "RUN_DIR=$m" ] && hit=1 && break; done 2>/dev/null < "$p/environ"; '
     '[ -z "$hit" ] && while IFS= read -r -d \'\' a; do case $a in *"$m"*) hit=1; break;; esac; done 2>/dev/null < "$p/cmdline"; '
-    '[ -n "$hit" ] && kill -9 "${{p#/proc/}}" 2>/dev/null; done\n'
+    '[ -n "$hit" ] && kill -9 "${{p#/proc/}}" 2>/dev/null && k=1; done; [ -z "$k" ] && break; done\n'
 )
-"""Kill by marker, in bash builtins only (no process per candidate)."""
+"""Kill by marker, in bash builtins only (no process per candidate). A process forked after a pass listed
+``/proc`` escapes that pass, so passes repeat until one kills nothing (at most ten)."""
 
 
 __all__ = [
