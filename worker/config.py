@@ -16,6 +16,8 @@ MAX_CPU_SECONDS = 24 * 3600
 """Default operator ceiling on a run's ``limits.cpu_seconds``."""
 MAX_PROCESSES = 4096
 """Default operator ceiling on a run's ``limits.processes``."""
+DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+"""Debian's CA bundle: what environment builds trust unless told otherwise."""
 
 
 def host_memory_bytes() -> int:
@@ -49,6 +51,25 @@ class WorkerSettings(BaseSettings):
     run_tmpfs_bytes: int = Field(
         default=defaults.SANDBOX_TMPFS_BYTES, ge=1024 * 1024,
         description="Size of a run's private /tmp (and, on the local runtime, /dev/shm) on the local or Docker runtime.",
+    )
+    envs_dir: Path | None = Field(
+        default=None, description="Where skills' dependency environments are built and kept (default: under the "
+                                  "work root's .skillrun folder).",
+    )
+    env_index_url: str | None = Field(
+        default=None, description="The package index environment builds resolve and download from (default: PyPI)."
+    )
+    env_ca_bundle: str | None = Field(
+        default_factory=lambda: DEFAULT_CA_BUNDLE if os.path.isfile(DEFAULT_CA_BUNDLE) else None,
+        description="CA bundle environment builds trust for the index (where TLS is intercepted, the one that "
+                    "holds the intercepting CA).",
+    )
+    env_build_timeout_seconds: float = Field(
+        default=900.0, gt=0, allow_inf_nan=False, description="The longest one environment build step may take."
+    )
+    env_max_bytes: int = Field(default=1024**3, gt=0, description="The largest an environment may grow, bytes.")
+    env_build_memory_bytes: int = Field(
+        default=4 * 1024**3, gt=0, description="Memory an environment build may use (its control group's limit)."
     )
     heartbeat_ttl_seconds: int = Field(
         default=defaults.HEARTBEAT_TTL_SECONDS, ge=2, description="Silence after which a started run's worker is lost."

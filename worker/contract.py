@@ -115,6 +115,11 @@ class RunRequest(BaseModel):
     save_as_artifacts: bool = False
     omit_inline_content: bool = False
     network: bool = Field(default=False, description="Ask for network access (container runtimes; where the operator allows it).")
+    wait_for_environment: bool = Field(
+        default=True,
+        description="When the skill's dependency environment is not built yet: build it and wait (true), or fail at "
+                    "once saying so (false).",
+    )
     workspace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
 
     @field_validator("workspace_id")

@@ -6,6 +6,9 @@ Every error the worker raises descends from one root::
     ├── InvalidRunRequestError   a request field is unsafe or malformed (cwd, env, glob, input)
     ├── WorkspaceError           a workspace cannot be created, found or used
     ├── StagingError             a skill cannot be staged into a workspace
+    │   └── DependencyError      a skill's dependency declaration is wrong, or its environment cannot be had
+    │       ├── EnvironmentBuildError     resolving or installing the dependencies failed (the tool's own message)
+    │       └── EnvironmentNotReadyError  the environment is not built and the run chose not to wait
     ├── RuntimeUnavailableError  a runtime cannot be used on this machine
     ├── SandboxError             a command's bubblewrap sandbox did not start
     ├── CgroupError              a run's control group could not be made or used
@@ -40,6 +43,18 @@ class WorkspaceError(WorkerError):
 
 class StagingError(WorkerError):
     """A skill cannot be staged into a workspace."""
+
+
+class DependencyError(StagingError):
+    """A skill's dependency declaration is wrong (which file, which line, what), or its environment cannot be had."""
+
+
+class EnvironmentBuildError(DependencyError):
+    """Resolving or installing a skill's dependencies failed; the message holds the resolver's or installer's own."""
+
+
+class EnvironmentNotReadyError(DependencyError):
+    """A skill's dependency environment is not built yet and the run asked not to wait for it."""
 
 
 class RuntimeUnavailableError(WorkerError):

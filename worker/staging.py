@@ -40,6 +40,11 @@ WORKSPACE_LINKS = {"work": "../../work", "out": "../../out", "inputs": "../../wo
 def resolve_skill_source(skill: SkillRef) -> Path:
     """The real folder of ``skill`` inside its root (a URL root is fetched into the cache once), refusing paths
     that leave the root."""
+    return resolve_skill_paths(skill)[1]
+
+
+def resolve_skill_paths(skill: SkillRef) -> tuple[Path, Path]:
+    """The real folders of ``skill``'s library root and of the skill inside it (see ``resolve_skill_source``)."""
     root = resolve_root(skill.root, expected_sha256=skill.digest) if is_url(skill.root) else Path(skill.root)
     if not root.is_dir():
         raise StagingError(f"skills root {skill.root!r} is not a directory")
@@ -49,7 +54,7 @@ def resolve_skill_source(skill: SkillRef) -> Path:
         raise StagingError(f"skill path {skill.path!r} leaves the skills root {skill.root!r}")
     if not (source / SKILL_FILE).is_file():
         raise StagingError(f"skill {skill.name!r}: no {SKILL_FILE} in {source}")
-    return source
+    return real_root, source
 
 
 class BaseSkillStager(ABC):

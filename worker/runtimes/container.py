@@ -167,7 +167,8 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         return command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
 
     async def _execute(
-        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
+        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
+        *, environment: Path | None = None,
     ) -> ProcessOutcome:
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")

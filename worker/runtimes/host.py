@@ -24,11 +24,12 @@ from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.collect import Collection, collect_outputs, resolve_patterns
-from worker.contract import InputFile, RunRequest, RunResult
-from worker.errors import InvalidRunRequestError, WorkspaceError
+from worker.contract import InputFile, RunRequest, RunResult, SkillRef
+from worker.environments import DeclarationCache, EnvironmentInfo, SkillEnvironments
+from worker.errors import DependencyError, InvalidRunRequestError, WorkspaceError
 from worker.process import ProcessOutcome
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
-from worker.staging import BaseSkillStager, LinkSkillStager
+from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
 from worker.workspace import Workspace, WorkspaceManager
 
@@ -48,8 +49,14 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         stager: BaseSkillStager | None = None,
         artifact_store: FileArtifactStore | None = None,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
+        environments: SkillEnvironments | None = None,
     ) -> None:
+        """``environments`` gives skills their dependency environments; without it a skill that declares
+        dependencies is refused with a clear error (never run without its packages)."""
         self.workspaces = workspaces
+        self.environments = environments
+        self._skill_paths: dict[SkillRef, tuple[Path, Path]] = {}
+        self._declarations = DeclarationCache()
         self.stager = stager or LinkSkillStager()
         self.artifact_store = artifact_store or FileArtifactStore(self.workspaces.registry / "artifacts")
         self.input_file_bytes = input_file_bytes
@@ -78,9 +85,16 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
         started = time.monotonic()
         prepared = self._prepare_quickly(request) or await asyncio.to_thread(self._prepare, request)
+        environment = await self._environment(request)
+        env = prepared.env
+        if environment is not None:
+            env = {**env, "VIRTUAL_ENV": str(environment.path), "PATH": f"{environment.path}/bin:{env.get('PATH', '')}"}
         staged = time.monotonic()
 
-        outcome = await self._execute(prepared.workspace, request, prepared.cwd, prepared.env, cancel)
+        outcome = await self._execute(
+            prepared.workspace, request, prepared.cwd, env, cancel,
+            environment=environment.path if environment is not None else None,
+        )
         executed = time.monotonic()
 
         collection = Collection()
@@ -102,6 +116,23 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             request, self.name, outcome, collection, stdout=decode_output(outcome.stdout, outcome.stdout_omitted),
             stderr=stderr, marks=(started, staged, executed, finished),
         )
+
+    async def _environment(self, request: RunRequest) -> EnvironmentInfo | None:
+        """The dependency environment of the request's skill (``None`` when it declares none), built first when the
+        request waits for it."""
+        paths = self._skill_paths.get(request.skill)
+        if paths is None:
+            paths = self._skill_paths[request.skill] = await asyncio.to_thread(resolve_skill_paths, request.skill)
+        root, source = paths
+        if self.environments is None:
+            declaration = self._declarations.get(source, root, request.skill.name)
+            if declaration.python:
+                raise DependencyError(
+                    f"skill {request.skill.name!r} declares Python dependencies ({', '.join(declaration.python)}); "
+                    f"the {self.name.value} runtime does not build dependency environments yet: use the local runtime"
+                )
+            return None
+        return await self.environments.for_run(source, root, request.skill.name, wait=request.wait_for_environment)
 
     def _prepare(self, request: RunRequest) -> "_Prepared":
         """Make the workspace on first use, stage the skill, make a run folder, write the inputs (blocking)."""
@@ -174,9 +205,11 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
 
     @abstractmethod
     async def _execute(
-        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
+        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
+        *, environment: Path | None = None,
     ) -> ProcessOutcome:
-        """Run ``request.command`` in ``cwd`` with ``env``, within its timeout, limits and ``cancel``."""
+        """Run ``request.command`` in ``cwd`` with ``env``, within its timeout, limits and ``cancel``; the skill's
+        dependency ``environment``, when it has one, is shown to the command read-only."""
 
     def _forget_workspace(self, workspace: Workspace) -> None:
         """Release what this runtime holds for a workspace that is being removed."""
@@ -242,6 +275,8 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             cancel.set()
         await self.idle()
         self._housekeeper.shutdown(wait=False)
+        if self.environments is not None:
+            await asyncio.to_thread(self.environments.close)
 
     def remove_workspace(self, workspace_id: str) -> None:
         """Delete a workspace and everything in it."""

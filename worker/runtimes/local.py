@@ -20,6 +20,7 @@ from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, RunCgroup
 from worker.contract import RunRequest, RuntimeName
+from worker.environments import SkillEnvironments, local_environments
 from worker.errors import InvalidRunRequestError, SpawnerError
 from worker.process import (
     SETPRIV_HARDENING,
@@ -66,6 +67,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         sandbox: bool = True,
         tmpfs_bytes: int = defaults.SANDBOX_TMPFS_BYTES,
         cpus: float | None = defaults.SANDBOX_CPUS,
+        environments: SkillEnvironments | None = None,
     ) -> None:
         """``spawners`` applies when commands run as workspace users: ``auto`` starts a workspace's spawner when the
         workspace is used a second time and uses it once ready (a one-off run never pays for one), ``eager`` starts
@@ -81,11 +83,17 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         ``sandbox`` (with workspace users): each command runs in a bubblewrap sandbox (``worker.sandbox``) with
         private ``/tmp`` and ``/dev/shm`` of ``tmpfs_bytes`` each, held with everything it starts to the request's
         memory and process limits and to ``cpus`` cores (``None``: no CPU cap) by a control group of its own where
-        the host has one (otherwise the result says so). It needs bubblewrap (``apt-get install bubblewrap``)."""
+        the host has one (otherwise the result says so). It needs bubblewrap (``apt-get install bubblewrap``).
+
+        ``environments``: skills' dependency environments (default: built for the host's ``python3`` into
+        ``SKILLRUN_ENVS_DIR`` or the work root's ``.skillrun/environments``, each build sandboxed as runs are)."""
+        workspaces = WorkspaceManager(work_root, isolate_users=isolate_users, disk_bytes=disk_bytes)
+        if environments is None:
+            sandboxed_builds = sandbox and workspaces.isolate_users
+            environments = local_environments(workspaces.registry / "environments", sandboxed=sandboxed_builds)
         super().__init__(
-            WorkspaceManager(work_root, isolate_users=isolate_users, disk_bytes=disk_bytes), stager=stager,
-            artifact_store=artifact_store,
-            input_file_bytes=input_file_bytes,
+            workspaces, stager=stager, artifact_store=artifact_store, input_file_bytes=input_file_bytes,
+            environments=environments,
         )
         self.sandbox_path = sandbox_path
         self.spawner_mode: SpawnerMode = spawners
@@ -106,14 +114,15 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         return command_environment(run_dir, request, variables, path=self.sandbox_path, shell=self._bash)
 
     async def _execute(
-        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
+        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
+        *, environment: Path | None = None,
     ) -> ProcessOutcome:
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
         no_network = workspace.uid is not None and not request.network
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None) + request.command
         argv = [self._bash or find_bash(), "-c", script]
-        sandbox = await self._sandbox(workspace, request)
+        sandbox = await self._sandbox(workspace, request, environment)
         limits = CgroupLimits(request.limits.memory_bytes, request.limits.processes, self.cpus)
         process_args = dict(
             cwd=cwd, env=env, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
@@ -165,8 +174,11 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         shell.discard()
         return None
 
-    async def _sandbox(self, workspace: Workspace, request: RunRequest) -> SandboxSpec | None:
-        """This run's sandbox: its workspace, and the library folder its skill is linked from (read-only)."""
+    async def _sandbox(
+        self, workspace: Workspace, request: RunRequest, environment: Path | None
+    ) -> SandboxSpec | None:
+        """This run's sandbox: its workspace, the library folder its skill is linked from and its skill's
+        dependency environment (both read-only)."""
         if not self.sandbox or workspace.uid is None:
             return None
         if self._cgroups is None:
@@ -174,7 +186,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             tree = await asyncio.to_thread(CgroupTree.detect)
             self._cgroups = CgroupPool(tree) if isinstance(tree, CgroupTree) else tree
         source = self.stager.linked_source(request.skill)
-        return SandboxSpec(str(workspace.path), (str(source),) if source is not None else (), self.tmpfs_bytes)
+        shown = tuple(str(folder) for folder in (source, environment) if folder is not None)
+        return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes)
 
     def _new_cgroup(self, workspace_id: str, sandbox: SandboxSpec | None, limits: CgroupLimits) -> RunCgroup | None:
         """A control group for a run started now, with its limits; ``None`` where there are none."""

@@ -1,0 +1,311 @@
+"""Building environments: resolve a requirement set to a lock, install the lock, with ``uv``, as untrusted code.
+
+A build runs code from the package index (a source distribution's build backend runs whatever it likes), so it is
+treated like a run: on a root host each build step runs as a sandbox user id of its own, in the same bubblewrap
+sandbox and control group a run gets (``worker.sandbox``, ``worker.cgroups``), with an environment made from
+scratch and nothing of the host but the system folders, the build's own folder and the ``uv`` binary. It differs
+from a run in one way only: it may reach the network (the package index). It runs under a timeout, a memory limit
+and a cap on the environment's size, watched while it grows.
+
+The build's ``uv`` cache is its own and goes with it: a build never sees what another build left, so one skill's
+hostile source distribution cannot plant a file that another team's environment would then install. Environments are
+still shared by key, and a second library version with the same requirements builds nothing at all.
+
+The result belongs to root and is read-only to everyone else: the build's user id goes back to the pool and may
+next belong to a workspace, which must not be able to change an environment other runs use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker import defaults
+from worker.cancellation import Cancellation
+from worker.cgroups import CgroupLimits, CgroupTree, RunCgroup
+from worker.environments.declarations import Declaration
+from worker.environments.store import EnvironmentInfo, EnvironmentStore, build_lock, folder_size, resolve_lock
+from worker.environments.target import Target
+from worker.errors import CgroupError, DependencyError, EnvironmentBuildError
+from worker.process import ProcessOutcome, run_process
+from worker.sandbox import SandboxSpec, find_bwrap
+from worker.user_ids import UserIdRegistry
+from worker.workspace import remove_tree
+
+OUTPUT_BYTES = 256 * 1024
+"""What is kept of a build step's stdout and stderr (its messages end up in the error)."""
+MESSAGE_CHARS = 4000
+"""What of a failed step's output an error quotes (its end, where the resolver or installer says what failed)."""
+SIZE_POLL_SECONDS = 1.0
+BUILD_PROCESSES = 1024
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """How builds run (from the worker settings)."""
+
+    index_url: str | None = None
+    ca_bundle: str | None = None
+    timeout: float = 900.0
+    max_bytes: int = 1024**3
+    memory_bytes: int = 4 * 1024**3
+    sandboxed: bool = True
+    """Each step as a sandbox user in bubblewrap (root hosts); off, as the current user (a non-root host)."""
+
+
+def requirements_key(declaration: Declaration, target: Target, settings: BuildSettings) -> str:
+    """What a lock is resolved from: the requirements, the target, the index."""
+    return _digest({"python": list(declaration.python), "target": target.key, "index": settings.index_url or ""})
+
+
+def environment_key(lock: str, target: Target) -> str:
+    """What an environment is built from: its lock and its target."""
+    return _digest({"lock": lock, "target": target.key})
+
+
+def locked_packages(lock: str) -> list[str]:
+    """``name==version`` of every package a lock pins."""
+    return [line.split()[0] for line in lock.splitlines() if line and not line[0].isspace() and "==" in line]
+
+
+class EnvironmentBuilder:
+    """Resolves and builds environments into a store (see the module's description)."""
+
+    def __init__(self, store: EnvironmentStore, settings: BuildSettings, registry: UserIdRegistry | None = None):
+        self.store = store
+        self.settings = settings
+        self.registry = registry if registry is not None else (UserIdRegistry() if settings.sandboxed else None)
+        self._tree: CgroupTree | str | None = None
+
+    async def resolve(self, declaration: Declaration, target: Target, progress: Progress | None = None) -> str:
+        """The lock of ``declaration`` for ``target``: kept from an earlier resolution, or resolved now."""
+        key = requirements_key(declaration, target, self.settings)
+        lock = self.store.lock_text(key)
+        if lock is not None:
+            return lock
+        async with self.store.exclusive(resolve_lock(key)):
+            lock = self.store.lock_text(key)
+            if lock is not None:
+                return lock
+            _say(progress, f"resolving {len(declaration.python)} requirement(s)")
+            async with self._build_folder(resolve_lock(key)) as (folder, uid):
+                (folder / "requirements.in").write_text("\n".join(declaration.python) + "\n")
+                await self._step(folder, uid, [
+                    "pip", "compile", "requirements.in", "--python", target.python, "--generate-hashes",
+                    "--no-header", "--no-annotate", "--quiet", "--output-file", "lock.txt",
+                ], "resolving the dependencies")
+                lock = (folder / "lock.txt").read_text()
+            self.store.save_lock(key, lock)
+            return lock
+
+    async def build(self, lock: str, target: Target, declaration: Declaration,
+                    progress: Progress | None = None) -> EnvironmentInfo:
+        """The environment of ``lock`` for ``target``: found in the store, or built now (one build per key at a
+        time; a caller that finds a build under way waits for it)."""
+        key = environment_key(lock, target)
+        info = self.store.info(key)
+        if info is not None:
+            return info
+        async with self.store.exclusive(build_lock(key)):
+            info = self.store.info(key)
+            if info is not None:
+                return info
+            _say(progress, f"installing {len(locked_packages(lock))} package(s)")
+            started = time.monotonic()
+            async with self._build_folder(build_lock(key)) as (folder, uid):
+                (folder / "lock.txt").write_text(lock)
+                await self._step(folder, uid, ["venv", "--relocatable", "--quiet", "--python", target.python, "env"],
+                                 "making the environment")
+                await self._step(folder, uid, [
+                    "pip", "sync", "--python", "env/bin/python", "--require-hashes", "--compile-bytecode", "--quiet",
+                    "lock.txt",
+                ], "installing the dependencies", watch=folder / "env")
+                size = await asyncio.to_thread(_seal, folder / "env")
+                if size > self.settings.max_bytes:
+                    raise EnvironmentBuildError(_too_big(size, self.settings.max_bytes))
+                meta = {
+                    "key": key, "target": target.label, "requirements": list(declaration.python),
+                    "packages": locked_packages(lock), "size_bytes": size, "built_at": time.time(),
+                    "build_seconds": round(time.monotonic() - started, 3),
+                }
+                self.store.publish(key, folder / "env", meta)
+            _say(progress, f"built in {time.monotonic() - started:.1f} s")
+            return self.store.info(key)
+
+    @contextlib.asynccontextmanager
+    async def _build_folder(self, lock: str) -> AsyncIterator[tuple[Path, int | None]]:
+        """A new build folder (removed afterwards) and, sandboxed, the sandbox user id that owns it while it exists."""
+        folder = self.store.new_build_folder(lock)
+        try:
+            for name in ("home", "tmp", "cache"):
+                (folder / name).mkdir()
+            uid = await asyncio.to_thread(self._own, folder) if self.settings.sandboxed else None
+            yield folder, uid
+        finally:
+            await asyncio.to_thread(remove_tree, folder)
+
+    async def _step(self, folder: Path, uid: int | None, args: list[str], what: str, watch: Path | None = None) -> None:
+        """Run ``uv <args>`` in ``folder`` as ``uid``, in the build's sandbox; ``EnvironmentBuildError`` with uv's
+        own message when it fails, runs out of time or grows the environment past the size cap."""
+        uv = await asyncio.to_thread(self._uv)
+        env = {
+            "PATH": defaults.SANDBOX_PATH, "HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp"),
+            "LANG": defaults.SANDBOX_LANG, "UV_CACHE_DIR": str(folder / "cache"), "UV_NO_CONFIG": "1",
+            "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "copy",
+        }
+        if self.settings.index_url:
+            env["UV_DEFAULT_INDEX"] = self.settings.index_url
+        if self.settings.ca_bundle:
+            env["SSL_CERT_FILE"] = self.settings.ca_bundle
+        sandbox = cgroup = None
+        if self.settings.sandboxed:
+            sandbox, cgroup = await asyncio.to_thread(self._sandbox, folder, uv)
+        cancel = Cancellation()
+        too_big: list[int] = []
+        watcher = asyncio.ensure_future(_watch_size(watch, self.settings.max_bytes, cancel, too_big)) if watch else None
+        try:
+            outcome = await run_process(
+                [uv, *args], cwd=str(folder), env=env, timeout=self.settings.timeout, stdout_cap=OUTPUT_BYTES,
+                stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel, no_network=False, sandbox=sandbox,
+                cgroup=cgroup,
+            )
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.remove)
+        if too_big:
+            raise EnvironmentBuildError(_too_big(too_big[0], self.settings.max_bytes))
+        if outcome.timed_out:
+            raise EnvironmentBuildError(
+                f"{what} did not finish within {self.settings.timeout:g} s (SKILLRUN_ENV_BUILD_TIMEOUT); "
+                f"it was stopped.{_tail(outcome)}"
+            )
+        if outcome.oom_killed:
+            raise EnvironmentBuildError(f"{what} ran out of memory ({self.settings.memory_bytes} bytes).{_tail(outcome)}")
+        if outcome.exit_code != 0:
+            raise EnvironmentBuildError(f"{what} failed (uv exited with {outcome.exit_code}):{_tail(outcome)}")
+
+    def _uv(self) -> str:
+        """The ``uv`` binary the builds run: the installed one, copied into the store where a build's user can
+        read it (and nothing else of the worker's installation)."""
+        try:
+            import uv as uv_package
+        except ImportError as exc:
+            raise DependencyError("uv is not installed: pip install uv (it is one of skillrun's dependencies)") from exc
+        installed = Path(uv_package.find_uv_bin())
+        if not self.settings.sandboxed:
+            return str(installed)
+        folder = self.store.root / "bin"
+        folder.mkdir(mode=0o755, exist_ok=True)
+        info = installed.stat()
+        copy = folder / f"uv-{info.st_size}-{int(info.st_mtime)}"
+        if not copy.exists():
+            temporary = folder / f".uv-{secrets.token_hex(6)}"
+            shutil.copyfile(installed, temporary)
+            os.chmod(temporary, 0o755)
+            os.replace(temporary, copy)
+        return str(copy)
+
+    def _own(self, folder: Path) -> int:
+        """A sandbox user id for the build in ``folder`` (held while the folder exists), owning the folder."""
+        uid = self.registry.allocate(folder, secrets.randbelow(self.registry.count))
+        for path in (folder, *folder.iterdir()):
+            os.lchown(path, uid, uid)
+        return uid
+
+    def _sandbox(self, folder: Path, uv: str) -> tuple[SandboxSpec, RunCgroup | None]:
+        find_bwrap()
+        shown = [os.path.dirname(uv)]
+        bundle = self.settings.ca_bundle
+        if bundle and not bundle.startswith(("/etc/", "/usr/")):
+            shown.append(bundle)
+        if self._tree is None:
+            self._tree = CgroupTree.detect()
+        cgroup = None
+        if isinstance(self._tree, CgroupTree):
+            cgroup = self._tree.new_group()
+            try:
+                cgroup.set_limits(CgroupLimits(self.settings.memory_bytes, BUILD_PROCESSES, None))
+            except CgroupError:
+                cgroup.remove()
+                raise
+        return SandboxSpec(str(folder), tuple(shown)), cgroup
+
+    def close(self) -> None:
+        if isinstance(self._tree, CgroupTree):
+            self._tree.close()
+        self._tree = None
+
+
+async def _watch_size(folder: Path, limit: int, cancel: Cancellation, too_big: list[int]) -> None:
+    """Stop the build (``cancel``) once ``folder`` holds more than ``limit`` bytes."""
+    while True:
+        await asyncio.sleep(SIZE_POLL_SECONDS)
+        size = await asyncio.to_thread(folder_size, folder)
+        if size > limit:
+            too_big.append(size)
+            cancel.set()
+            return
+
+
+def _seal(env: Path) -> int:
+    """Give the environment to root, read-only to everyone else (folders and executables 0755, files 0644); its
+    size in bytes."""
+    root = os.geteuid() == 0
+    size = 0
+    for folder, dirs, files in os.walk(env):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            if root:
+                os.lchown(path, 0, 0)
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            executable = stat.S_ISDIR(info.st_mode) or info.st_mode & 0o111
+            os.chmod(path, 0o755 if executable else 0o644)
+            size += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    if root:
+        os.lchown(env, 0, 0)
+    os.chmod(env, 0o755)
+    return size
+
+
+def _too_big(size: int, limit: int) -> str:
+    return (f"the environment grew to {size} bytes, past the cap of {limit} bytes (SKILLRUN_ENV_MAX_BYTES): declare "
+            "fewer or smaller packages, or ask the operator for a larger cap")
+
+
+def _tail(outcome: ProcessOutcome) -> str:
+    text = (outcome.stderr or outcome.stdout).decode("utf-8", errors="replace").strip()
+    return "\n" + text[-MESSAGE_CHARS:] if text else ""
+
+
+def _say(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+__all__ = [
+    "BuildSettings",
+    "EnvironmentBuilder",
+    "environment_key",
+    "locked_packages",
+    "requirements_key",
+]

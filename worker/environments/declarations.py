@@ -1,0 +1,297 @@
+"""What a skill says it needs: Python packages (and, for the Docker runtime, Debian packages).
+
+A skill declares its Python dependencies in any of three places, all merged:
+
+* ``requirements.txt`` in the skill folder: one PEP 508 requirement per line (``pypdf>=4``,
+  ``openpyxl[charts]``, ``name @ https://...``); comments and blank lines are skipped; pip's options
+  (``-r``, ``--index-url``, ``-e``...) are refused, since the index is the operator's choice;
+* ``pyproject.toml`` in the skill folder: ``[project] dependencies`` (and ``requires-python``);
+* PEP 723 inline metadata (a ``# /// script`` block with ``dependencies = [...]``) in any ``.py`` file of the
+  skill folder.
+
+A library that is mirrored rather than owned declares the same in one manifest at its root, ``skillrun.toml``
+(``MANIFEST_FILE``)::
+
+    [skills.pdf]
+    python = ["pypdf>=4", "reportlab"]
+    debian = ["poppler-utils"]     # Docker runtime only
+
+What the skill's own files and the manifest say is merged; a conflict between them is the resolver's to report.
+Every file is read with a size bound and every requirement is checked before anything is resolved.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from worker.errors import DependencyError
+
+MANIFEST_FILE = "skillrun.toml"
+REQUIREMENTS_FILE = "requirements.txt"
+PYPROJECT_FILE = "pyproject.toml"
+MAX_DECLARATION_BYTES = 1024 * 1024
+"""The largest declaration file read (a requirements file, a pyproject, a script scanned for PEP 723)."""
+MAX_SCRIPTS = 500
+"""The most ``.py`` files of one skill scanned for inline metadata."""
+MAX_REQUIREMENTS = 500
+DEBIAN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{1,62}$")
+PEP723_BLOCK = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
+SKIPPED_FOLDERS = {".git", "__pycache__", "node_modules", ".venv", "venv"}
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """Everything one skill needs, merged from its files and its library's manifest."""
+
+    python: tuple[str, ...] = ()
+    """PEP 508 requirements, normalised, sorted and without duplicates."""
+    debian: tuple[str, ...] = ()
+    requires_python: str | None = None
+    sources: tuple[str, ...] = ()
+    """Where the requirements came from (files relative to the skill folder, or the manifest)."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.python and not self.debian
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A library's ``skillrun.toml``: skill name → its Python and Debian packages."""
+
+    python: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    debian: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def skills(self) -> set[str]:
+        return set(self.python) | set(self.debian)
+
+    def unknown_skills(self, names: set[str]) -> list[str]:
+        """The skills the manifest names that are not among ``names`` (a mistake the library's owner must hear of)."""
+        return sorted(self.skills - names)
+
+
+def read_manifest(root: Path) -> Manifest | None:
+    """The manifest at a library's root, or ``None`` when it has none. ``DependencyError`` says what is wrong."""
+    path = root / MANIFEST_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        data = tomllib.loads(_read(path, MANIFEST_FILE))
+    except tomllib.TOMLDecodeError as exc:
+        raise DependencyError(f"{MANIFEST_FILE}: not valid TOML ({exc})") from exc
+    unknown = set(data) - {"skills"}
+    if unknown:
+        raise DependencyError(f"{MANIFEST_FILE}: unknown table(s) {sorted(unknown)}; only [skills.<name>] is read")
+    skills = data.get("skills", {})
+    if not isinstance(skills, dict):
+        raise DependencyError(f"{MANIFEST_FILE}: 'skills' must be a table of [skills.<name>] tables")
+    manifest = Manifest()
+    for name, entry in skills.items():
+        where = f"{MANIFEST_FILE} [skills.{name}]"
+        if not isinstance(entry, dict):
+            raise DependencyError(f"{where}: must be a table with 'python' and/or 'debian' lists")
+        extra = set(entry) - {"python", "debian"}
+        if extra:
+            raise DependencyError(f"{where}: unknown key(s) {sorted(extra)}; use 'python' and 'debian'")
+        python = _string_list(entry.get("python", []), f"{where} python")
+        manifest.python[name] = tuple(_requirement(text, f"{where} python") for text in python)
+        debian = _string_list(entry.get("debian", []), f"{where} debian")
+        for package in debian:
+            if not DEBIAN_PACKAGE.match(package):
+                raise DependencyError(f"{where} debian: {package!r} is not a Debian package name")
+        manifest.debian[name] = tuple(debian)
+    return manifest
+
+
+def read_declaration(skill_dir: Path, name: str, manifest: Manifest | None = None) -> Declaration:
+    """What the skill in ``skill_dir`` (called ``name``) needs, with its library's ``manifest`` merged in."""
+    python: list[str] = []
+    sources: list[str] = []
+    requires_python: list[str] = []
+    requirements = skill_dir / REQUIREMENTS_FILE
+    if _present(requirements):
+        python += parse_requirements(_read(requirements, REQUIREMENTS_FILE), REQUIREMENTS_FILE)
+        sources.append(REQUIREMENTS_FILE)
+    pyproject = skill_dir / PYPROJECT_FILE
+    if _present(pyproject):
+        found, needs = _pyproject(_read(pyproject, PYPROJECT_FILE))
+        python += found
+        requires_python += [needs] if needs else []
+        sources.append(PYPROJECT_FILE)
+    for script in _scripts(skill_dir):
+        relative = script.relative_to(skill_dir).as_posix()
+        metadata = inline_metadata(_read(script, relative), relative)
+        if metadata is not None:
+            found, needs = metadata
+            python += found
+            requires_python += [needs] if needs else []
+            sources.append(f"{relative} (PEP 723)")
+    debian: tuple[str, ...] = ()
+    if manifest is not None and name in manifest.skills:
+        python += manifest.python.get(name, ())
+        debian = tuple(sorted(set(manifest.debian.get(name, ()))))
+        sources.append(MANIFEST_FILE)
+    merged = tuple(sorted(set(python)))
+    if len(merged) > MAX_REQUIREMENTS:
+        raise DependencyError(f"skill {name!r} declares {len(merged)} requirements; at most {MAX_REQUIREMENTS}")
+    return Declaration(merged, debian, ",".join(sorted(set(requires_python))) or None, tuple(sources))
+
+
+def parse_requirements(text: str, where: str) -> list[str]:
+    """The requirements of a requirements file: PEP 508 lines; options refused with the line that holds them."""
+    found = []
+    for number, line in _logical_lines(text):
+        if line.startswith("-"):
+            option = line.split()[0]
+            raise DependencyError(
+                f"{where} line {number}: pip options such as {option!r} are not supported; list one package per "
+                "line (the package index is the operator's setting)"
+            )
+        found.append(_requirement(line, f"{where} line {number}"))
+    return found
+
+
+def inline_metadata(text: str, where: str) -> tuple[list[str], str | None] | None:
+    """A script's PEP 723 ``script`` block: its dependencies and ``requires-python``; ``None`` when it has none."""
+    blocks = [match for match in PEP723_BLOCK.finditer(text) if match.group("type") == "script"]
+    if not blocks:
+        return None
+    if len(blocks) > 1:
+        raise DependencyError(f"{where}: more than one '# /// script' block (PEP 723 allows one)")
+    content = "".join(
+        line[2:] if line.startswith("# ") else line[1:]
+        for line in blocks[0].group("content").splitlines(keepends=True)
+    )
+    try:
+        data = tomllib.loads(content)
+    except tomllib.TOMLDecodeError as exc:
+        raise DependencyError(f"{where}: the '# /// script' block is not valid TOML ({exc})") from exc
+    dependencies = _string_list(data.get("dependencies", []), f"{where} dependencies")
+    return [_requirement(text, f"{where} dependencies") for text in dependencies], _python_spec(
+        data.get("requires-python"), where
+    )
+
+
+def _pyproject(text: str) -> tuple[list[str], str | None]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DependencyError(f"{PYPROJECT_FILE}: not valid TOML ({exc})") from exc
+    project = data.get("project", {})
+    if not isinstance(project, dict):
+        raise DependencyError(f"{PYPROJECT_FILE}: [project] must be a table")
+    where = f"{PYPROJECT_FILE} [project] dependencies"
+    dependencies = _string_list(project.get("dependencies", []), where)
+    return [_requirement(text, where) for text in dependencies], _python_spec(project.get("requires-python"), PYPROJECT_FILE)
+
+
+def _requirement(text: str, where: str) -> str:
+    """``text`` as a normalised PEP 508 requirement; local paths and non-https URLs are refused."""
+    try:
+        requirement = Requirement(text.strip())
+    except InvalidRequirement as exc:
+        raise DependencyError(f"{where}: {text.strip()!r} is not a valid requirement ({exc})") from exc
+    if requirement.url is not None and not requirement.url.startswith("https://"):
+        raise DependencyError(f"{where}: {text.strip()!r}: only https:// URLs may be named (no local paths)")
+    return str(requirement)
+
+
+def _python_spec(value: object, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise DependencyError(f"{where}: requires-python must be a string such as '>=3.10'")
+    try:
+        return str(SpecifierSet(value))
+    except InvalidSpecifier as exc:
+        raise DependencyError(f"{where}: requires-python {value!r} is not a version specifier") from exc
+
+
+def _string_list(value: object, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise DependencyError(f"{where}: must be a list of strings")
+    return value
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Non-empty lines without comments, continuation lines joined, each with the number it starts on."""
+    lines: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not pending:
+            start = number
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = (pending + line).strip()
+        pending = ""
+        if line:
+            lines.append((start, line))
+    if pending.strip():
+        lines.append((start, pending.strip()))
+    return lines
+
+
+def _scripts(skill_dir: Path) -> list[Path]:
+    """The skill's ``.py`` files (not following links, not in hidden or environment folders), at most
+    ``MAX_SCRIPTS``."""
+    found: list[Path] = []
+    pending = [skill_dir]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_symlink() or entry.name.startswith(".") and entry.is_dir():
+                continue
+            if entry.is_dir():
+                if entry.name not in SKIPPED_FOLDERS:
+                    pending.append(entry)
+            elif entry.suffix == ".py" and entry.is_file():
+                found.append(entry)
+                if len(found) > MAX_SCRIPTS:
+                    raise DependencyError(f"more than {MAX_SCRIPTS} .py files to scan for PEP 723 metadata")
+    return sorted(found)
+
+
+def _present(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _read(path: Path, where: str) -> str:
+    """A declaration file's text, bounded; a link (which could point anywhere on the worker's host), a FIFO or a
+    device is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise DependencyError(f"{where}: cannot be read ({exc.strerror}; links are not followed)") from exc
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DependencyError(f"{where}: not a regular file")
+        data = handle.read(MAX_DECLARATION_BYTES + 1)
+    if len(data) > MAX_DECLARATION_BYTES:
+        raise DependencyError(f"{where}: larger than {MAX_DECLARATION_BYTES} bytes")
+    return data.decode("utf-8", errors="replace")
+
+
+__all__ = [
+    "MANIFEST_FILE",
+    "Declaration",
+    "Manifest",
+    "inline_metadata",
+    "parse_requirements",
+    "read_declaration",
+    "read_manifest",
+]

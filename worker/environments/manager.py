@@ -1,0 +1,250 @@
+"""A skill's environment, from its declaration to a built folder: what runtimes, the CLI and the API ask.
+
+``SkillEnvironments`` answers three questions about a skill folder (and its library root, for the manifest):
+
+* ``status``: what it declares and whether its environment is ready, being built, failed or not built (no network,
+  no build: what ``skillrun skills show`` and ``GET /v1/skills/{name}`` say);
+* ``prepare``: resolve and build it now, reporting progress (``skillrun skills prepare``, library registration);
+* ``for_run``: the environment a run must have, built first if the run waits for it, or ``EnvironmentNotReadyError``.
+  A skill that declares nothing costs a few ``stat`` calls per run; a ready environment one more.
+
+A failed build is remembered for ``RETRY_SECONDS``: runs in that time get its message at once instead of building
+again (``prepare`` always tries again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from worker.environments.builder import (
+    EnvironmentBuilder,
+    Progress,
+    environment_key,
+    requirements_key,
+)
+from worker.environments.declarations import MANIFEST_FILE, Declaration, read_declaration, read_manifest
+from worker.environments.store import EnvironmentInfo, build_lock, resolve_lock
+from worker.environments.target import Target
+from worker.errors import DependencyError, EnvironmentBuildError, EnvironmentNotReadyError
+
+RETRY_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class EnvironmentStatus:
+    """What a skill declares and where its environment stands."""
+
+    state: str
+    """``none`` (it declares nothing), ``ready``, ``building``, ``not built``, ``failed`` or ``invalid`` (its
+    declaration is wrong)."""
+    declaration: Declaration = field(default_factory=Declaration)
+    info: EnvironmentInfo | None = None
+    message: str = ""
+    target: str = ""
+
+    def as_json(self) -> dict:
+        """The JSON form the CLI's ``--json`` and the API show."""
+        return {
+            "state": self.state,
+            "python": list(self.declaration.python),
+            "debian": list(self.declaration.debian),
+            "requires_python": self.declaration.requires_python,
+            "declared_in": list(self.declaration.sources),
+            "target": self.target,
+            "key": self.info.key if self.info else None,
+            "packages": self.info.packages if self.info else [],
+            "size_bytes": self.info.size_bytes if self.info else None,
+            "message": self.message,
+        }
+
+
+class DeclarationCache:
+    """Skills' declarations, read again only when one of the files or folders they come from changed (a few
+    ``stat`` calls and folder listings per look)."""
+
+    def __init__(self) -> None:
+        self._declarations: dict[tuple[Path, str], tuple[tuple, Declaration]] = {}
+
+    def get(self, skill_dir: Path, root: Path, name: str) -> Declaration:
+        signature = _signature(skill_dir, root)
+        cached = self._declarations.get((skill_dir, name))
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        declaration = read_declaration(skill_dir, name, read_manifest(root))
+        self._declarations[(skill_dir, name)] = (signature, declaration)
+        return declaration
+
+
+class SkillEnvironments:
+    """Skills' environments for one target (see the module's description)."""
+
+    def __init__(self, builder: EnvironmentBuilder, target: Callable[[], Target]) -> None:
+        self.builder = builder
+        self.store = builder.store
+        self._target = target
+        self._declarations = DeclarationCache()
+
+    @property
+    def target(self) -> Target:
+        return self._target()
+
+    def close(self) -> None:
+        """Release what builds hold (their control-group folder)."""
+        self.builder.close()
+
+    def declaration(self, skill_dir: Path, root: Path, name: str) -> Declaration:
+        """What the skill declares."""
+        return self._declarations.get(skill_dir, root, name)
+
+    def status(self, skill_dir: Path, root: Path, name: str) -> EnvironmentStatus:
+        try:
+            declaration = self.declaration(skill_dir, root, name)
+        except DependencyError as exc:
+            return EnvironmentStatus("invalid", message=str(exc))
+        if not declaration.python:
+            return EnvironmentStatus("none", declaration, message=_debian_note(declaration))
+        target = self.target
+        try:
+            self._check_python(declaration, target, name)
+        except DependencyError as exc:
+            return EnvironmentStatus("invalid", declaration, message=str(exc), target=target.label)
+        found = self._lookup(declaration, target)
+        if isinstance(found, EnvironmentInfo):
+            return EnvironmentStatus("ready", declaration, found, _debian_note(declaration), target.label)
+        failure = self._failure(found)
+        if self.store.busy(resolve_lock(found[0])) or (found[1] and self.store.busy(build_lock(found[1]))):
+            return EnvironmentStatus("building", declaration, target=target.label)
+        if failure is not None:
+            return EnvironmentStatus("failed", declaration, message=failure[0], target=target.label)
+        return EnvironmentStatus("not built", declaration, target=target.label)
+
+    async def prepare(self, skill_dir: Path, root: Path, name: str, progress: Progress | None = None) -> EnvironmentStatus:
+        """Resolve and build the skill's environment now (always tries, even after a failure)."""
+        try:
+            declaration = self.declaration(skill_dir, root, name)
+            if not declaration.python:
+                return EnvironmentStatus("none", declaration, message=_debian_note(declaration))
+            info = await self._build(declaration, self.target, name, progress)
+        except EnvironmentBuildError as exc:
+            return EnvironmentStatus("failed", self.declaration(skill_dir, root, name), message=str(exc),
+                                     target=self.target.label)
+        except DependencyError as exc:
+            return EnvironmentStatus("invalid", message=str(exc))
+        return EnvironmentStatus("ready", declaration, info, _debian_note(declaration), self.target.label)
+
+    async def for_run(self, skill_dir: Path, root: Path, name: str, *, wait: bool) -> EnvironmentInfo | None:
+        """The environment a run of the skill needs (``None`` when it declares nothing): ready, or built now when
+        ``wait``; otherwise ``EnvironmentNotReadyError``. A declaration error is a ``DependencyError``."""
+        declaration = self.declaration(skill_dir, root, name)
+        if not declaration.python:
+            return None
+        target = self.target
+        found = self._lookup(declaration, target)
+        if isinstance(found, EnvironmentInfo):
+            self.store.mark_used(found.key)
+            return found
+        failure = self._failure(found)
+        if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
+            raise EnvironmentBuildError(
+                f"{failure[0]}\n(this build failed {time.time() - failure[1]:.0f} s ago; runs try it again after "
+                f"{RETRY_SECONDS:g} s, `skillrun skills prepare` at once)"
+            )
+        if not wait:
+            building = self.store.busy(resolve_lock(found[0])) or (found[1] and self.store.busy(build_lock(found[1])))
+            raise EnvironmentNotReadyError(
+                f"skill {name!r}: its dependency environment is {'being built' if building else 'not built yet'} "
+                f"({len(declaration.python)} requirement(s) for {target.label}); run `skillrun skills prepare`, "
+                "or submit the run with wait_for_environment=true to build it first"
+            )
+        return await self._build(declaration, target, name, None)
+
+    async def _build(self, declaration: Declaration, target: Target, name: str, progress: Progress | None) -> EnvironmentInfo:
+        self._check_python(declaration, target, name)
+        reqkey = requirements_key(declaration, target, self.builder.settings)
+        try:
+            lock = await self.builder.resolve(declaration, target, progress)
+            info = await self.builder.build(lock, target, declaration, progress)
+        except EnvironmentBuildError as exc:
+            failure = EnvironmentBuildError(f"skill {name!r}: {exc}")
+            self._record_failure(reqkey, str(failure))
+            raise failure from exc
+        self._clear_failure(reqkey)
+        self.store.mark_used(info.key)
+        return info
+
+    def _lookup(self, declaration: Declaration, target: Target) -> EnvironmentInfo | tuple[str, str | None]:
+        """The built environment, or the requirements key and (when resolved) the environment key to build."""
+        reqkey = requirements_key(declaration, target, self.builder.settings)
+        lock = self.store.lock_text(reqkey)
+        if lock is None:
+            return reqkey, None
+        key = environment_key(lock, target)
+        info = self.store.info(key)
+        return info if info is not None else (reqkey, key)
+
+    @staticmethod
+    def _check_python(declaration: Declaration, target: Target, name: str) -> None:
+        if declaration.requires_python and Version(target.version) not in SpecifierSet(declaration.requires_python):
+            raise DependencyError(
+                f"skill {name!r} requires Python {declaration.requires_python}; {target.label} has {target.version}"
+            )
+
+    def _failure(self, found: tuple[str, str | None]) -> tuple[str, float] | None:
+        try:
+            data = json.loads((self.store.locks / f"{found[0]}.failed").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return data["message"], data["at"]
+
+    def _record_failure(self, reqkey: str, message: str) -> None:
+        self.store.ensure()
+        (self.store.locks / f"{reqkey}.failed").write_text(json.dumps({"message": message, "at": time.time()}))
+
+    def _clear_failure(self, reqkey: str) -> None:
+        (self.store.locks / f"{reqkey}.failed").unlink(missing_ok=True)
+
+
+def _debian_note(declaration: Declaration) -> str:
+    if not declaration.debian:
+        return ""
+    return (f"Debian packages ({', '.join(declaration.debian)}) are installed in the Docker runtime's image; the "
+            "local runtime uses the host's")
+
+
+def _signature(skill_dir: Path, root: Path) -> tuple:
+    """Stat results of everything a declaration is read from: the skill's folders (a file added or removed
+    changes its folder), its declaration files and scripts, and the library's manifest."""
+    parts: list[tuple] = []
+    pending = [skill_dir]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+            info = os.stat(folder)
+        except OSError:
+            continue
+        parts.append((folder, info.st_mtime_ns, info.st_ino))
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if not entry.name.startswith(".") and entry.name not in ("__pycache__", "node_modules"):
+                    pending.append(Path(entry.path))
+            elif entry.name.endswith(".py") or entry.name in ("requirements.txt", "pyproject.toml"):
+                with_stat = entry.stat(follow_symlinks=False)
+                parts.append((entry.path, with_stat.st_mtime_ns, with_stat.st_size, with_stat.st_ino))
+    try:
+        manifest = os.stat(root / MANIFEST_FILE, follow_symlinks=False)
+        parts.append((MANIFEST_FILE, manifest.st_mtime_ns, manifest.st_size, manifest.st_ino))
+    except OSError:
+        pass
+    return tuple(parts)
+
+
+__all__ = ["DeclarationCache", "EnvironmentStatus", "SkillEnvironments"]

@@ -1,0 +1,67 @@
+"""What an environment is built for: the interpreter runs will use, its version, the machine and its C library.
+
+Everything here is part of an environment's key, so an environment is only ever used where it was built for.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from worker import defaults
+from worker.errors import DependencyError
+
+PROBE = (
+    "import json, platform, sys; "
+    "print(json.dumps({'version': platform.python_version(), 'machine': platform.machine(), "
+    "'libc': '-'.join(platform.libc_ver()), 'implementation': sys.implementation.name}))"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One place environments are built for."""
+
+    runtime: str
+    python: str
+    """The interpreter's path as runs see it."""
+    version: str
+    machine: str
+    libc: str
+    implementation: str = "cpython"
+    image: str = ""
+    """The sandbox image's id, for container runtimes."""
+
+    @property
+    def key(self) -> str:
+        return json.dumps([self.runtime, self.python, self.implementation, self.version, self.machine, self.libc,
+                           self.image])
+
+    @property
+    def label(self) -> str:
+        where = f" in {self.image[:19]}" if self.image else ""
+        return f"{self.runtime}: {self.implementation} {self.version} ({self.python}, {self.machine}){where}"
+
+
+@functools.cache
+def local_target() -> Target:
+    """The local runtime's target: the ``python3`` a run finds on its ``PATH`` (the host's, which the sandbox shows
+    read-only)."""
+    python = shutil.which("python3", path=defaults.SANDBOX_PATH)
+    if python is None:
+        raise DependencyError(
+            f"skills with Python dependencies need python3 on the runs' PATH ({defaults.SANDBOX_PATH}) on the local "
+            "runtime: apt-get install python3"
+        )
+    try:
+        done = subprocess.run([python, "-I", "-c", PROBE], capture_output=True, text=True, timeout=30, check=True)
+        facts = json.loads(done.stdout)
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        raise DependencyError(f"cannot ask {python} what it is ({exc})") from exc
+    return Target("local", python, facts["version"], facts["machine"], facts["libc"], facts["implementation"])
+
+
+__all__ = ["Target", "local_target"]
