@@ -103,7 +103,13 @@ class PackageIndex:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                index.requests.append(self.path)
+                self._answer(with_body=True)
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self._answer(with_body=False)
+
+            def _answer(self, *, with_body: bool) -> None:
+                index.requests.append(f"{self.command} {self.path}")
                 body, kind = index._page(self.path)
                 if body is None:
                     self.send_error(404)
@@ -112,7 +118,8 @@ class PackageIndex:
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if with_body:
+                    self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:
                 pass

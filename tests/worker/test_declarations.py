@@ -1,0 +1,126 @@
+"""Reading what a skill declares: each place, merging, and every kind of bad declaration named precisely."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_skill
+from worker.environments import read_declaration, read_manifest
+from worker.environments.manager import DeclarationCache
+from worker.errors import DependencyError
+
+PEP723 = '''\
+# /// script
+# requires-python = ">=3.9"
+# dependencies = [
+#   "gamma>=1",
+# ]
+# ///
+import gamma
+'''
+
+
+def test_every_place_a_skill_declares_is_read_and_merged_with_the_manifest(tmp_path: Path):
+    skill = write_skill(tmp_path, "docs", files={
+        "requirements.txt": "# the PDF tools\nalpha>=1.0  # pinned below 2\n\nbeta[fast]==1.0 ; python_version >= '3.8'\n",
+        "pyproject.toml": '[project]\nname = "docs"\ndependencies = ["delta<3"]\nrequires-python = ">=3.8"\n',
+        "scripts/make.py": PEP723,
+        "scripts/plain.py": "print('no metadata')\n",
+    })
+    (tmp_path / "skillrun.toml").write_text('[skills.docs]\npython = ["alpha<2"]\ndebian = ["poppler-utils"]\n')
+    declaration = read_declaration(skill, "docs", read_manifest(tmp_path))
+    assert declaration.python == (
+        "alpha<2", "alpha>=1.0", 'beta[fast]==1.0; python_version >= "3.8"', "delta<3", "gamma>=1",
+    )
+    assert declaration.debian == ("poppler-utils",)
+    assert declaration.requires_python == ">=3.8,>=3.9"
+    assert declaration.sources == ("requirements.txt", "pyproject.toml", "scripts/make.py (PEP 723)", "skillrun.toml")
+
+
+def test_a_skill_that_declares_nothing_needs_nothing(tmp_path: Path):
+    skill = write_skill(tmp_path, "plain", files={"scripts/run.sh": "echo hi\n"})
+    assert read_declaration(skill, "plain", read_manifest(tmp_path)).empty
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("alpha\n-r other.txt\n", "requirements.txt line 2: pip options such as '-r' are not supported"),
+    ("--index-url https://evil.example/simple\nalpha\n", "line 1: pip options such as '--index-url'"),
+    ("alpha\nnot a requirement!!\n", "requirements.txt line 2: 'not a requirement!!' is not a valid requirement"),
+    ("pkg @ file:///etc/passwd\n", "only https:// URLs may be named"),
+    ("pkg @ http://plain.example/pkg.whl\n", "only https:// URLs may be named"),
+])
+def test_a_bad_requirements_file_is_refused_with_its_line(tmp_path: Path, text: str, expected: str):
+    skill = write_skill(tmp_path, "bad", files={"requirements.txt": text})
+    with pytest.raises(DependencyError) as caught:
+        read_declaration(skill, "bad")
+    assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"pyproject.toml": "[project\n"}, "pyproject.toml: not valid TOML"),
+    ({"pyproject.toml": '[project]\ndependencies = "alpha"\n'}, "dependencies: must be a list of strings"),
+    ({"pyproject.toml": '[project]\nrequires-python = "three"\n'}, "requires-python 'three' is not a version specifier"),
+    ({"s.py": PEP723 + "\n" + PEP723}, "s.py: more than one '# /// script' block"),
+    ({"s.py": "# /// script\n# dependencies = [\n# ///\n"}, "s.py: the '# /// script' block is not valid TOML"),
+])
+def test_a_bad_pyproject_or_inline_block_is_refused_saying_where(tmp_path: Path, files: dict, expected: str):
+    skill = write_skill(tmp_path, "bad", files=files)
+    with pytest.raises(DependencyError) as caught:
+        read_declaration(skill, "bad")
+    assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize(("manifest", "expected"), [
+    ("[skills.docs\n", "skillrun.toml: not valid TOML"),
+    ("[tools]\nx = 1\n", "unknown table(s) ['tools']"),
+    ('[skills.docs]\nnode = ["x"]\n', "[skills.docs]: unknown key(s) ['node']"),
+    ('[skills.docs]\ndebian = ["poppler utils; rm -rf /"]\n', "is not a Debian package name"),
+    ('[skills.docs]\npython = "alpha"\n', "python: must be a list of strings"),
+])
+def test_a_bad_manifest_is_refused_saying_what(tmp_path: Path, manifest: str, expected: str):
+    (tmp_path / "skillrun.toml").write_text(manifest)
+    with pytest.raises(DependencyError) as caught:
+        read_manifest(tmp_path)
+    assert expected in str(caught.value)
+
+
+def test_a_manifest_naming_a_skill_that_does_not_exist_says_which(tmp_path: Path):
+    (tmp_path / "skillrun.toml").write_text('[skills.docs]\npython = ["alpha"]\n[skills.ghost]\npython = ["beta"]\n')
+    assert read_manifest(tmp_path).unknown_skills({"docs", "other"}) == ["ghost"]
+
+
+def test_a_declaration_file_that_is_a_link_is_refused_and_nothing_it_points_at_is_read(tmp_path: Path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-VALUE\n")
+    skill = write_skill(tmp_path, "linked")
+    os.symlink(secret, skill / "requirements.txt")
+    with pytest.raises(DependencyError) as caught:
+        read_declaration(skill, "linked")
+    assert "links are not followed" in str(caught.value) and "TOP-SECRET" not in str(caught.value)
+
+
+def test_a_fifo_in_place_of_a_declaration_file_does_not_hang(tmp_path: Path):
+    skill = write_skill(tmp_path, "fifo")
+    os.mkfifo(skill / "requirements.txt")
+    with pytest.raises(DependencyError, match="not a regular file"):
+        read_declaration(skill, "fifo")
+
+
+def test_a_huge_declaration_file_is_refused(tmp_path: Path):
+    skill = write_skill(tmp_path, "huge", files={"requirements.txt": "alpha\n" * 300_000})
+    with pytest.raises(DependencyError, match="larger than"):
+        read_declaration(skill, "huge")
+
+
+def test_the_cache_reads_a_changed_declaration_again(tmp_path: Path):
+    skill = write_skill(tmp_path, "changing", files={"requirements.txt": "alpha\n"})
+    cache = DeclarationCache()
+    assert cache.get(skill, tmp_path, "changing").python == ("alpha",)
+    (skill / "scripts").mkdir()
+    (skill / "scripts" / "new.py").write_text(PEP723)
+    assert cache.get(skill, tmp_path, "changing").python == ("alpha", "gamma>=1")
+    (tmp_path / "skillrun.toml").write_text('[skills.changing]\npython = ["zeta"]\n')
+    assert cache.get(skill, tmp_path, "changing").python == ("alpha", "gamma>=1", "zeta")
