@@ -61,9 +61,37 @@ def build_parser() -> argparse.ArgumentParser:
     skill_commands = skills.add_subparsers(title="skills commands")
     listing = skill_commands.add_parser("list", parents=[common], help="name and description of each skill")
     listing.set_defaults(handler="orchestrator.cli.skills:list_skills")
-    show = skill_commands.add_parser("show", parents=[common], help="one skill: body, docs, tools, problems")
+    show = skill_commands.add_parser(
+        "show", parents=[common], help="one skill: body, docs, tools, dependency environment, problems"
+    )
     show.add_argument("name")
+    show.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
     show.set_defaults(handler="orchestrator.cli.skills:show_skill")
+    prepare = skill_commands.add_parser(
+        "prepare", parents=[common],
+        help="resolve and build the skills' dependency environments (all skills, or the ones named)",
+    )
+    prepare.add_argument("names", nargs="*", metavar="NAME")
+    prepare.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    prepare.set_defaults(handler="orchestrator.cli.environments:prepare_skills")
+
+    envs_common = argparse.ArgumentParser(add_help=False)
+    envs_common.add_argument("--json", action="store_true", help="print JSON for machines")
+    envs_common.add_argument(
+        "--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)"
+    )
+    envs = commands.add_parser("envs", help="built dependency environments: sizes, last use, removal")
+    env_commands = envs.add_subparsers(title="envs commands")
+    env_commands.add_parser("list", parents=[envs_common], help="each environment with its size and last use") \
+        .set_defaults(handler="orchestrator.cli.environments:list_environments")
+    env_remove = env_commands.add_parser("rm", parents=[envs_common], help="remove one environment by its key")
+    env_remove.add_argument("key", help="the key, or a unique start of it")
+    env_remove.set_defaults(handler="orchestrator.cli.environments:remove_environment")
+    env_prune = env_commands.add_parser("prune", parents=[envs_common], help="remove environments unused for a while")
+    env_prune.add_argument("--unused-days", type=float, default=30.0, metavar="N",
+                           help="remove those no run has used for N days (default 30)")
+    env_prune.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    env_prune.set_defaults(handler="orchestrator.cli.environments:prune_environments")
 
     run = commands.add_parser("run", parents=[common], help="run a command of a skill in a workspace")
     run.add_argument("skill")

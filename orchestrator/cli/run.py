@@ -15,8 +15,10 @@ from orchestrator.config import get_settings
 from orchestrator.dispatch import InlineDispatcher
 from worker.artifacts import FileArtifactStore
 from worker.contract import InputFile, RunRequest, RunResult
+from worker.environments import SkillEnvironments
 from worker.process import TIMEOUT_EXIT_CODE
 from worker.runtimes import resolve_runtime
+from worker.staging import resolve_skill_paths
 
 
 def run_skill(args: argparse.Namespace) -> int:
@@ -48,7 +50,7 @@ def run_skill(args: argparse.Namespace) -> int:
     if settings.artifacts_dir:
         options["artifact_store"] = FileArtifactStore(settings.artifacts_dir)
     runtime = resolve_runtime(args.runtime, **options)
-    result = asyncio.run(_dispatch(InlineDispatcher({args.runtime: runtime}), request))
+    result = asyncio.run(_dispatch(InlineDispatcher({args.runtime: runtime}), request, quiet=args.json))
     if args.json:
         print_json(result.model_dump(mode="json"))
     else:
@@ -56,9 +58,27 @@ def run_skill(args: argparse.Namespace) -> int:
     return TIMEOUT_EXIT_CODE if result.timed_out else result.exit_code
 
 
-async def _dispatch(dispatcher: InlineDispatcher, request: RunRequest) -> RunResult:
+async def _dispatch(dispatcher: InlineDispatcher, request: RunRequest, *, quiet: bool) -> RunResult:
     async with dispatcher:
+        runtime = dispatcher.runtime(request.runtime.value)
+        if getattr(runtime, "environments", None) is not None:
+            await _build_environment(runtime.environments, request, quiet=quiet)
         return await dispatcher.run(request, trusted=True)
+
+
+async def _build_environment(environments: SkillEnvironments, request: RunRequest, *, quiet: bool) -> None:
+    """Build the skill's dependency environment first when it is not ready, showing progress (the run itself
+    would build it silently)."""
+    root, source = await asyncio.to_thread(resolve_skill_paths, request.skill)
+    status = environments.status(source, root, request.skill.name)
+    if status.state in ("not built", "building", "failed"):
+        def progress(message: str) -> None:
+            if not quiet:
+                print(f"{request.skill.name}: {message}", file=sys.stderr, flush=True)
+
+        status = await environments.prepare(source, root, request.skill.name, progress)
+    if status.state in ("failed", "invalid"):
+        raise UsageError(status.message)
 
 
 def _print_result(result: RunResult) -> None:

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from orchestrator.cli.common import repository
-from orchestrator.cli.output import print_json, table
+from orchestrator.cli.environments import environment_status
+from orchestrator.cli.output import print_json, size, table
+from worker.environments import EnvironmentStatus
 
 
 def list_skills(args: argparse.Namespace) -> int:
@@ -35,6 +37,7 @@ def show_skill(args: argparse.Namespace) -> int:
     repo = repository(args)
     skill = repo.get(args.name)
     problems = [p for p in repo.problems() if Path(p.path).parent == skill.path or str(skill.path) in p.message]
+    environment = environment_status(args, repo, skill.name)
     if args.json:
         print_json(
             {
@@ -48,6 +51,7 @@ def show_skill(args: argparse.Namespace) -> int:
                 "docs": [{"name": d.name, "size": len(d.content.encode())} for d in skill.docs],
                 "body": skill.body,
                 "problems": [p.__dict__ for p in problems],
+                "environment": environment.as_json(),
             }
         )
         return 0
@@ -60,9 +64,24 @@ def show_skill(args: argparse.Namespace) -> int:
     ]
     if skill.license:
         rows.append(["license", skill.license])
+    rows.append(["environment", _describe(environment, skill.name)])
     print(table(["FIELD", "VALUE"], rows))
     for problem in problems:
         print(f"problem: {problem}")
     print()
     print(skill.body)
     return 0
+
+
+def _describe(status: EnvironmentStatus, name: str) -> str:
+    """One line on a skill's dependency environment."""
+    if status.state == "none":
+        return "none (the skill declares no Python packages)"
+    declared = ", ".join(status.declaration.python)
+    if status.state == "ready":
+        return (f"ready: {len(status.info.packages)} packages, {size(status.info.size_bytes)} "
+                f"({', '.join(status.info.packages)}); key {status.info.key[:12]}")
+    if status.state == "invalid":
+        return f"invalid: {status.message}"
+    detail = f": {status.message.splitlines()[-1]}" if status.message else ""
+    return f"{status.state} ({declared}){detail}; build it with `skillrun skills prepare {name}`"
