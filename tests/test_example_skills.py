@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import base64
+import io
 import struct
+import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from orchestrator.skills import FsSkillRepository
+from tests.conftest import IS_ROOT
 from worker.contract import InputFile, RunRequest
+from worker.environments import (
+    EnvironmentBuilder,
+    EnvironmentStore,
+    SkillEnvironments,
+    build_settings,
+    local_target,
+    read_manifest,
+)
+from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.workspace import remove_tree
 
 LIBRARY = Path(__file__).resolve().parent.parent / "skills"
 
@@ -19,9 +33,12 @@ def repo() -> FsSkillRepository:
     return FsSkillRepository(LIBRARY)
 
 
-def test_example_library_has_the_four_skills_and_no_problems(repo):
-    assert repo.skill_list() == ["data-chart", "python-math", "user-file-ops", "weather-tools"]
+def test_example_library_has_its_seven_skills_and_no_problems(repo):
+    assert repo.skill_list() == [
+        "data-chart", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
+    ]
     assert repo.problems() == []
+    assert read_manifest(LIBRARY).unknown_skills(set(repo.skill_list())) == []
 
 
 def test_weather_tools_declares_exactly_its_three_tools(repo):
@@ -64,3 +81,84 @@ async def test_data_chart_writes_a_png_and_a_csv_with_their_mime_types(repo, run
     assert struct.unpack(">II", png[16:24]) == (320, 200)
     assert files["out/summary.csv"].mime_type == "text/csv"
     assert files["out/summary.csv"].content.startswith("label,value,share")
+
+
+@pytest.fixture(scope="module")
+def environments() -> SkillEnvironments:
+    """One environment store for the module's runs (built from the real package index, once per skill)."""
+    folder = Path(tempfile.mkdtemp(prefix="skillrun-envs-"))
+    folder.chmod(0o755)
+    envs = SkillEnvironments(
+        EnvironmentBuilder(EnvironmentStore(folder / "store"), build_settings(sandboxed=IS_ROOT)), local_target
+    )
+    yield envs
+    envs.close()
+    remove_tree(folder)
+
+
+@pytest.fixture
+async def env_runtime(work_root, environments) -> LocalWorkspaceRuntime:
+    runtime = LocalWorkspaceRuntime(work_root, environments=environments)
+    yield runtime
+    await runtime.close()
+
+
+def test_each_way_of_declaring_dependencies_is_shown(repo, environments):
+    declared = {}
+    for name in ("pdf-report", "spreadsheet", "markdown-table"):
+        skill = repo.get(name)
+        declared[name] = environments.declaration(skill.path, LIBRARY, name)
+    assert declared["pdf-report"].sources == ("requirements.txt", "skillrun.toml")
+    assert declared["pdf-report"].debian == ("poppler-utils",)
+    assert declared["spreadsheet"].sources == ("scripts/to_xlsx.py (PEP 723)",)
+    assert declared["markdown-table"].sources == ("pyproject.toml", "skillrun.toml")
+    assert declared["markdown-table"].python == ("tabulate>=0.9", "wcwidth>=0.2")
+
+
+async def test_pdf_report_writes_a_real_pdf_with_fpdf2(repo, env_runtime):
+    result = await env_runtime.run(RunRequest(
+        skill=repo.skill_ref("pdf-report"), command="python3 scripts/report.py --title 'Weekly sales'",
+        output_files=["out/report.pdf"],
+    ))
+    assert result.exit_code == 0, result.stderr
+    [pdf] = result.output_files
+    assert pdf.mime_type == "application/pdf"
+    data = base64.b64decode(pdf.content)
+    assert data.startswith(b"%PDF-1.") and data.rstrip().endswith(b"%%EOF")
+
+
+async def test_spreadsheet_writes_a_real_workbook_with_openpyxl(repo, env_runtime):
+    result = await env_runtime.run(RunRequest(
+        skill=repo.skill_ref("spreadsheet"), command="python3 scripts/to_xlsx.py work/inputs/sales.csv",
+        inputs=[InputFile(name="sales.csv", content=b"label,value\nnorth,3\nsouth,4\n")],
+        output_files=["out/summary.xlsx"],
+    ))
+    assert result.exit_code == 0, result.stderr
+    [book] = result.output_files
+    assert book.mime_type == "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+    with zipfile.ZipFile(io.BytesIO(base64.b64decode(book.content))) as archive:
+        sheet = archive.read("xl/worksheets/sheet1.xml").decode()
+    assert "<f>SUM(B2:B3)</f>" in sheet and "north" in archive_strings(book)
+
+
+async def test_markdown_table_aligns_wide_characters_with_the_manifests_package(repo, env_runtime):
+    result = await env_runtime.run(RunRequest(
+        skill=repo.skill_ref("markdown-table"), command="python3 scripts/table.py data/cities.csv",
+    ))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| city") and "Tokyo 東京" in result.stdout
+    assert len({_display_width(line) for line in lines}) == 1, "wide characters broke the alignment (no wcwidth)"
+
+
+def archive_strings(book) -> str:  # noqa: ANN001 - an OutputFile
+    """The shared strings of a workbook (where openpyxl puts the text cells)."""
+    with zipfile.ZipFile(io.BytesIO(base64.b64decode(book.content))) as archive:
+        names = archive.namelist()
+        return "".join(archive.read(n).decode() for n in names if n.startswith("xl/") and n.endswith(".xml"))
+
+
+def _display_width(text: str) -> int:
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
