@@ -1,6 +1,9 @@
 """What an environment is built for: the interpreter runs will use, its version, the machine and its C library.
 
-Everything here is part of an environment's key, so an environment is only ever used where it was built for.
+Everything here is part of an environment's key, so an environment is only ever used where it was built for. The
+local runtime's target is the host's ``python3`` (``local_target``); the Docker runtime's is the sandbox image's,
+asked once per image id by a throwaway container (``worker.runtimes.container_builds.DockerTargets``), with the
+same ``PROBE``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from worker.errors import DependencyError
 PROBE = (
     "import json, platform, sys; "
     "print(json.dumps({'version': platform.python_version(), 'machine': platform.machine(), "
-    "'libc': '-'.join(platform.libc_ver()), 'implementation': sys.implementation.name}))"
+    "'libc': '-'.join(platform.libc_ver()), 'implementation': sys.implementation.name, "
+    "'executable': sys.executable}))"
 )
+"""What a target's interpreter is asked (run as ``python3 -I -c PROBE``); its answer is one line of JSON."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,17 @@ class Target:
         where = f" in {self.image[:19]}" if self.image else ""
         return f"{self.runtime}: {self.implementation} {self.version} ({self.python}, {self.machine}){where}"
 
+    @classmethod
+    def from_probe(cls, runtime: str, answer: str, *, python: str | None = None, image: str = "") -> "Target":
+        """The target a ``PROBE`` answered for (``python``: the interpreter's path as runs see it, else the one
+        it reports); ``DependencyError`` when the answer is not the probe's."""
+        try:
+            facts = json.loads(answer)
+            return cls(runtime, python or facts["executable"], facts["version"], facts["machine"], facts["libc"],
+                       facts["implementation"], image)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DependencyError(f"the {runtime} runtime's python3 did not answer the probe ({answer[-300:]!r})") from exc
+
 
 @functools.cache
 def local_target() -> Target:
@@ -58,10 +74,9 @@ def local_target() -> Target:
         )
     try:
         done = subprocess.run([python, "-I", "-c", PROBE], capture_output=True, text=True, timeout=30, check=True)
-        facts = json.loads(done.stdout)
-    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+    except (subprocess.SubprocessError, OSError) as exc:
         raise DependencyError(f"cannot ask {python} what it is ({exc})") from exc
-    return Target("local", python, facts["version"], facts["machine"], facts["libc"], facts["implementation"])
+    return Target.from_probe("local", done.stdout, python=python)
 
 
-__all__ = ["Target", "local_target"]
+__all__ = ["PROBE", "Target", "local_target"]

@@ -1,0 +1,128 @@
+"""Where a build step runs: the ``StepRunner`` interface, and the local runtime's runner (``SandboxSteps``).
+
+``EnvironmentBuilder`` decides what a build does (resolve, make the environment, install, seal) and what its
+outcome means; a step runner decides only where one ``uv`` command runs and how it is contained. Either way a step
+is treated like a run (it runs code from the package index): its own unprivileged user, an environment made from
+scratch, nothing of the host but the build's folder, the ``uv`` binary and the CA bundle, a memory and a process
+limit, stopped at its timeout or when cancelled. Unlike a run, it may reach the network (the package index).
+
+``SandboxSteps`` runs a step on this host: as the build's sandbox user in bubblewrap and a control group of its
+own (root hosts), or as the current user where the host has no sandbox. The Docker runtime's runner, which runs a
+step in a throwaway container of the sandbox image, is ``worker.runtimes.container_builds.ContainerSteps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from worker.cancellation import Cancellation
+from worker.cgroups import CgroupLimits, CgroupTree, RunCgroup
+from worker.environments.target import Target
+from worker.errors import CgroupError, DependencyError
+from worker.process import ProcessOutcome, run_process
+from worker.sandbox import SandboxSpec, find_bwrap
+
+OUTPUT_BYTES = 256 * 1024
+"""What is kept of a build step's stdout and stderr (its messages end up in the error)."""
+BUILD_PROCESSES = 1024
+"""The most processes one build step may have at once."""
+
+
+class StepRunner(ABC):
+    """Runs one ``uv`` command of a build, contained like a run but with the network."""
+
+    @abstractmethod
+    async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
+                  timeout: float, cancel: Cancellation) -> ProcessOutcome:
+        """Run ``uv <args>`` in the build folder ``folder`` (which it may write, and nothing else) as ``uid`` (the
+        current user when ``None``) with ``env`` plus ``SSL_CERT_FILE`` for the runner's CA bundle, for
+        ``target``; stopped (and everything it started gone) at ``timeout`` seconds or when ``cancel`` is set."""
+
+    def close(self) -> None:
+        """Release what the runner holds between steps."""
+
+
+class SandboxSteps(StepRunner):
+    """Build steps on this host: each as the build's sandbox user in bubblewrap and a control group of its own
+    when ``sandboxed`` (root hosts), else as the current user. ``uv_folder`` is where the ``uv`` binary is copied
+    for sandbox users to run (nothing else of the worker's installation is shown to them)."""
+
+    def __init__(self, uv_folder: Path, *, ca_bundle: str | None, memory_bytes: int, sandboxed: bool) -> None:
+        self.uv_folder = uv_folder
+        self.ca_bundle = ca_bundle
+        self.memory_bytes = memory_bytes
+        self.sandboxed = sandboxed
+        self._tree: CgroupTree | str | None = None
+
+    async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
+                  timeout: float, cancel: Cancellation) -> ProcessOutcome:
+        uv = await asyncio.to_thread(self._uv)
+        if self.ca_bundle:
+            env = {**env, "SSL_CERT_FILE": self.ca_bundle}
+        sandbox = cgroup = None
+        if self.sandboxed:
+            sandbox, cgroup = await asyncio.to_thread(self._sandbox, folder, uv)
+        try:
+            return await run_process(
+                [uv, *args], cwd=str(folder), env=env, timeout=timeout, stdout_cap=OUTPUT_BYTES,
+                stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel, no_network=False, sandbox=sandbox,
+                cgroup=cgroup,
+            )
+        finally:
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.remove)
+
+    def _uv(self) -> str:
+        """The ``uv`` binary the steps run: the installed one, copied where a build's user can read it."""
+        installed = installed_uv()
+        if not self.sandboxed:
+            return str(installed)
+        self.uv_folder.mkdir(mode=0o755, exist_ok=True)
+        info = installed.stat()
+        copy = self.uv_folder / f"uv-{info.st_size}-{int(info.st_mtime)}"
+        if not copy.exists():
+            temporary = self.uv_folder / f".uv-{secrets.token_hex(6)}"
+            shutil.copyfile(installed, temporary)
+            os.chmod(temporary, 0o755)
+            os.replace(temporary, copy)
+        return str(copy)
+
+    def _sandbox(self, folder: Path, uv: str) -> tuple[SandboxSpec, RunCgroup | None]:
+        find_bwrap()
+        shown = [os.path.dirname(uv)]
+        bundle = self.ca_bundle
+        if bundle and not bundle.startswith(("/etc/", "/usr/")):
+            shown.append(bundle)
+        if self._tree is None:
+            self._tree = CgroupTree.detect()
+        cgroup = None
+        if isinstance(self._tree, CgroupTree):
+            cgroup = self._tree.new_group()
+            try:
+                cgroup.set_limits(CgroupLimits(self.memory_bytes, BUILD_PROCESSES, None))
+            except CgroupError:
+                cgroup.remove()
+                raise
+        return SandboxSpec(str(folder), tuple(shown)), cgroup
+
+    def close(self) -> None:
+        if isinstance(self._tree, CgroupTree):
+            self._tree.close()
+        self._tree = None
+
+
+def installed_uv() -> Path:
+    """The ``uv`` binary installed with skillrun."""
+    try:
+        import uv as uv_package
+    except ImportError as exc:
+        raise DependencyError("uv is not installed: pip install uv (it is one of skillrun's dependencies)") from exc
+    return Path(uv_package.find_uv_bin())
+
+
+__all__ = ["BUILD_PROCESSES", "OUTPUT_BYTES", "SandboxSteps", "StepRunner", "installed_uv"]
