@@ -282,7 +282,7 @@ async def test_a_download_larger_than_asked_for_is_refused(cube_runtime_factory,
     with open(big, "wb") as f:
         f.truncate(5 * 1024 * 1024)
     with pytest.raises(UnsafeArchiveError, match="more than 65536 bytes"):
-        await runtime._download(executor, str(big), shared_dir / "got.tar", 65536)
+        await runtime.outputs.download(executor, str(big), shared_dir / "got.tar", 65536)
     assert (shared_dir / "got.tar").stat().st_size <= 65536 + 256 * 1024  # stopped at the limit, not at the end
 
 

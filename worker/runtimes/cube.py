@@ -2,15 +2,13 @@
 
 A workspace lives in a sandbox at ``<root>/ws_<exec_id>_<suffix>`` (root ``/workspace/cube_agent`` by default),
 laid out as on the other runtimes and created with ``mkdir -p`` before every run, so a sandbox cleaned from
-outside recovers. Files move as tar archives: one upload per run at most (the skill when it is not staged yet,
-the run's inputs) and one download (the files output patterns may match), symlinks and modes kept. The
-download is laid out in a local mirror of the workspace, where output collection applies the same globs,
-refusals, caps and MIME detection as everywhere else.
+outside recovers. A run is one upload at most (the skill when it is not staged yet, the run's inputs:
+``cube_staging``), one round trip for the command and the packing of its outputs, and one download of what its
+output patterns may match, collected through a local mirror (``cube_outputs``).
 
-A command runs as the sandbox's unprivileged user with an environment built from scratch (``env -i``: the
-sandbox's own variables do not leak in), under ``ulimit`` limits, within the run's timeout (and the config's
-``execute_timeout``). When it times out, is cancelled, or leaves processes behind, every process that carries
-its ``RUN_DIR`` is killed in the sandbox.
+A command runs as the sandbox's unprivileged user with an environment built from scratch, within the run's
+timeout (and the config's ``execute_timeout``). When it times out, is cancelled, or leaves processes behind,
+every process that carries its ``RUN_DIR`` is killed in the sandbox.
 
 Sandboxes: ``CubeCodeExecutor`` holds one (created, or connected by ``sandbox_id``) and runs code in it; a
 runtime built on an executor runs every workspace in that sandbox, next to the executor's own code. A runtime
@@ -22,35 +20,29 @@ CLI call), reused across the workspace's runs and killed when the workspace is c
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
-import json
 import os
 import shlex
-import shutil
-import stat
 import tempfile
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Coroutine
 from pathlib import Path
 
 from e2b import AsyncSandbox, SandboxQuery
-from e2b.exceptions import FileNotFoundException, NotFoundException, SandboxNotRunningException
+from e2b.exceptions import NotFoundException, SandboxNotRunningException
 
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
-from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
-from worker.contract import InputFile, RunRequest, RunResult, RuntimeName
-from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, UnsafeArchiveError, WorkspaceError
-from worker.process import TIMEOUT_EXIT_CODE, remote_ulimit_prefix
-from worker.runtimes.base import BaseWorkspaceRuntime, command_environment, open_input, run_result
+from worker.contract import RunRequest, RunResult, RuntimeName
+from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
+from worker.process import TIMEOUT_EXIT_CODE
+from worker.runtimes.base import BaseWorkspaceRuntime, run_result
 from worker.runtimes.cube_executor import (
-    KILL_SCRIPT,
     KILLED_EXIT_CODE,
     REMOTE_TMP,
     CodeExecutionResult,
@@ -59,36 +51,16 @@ from worker.runtimes.cube_executor import (
     open_sandbox,
     sandbox_error,
 )
-from worker.runtimes.cube_scripts import (
-    FAST_GUARD,
-    FAST_MISS_EXIT_CODE,
-    PACK_SCRIPT,
-    PREP_SCRIPT,
-    STAGE_SCRIPT,
-    glob_regex,
-)
-from worker.staging import WORKSPACE_LINKS, CopySkillStager, resolve_skill_source, walk_tree
-from worker.tar_transfer import SIZES_MEMBER, UploadArchive, extract_mirror
-from worker.validation import resolve_cwd, validate_input_name, validate_request
-from worker.workspace import METADATA_FILE, Workspace, run_stamp
+from worker.runtimes.cube_outputs import CubeOutputs
+from worker.runtimes.cube_staging import CubeStaging
+from worker.staging import resolve_skill_source
+from worker.validation import validate_request
 
 WORKSPACE_LABEL = "skillrun.workspace"
 ROOT_LABEL = "skillrun.root"
-ARTIFACT_DOWNLOAD_BYTES = 1024**3
-"""Most bytes of output files fetched for one run that saves artifacts (whole files, not capped heads)."""
 PACK_GRACE_SECONDS = 30.0
 """Time a run's round trip gets past its command's timeout for killing leftovers and packing outputs (the command
 itself is killed in the sandbox at its timeout)."""
-
-
-def _download_budget(request: RunRequest) -> int:
-    """The most output bytes a run's download may carry: whole files when they become artifacts."""
-    return ARTIFACT_DOWNLOAD_BYTES if request.save_as_artifacts else request.limits.output_total_bytes
-
-
-def _remove_mirror(mirror: Path) -> None:
-    shutil.rmtree(mirror, ignore_errors=True)
-    mirror.with_name(mirror.name + ".tar").unlink(missing_ok=True)
 
 
 class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
@@ -116,10 +88,8 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         self.workspace_cfg = workspace_cfg or CubeWorkspaceConfig()
         self.local_root = Path(work_root) if work_root is not None else Path(tempfile.gettempdir())
         self.artifact_store = artifact_store or FileArtifactStore(self.local_root / ".skillrun" / "artifacts")
-        self.input_file_bytes = input_file_bytes
-        self._signature_stager = CopySkillStager()
-        self._content_signatures: dict[tuple[Path, str], str] = {}  # (source, stat signature) → content signature
-        self._staged: dict[tuple[str, str, str], str] = {}  # (sandbox, workspace, skill) → signature
+        self.staging = CubeStaging(self.config, self._in_background, input_file_bytes=input_file_bytes)
+        self.outputs = CubeOutputs(self.config, self.local_root, self.artifact_store, self._in_background)
         self._owned: dict[str, CubeCodeExecutor] = {}
         self._last_used: dict[str, float] = {}
         self._busy: dict[str, int] = {}  # workspace → runs in progress here
@@ -198,13 +168,13 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
     async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
         started = time.monotonic()
         source = await asyncio.to_thread(resolve_skill_source, request.skill)
-        signature = await asyncio.to_thread(self._skill_signature, source)
-        inputs = await asyncio.to_thread(self._input_archive, request.inputs)
+        signature = await asyncio.to_thread(self.staging.signature, source)
+        inputs = await asyncio.to_thread(self.staging.input_archive, request.inputs)
         executor = await self.executor_for(request.workspace_id)
         ws = self.workspace_path(request.workspace_id)
         skill_dir = f"{ws}/skills/{request.skill.name}"
         pack_dir = f"{REMOTE_TMP}/skillrun-pack-{uuid.uuid4().hex}"
-        pack = self._pack_script(request, ws, pack_dir)
+        pack = self.outputs.pack_script(request, ws, pack_dir)
         limit = min(request.timeout, self.config.execute_timeout)
         options = {
             "timeout": request.timeout,
@@ -214,47 +184,33 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             "cancel": cancel,
         }
         done = None
-        if request.cwd is None and not request.inputs and self._staged.get(self._key(executor, request)) == signature:
+        guard = self.staging.fast_guard(executor, request, ws, signature)
+        if guard is not None:
             # Staged before by this process: check and make the run folder in the command's own round trip.
-            run_dir = f"{ws}/runs/run_{run_stamp()}"
-            nonce = uuid.uuid4().hex
-            guard = FAST_GUARD.format(
-                ws=shlex.quote(ws),
-                skill=shlex.quote(request.skill.name),
-                signature=shlex.quote(signature),
-                run=shlex.quote(run_dir),
-                nonce=nonce,
-                code=FAST_MISS_EXIT_CODE,
-            )
+            run_dir = guard.run_dir
             staged = time.monotonic()
             try:
                 done = await executor.run_script(
-                    guard + self._command_script(request, ws, run_dir, skill_dir, pack, limit),
+                    guard.script + self.outputs.command_script(request, ws, run_dir, skill_dir, pack, limit),
                     marker=run_dir,
                     **options,
                 )
             except RuntimeUnavailableError:
                 executor = await self._replace_if_gone(executor, request.workspace_id)
-            if (
-                done is not None
-                and done.outcome.exit_code == FAST_MISS_EXIT_CODE
-                and done.stderr_text == f"{nonce}\n"
-                and not await self._exists(executor, run_dir)  # a command cannot fake a miss to run twice
-            ):
-                self._staged.pop(self._key(executor, request), None)  # changed from outside: the full way
-                done = None
+            if done is not None and await self.staging.missed(executor, request, guard, done):
+                done = None  # changed from outside: the full way
         if done is None:
             try:
-                prepared = await self._prepare(executor, request, source, signature, inputs)
+                prepared = await self.staging.prepare(executor, request, ws, source, signature, inputs)
             except RuntimeUnavailableError:
                 executor = await self._replace_if_gone(executor, request.workspace_id)
-                prepared = await self._prepare(executor, request, source, signature, inputs)
+                prepared = await self.staging.prepare(executor, request, ws, source, signature, inputs)
             run_dir, real_cwd = prepared
             if real_cwd is not None and real_cwd != ws and not real_cwd.startswith(ws + "/"):
                 raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
             staged = time.monotonic()
             done = await executor.run_script(
-                self._command_script(request, ws, run_dir, real_cwd or skill_dir, pack, limit),
+                self.outputs.command_script(request, ws, run_dir, real_cwd or skill_dir, pack, limit),
                 marker=run_dir,
                 **options,
             )
@@ -265,7 +221,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         executed = time.monotonic()
 
         packed = not (outcome.timed_out or outcome.cancelled)
-        collection = await self._collect(executor, request, ws, run_dir, pack_dir, pack, packed)
+        collection = await self.outputs.collect(executor, request, ws, run_dir, pack_dir, pack, packed)
         finished = time.monotonic()
         stderr = done.stderr_text + ("\n[skillrun: the run was cancelled]\n" if outcome.cancelled else "")
         return run_result(
@@ -278,304 +234,6 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             marks=(started, staged, executed, finished),
         )
 
-    def _skill_signature(self, source: Path) -> str:
-        """What the staged copy of ``source`` is compared with: a digest of its contents, modes and links, so two
-        workers with identical libraries in different places agree (the digest is recomputed only when a file's
-        size, time or mode changes)."""
-        key = (source, self._signature_stager.signature(source))
-        known = self._content_signatures.get(key)
-        if known is None:
-            digest = hashlib.sha256()
-            for rel, path, info in walk_tree(source):
-                digest.update(f"{rel}\0{stat.S_IFMT(info.st_mode)}\0{stat.S_IMODE(info.st_mode) & 0o111}\0".encode())
-                if stat.S_ISLNK(info.st_mode):
-                    digest.update(os.readlink(path).encode())
-                elif stat.S_ISREG(info.st_mode):
-                    with open(path, "rb") as f:
-                        digest.update(hashlib.file_digest(f, "sha256").digest())
-            known = self._content_signatures[key] = "sha256:" + digest.hexdigest()
-        return known
-
-    async def _exists(self, executor: CubeCodeExecutor, path: str) -> bool:
-        done = await executor.run_script(f"[ -e {shlex.quote(path)} ]", timeout=30)
-        return done.outcome.exit_code == 0
-
-    @staticmethod
-    def _key(executor: CubeCodeExecutor, request: RunRequest) -> tuple[str, str, str]:
-        return executor.sandbox_id, request.workspace_id, request.skill.name
-
-    def _command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str, pack: str, limit: float) -> str:
-        """Enter ``cwd`` and run the command under ``env -i`` (the environment from scratch), killed with its
-        process group after ``limit`` seconds (``timeout -s KILL``: 137); once it has exited, in the same round
-        trip, kill what it left running and run ``pack`` (``_pack_script``); exit with the command's status."""
-        variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
-        env = command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
-        inner = remote_ulimit_prefix(request.limits) + request.command
-        command = (
-            '"${deadline[@]}" /usr/bin/env -i '
-            + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-            + f" /bin/bash -c {shlex.quote(inner)}"
-        )
-        after = KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + pack
-        # The command's stderr goes to fd 3, the wrapper's own (bash's "Killed" notice) nowhere.
-        # Without coreutils' timeout in the template, the caller's deadline (plus the grace) is the only one.
-        return (
-            f"deadline=(timeout -s KILL {limit:.3f}); command -v timeout >/dev/null || deadline=()\n"
-            f"cd -- {shlex.quote(cwd)} || exit 126\n{{ {command} </dev/null 2>&3; }} 3>&2 2>/dev/null; rc=$?\n"
-            f"exec >/dev/null 2>&1\n{after}exit $rc\n"
-        )
-
-    def _pack_script(self, request: RunRequest, ws: str, pack_dir: str) -> str:
-        """The script that packs what the request's output patterns may match (nothing when it has none)."""
-        variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(f"{ws}/runs/run"))
-        patterns = resolve_patterns(request.output_files, variables, Path(ws))
-        if not patterns:
-            return ""
-        listing = bytearray()
-        skill_dir = f"{ws}/skills/{request.skill.name}"
-        for pattern in patterns:
-            segments = (pattern if pattern.startswith("/") else f"{skill_dir}/{pattern}").split("/")
-            # The literal folder the pattern starts from; a literal file is found by name in its folder, so a
-            # link there is sent as a link (and refused in collection like anywhere else).
-            literal = next((i for i, s in enumerate(segments) if any(c in s for c in "*?[")), len(segments) - 1)
-            base = "/".join(segments[:literal]) or "/"
-            rest = [s for s in segments[literal:] if s not in ("", ".")]
-            depth = 0 if "**" in rest else len(rest)
-            listing += b"\0".join(x.encode() for x in (base, str(depth), glob_regex(rest))) + b"\0"
-        limits = request.limits
-        return PACK_SCRIPT.format(
-            ws=shlex.quote(ws),
-            pack_dir=shlex.quote(pack_dir),
-            cap=-1 if request.save_as_artifacts else limits.output_file_bytes,
-            budget=_download_budget(request),
-            most=limits.output_max_files + 1,
-            sizes=SIZES_MEMBER,
-            patterns=base64.b64encode(bytes(listing)).decode(),
-        )
-
-    async def _prepare(
-        self,
-        executor: CubeCodeExecutor,
-        request: RunRequest,
-        source: Path,
-        signature: str,
-        inputs: UploadArchive | None,
-    ) -> tuple[str, str | None]:
-        """Make the workspace (idempotently), place the inputs, make the run folder, and stage the skill when the
-        sandbox lacks it (or it changed); return the run folder and the real ``cwd`` paths."""
-        key = self._key(executor, request)
-        with_skill = self._staged.get(key) != signature
-        archive = inputs
-        if with_skill:
-            archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, request.inputs)
-        upload = await self._upload(executor, archive, user="root" if with_skill else self.config.user)
-        lines = await self._prep(executor, request, upload, keep_upload=with_skill)
-        if lines.get("sig") != signature:
-            if not with_skill:  # staged by someone else, changed, or cleaned up from outside: stage it again
-                archive = await asyncio.to_thread(self._skill_archive, source, request.skill.name, [])
-                upload = await self._upload(executor, archive, user="root")
-            await self._stage(executor, request, upload, signature)
-        elif with_skill and upload:  # already staged there (by another worker): the root-owned upload goes
-            self._in_background(executor.run_script(f"rm -f -- {shlex.quote(upload)}", timeout=30, user="root"))
-        self._staged[key] = signature
-        return lines["run"], lines.get("cwd")
-
-    async def _upload(self, executor: CubeCodeExecutor, archive: UploadArchive | None, *, user: str) -> str:
-        if archive is None or not archive.members:
-            return ""
-        upload = f"{REMOTE_TMP}/skillrun-up-{uuid.uuid4().hex}.tar"
-        try:
-            await executor.sandbox.files.write(upload, archive.getvalue(), user=user, use_octet_stream=True)
-        except Exception as exc:
-            raise sandbox_error("uploading the skill and inputs", exc, executor.sandbox_id) from exc
-        return upload
-
-    async def _stage(self, executor: CubeCodeExecutor, request: RunRequest, upload: str, signature: str) -> None:
-        ws = self.workspace_path(request.workspace_id)
-        metadata = json.dumps(
-            {
-                "workspace_id": request.workspace_id,
-                "runtime": "cube",
-                "created_at": datetime.now(timezone.utc).isoformat(),
-            }
-        )
-        script = STAGE_SCRIPT.format(
-            ws=shlex.quote(ws),
-            skill=shlex.quote(request.skill.name),
-            upload=shlex.quote(upload),
-            signature=shlex.quote(signature),
-            metadata=METADATA_FILE,
-            metadata_json=shlex.quote(metadata),
-        )
-        done = await executor.run_script(script, timeout=min(60.0, self.config.execute_timeout), user="root")
-        if done.outcome.exit_code != 0:
-            raise WorkspaceError(
-                f"cube: staging skill {request.skill.name!r} into sandbox {executor.sandbox_id} failed "
-                f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
-            )
-
-    async def _prep(
-        self, executor: CubeCodeExecutor, request: RunRequest, upload: str, *, keep_upload: bool
-    ) -> dict[str, str]:
-        ws = self.workspace_path(request.workspace_id)
-        cwd_check = ""
-        if request.cwd is not None:
-            placeholder = Workspace(request.workspace_id, Path(ws)).variables(
-                request.skill.name, Path(f"{ws}/runs/run")
-            )
-            target = resolve_cwd(request.cwd, placeholder, f"{ws}/skills/{request.skill.name}")
-            # The real path as base64: a folder name with a newline cannot add lines of its own.
-            cwd_check = f'cd -- {shlex.quote(target)} 2>/dev/null && [ -d . ] && echo "cwd=$(pwd -P | base64 -w0)" || echo "cwd=-"'
-        script = PREP_SCRIPT.format(
-            ws=shlex.quote(ws),
-            skill=shlex.quote(request.skill.name),
-            upload=shlex.quote(upload),
-            inputs="1" if request.inputs else "''",
-            keep="1" if keep_upload else "''",
-            stamp=run_stamp(),
-            cwd_check=cwd_check,
-        )
-        done = await executor.run_script(script, timeout=min(60.0, self.config.execute_timeout))
-        if done.outcome.exit_code != 0:
-            raise WorkspaceError(
-                f"cube: preparing workspace {request.workspace_id!r} in sandbox {executor.sandbox_id} "
-                f"failed (exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
-            )
-        lines: dict[str, str] = {}
-        for line in done.stdout_text.splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                lines.setdefault(key, value)
-        if lines.get("cwd") == "-":
-            raise InvalidRunRequestError("cwd", f"{request.cwd!r} is not a directory in the workspace")
-        if "cwd" in lines:
-            lines["cwd"] = base64.b64decode(lines["cwd"]).decode("utf-8", "surrogateescape")
-        run = lines.get("run", "")
-        if not run.startswith(f"{ws}/runs/run_") or "/" in run[len(ws) + 6 :]:
-            raise WorkspaceError(f"cube: the sandbox did not make a run folder: {done.stdout_text!r}")
-        return lines
-
-    def _input_archive(self, inputs: list[InputFile]) -> UploadArchive | None:
-        if not inputs:
-            return None
-        archive = UploadArchive()
-        self._add_inputs(archive, inputs)
-        return archive
-
-    def _skill_archive(self, source: Path, name: str, inputs: list[InputFile]) -> UploadArchive:
-        archive = UploadArchive()
-        archive.add_skill(source, name)
-        self._add_inputs(archive, inputs)
-        return archive
-
-    def _add_inputs(self, archive: UploadArchive, inputs: list[InputFile]) -> None:
-        for item in inputs:
-            rel = validate_input_name(item.name)
-            source, size = open_input(item, self.input_file_bytes)
-            if isinstance(source, bytes):
-                archive.add_input(rel, source, size)
-            else:
-                with source:
-                    archive.add_input(rel, source, size)
-
-    async def _collect(
-        self,
-        executor: CubeCodeExecutor,
-        request: RunRequest,
-        ws: str,
-        run_dir: str,
-        pack_dir: str,
-        pack: str,
-        packed: bool,
-    ) -> Collection:
-        """Fetch the outputs the command's round trip packed with ``pack`` into ``pack_dir`` (or, after a timeout
-        or cancel, kill what is left and pack them now) and collect them through a local mirror."""
-        if not pack:
-            return Collection()
-        mirror = Path(tempfile.mkdtemp(prefix=f"cube-{request.run_id[:12]}-", dir=self._mirror_parent()))
-        try:
-            if not packed:
-                await self._pack(executor, request, run_dir, pack_dir, pack)
-            limits = request.limits
-            budget = _download_budget(request)
-            # The file contents, plus a tar header and padding per entry, plus the sizes list.
-            limit = budget + 2048 * 3 * (limits.output_max_files + 2) + 1024 * 1024
-            download = mirror.with_name(mirror.name + ".tar")
-            try:
-                await self._download(executor, f"{pack_dir}/out.tar", download, limit)
-            except RuntimeUnavailableError as exc:
-                if not isinstance(exc.__cause__, FileNotFoundException):
-                    raise
-                # The command's round trip did not pack (its pack step failed): again, on its own, with the reason.
-                await self._pack(executor, request, run_dir, pack_dir, pack)
-                await self._download(executor, f"{pack_dir}/out.tar", download, limit)
-            return await asyncio.to_thread(self._collect_mirror, download, mirror, ws, request)
-        finally:
-            self._in_background(executor.run_script(f"rm -rf -- {shlex.quote(pack_dir)}", timeout=30))
-            await asyncio.to_thread(_remove_mirror, mirror)
-
-    async def _pack(
-        self, executor: CubeCodeExecutor, request: RunRequest, run_dir: str, pack_dir: str, pack: str
-    ) -> None:
-        """Kill what the run left running and pack its outputs afresh, in a round trip of its own."""
-        done = await executor.run_script(
-            KILL_SCRIPT.format(marker=shlex.quote(run_dir)) + f"rm -rf -- {shlex.quote(pack_dir)}\n" + pack,
-            timeout=min(120.0, self.config.execute_timeout),
-        )
-        if done.outcome.exit_code != 0:
-            raise WorkspaceError(
-                f"cube: packing the outputs of run {request.run_id} failed "
-                f"(exit {done.outcome.exit_code}): {done.stderr_text.strip()}"
-            )
-
-    async def _download(self, executor: CubeCodeExecutor, path: str, dest: Path, limit: int) -> None:
-        """Stream the sandbox file ``path`` into ``dest``, refusing more than ``limit`` bytes (the sandbox is not
-        trusted to send what it was asked for)."""
-        received = 0
-        try:
-            stream = await executor.sandbox.files.read(path, format="stream", user=self.config.user)
-            async with stream:
-                with open(dest, "wb") as out:
-                    async for chunk in stream:
-                        received += len(chunk)
-                        if received > limit:
-                            raise UnsafeArchiveError(f"the sandbox sent more than {limit} bytes of outputs")
-                        await asyncio.to_thread(out.write, chunk)
-        except UnsafeArchiveError:
-            raise
-        except Exception as exc:
-            raise sandbox_error("downloading the outputs", exc, executor.sandbox_id) from exc
-
-    def _collect_mirror(self, data: Path, mirror: Path, ws: str, request: RunRequest) -> Collection:
-        for d in ("skills", "work/inputs", "out", "runs"):
-            (mirror / d).mkdir(parents=True, exist_ok=True)
-        skill_dir = mirror / "skills" / request.skill.name
-        skill_dir.mkdir(exist_ok=True)
-        for entry, target in WORKSPACE_LINKS.items():
-            os.symlink(target, skill_dir / entry)
-        limits = request.limits
-        budget = _download_budget(request)
-        sizes = extract_mirror(
-            data, mirror, remote_root=ws, max_members=3 * (limits.output_max_files + 1) + 1, max_bytes=budget
-        )
-        mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
-        patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
-        sink = self.artifact_store.sink(request.workspace_id) if request.save_as_artifacts else None
-        return collect_outputs(
-            patterns,
-            workspace_root=mirror,
-            skill_dir=skill_dir,
-            limits=limits,
-            omit_inline_content=request.omit_inline_content,
-            artifact_sink=sink,
-            true_sizes=sizes,
-        )
-
-    def _mirror_parent(self) -> str:
-        parent = self.local_root / ".skillrun" / "cube-mirrors"
-        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return str(parent)
-
     # ---- lifecycle --------------------------------------------------------------------------------------------
     def cancel(self, run_id: str) -> bool:
         """Stop a run in progress (its processes are killed in the sandbox); ``False`` if it is not running here."""
@@ -586,7 +244,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         found.set()
         return True
 
-    def _in_background(self, work) -> None:  # noqa: ANN001 - a coroutine
+    def _in_background(self, work: Coroutine) -> None:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -613,8 +271,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         self._last_used.pop(workspace_id, None)
         executor = self._owned.pop(workspace_id, None)
         if executor is not None:
-            for key in [k for k in self._staged if k[0] == executor.sandbox_id]:
-                del self._staged[key]
+            self.staging.forget_sandbox(executor.sandbox_id)
         return executor
 
     async def _close_idle(self, keep: str | None = None) -> None:
@@ -631,8 +288,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         if self.executor is not None:
             path = self.workspace_path(workspace_id)
             done = await self.executor.run_script(f"rm -rf -- {shlex.quote(path)}", timeout=60, user="root")
-            for key in [k for k in self._staged if k[1] == workspace_id]:
-                del self._staged[key]
+            self.staging.forget_workspace(workspace_id)
             if done.outcome.exit_code != 0:
                 raise WorkspaceError(f"cube: removing workspace {workspace_id!r} failed: {done.stderr_text.strip()}")
             return
