@@ -16,9 +16,11 @@ What the sandbox gives a run, and what each part stops:
   containers; IPC, UTS and cgroup namespaces of its own; no capabilities and no-new-privileges (bwrap sets both).
 
 bwrap runs as the workspace user (unprivileged user namespaces), after the network was taken away by root
-(``unshare --net``) where the run has none. It starts blocked (``--block-fd``) and reports its init's pid
-(``--info-fd``), so the caller can move the sandbox into the run's control group before anything of the run
-executes (``release``).
+(``unshare --net``) where the run has none. A run with network gets a network namespace of its own from bwrap,
+connected to the outside through user-mode networking (``worker.user_network``), never the host's. bwrap starts
+blocked (``--block-fd``) and reports its init's pid and namespaces (``--info-fd``), so the caller can move the
+sandbox into the run's control group, and connect its network, before anything of the run executes
+(``release``).
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ from worker.cgroups import RunCgroup
 from worker.errors import RuntimeUnavailableError, SandboxError
 from worker.fdwait import wait_readable
 from worker.seccomp import sandbox_filter
+from worker.user_network import RESOLV_CONF, UserNetwork, resolv_conf_target
 
 INFO_TIMEOUT_SECONDS = 5.0
 VISIBLE_PROC = "/run/skillrun/proc"
 SANDBOX_HOSTNAME = "skillrun"
 INIT_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)\s*[,}]')
-"""bwrap's report (``--info-fd``) names its init first, at once; the rest follows once the sandbox is set up."""
+NET_NAMESPACE = re.compile(rb'"net-namespace"\s*:\s*(\d+)\s*[,}]')
+"""bwrap's report (``--info-fd``), written whole as soon as its init exists: the init's pid first, then the
+namespaces it made (a network namespace only where it was asked for one)."""
 SYSTEM_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"),
                 ("usr/libx32", "/libx32"), ("usr/lib32", "/lib32"))
 """Merged-/usr systems (Debian 12, Ubuntu): the top-level folders are links into /usr."""
@@ -51,12 +56,15 @@ SYSTEM_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"),
 class SandboxSpec:
     """What one sandbox holds: the workspace (read-write), folders shown read-only, the size of its tmpfs.
 
-    The network is the one bwrap starts in: root has already taken it away (``unshare --net``) for a run that has
-    none."""
+    Without ``network`` the sandbox keeps the network namespace bwrap starts in: root has already taken the
+    network away (``unshare --net``). With it, bwrap makes a network namespace of its own, which ``release``
+    connects through user-mode networking, and the sandbox gets its own ``resolv.conf`` (slirp's DNS forwarder);
+    ``user_network.find_slirp4netns`` must have been called first (it checks, and writes that file)."""
 
     workspace: str
     read_only: tuple[str, ...] = ()
     tmpfs_bytes: int = defaults.SANDBOX_TMPFS_BYTES
+    network: bool = False
 
     def argv(self, bwrap: str, *, fds: tuple[int, int, int], cwd: str) -> list[str]:
         """The ``bwrap`` command line up to ``--``, starting in ``cwd``; ``fds`` are the numbers the sandbox's ends
@@ -70,6 +78,8 @@ class SandboxSpec:
                  "--bind", self.workspace, self.workspace]
         for folder in self.read_only:
             args += ["--ro-bind", folder, folder]
+        if self.network:
+            args += ["--unshare-net", "--ro-bind", RESOLV_CONF, resolv_conf_target()]
         # The sandbox's own root and /dev are tmpfs with no size of their own: read-only once laid out, so a run
         # writes nowhere but its workspace, /tmp and /dev/shm.
         args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
@@ -135,7 +145,8 @@ def _proc_is_masked() -> bool:
 
 class SandboxStart:
     """The host's end of a sandbox being started: the pipe it reports its init's pid on, the one that holds it
-    until the caller has placed it in its control group, and the one it reads its seccomp filter from."""
+    until the caller has placed it in its control group (and connected its network), and the one it reads its
+    seccomp filter from; then the sandbox's user-mode networking, if it has a network namespace of its own."""
 
     def __init__(self) -> None:
         self.info_r, self.info_w = os.pipe()
@@ -146,6 +157,7 @@ class SandboxStart:
         finally:
             os.close(seccomp_w)
         self.init_pid = 0
+        self.network: UserNetwork | None = None
 
     def child_fds(self) -> tuple[int, int, int]:
         """The ends the sandbox gets, in ``SandboxSpec.argv``'s order (close them here once it has them: ``sent``)."""
@@ -158,16 +170,36 @@ class SandboxStart:
         self.info_w = self.block_r = self.seccomp_r = -1
 
     async def release(self, cgroup: RunCgroup | None, timeout: float = INFO_TIMEOUT_SECONDS) -> None:
-        """Wait (on the loop) for the sandbox's init, put it in ``cgroup`` and let it run.
+        """Wait (on the loop) for the sandbox's init, put it in ``cgroup``, connect its network namespace if bwrap
+        made one (``SandboxSpec.network``), and let it run.
 
         A bwrap that failed before making its sandbox reports nothing and exits with its message on stderr, which
-        becomes the run's. ``SandboxError`` if it neither reported nor ended in time, ``CgroupError`` if it could
-        not be placed: then the caller kills it (it is still blocked) before ``close``."""
+        becomes the run's. ``SandboxError`` if it neither reported nor ended in time or its network could not be
+        connected, ``CgroupError`` if it could not be placed: then the caller kills it (it is still blocked) before
+        ``close``."""
+        report = await self._report(timeout)
+        match = INIT_PID.search(report)
+        if match is None:
+            return  # bwrap failed: nothing to place, and its message is on stderr
+        self.init_pid = int(match.group(1))
+        network = NET_NAMESPACE.search(report)
+        try:
+            if cgroup is not None:
+                cgroup.add(self.init_pid)
+            if network is not None:
+                self.network = UserNetwork(self.init_pid, int(network.group(1)), cgroup)
+                await self.network.ready()
+            os.write(self.block_w, b"1")
+        except (ProcessLookupError, BrokenPipeError):
+            return  # killed already (a cancel or the deadline came first): nothing is left to let go
+
+    async def _report(self, timeout: float) -> bytes:
+        """bwrap's report, whole (up to its closing brace), or what it wrote before it ended."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         os.set_blocking(self.info_r, False)
         report = b""
-        while (match := INIT_PID.search(report)) is None:
+        while not report.rstrip().endswith(b"}"):
             try:
                 chunk = os.read(self.info_r, 4096)
             except BlockingIOError:
@@ -175,19 +207,16 @@ class SandboxStart:
                     raise SandboxError(f"the sandbox did not start within {timeout:g} s") from None
                 continue
             if not chunk:
-                return  # bwrap failed: nothing to place, and its message is on stderr
+                break
             report += chunk
-        self.init_pid = int(match.group(1))
-        try:
-            if cgroup is not None:
-                cgroup.add(self.init_pid)
-            os.write(self.block_w, b"1")
-        except (ProcessLookupError, BrokenPipeError):
-            return  # killed already (a cancel or the deadline came first): nothing is left to let go
+        return report
 
     def close(self) -> None:
         """Close what the host still holds. A sandbox never released reads the end of its block pipe and goes on,
-        so callers kill one they did not release first."""
+        so callers kill one they did not release first. Its user-mode networking, if any, ends here."""
+        if self.network is not None:
+            self.network.close()
+            self.network = None
         for name in ("info_r", "info_w", "block_r", "block_w", "seccomp_r"):
             fd = getattr(self, name)
             if fd >= 0:

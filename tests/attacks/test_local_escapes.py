@@ -15,8 +15,10 @@ import asyncio
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 import uuid
@@ -24,12 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import unavailable
+from tests.services import ensure_installed, unavailable
 from tests.conftest import write_skill
-from tests.processes import running_with, sleeper
-from worker import watch
+from tests.host_network import host_address
+from tests.processes import running_with, sleeper, wait_gone
+from worker import user_network, watch
 from worker.contract import RunLimits, SkillRef
-from worker.errors import InvalidRunRequestError
+from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
 from worker.ready_shell import READY_SHELL_LOADER
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.workspace import WorkspaceManager
@@ -113,35 +116,6 @@ async def test_without_the_sandbox_a_discarded_ready_shell_runs_nothing_the_run_
     async with LocalWorkspaceRuntime(work_root, spawners="eager", sandbox=False) as runtime:
         await _discard_a_ready_shell_holding(runtime, make_request, sleep)
         assert not await _appears(marker, 2.0), "code of a finished run is running, outside any limit"
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "a run with `network: true` is started in the host's own network namespace: it reaches every service on the "
-    "host's loopback (Redis, the API) and the host's abstract unix sockets, and lists them in /proc/net"))
-async def test_a_network_run_cannot_reach_the_hosts_loopback_services_or_abstract_sockets(work_root, make_request):
-    name = f"skillrun-host-{uuid.uuid4().hex}"
-    tcp = socket.socket()
-    tcp.bind(("127.0.0.1", 0))
-    tcp.listen()
-    abstract = socket.socket(socket.AF_UNIX)
-    abstract.bind("\0" + name)
-    abstract.listen()
-    attack = (f"echo hi > /dev/tcp/127.0.0.1/{tcp.getsockname()[1]} && echo tcp-connected; "
-              f"grep -c {name} /proc/net/unix; "
-              + _py(f"""
-                  import socket
-                  s = socket.socket(socket.AF_UNIX)
-                  s.connect("\\0{name}")
-                  print("abstract-connected")
-              """))
-    try:
-        async with LocalWorkspaceRuntime(work_root, allow_network=True) as runtime:
-            result = await runtime.run(make_request(attack, network=True))
-    finally:
-        tcp.close()
-        abstract.close()
-    assert "tcp-connected" not in result.stdout, "a service on the host's loopback answered"
-    assert "abstract-connected" not in result.stdout, "an abstract unix socket of the host answered"
 
 
 async def test_flooding_the_output_past_its_cap_is_slowed_not_drained_at_full_speed(work_root, make_request):
@@ -608,3 +582,217 @@ async def test_two_work_roots_never_give_two_tenants_the_same_user_id(shared_dir
     first.remove(name)
     # an id is held while its workspace exists: given back on removal, and taken again once its folder is gone
     assert WorkspaceManager(shared_dir / "root-c").acquire(name).uid == one.uid
+
+
+# --- Network runs: a network namespace of their own, behind user-mode networking ----------------------------------
+
+
+@pytest.fixture
+def slirp4netns() -> str:
+    """slirp4netns, installed with apt-get (as root) where it is missing."""
+    return ensure_installed("slirp4netns", "slirp4netns")
+
+
+@pytest.fixture
+async def network_runtime(slirp4netns, work_root):
+    """A runtime that allows network runs."""
+    async with LocalWorkspaceRuntime(work_root, allow_network=True) as runtime:
+        yield runtime
+
+
+def _connect(targets: dict[str, tuple[str, int]]) -> str:
+    """A command that connects to each named address and sends a line: prints ``<name> connected``, or
+    ``<name> refused <errno>``."""
+    return _py(f"""
+        import socket
+        for name, address in {targets!r}.items():
+            try:
+                with socket.create_connection(address, timeout=5) as s:
+                    s.sendall(b"from the run\\n")
+                print(name, "connected")
+            except OSError as exc:
+                print(name, "refused", exc.errno)
+    """)
+
+
+def _listener(address: str) -> socket.socket:
+    server = socket.socket()
+    server.bind((address, 0))
+    server.listen()
+    return server
+
+
+async def test_a_network_run_cannot_reach_the_hosts_loopback_services_or_abstract_sockets(network_runtime, make_request):
+    # Before its own namespace, a network run shared the host's: every service on the host's loopback (Redis, the
+    # API) and every abstract unix socket of the host answered it, and /proc/net/unix listed them.
+    name = f"skillrun-host-{uuid.uuid4().hex}"
+    tcp = _listener("127.0.0.1")
+    port = tcp.getsockname()[1]
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind("\0" + name)
+    abstract.listen()
+    attack = (f"grep -c {name} /proc/net/unix; "
+              + _connect({"loopback": ("127.0.0.1", port), "gateway": ("10.0.2.2", port)}) + "; "
+              + _abstract_connect(name, "abstract-connected"))
+    try:
+        result = await network_runtime.run(make_request(attack, network=True))
+        tcp.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            tcp.accept()  # nothing came through, by any address
+    finally:
+        tcp.close()
+        abstract.close()
+    lines = result.stdout.splitlines()
+    assert lines[0] == "0", result.stdout + result.stderr
+    assert lines[1] == "loopback refused 111", "a service on the host's loopback answered"
+    assert lines[2].startswith("gateway refused"), "the host's loopback answered through the gateway"
+    assert lines[3] == "refused 111", "an abstract unix socket of the host answered"
+
+
+async def test_a_network_run_reaches_an_outside_address_but_never_the_hosts_loopback(network_runtime, make_request):
+    # No internet is promised here: "outside" is a server on an address of the host that is not loopback, reached
+    # as from any other machine. The same run is refused the host's loopback, directly and through the gateway.
+    outside, loopback = _listener(host_address()), _listener("127.0.0.1")
+    port = loopback.getsockname()[1]
+    try:
+        result = await network_runtime.run(make_request(_connect({
+            "outside": outside.getsockname(), "loopback": ("127.0.0.1", port), "gateway": ("10.0.2.2", port),
+        }), network=True))
+        outside.settimeout(5)
+        peer, _ = outside.accept()
+        with peer:
+            peer.settimeout(5)
+            received = peer.recv(100)
+        loopback.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            loopback.accept()
+    finally:
+        outside.close()
+        loopback.close()
+    lines = result.stdout.splitlines()
+    assert lines[0] == "outside connected", result.stdout + result.stderr
+    assert received == b"from the run\n"
+    assert lines[1] == "loopback refused 111" and lines[2].startswith("gateway refused"), result.stdout
+
+
+SURVEY_NETWORK = """
+    import os
+    print(" ".join(sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])))
+    print(open("/proc/net/fib_trie").read().count(ADDRESS), open("/proc/net/tcp").read().count(PORT))
+    names = [open(f"/proc/{pid}/comm").read().strip() for pid in filter(str.isdigit, os.listdir("/proc"))]
+    print(len(names), names.count("slirp4netns"))
+"""
+
+
+async def test_a_network_run_sees_none_of_the_hosts_interfaces_addresses_sockets_or_its_helper(
+        network_runtime, make_request):
+    # Shared with the host, /proc/net listed the host's interfaces (eth0, docker0, ...), addresses and listening
+    # sockets. The run sees its own loopback and tap device alone, and not the helper serving it.
+    address = host_address()
+    listener = _listener(address)
+    port = f":{listener.getsockname()[1]:04X} "
+    try:
+        survey = SURVEY_NETWORK.replace("ADDRESS", repr(address)).replace("PORT", repr(port))
+        result = await network_runtime.run(make_request(_py(survey), network=True))
+    finally:
+        listener.close()
+    interfaces, seen, helpers = result.stdout.splitlines()
+    assert interfaces == "lo tap0", result.stdout + result.stderr
+    assert seen == "0 0", "the run sees the host's address or listening socket"
+    assert helpers.split()[1] == "0" and int(helpers.split()[0]) >= 2, "the run sees its slirp4netns"
+
+
+def _helpers(parent: int) -> list[int]:
+    """slirp4netns processes started by process ``parent`` (a runtime's), running or not yet reaped."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                name, rest = stat.read().rsplit(")", 1)
+            if name.endswith("(slirp4netns") and int(rest.split()[1]) == parent:
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+async def _helpers_of(parent: int, appear: bool, seconds: float = 5.0) -> list[int]:
+    """Wait until a helper of ``parent`` runs (``appear``) or none is left, even unreaped; the helpers then."""
+    end = time.monotonic() + seconds
+    while bool(found := _helpers(parent)) != appear and time.monotonic() < end:
+        await asyncio.sleep(0.01)
+    return found
+
+
+async def test_a_network_runs_helper_ends_with_it_whether_it_finishes_times_out_or_is_cancelled(
+        network_runtime, make_request):
+    me = os.getpid()
+
+    async def finish(task: asyncio.Task, request) -> None:  # noqa: ANN001 - a RunRequest
+        (network_runtime.workspaces.find(request.workspace_id).work_dir / "go").touch()
+
+    async def cancel(task: asyncio.Task, request) -> None:  # noqa: ANN001
+        assert network_runtime.cancel(request.run_id)
+
+    async def give_up(task: asyncio.Task, request) -> None:  # noqa: ANN001
+        task.cancel()
+
+    async def let_time_out(task: asyncio.Task, request) -> None:  # noqa: ANN001
+        pass
+
+    until_told = "until test -e $WORK_DIR/go; do sleep 0.02; done"
+    for how, command, timeout, stop in [("finished", until_told, 30, finish), ("timed out", "sleep 30", 1, let_time_out),
+                                        ("cancelled", "sleep 30", 30, cancel),
+                                        ("given up by its caller", "sleep 30", 30, give_up)]:
+        request = make_request(command, network=True, timeout=timeout, workspace_id=ws("net-end"))
+        task = asyncio.create_task(network_runtime.run(request))
+        assert await _helpers_of(me, appear=True), f"{how}: no helper was seen while the run ran"
+        await stop(task, request)
+        result = (await asyncio.gather(task, return_exceptions=True))[0]
+        assert how != "timed out" or result.timed_out
+        assert not await _helpers_of(me, appear=False), f"{how}: slirp4netns outlived its run"
+
+
+WORKER = """
+import asyncio, sys
+from worker.contract import RunRequest, SkillRef
+from worker.runtimes.local import LocalWorkspaceRuntime
+work_root, library = sys.argv[1:3]
+runtime = LocalWorkspaceRuntime(work_root, allow_network=True)
+request = RunRequest(skill=SkillRef(name="demo", root=library, path="demo"), network=True, timeout=60,
+                     command="touch $WORK_DIR/started; sleep 60")
+asyncio.run(runtime.run(request))
+"""
+
+
+async def test_a_network_runs_helper_does_not_outlive_a_killed_worker(slirp4netns, work_root, library):
+    # Killed, the worker closes nothing and reaps nothing: the helper must end on its own (its exit descriptor,
+    # held by the worker alone, closes), as the sandbox does (bwrap dies with its parent).
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(work_root / "killed"), str(library)],
+                              cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(1000):
+            if list((work_root / "killed").glob("*/work/started")) or worker.poll() is not None:
+                break
+            await asyncio.sleep(0.01)
+        helpers = _helpers(worker.pid)
+        assert len(helpers) == 1, "the worker's network run did not start"
+    finally:
+        worker.kill()
+        worker.wait()
+    assert wait_gone(helpers[0]), "slirp4netns outlived its killed worker"
+
+
+async def test_without_slirp4netns_a_network_run_fails_and_names_the_fix(work_root, make_request, monkeypatch):
+    # Never a silent fall back to the host's network namespace.
+    user_network.find_slirp4netns.cache_clear()
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None if name == "slirp4netns" else which(name, path=path))
+    try:
+        async with LocalWorkspaceRuntime(work_root, allow_network=True) as runtime:
+            with pytest.raises(RuntimeUnavailableError, match="apt-get install slirp4netns"):
+                await runtime.run(make_request("echo ran", network=True))
+    finally:
+        user_network.find_slirp4netns.cache_clear()

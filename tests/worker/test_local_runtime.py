@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IS_ROOT, workspace_dirs
+from tests.host_network import host_address
 from tests.processes import running_with, sleeper, wait_none_with
+from tests.services import ensure_installed
 from worker.contract import InputFile, RunLimits
 from worker.errors import InvalidRunRequestError
 from worker.runtimes.local import LocalWorkspaceRuntime
@@ -344,11 +346,12 @@ def test_limits_have_ceilings(make_request):
 async def test_commands_have_no_network_unless_asked_and_allowed(shared_dir, make_request):
     import socket
 
+    ensure_installed("slirp4netns", "slirp4netns")  # a network run's own namespace is connected through it
     listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
+    listener.bind((host_address(), 0))  # not loopback: a network run has a namespace of its own
     listener.listen()
-    port = listener.getsockname()[1]
-    probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')\""
+    address, port = listener.getsockname()
+    probe = f"python3 -c \"import socket; socket.create_connection(('{address}', {port}), timeout=2); print('connected')\""
     try:
         closed = LocalWorkspaceRuntime(shared_dir / "net")
         result = await closed.run(make_request(probe))

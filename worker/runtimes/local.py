@@ -37,6 +37,7 @@ from worker.ready_shell import ReadyShell
 from worker.sandbox import SandboxSpec, find_bwrap
 from worker.spawner import Spawner, spawner_python
 from worker.staging import BaseSkillStager
+from worker.user_network import find_slirp4netns
 from worker.watch import kill_user_processes
 from worker.workspace import Workspace, WorkspaceManager
 
@@ -74,8 +75,10 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         it at once and waits for it, ``off`` never uses one (every run switches user through ``setpriv``).
 
         With workspace users (root), commands run in a network namespace of their own, with no network, unless a
-        request asks for it (``network``) and ``allow_network`` is set. A non-root host cannot take the network
-        away: there commands share the host's.
+        request asks for it (``network``) and ``allow_network`` is set: then, in the sandbox, in a namespace of
+        their own connected through user-mode networking (``worker.user_network``; slirp4netns must be installed),
+        and without it in the host's. A non-root host cannot take the network away: there commands share the
+        host's.
 
         ``ready_shells``: after each run through a spawner, the spawner starts bash for the workspace's next run
         (``spawner.ReadyShell``), so that run skips a round trip and bash's start-up.
@@ -178,16 +181,19 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self, workspace: Workspace, request: RunRequest, environment: Path | None
     ) -> SandboxSpec | None:
         """This run's sandbox: its workspace, the library folder its skill is linked from and its skill's
-        dependency environment (both read-only)."""
+        dependency environment (both read-only); with network, a network namespace of its own behind user-mode
+        networking (never the host's)."""
         if not self.sandbox or workspace.uid is None:
             return None
         if self._cgroups is None:
             await asyncio.to_thread(find_bwrap)  # checked once: installed, and able to make its namespaces
             tree = await asyncio.to_thread(CgroupTree.detect)
             self._cgroups = CgroupPool(tree) if isinstance(tree, CgroupTree) else tree
+        if request.network:
+            await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
         shown = tuple(str(folder) for folder in (source, environment) if folder is not None)
-        return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes)
+        return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes, network=request.network)
 
     def _new_cgroup(self, workspace_id: str, sandbox: SandboxSpec | None, limits: CgroupLimits) -> RunCgroup | None:
         """A control group for a run started now, with its limits; ``None`` where there are none."""
