@@ -1,11 +1,12 @@
 """Building environments: resolve a requirement set to a lock, install the lock, with ``uv``, as untrusted code.
 
 A build runs code from the package index (a source distribution's build backend runs whatever it likes), so it is
-treated like a run: on a root host each build step runs as a sandbox user id of its own, in the same bubblewrap
-sandbox and control group a run gets (``worker.sandbox``, ``worker.cgroups``), with an environment made from
-scratch and nothing of the host but the system folders, the build's own folder and the ``uv`` binary. It differs
-from a run in one way only: it may reach the network (the package index). It runs under a timeout, a memory limit
-and a cap on the environment's size, watched while it grows.
+treated like a run: each step runs through a step runner (``worker.environments.steps``) that contains it as a run
+is contained — on the local runtime as a sandbox user id of its own in bubblewrap and a control group, on the
+Docker runtime in a throwaway container of the sandbox image — with an environment made from scratch and nothing
+of the host but the build's own folder, the ``uv`` binary and the CA bundle. It differs from a run in one way only:
+it may reach the network (the package index). It runs under a timeout, a memory limit and a cap on the
+environment's size, watched while it grows.
 
 The build's ``uv`` cache is its own and goes with it: a build never sees what another build left, so one skill's
 hostile source distribution cannot plant a file that another team's environment would then install. Environments are
@@ -23,7 +24,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import stat
 import time
 from collections.abc import AsyncIterator, Callable
@@ -32,22 +32,18 @@ from pathlib import Path
 
 from worker import defaults
 from worker.cancellation import Cancellation
-from worker.cgroups import CgroupLimits, CgroupTree, RunCgroup
 from worker.environments.declarations import Declaration
+from worker.environments.steps import SandboxSteps, StepRunner
 from worker.environments.store import EnvironmentInfo, EnvironmentStore, build_lock, folder_size, resolve_lock
 from worker.environments.target import Target
-from worker.errors import CgroupError, DependencyError, EnvironmentBuildError
-from worker.process import ProcessOutcome, run_process
-from worker.sandbox import SandboxSpec, find_bwrap
+from worker.errors import EnvironmentBuildError
+from worker.process import ProcessOutcome
 from worker.user_ids import UserIdRegistry
 from worker.workspace import remove_tree
 
-OUTPUT_BYTES = 256 * 1024
-"""What is kept of a build step's stdout and stderr (its messages end up in the error)."""
 MESSAGE_CHARS = 4000
 """What of a failed step's output an error quotes (its end, where the resolver or installer says what failed)."""
 SIZE_POLL_SECONDS = 1.0
-BUILD_PROCESSES = 1024
 
 Progress = Callable[[str], None]
 
@@ -62,7 +58,7 @@ class BuildSettings:
     max_bytes: int = 1024**3
     memory_bytes: int = 4 * 1024**3
     sandboxed: bool = True
-    """Each step as a sandbox user in bubblewrap (root hosts); off, as the current user (a non-root host)."""
+    """Each step as a sandbox user id of its own (root hosts); off, as the current user (a non-root host)."""
 
 
 def requirements_key(declaration: Declaration, target: Target, settings: BuildSettings) -> str:
@@ -83,37 +79,44 @@ def locked_packages(lock: str) -> list[str]:
 class EnvironmentBuilder:
     """Resolves and builds environments into a store (see the module's description)."""
 
-    def __init__(self, store: EnvironmentStore, settings: BuildSettings, registry: UserIdRegistry | None = None):
+    def __init__(self, store: EnvironmentStore, settings: BuildSettings, registry: UserIdRegistry | None = None,
+                 steps: StepRunner | None = None):
+        """``steps`` runs the build's steps (default: on this host, ``SandboxSteps``)."""
         self.store = store
         self.settings = settings
         self.registry = registry if registry is not None else (UserIdRegistry() if settings.sandboxed else None)
-        self._tree: CgroupTree | str | None = None
+        self.steps = steps or SandboxSteps(store.root / "bin", ca_bundle=settings.ca_bundle,
+                                           memory_bytes=settings.memory_bytes, sandboxed=settings.sandboxed)
 
-    async def resolve(self, declaration: Declaration, target: Target, progress: Progress | None = None) -> str:
-        """The lock of ``declaration`` for ``target``: kept from an earlier resolution, or resolved now."""
+    async def ensure(self, declaration: Declaration, target: Target, progress: Progress | None = None) -> EnvironmentInfo:
+        """The environment of ``declaration`` for ``target``: found in the store, or built now. A requirement set
+        resolved before is installed from its kept lock; a new one is resolved and installed in one build folder,
+        so the install finds what resolving downloaded in the build's cache. One resolution of a requirement set
+        and one build of an environment at a time, across processes: a caller that finds one under way waits."""
         key = requirements_key(declaration, target, self.settings)
         lock = self.store.lock_text(key)
         if lock is not None:
-            return lock
+            return await self._install(lock, target, declaration, progress)
         async with self.store.exclusive(resolve_lock(key)):
             lock = self.store.lock_text(key)
             if lock is not None:
-                return lock
+                return await self._install(lock, target, declaration, progress)
             _say(progress, f"resolving {len(declaration.python)} requirement(s)")
-            async with self._build_folder(resolve_lock(key)) as (folder, uid):
+            async with self._build_folder(resolve_lock(key)) as built:
+                folder, uid = built
                 (folder / "requirements.in").write_text("\n".join(declaration.python) + "\n")
-                await self._step(folder, uid, [
+                await self._step(folder, uid, target, [
                     "pip", "compile", "requirements.in", "--python", target.python, "--generate-hashes",
                     "--no-header", "--no-annotate", "--quiet", "--output-file", "lock.txt",
                 ], "resolving the dependencies")
                 lock = (folder / "lock.txt").read_text()
-            self.store.save_lock(key, lock)
-            return lock
+                self.store.save_lock(key, lock)
+                return await self._install(lock, target, declaration, progress, built)
 
-    async def build(self, lock: str, target: Target, declaration: Declaration,
-                    progress: Progress | None = None) -> EnvironmentInfo:
-        """The environment of ``lock`` for ``target``: found in the store, or built now (one build per key at a
-        time; a caller that finds a build under way waits for it)."""
+    async def _install(self, lock: str, target: Target, declaration: Declaration, progress: Progress | None,
+                       built: tuple[Path, int | None] | None = None) -> EnvironmentInfo:
+        """The environment of ``lock``: found, or installed (in ``built``, the build folder that resolved it, when
+        there is one)."""
         key = environment_key(lock, target)
         info = self.store.info(key)
         if info is not None:
@@ -124,11 +127,12 @@ class EnvironmentBuilder:
                 return info
             _say(progress, f"installing {len(locked_packages(lock))} package(s)")
             started = time.monotonic()
-            async with self._build_folder(build_lock(key)) as (folder, uid):
+            async with contextlib.AsyncExitStack() as stack:
+                folder, uid = built or await stack.enter_async_context(self._build_folder(build_lock(key)))
                 (folder / "lock.txt").write_text(lock)
-                await self._step(folder, uid, ["venv", "--relocatable", "--quiet", "--python", target.python, "env"],
+                await self._step(folder, uid, target, ["venv", "--relocatable", "--quiet", "--python", target.python, "env"],
                                  "making the environment")
-                await self._step(folder, uid, [
+                await self._step(folder, uid, target, [
                     "pip", "sync", "--python", "env/bin/python", "--require-hashes", "--compile-bytecode", "--quiet",
                     "lock.txt",
                 ], "installing the dependencies", watch=folder / "env")
@@ -156,10 +160,10 @@ class EnvironmentBuilder:
         finally:
             await asyncio.to_thread(remove_tree, folder)
 
-    async def _step(self, folder: Path, uid: int | None, args: list[str], what: str, watch: Path | None = None) -> None:
-        """Run ``uv <args>`` in ``folder`` as ``uid``, in the build's sandbox; ``EnvironmentBuildError`` with uv's
+    async def _step(self, folder: Path, uid: int | None, target: Target, args: list[str], what: str,
+                    watch: Path | None = None) -> None:
+        """Run ``uv <args>`` in ``folder`` as ``uid`` through the step runner; ``EnvironmentBuildError`` with uv's
         own message when it fails, runs out of time or grows the environment past the size cap."""
-        uv = await asyncio.to_thread(self._uv)
         env = {
             "PATH": defaults.SANDBOX_PATH, "HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp"),
             "LANG": defaults.SANDBOX_LANG, "UV_CACHE_DIR": str(folder / "cache"), "UV_NO_CONFIG": "1",
@@ -167,25 +171,15 @@ class EnvironmentBuilder:
         }
         if self.settings.index_url:
             env["UV_DEFAULT_INDEX"] = self.settings.index_url
-        if self.settings.ca_bundle:
-            env["SSL_CERT_FILE"] = self.settings.ca_bundle
-        sandbox = cgroup = None
-        if self.settings.sandboxed:
-            sandbox, cgroup = await asyncio.to_thread(self._sandbox, folder, uv)
         cancel = Cancellation()
         too_big: list[int] = []
         watcher = asyncio.ensure_future(_watch_size(watch, self.settings.max_bytes, cancel, too_big)) if watch else None
         try:
-            outcome = await run_process(
-                [uv, *args], cwd=str(folder), env=env, timeout=self.settings.timeout, stdout_cap=OUTPUT_BYTES,
-                stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel, no_network=False, sandbox=sandbox,
-                cgroup=cgroup,
-            )
+            outcome = await self.steps.run(folder, uid, args, env, target=target, timeout=self.settings.timeout,
+                                           cancel=cancel)
         finally:
             if watcher is not None:
                 watcher.cancel()
-            if cgroup is not None:
-                await asyncio.to_thread(cgroup.remove)
         if too_big:
             raise EnvironmentBuildError(_too_big(too_big[0], self.settings.max_bytes))
         if outcome.timed_out:
@@ -198,27 +192,6 @@ class EnvironmentBuilder:
         if outcome.exit_code != 0:
             raise EnvironmentBuildError(f"{what} failed (uv exited with {outcome.exit_code}):{_tail(outcome)}")
 
-    def _uv(self) -> str:
-        """The ``uv`` binary the builds run: the installed one, copied into the store where a build's user can
-        read it (and nothing else of the worker's installation)."""
-        try:
-            import uv as uv_package
-        except ImportError as exc:
-            raise DependencyError("uv is not installed: pip install uv (it is one of skillrun's dependencies)") from exc
-        installed = Path(uv_package.find_uv_bin())
-        if not self.settings.sandboxed:
-            return str(installed)
-        folder = self.store.root / "bin"
-        folder.mkdir(mode=0o755, exist_ok=True)
-        info = installed.stat()
-        copy = folder / f"uv-{info.st_size}-{int(info.st_mtime)}"
-        if not copy.exists():
-            temporary = folder / f".uv-{secrets.token_hex(6)}"
-            shutil.copyfile(installed, temporary)
-            os.chmod(temporary, 0o755)
-            os.replace(temporary, copy)
-        return str(copy)
-
     def _own(self, folder: Path) -> int:
         """A sandbox user id for the build in ``folder`` (held while the folder exists), owning the folder."""
         uid = self.registry.allocate(folder, secrets.randbelow(self.registry.count))
@@ -226,28 +199,8 @@ class EnvironmentBuilder:
             os.lchown(path, uid, uid)
         return uid
 
-    def _sandbox(self, folder: Path, uv: str) -> tuple[SandboxSpec, RunCgroup | None]:
-        find_bwrap()
-        shown = [os.path.dirname(uv)]
-        bundle = self.settings.ca_bundle
-        if bundle and not bundle.startswith(("/etc/", "/usr/")):
-            shown.append(bundle)
-        if self._tree is None:
-            self._tree = CgroupTree.detect()
-        cgroup = None
-        if isinstance(self._tree, CgroupTree):
-            cgroup = self._tree.new_group()
-            try:
-                cgroup.set_limits(CgroupLimits(self.settings.memory_bytes, BUILD_PROCESSES, None))
-            except CgroupError:
-                cgroup.remove()
-                raise
-        return SandboxSpec(str(folder), tuple(shown)), cgroup
-
     def close(self) -> None:
-        if isinstance(self._tree, CgroupTree):
-            self._tree.close()
-        self._tree = None
+        self.steps.close()
 
 
 async def _watch_size(folder: Path, limit: int, cancel: Cancellation, too_big: list[int]) -> None:

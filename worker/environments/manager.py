@@ -170,8 +170,7 @@ class SkillEnvironments:
         self._check_python(declaration, target, name)
         reqkey = requirements_key(declaration, target, self.builder.settings)
         try:
-            lock = await self.builder.resolve(declaration, target, progress)
-            info = await self.builder.build(lock, target, declaration, progress)
+            info = await self.builder.ensure(declaration, target, progress)
         except EnvironmentBuildError as exc:
             failure = EnvironmentBuildError(f"skill {name!r}: {exc}")
             self._record_failure(reqkey, str(failure))
