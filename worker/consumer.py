@@ -3,6 +3,10 @@
 Each worker process is an RQ ``SimpleWorker`` (jobs run in the worker process itself, so workspace spawners and
 caches survive between jobs) listening on ``skillrun:<runtime>``. ``--concurrency N`` starts N such processes;
 add processes or machines (``docker compose up --scale worker=N``) to scale out.
+
+Workers of the local runtime, which builds skills' dependency environments, also take the jobs that prepare a new
+library version's environments (``skillrun:local:environments``, ``worker.jobs.prepare_environments``), after the
+runs waiting on their own queue.
 """
 
 from __future__ import annotations
@@ -19,12 +23,26 @@ from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from worker.config import get_worker_settings
+from worker.contract import RuntimeName
 
 QUEUE_PREFIX = "skillrun"
+BUILDING_RUNTIMES = (RuntimeName.LOCAL.value,)
+"""The runtimes whose workers build dependency environments."""
 
 
 def queue_name(runtime: str) -> str:
     return f"{QUEUE_PREFIX}:{runtime}"
+
+
+def environments_queue_name(runtime: str) -> str:
+    """The queue of jobs preparing environments for ``runtime`` (its workers take them when no run waits)."""
+    return f"{QUEUE_PREFIX}:{runtime}:environments"
+
+
+def consumed_queues(runtime: str) -> list[str]:
+    """The queues a worker of ``runtime`` takes jobs from, in order: its runs first."""
+    extra = [environments_queue_name(runtime)] if runtime in BUILDING_RUNTIMES else []
+    return [queue_name(runtime), *extra]
 
 
 def serve_worker(args: argparse.Namespace) -> int:
@@ -51,7 +69,7 @@ def serve_worker(args: argparse.Namespace) -> int:
     try:
         connection = redis.Redis.from_url(url)
         worker = SimpleWorker(
-            [queue_name(args.runtime)], connection=connection, serializer=JSONSerializer,
+            consumed_queues(args.runtime), connection=connection, serializer=JSONSerializer,
             name=f"{socket.gethostname()}-{os.getpid()}",
         )
         worker.work(burst=args.burst, logging_level="WARNING")

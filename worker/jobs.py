@@ -5,6 +5,9 @@ the request lives in the run store). It marks the run started, renews its heartb
 notices a cancel request and stops the command), runs it with this process's runtime, and stores the result.
 A worker process keeps one event loop and one runtime per kind, so workspaces' spawners and staging caches
 survive from job to job.
+
+``prepare_environments(root, skills)`` is the other job: it builds a library version's dependency environments
+with the local runtime's builder (sandboxed, into the store runs use), for the API's library registration.
 """
 
 from __future__ import annotations
@@ -14,17 +17,26 @@ import logging
 import threading
 from typing import Any
 
+import redis
 from rq import get_current_job
+from rq.job import Job
 
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
-from worker.contract import RunResult, RuntimeName
+from worker.contract import RunResult, RuntimeName, SkillRef
+from worker.environments import SkillEnvironments
+from worker.errors import WorkerError
 from worker.run_store import BaseRunStore, RedisRunStore
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
+from worker.staging import resolve_skill_paths
 
 logger = logging.getLogger(__name__)
+
+PREPARE_BEAT_KEY = "skillrun:prepare-beat:{}"
+"""Renewed while a preparation job runs (by job id): a started job without it lost its worker."""
+WAITING = "waiting its turn"
 
 _loop: asyncio.AbstractEventLoop | None = None
 _runtimes: dict[str, BaseWorkspaceRuntime] = {}
@@ -92,3 +104,62 @@ def _beat(store: BaseRunStore, run_id: str, runtime: BaseWorkspaceRuntime, stop:
             continue
         if record is not None and record.cancel_requested:
             runtime.cancel(run_id)
+
+
+def prepare_environments(root: str, skills: list[list[str]]) -> dict[str, str]:
+    """Prepare the environments of the skills ``[name, path]`` of the library version at ``root``, one after
+    another, on the local runtime's builder; return each skill's state.
+
+    The job's ``meta`` tells the API how far it got: ``pending`` maps each skill not done yet to its latest step,
+    ``errors`` a skill this worker could not prepare at all to why (a build's own failure is in the store). A
+    thread renews ``PREPARE_BEAT_KEY`` meanwhile, so a job whose worker died is not taken for one under way."""
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("prepare_environments runs inside an RQ job")
+    beat_key = PREPARE_BEAT_KEY.format(job.id)
+    ttl = get_worker_settings().heartbeat_ttl_seconds
+    job.connection.set(beat_key, worker_id(), ex=ttl)
+    stop = threading.Event()
+    beat = threading.Thread(target=_beat_preparation, args=(job.connection, beat_key, ttl, stop), daemon=True,
+                            name=f"heartbeat-{job.id}")
+    beat.start()
+    states: dict[str, str] = {}
+    job.meta["pending"] = {name: WAITING for name, _ in skills}
+    job.meta.setdefault("errors", {})
+    try:
+        environments = runtime_for(RuntimeName.LOCAL.value).environments
+        for name, path in skills:
+            states[name] = _event_loop().run_until_complete(_prepare_one(job, environments, root, name, path))
+            del job.meta["pending"][name]
+            job.save_meta()
+    finally:
+        stop.set()
+        beat.join()
+        job.connection.delete(beat_key)
+    return states
+
+
+async def _prepare_one(job: Job, environments: SkillEnvironments, root: str, name: str, path: str) -> str:
+    """One skill's environment, its progress saved in the job's ``meta`` as it goes."""
+
+    def progress(message: str) -> None:
+        job.meta["pending"][name] = message
+        job.save_meta()
+
+    progress("starting")
+    try:
+        real_root, skill_dir = await asyncio.to_thread(resolve_skill_paths, SkillRef(name=name, root=root, path=path))
+        status = await environments.prepare(skill_dir, real_root, name, progress)
+    except WorkerError as exc:  # the folder is not on this worker, or the builder cannot start: say why
+        job.meta["errors"][name] = f"the worker could not prepare it: {exc}"
+        return "failed"
+    job.meta["errors"].pop(name, None)
+    return status.state
+
+
+def _beat_preparation(connection: redis.Redis, key: str, ttl: int, stop: threading.Event) -> None:
+    while not stop.wait(defaults.HEARTBEAT_SECONDS):
+        try:
+            connection.set(key, worker_id(), ex=ttl)
+        except redis.RedisError:  # a Redis hiccup must not end the heartbeat: the next beat tries again
+            logger.warning("heartbeat of preparation %s failed; trying again", key, exc_info=True)
