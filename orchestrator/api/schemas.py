@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
@@ -69,10 +69,31 @@ class SkillSummaryPublic(BaseModel):
     description: str
 
 
+class EnvironmentPublic(BaseModel):
+    """A skill's dependency environment on the local runtime: what the skill declares and where its build stands."""
+
+    state: Literal["none", "ready", "building", "not built", "failed", "invalid"] = Field(
+        description="none: it declares no Python packages; ready: built; building: being built (or queued for it); "
+                    "not built; failed: the build failed (message: the resolver's or installer's own words); "
+                    "invalid: the declaration is wrong (message: which file and line)."
+    )
+    python: list[str] = Field(description="The Python requirements it declares (PEP 508).")
+    debian: list[str] = Field(description="Debian packages it declares (installed in the Docker runtime's image).")
+    requires_python: str | None
+    declared_in: list[str] = Field(description="Where: requirements.txt, pyproject.toml, scripts (PEP 723), "
+                                               "the library's skillrun.toml.")
+    target: str = Field(description="What the environment is built for (runtime, interpreter, machine).")
+    key: str | None = Field(description="The built environment's content key (shared by skills with the same lock).")
+    packages: list[str] = Field(description="Every package of the lock, name==version.")
+    size_bytes: int | None
+    message: str = Field(description="Why it failed, what the build is doing, or a note.")
+
+
 class SkillPublic(SkillSummaryPublic):
     body: str
     tools: list[str]
     docs: list[str]
+    environment: EnvironmentPublic
 
 
 class InputContent(BaseModel):
@@ -105,6 +126,11 @@ class RunCreate(BaseModel):
     workspace_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,30}$",
                                      description="Runs with the same id share work/ and out/ (within the team).")
     priority: bool = Field(default=False, description="Put the run at the front of its queue.")
+    wait_for_environment: bool = Field(
+        default=True,
+        description="When the skill's dependency environment (local runtime) is not ready: build it before the run "
+                    "(true), or refuse the run at once with 409, saying why (false).",
+    )
 
 
 class RunPublic(BaseModel):
@@ -158,6 +184,27 @@ class LibraryPublic(BaseModel):
     name: str
     current: int | None
     versions: list[LibraryVersionPublic]
+
+
+class SkillEnvironmentPublic(EnvironmentPublic):
+    skill: str
+
+
+class LibraryEnvironmentsPublic(BaseModel):
+    """The dependency environments of one library version's skills."""
+
+    library: str
+    version: int
+    done: bool = Field(description="No environment is being built (poll until true).")
+    skills: list[SkillEnvironmentPublic]
+    problems: list[str] = Field(description="What is wrong beyond single skills: a skillrun.toml that cannot be "
+                                            "read, or that names skills the library does not have.")
+
+
+class LibraryRegistered(LibraryPublic):
+    """A registered library, and its new current version's environments (being built unless ready)."""
+
+    environments: LibraryEnvironmentsPublic
 
 
 class CurrentVersion(BaseModel):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from orchestrator.agents.base import BaseAgent
+from orchestrator.api.environments import LibraryEnvironments, environments_for
 from orchestrator.dispatch import BaseDispatcher
 from orchestrator.libraries import LibraryRegistry
 from orchestrator.runners import Runner
@@ -30,8 +31,14 @@ class Services:
     artifact_store: FileArtifactStore
     teams: TeamStore
     libraries: LibraryRegistry
+    environments: LibraryEnvironments | None = None
+    """Skills' dependency environments and who builds them; by default as the dispatcher runs (``environments_for``)."""
     _repositories: dict[tuple[str, ...], BaseSkillRepository] = field(default_factory=dict)
     _agents: dict[int, BaseAgent] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.environments is None:
+            self.environments = environments_for(self.dispatcher)
 
     def repository_for(self, team: Team) -> BaseSkillRepository:
         """The skills a team sees: the current versions of its libraries, or the server's library if it has none."""
@@ -52,6 +59,7 @@ class Services:
         return Runner(app_name=self.app_name, agent=self.agent_for(team), session_service=self.session_service)
 
     async def close(self) -> None:
+        await self.environments.close()  # first: its builds use the dispatcher's runtime
         for agent in self._agents.values():
             await agent.close()
         await self.session_service.close()

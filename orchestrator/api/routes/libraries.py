@@ -1,4 +1,5 @@
-"""A team's skill libraries: register by URL or upload, list, versions (pinned by sha256), set the current one."""
+"""A team's skill libraries: register by URL or upload, list, versions (pinned by sha256), set the current one, and
+the dependency environments of a version's skills (registration starts building them)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from fastapi import APIRouter, Depends, HTTPException, Path as PathParam, Query,
 
 from orchestrator.api.auth import current_team
 from orchestrator.api.responses import error_responses
-from orchestrator.api.schemas import CurrentVersion, LibraryCreate, LibraryPublic
+from orchestrator.api.environments import EnvironmentsReport
+from orchestrator.api.schemas import (
+    CurrentVersion, LibraryCreate, LibraryEnvironmentsPublic, LibraryPublic, LibraryRegistered,
+)
 from orchestrator.api.services import Services, get_services
-from orchestrator.libraries import LIBRARY_NAME, LibraryError
+from orchestrator.libraries import LIBRARY_NAME, Library, LibraryError
 from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/libraries", tags=["libraries"], responses=error_responses(401, 422))
@@ -20,30 +24,44 @@ router = APIRouter(prefix="/v1/libraries", tags=["libraries"], responses=error_r
 LibraryName = PathParam(pattern=LIBRARY_NAME.pattern, description="1-64 lowercase letters, digits, '-' and '_'.")
 
 
-def _public(library) -> LibraryPublic:  # noqa: ANN001 - a Library
+def _public(library: Library) -> LibraryPublic:
     return LibraryPublic(name=library.name, current=library.current, versions=[v.model_dump() for v in library.versions])
 
 
-@router.post("", response_model=LibraryPublic, status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413))
-async def register_library(body: LibraryCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> LibraryPublic:
-    """Fetch the archive at ``url`` (safely, within limits) as the newest version of library ``name``."""
+def _environments(library: Library, version: int, report: EnvironmentsReport) -> LibraryEnvironmentsPublic:
+    return LibraryEnvironmentsPublic(library=library.name, version=version, skills=report.skills,
+                                     problems=report.problems, done=all(s.state != "building" for s in report.skills))
+
+
+async def _registered(services: Services, library: Library) -> LibraryRegistered:
+    """The library, with its new current version's environments set building (in the background)."""
+    version = library.version()
+    report = await services.environments.prepare(services.libraries.root(version))
+    return LibraryRegistered(**_public(library).model_dump(), environments=_environments(library, version.version, report))
+
+
+@router.post("", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413))
+async def register_library(body: LibraryCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> LibraryRegistered:
+    """Fetch the archive at ``url`` (safely, within limits) as the newest version of library ``name``; its skills'
+    dependency environments start building (follow them at ``GET /v1/libraries/{name}/environments``)."""
     try:
         library = await asyncio.to_thread(services.libraries.add_from_url, team.id, body.name, body.url)
     except LibraryError as exc:
         raise HTTPException(422, str(exc)) from exc
-    return _public(library)
+    return await _registered(services, library)
 
 
-@router.post("/{name}/upload", response_model=LibraryPublic, status_code=status.HTTP_201_CREATED,
+@router.post("/{name}/upload", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED,
              responses=error_responses(413), openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                                             "required": True}})
 async def upload_library(
     request: Request, name: str = LibraryName,
     filename: str = Query(default="upload.tar.gz", max_length=255, description="Tells the format"),
     team: Team = Depends(current_team), services: Services = Depends(get_services),
-) -> LibraryPublic:
-    """Upload an archive (``.tar.gz``, ``.tgz`` or ``.zip``; the body is the archive) as a new version of ``name``.
-    The body's size is bounded by ``orchestrator.api.limits`` while it streams in."""
+) -> LibraryRegistered:
+    """Upload an archive (``.tar.gz``, ``.tgz`` or ``.zip``; the body is the archive) as a new version of ``name``;
+    its skills' dependency environments start building. The body's size is bounded by ``orchestrator.api.limits``
+    while it streams in."""
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "upload"
         with open(archive, "wb") as out:
@@ -53,7 +71,7 @@ async def upload_library(
             library = await asyncio.to_thread(services.libraries.add_from_file, team.id, name, archive, filename)
         except LibraryError as exc:
             raise HTTPException(422, str(exc)) from exc
-    return _public(library)
+    return await _registered(services, library)
 
 
 @router.get("", response_model=list[LibraryPublic])
@@ -68,6 +86,24 @@ def get_library(name: str = LibraryName, team: Team = Depends(current_team), ser
     if library is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no library {name!r}")
     return _public(library)
+
+
+@router.get("/{name}/environments", response_model=LibraryEnvironmentsPublic, responses=error_responses(404))
+def get_environments(
+    name: str = LibraryName, version: int | None = Query(default=None, ge=1, description="Default: the current one."),
+    team: Team = Depends(current_team), services: Services = Depends(get_services),
+) -> LibraryEnvironmentsPublic:
+    """The dependency environment of each skill of a version: ready, building (with its step), failed (with the
+    resolver's or installer's message), not built, none or invalid; and the version's manifest problems."""
+    library = services.libraries.get(team.id, name)
+    if library is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no library {name!r}")
+    found = library.version(version)
+    if found is None:
+        which = f"version {version}" if version else "current version"
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"library {name!r} has no {which} "
+                                                       f"(versions: {[v.version for v in library.versions]})")
+    return _environments(library, found.version, services.environments.report(services.libraries.root(found)))
 
 
 @router.put("/{name}/current", response_model=LibraryPublic, responses=error_responses(400, 404, 413))

@@ -14,12 +14,13 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, st
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.responses import error_responses
+from orchestrator.api.environments import not_ready
+from orchestrator.api.responses import ErrorPublic, error_responses
 from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import DispatchError, SkillNotFoundError
 from orchestrator.teams import Team
-from worker.contract import InputFile, RunRequest, SkillRef
+from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
 from worker.errors import ArtifactError, WorkerError
 from worker.run_store import RunRecord, RunStatus
 from worker.validation import MAX_PATH_CHARS, validate_request
@@ -68,17 +69,27 @@ def _skill_ref(services: Services, team: Team, name: str) -> SkillRef:
     return services.repository_for(team).skill_ref(name)
 
 
+NOT_READY = {409: {"model": ErrorPublic, "description": "The skill's dependency environment is not ready and the "
+                                                        "run asked not to wait for it (wait_for_environment=false)."}}
+
+
 @router.post("", response_model=RunPublic, status_code=status.HTTP_202_ACCEPTED,
-             responses=error_responses(400, 404, 413))
+             responses={**error_responses(400, 404, 413), **NOT_READY})
 async def submit_run(
     body: RunCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
 ) -> Response:
     """Accept a run; it executes in the background (in this process, or on a worker when Redis is configured).
-    The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given)."""
+    The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given). A run of the local runtime
+    that will not wait for its skill's dependency environment is refused (409) while the environment is not ready;
+    a run that waits has it built first (one whose build fails ends failed, with the build's message)."""
     try:
         ref = await asyncio.to_thread(_skill_ref, services, team, body.skill)  # reads the team's library records
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    if not body.wait_for_environment and body.runtime == RuntimeName.LOCAL:
+        environment = await asyncio.to_thread(services.environments.skill_status, ref)
+        if environment.state not in ("ready", "none"):
+            raise HTTPException(status.HTTP_409_CONFLICT, not_ready(body.skill, environment))
     fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id"})
     try:
         request = RunRequest(

@@ -22,12 +22,15 @@ def list_skills(team: Team = Depends(current_team), services: Services = Depends
 
 @router.get("/{name}", response_model=SkillPublic, responses=error_responses(404, 422))
 def get_skill(name: SkillName = Path(description="The skill's name."), team: Team = Depends(current_team), services: Services = Depends(get_services)) -> SkillPublic:
-    """One skill: body, declared tools, doc names."""
+    """One skill: body, declared tools, doc names, and its dependency environment (what it declares, whether it is
+    built, what it holds)."""
+    repository = services.repository_for(team)
     try:
-        skill = services.repository_for(team).get(name)
+        skill = repository.get(name)
+        ref = repository.skill_ref(name)
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except SkillValidationError as exc:
         raise HTTPException(422, str(exc)) from exc
     return SkillPublic(name=skill.name, description=skill.description, body=skill.body, tools=skill.tools,
-                       docs=skill.doc_names)
+                       docs=skill.doc_names, environment=services.environments.skill_status(ref))
