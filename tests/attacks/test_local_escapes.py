@@ -679,15 +679,26 @@ SURVEY_NETWORK = """
     import os
     print(" ".join(sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])))
     print(open("/proc/net/fib_trie").read().count(ADDRESS), open("/proc/net/tcp").read().count(PORT))
-    names = [open(f"/proc/{pid}/comm").read().strip() for pid in filter(str.isdigit, os.listdir("/proc"))]
+    pids = [pid for pid in os.listdir("/proc") if pid.isdigit()]
+    names = [open(f"/proc/{pid}/comm").read().strip() for pid in pids]
     print(len(names), names.count("slirp4netns"))
+    held = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except FileNotFoundError:  # the listing's own descriptor, closed since
+                pass
+    own = {os.readlink("/proc/self/fd/1"), os.readlink("/proc/self/fd/2")}
+    print(sorted(t for t in held - own if t.startswith(("pipe:", "net:", "user:", "/memfd:"))))
 """
 
 
-async def test_a_network_run_sees_none_of_the_hosts_interfaces_addresses_sockets_or_its_helper(
+async def test_a_network_run_sees_none_of_the_hosts_interfaces_addresses_sockets_nor_its_helper(
         network_runtime, make_request):
     # Shared with the host, /proc/net listed the host's interfaces (eth0, docker0, ...), addresses and listening
-    # sockets. The run sees its own loopback and tap device alone, and not the helper serving it.
+    # sockets. The run sees its own loopback and tap device alone, and neither the helper serving it nor any of
+    # the descriptors the worker holds for it (namespaces, its ready and exit pipes, its error log).
     address = host_address()
     listener = _listener(address)
     port = f":{listener.getsockname()[1]:04X} "
@@ -696,10 +707,11 @@ async def test_a_network_run_sees_none_of_the_hosts_interfaces_addresses_sockets
         result = await network_runtime.run(make_request(_py(survey), network=True))
     finally:
         listener.close()
-    interfaces, seen, helpers = result.stdout.splitlines()
+    interfaces, seen, helpers, leaked = result.stdout.splitlines()
     assert interfaces == "lo tap0", result.stdout + result.stderr
     assert seen == "0 0", "the run sees the host's address or listening socket"
     assert helpers.split()[1] == "0" and int(helpers.split()[0]) >= 2, "the run sees its slirp4netns"
+    assert leaked == "[]", "a descriptor of the host or of the helper is open in the run"
 
 
 def _helpers(parent: int) -> list[int]:
