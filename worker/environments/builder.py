@@ -167,7 +167,7 @@ class EnvironmentBuilder:
         env = {
             "PATH": defaults.SANDBOX_PATH, "HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp"),
             "LANG": defaults.SANDBOX_LANG, "UV_CACHE_DIR": str(folder / "cache"), "UV_NO_CONFIG": "1",
-            "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "copy",
+            "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "hardlink",
         }
         if self.settings.index_url:
             env["UV_DEFAULT_INDEX"] = self.settings.index_url

@@ -87,8 +87,11 @@ class SandboxSteps(StepRunner):
         copy = self.uv_folder / f"uv-{info.st_size}-{int(info.st_mtime)}"
         if not copy.exists():
             temporary = self.uv_folder / f".uv-{secrets.token_hex(6)}"
-            shutil.copyfile(installed, temporary)
-            os.chmod(temporary, 0o755)
+            try:  # the same file, where the store is on the installation's file system (root-owned, 0755)
+                os.link(installed, temporary)
+            except OSError:
+                shutil.copyfile(installed, temporary)
+                os.chmod(temporary, 0o755)
             os.replace(temporary, copy)
         return str(copy)
 
@@ -108,7 +111,8 @@ class SandboxSteps(StepRunner):
             except CgroupError:
                 cgroup.remove()
                 raise
-        return SandboxSpec(str(folder), tuple(shown)), cgroup
+        # The build's own network namespace behind user-mode networking: the index, not the host's loopback.
+        return SandboxSpec(str(folder), tuple(shown), network=True), cgroup
 
     def close(self) -> None:
         if isinstance(self._tree, CgroupTree):
