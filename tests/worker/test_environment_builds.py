@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -201,10 +202,13 @@ async def test_a_run_while_its_environment_is_being_built_waits_or_is_told_so(sh
 
 
 @pytest.mark.root
-async def test_a_build_finds_nothing_of_the_host_the_platform_or_other_workspaces(
+async def test_a_build_finds_nothing_of_the_host_the_platform_other_workspaces_or_the_hosts_loopback(
     shared_dir: Path, make_envs, dists: Path, work_root: Path, monkeypatch
 ):
     monkeypatch.setenv("SKILLRUN_TEST_SECRET", "worker-secret-value")
+    loopback = socket.socket()
+    loopback.bind(("127.0.0.1", 0))
+    loopback.listen()
     other = work_root / "ws_other"
     other.mkdir(mode=0o700)
     (other / "notes.txt").write_text("another tenant's notes")
@@ -229,6 +233,12 @@ async def test_a_build_finds_nothing_of_the_host_the_platform_or_other_workspace
         "        pass\n"
         "found['secret_in_env'] = any(b'worker-secret-value' in environ for environ in seen)\n"
         "found['uid'] = os.getuid()\n"
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {loopback.getsockname()[1]}), timeout=3)\n"
+        "    found['loopback'] = True\n"
+        "except OSError:\n"
+        "    found['loopback'] = False\n"
         "raise RuntimeError('PROBE:' + json.dumps(found))\n"
     )
     sdist(dists, "nosy", "1.0", code)
@@ -239,3 +249,5 @@ async def test_a_build_finds_nothing_of_the_host_the_platform_or_other_workspace
     for name in probes:
         assert found[name] is None, f"a build read {name}: {found[name]}"
     assert found["secret_in_env"] is False
+    assert found["loopback"] is False, "a build reached a service on the host's loopback (Redis, the API)"
+    loopback.close()
