@@ -1,20 +1,25 @@
-"""The Docker runtime: one container per workspace, reused across the workspace's runs (``docker exec`` per run).
+"""The Docker runtime: a container per workspace (and image), reused across the workspace's runs (``docker exec``
+per run).
 
-Hardened by default: no network (a request may ask for it where the operator allows it), every capability
-dropped, no-new-privileges, a read-only root file system, private size-capped ``/tmp`` and ``/dev/shm``, memory
-(swap included), CPU and process-count limits that hold for the container — so for the run in it — and an init
-process that reaps orphans. Commands run as the workspace's own user id (allocated from 30000–59999 when the
-worker is root, never a host user's), the init and keep-alive as another (``RESIDENT_UID``). Only this workspace
-is mounted writable, at the same path as on the host (so the six variables mean the same inside), and the library
-roots its skills come from are mounted read-only at their own paths.
+Hardened by default (``container_boxes``): no network unless a request asks and the operator allows it, every
+capability dropped, no-new-privileges, a read-only root, private size-capped ``/tmp`` and ``/dev/shm``, memory,
+CPU and process limits, an init that reaps orphans. Commands run as the workspace's own user id (allocated from
+30000–59999 when the worker is root, never a host user's), the init and keep-alive as another (``RESIDENT_UID``).
+Only this workspace is mounted writable, at the same path as on the host (so the six variables mean the same
+inside); the library roots its skills come from and the dependency environments they use are mounted read-only.
 
-Runs of one workspace take turns, so a run has the container to itself: when it ends — finished, failed, timed
+A skill's dependencies: its Python environment is built for the sandbox image's ``python3``, each step in a
+throwaway container (``container_builds``), and is mounted read-only at the same path inside as on the host
+(``VIRTUAL_ENV`` and ``PATH`` name it) into the containers of workspaces that run the skill; its Debian packages are in a derived image built once per set (``container_images``), whose
+container for the workspace the run then uses. A run waits for either to be built unless it says not to.
+
+Runs of one workspace take turns, so a run has its container to itself: when it ends — finished, failed, timed
 out or cancelled — every process it started is killed and the scratch folders are emptied (``container_host``),
 and each run gets its own limits (the container's are updated when they differ). Containers idle longer than
 ``idle_seconds`` are removed (the workspace stays on the host).
 
-Engine errors are translated in one place (``map_docker_errors``) into ``RuntimeUnavailableError`` carrying the
-engine's reason.
+Engine errors are translated in one place (``docker_engine.map_docker_errors``) into ``RuntimeUnavailableError``
+carrying the engine's reason.
 """
 
 from __future__ import annotations
@@ -26,8 +31,7 @@ import os
 import select
 import struct
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -37,13 +41,18 @@ from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.contract import RunRequest, RuntimeName
-from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
+from worker.environments import BuildSettings, EnvironmentInfo
+from worker.errors import InvalidRunRequestError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
 from worker.roots import is_url, resolve_root
 from worker.runtimes.base import command_environment
-from worker.runtimes.container_host import CLEAN_INSIDE, RESIDENT_UID, HostView
+from worker.runtimes.container_boxes import Box, Boxes, BoxSettings
+from worker.runtimes.container_builds import DockerTargets, docker_environments
+from worker.runtimes.container_host import CLEAN_INSIDE
+from worker.runtimes.container_images import DerivedImages
+from worker.runtimes.docker_engine import map_docker_errors
 from worker.runtimes.host import HostWorkspaceRuntime
-from worker.staging import BaseSkillStager
+from worker.staging import BaseSkillStager, resolve_skill_paths
 from worker.workspace import Workspace, WorkspaceManager
 
 DEFAULT_IMAGE = "skillrun/sandbox:latest"
@@ -56,31 +65,6 @@ RESIDENT_PROCESSES = 2
 """The container's init and keep-alive, counted in its process limit besides the run's own."""
 DEFAULT_IDLE_SECONDS = 600.0
 POLL_SECONDS = 0.05
-LABEL = "skillrun.workspace"
-
-
-@contextlib.contextmanager
-def map_docker_errors(action: str) -> Iterator[None]:
-    """Docker SDK errors → ``RuntimeUnavailableError`` with the engine's own reason."""
-    try:
-        yield
-    except docker.errors.ImageNotFound as exc:
-        raise RuntimeUnavailableError(f"{action}: image not found ({exc.explanation}); build it with images/build.sh") from exc
-    except docker.errors.APIError as exc:
-        raise RuntimeUnavailableError(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
-    except docker.errors.DockerException as exc:
-        raise RuntimeUnavailableError(f"{action}: no Docker engine answers ({exc}); start dockerd") from exc
-
-
-@dataclass
-class _Box:
-    """A workspace's container as this runtime knows it."""
-
-    id: str
-    mounts: frozenset[str]
-    network: bool
-    limits: tuple[int, int]  # memory bytes (swap included), processes (residents included)
-    host: HostView | None  # None: the worker cannot see the container's processes (another PID namespace)
 
 
 class _Frames:
@@ -137,11 +121,18 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         artifact_store: FileArtifactStore | None = None,
         client: docker.DockerClient | None = None,
         disk_bytes: int | None = None,
+        build_settings: BuildSettings | None = None,
     ) -> None:
         """``memory_bytes``, ``cpus`` and ``pids`` cap every run (a request's own limits may only lower the first
         and last); ``tmpfs_bytes`` and ``shm_bytes`` size the container's ``/tmp`` and ``/dev/shm`` (memory the
-        run's limit pays for)."""
-        super().__init__(WorkspaceManager(work_root, disk_bytes=disk_bytes), stager=stager, artifact_store=artifact_store)
+        run's limit pays for). ``build_settings``: how skills' environments and derived images are built (default:
+        the worker settings, ``SKILLRUN_ENV_*``); they are kept in ``SKILLRUN_ENVS_DIR`` or the work root's
+        ``.skillrun/environments``, the local runtime's store."""
+        workspaces = WorkspaceManager(work_root, disk_bytes=disk_bytes)
+        self.targets = DockerTargets(lambda: self.client, image)
+        environments = docker_environments(workspaces.registry / "environments", lambda: self.client, self.targets,
+                                           build_settings)
+        super().__init__(workspaces, stager=stager, artifact_store=artifact_store, environments=environments)
         self.image = image
         self.allow_network = allow_network
         self.memory_bytes = memory_bytes
@@ -151,10 +142,14 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         self.shm_bytes = shm_bytes
         self.idle_seconds = idle_seconds
         self._client = client
-        self._boxes: dict[str, _Box] = {}
+        self.images = DerivedImages(lambda: self.client, environments.store, environments.builder.settings)
+        self.boxes = Boxes(
+            lambda: self.client, BoxSettings(cpus, tmpfs_bytes, shm_bytes, idle_seconds),
+            prefix="skillrun-" + hashlib.sha256(str(self.work_root.resolve()).encode()).hexdigest()[:8],
+            work_root=self.work_root, used=self.images.mark_used,
+        )
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # workspace → (its lock, runs holding or awaiting it)
-        self._last_used: dict[str, float] = {}
-        self._prefix = "skillrun-" + hashlib.sha256(str(self.work_root.resolve()).encode()).hexdigest()[:8]
+        self._run_images: dict[str, str] = {}  # run id → the derived image it runs in (set just before it starts)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -166,15 +161,37 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         return command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
 
+    async def _environment(self, request: RunRequest) -> EnvironmentInfo | None:
+        """The skill's Python environment (``HostWorkspaceRuntime._environment``), and the derived image its
+        Debian packages need, which the run is then executed in (both built first when the run waits). A skill
+        that declares nothing asks the engine nothing; one that does has the target looked up in a thread."""
+        if request.skill not in self._skill_paths:  # the host runtime's cache of the skill's folders
+            self._skill_paths[request.skill] = await asyncio.to_thread(resolve_skill_paths, request.skill)
+        root, source = self._skill_paths[request.skill]
+        declaration = self.environments.declaration(source, root, request.skill.name)
+        if declaration.empty:
+            return None
+        target = await asyncio.to_thread(self.targets)  # fresh now: the environments' lookup will not block
+        info = await super()._environment(request)
+        if declaration.debian:
+            # host._run calls _execute right after this returns (no await between): the entry cannot be left over
+            self._run_images[request.run_id] = await self.images.image_for(
+                target.image, declaration.debian, skill=request.skill.name, wait=request.wait_for_environment,
+            )
+        return info
+
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
         *, environment: Path | None = None,
     ) -> ProcessOutcome:
+        image = self._run_images.pop(request.run_id, self.image)
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
         release = await self._take_turn(workspace.id)
         try:
-            job = asyncio.get_running_loop().run_in_executor(None, self._exec, workspace, request, cwd, env, cancel)
+            job = asyncio.get_running_loop().run_in_executor(
+                None, self._exec, workspace, image, environment, request, cwd, env, cancel
+            )
         except BaseException:
             release()
             raise
@@ -211,14 +228,16 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         return release
 
     def _exec(
-        self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation
+        self, workspace: Workspace, image: str, environment: Path | None, request: RunRequest, cwd: str,
+        env: dict[str, str], cancel: Cancellation,
     ) -> ProcessOutcome:
-        """``docker exec`` the command, follow it, end the run (blocking: the Docker SDK is synchronous)."""
-        box = self._box(workspace, request)
+        """``docker exec`` the command in the workspace's container of ``image`` (which mounts ``environment``),
+        follow it, end the run (blocking: the Docker SDK is synchronous)."""
+        box = self._box(workspace, image, environment, request)
         script = ulimit_prefix(request.limits, dedicated_user=False) + request.command
         api = self.client.api
         oom_before = box.host.oom_kills() if box.host else None
-        started = self._last_used[workspace.id] = time.monotonic()
+        started = time.monotonic()
         with map_docker_errors("starting the command"):
             exec_id = api.exec_create(
                 box.id, ["/bin/bash", "-c", script], environment=env, workdir=cwd, user=self._user(workspace),
@@ -226,14 +245,14 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         outcome = self._follow(workspace, box, exec_id, getattr(sock, "_sock", sock), request, cancel, started)
-        self._last_used[workspace.id] = time.monotonic()
+        self.boxes.touch((workspace.id, box.image))
         if box.host is not None and (box.host.oom_kills() or 0) > (oom_before or 0):
             outcome.oom_killed = True
             outcome.notes.append(f"a process was killed for going past the run's memory limit ({box.limits[0]} bytes)")
         return outcome
 
     def _follow(
-        self, workspace: Workspace, box: _Box, exec_id: str, raw, request: RunRequest, cancel: Cancellation,  # noqa: ANN001
+        self, workspace: Workspace, box: Box, exec_id: str, raw, request: RunRequest, cancel: Cancellation,  # noqa: ANN001
         started: float,
     ) -> ProcessOutcome:
         api = self.client.api
@@ -286,18 +305,18 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             duration_ms=int((time.monotonic() - started) * 1000), notes=[],
         )
 
-    def _end_run(self, workspace: Workspace, box: _Box) -> None:
+    def _end_run(self, workspace: Workspace, box: Box) -> None:
         """Kill everything the run started and empty the scratch folders: from the host when it sees the
         container, else from inside. A container that cannot be emptied is removed (the next run gets a new one)."""
         if box.host is not None:
             if not box.host.end_run():
-                self._remove(workspace.id)
+                self.boxes.remove((workspace.id, box.image))
             return
         api = self.client.api
         try:
             api.exec_start(api.exec_create(box.id, ["/bin/bash", "-c", CLEAN_INSIDE], user=self._user(workspace))["Id"])
         except docker.errors.DockerException:
-            self._remove(workspace.id)
+            self.boxes.remove((workspace.id, box.image))
 
     @staticmethod
     def _user(workspace: Workspace) -> str:
@@ -306,94 +325,26 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             return f"{workspace.uid}:{workspace.gid}"
         return f"{os.getuid()}:{os.getgid()}"
 
-    def _box(self, workspace: Workspace, request: RunRequest) -> _Box:
-        """The workspace's running container, with the run's limits; created (or re-created with new mounts or
-        network) when needed."""
-        self._reap_idle(keep=workspace.id)
-        mounts = self._library_mounts(request)
-        network = bool(request.network)
+    def _box(self, workspace: Workspace, image: str, environment: Path | None, request: RunRequest) -> Box:
+        """The workspace's running container of ``image``, with the run's limits, library root and environment."""
+        self.boxes.reap_idle(keep=lambda workspace_id: workspace_id == workspace.id or workspace_id in self._turns)
+        root = request.skill.root
+        root_path = resolve_root(root, expected_sha256=request.skill.digest) if is_url(root) else Path(root)
+        folders = [str(root_path.resolve()), *([str(environment)] if environment is not None else [])]
         limits = (min(self.memory_bytes, request.limits.memory_bytes),
                   min(self.pids, request.limits.processes) + RESIDENT_PROCESSES)
-        box = self._boxes.get(workspace.id)
-        if box is not None:
-            if mounts <= box.mounts and network == box.network and self._running(box):
-                if limits != box.limits:
-                    self._update(box, limits)
-                return box
-            self._remove(workspace.id)
-        return self._create(workspace, mounts | (box.mounts if box else frozenset()), network, limits)
+        return self.boxes.get(workspace, image, folders, bool(request.network), limits)
 
-    def _library_mounts(self, request: RunRequest) -> frozenset[str]:
-        root = resolve_root(request.skill.root, expected_sha256=request.skill.digest) if is_url(request.skill.root) else Path(request.skill.root)
-        return frozenset({str(root.resolve())})
-
-    def _update(self, box: _Box, limits: tuple[int, int]) -> None:
-        """Give the container the run's memory and process limits (the SDK's update lacks ``PidsLimit``)."""
-        api = self.client.api
-        memory, pids = limits
-        with map_docker_errors("setting the run's limits"):
-            response = api._post_json(api._url("/containers/{0}/update", box.id),
-                                      data={"Memory": memory, "MemorySwap": memory, "PidsLimit": pids})
-            api._raise_for_status(response)
-        box.limits = limits
-
-    def _create(self, workspace: Workspace, mounts: frozenset[str], network: bool, limits: tuple[int, int]) -> _Box:
-        name = f"{self._prefix}-{workspace.id}"
-        volumes = {str(workspace.path): {"bind": str(workspace.path), "mode": "rw"}}
-        volumes.update({m: {"bind": m, "mode": "ro"} for m in mounts})
-        memory, pids = limits
-        with map_docker_errors(f"starting the container of workspace {workspace.id!r}"):
-            self.client.images.get(self.image)  # never pull: a missing image is a build step, not a download
-            with contextlib.suppress(docker.errors.NotFound):
-                self.client.containers.get(name).remove(force=True)
-            container = self.client.containers.run(
-                self.image, ["sleep", "infinity"], name=name, detach=True, init=True,
-                labels={LABEL: workspace.id, "skillrun.work_root": str(self.work_root)},
-                user=f"{RESIDENT_UID}:{RESIDENT_UID}", network_mode="bridge" if network else "none",
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, ipc_mode="private",
-                tmpfs={"/tmp": f"size={self.tmpfs_bytes},mode=1777,nosuid,nodev"}, shm_size=self.shm_bytes,
-                mem_limit=memory, memswap_limit=memory, nano_cpus=int(self.cpus * 1e9), pids_limit=pids,
-                volumes=volumes, working_dir="/",
-            )
-            container.reload()
-        box = _Box(container.id, mounts, network, limits, HostView.find(container.id, container.attrs["State"]["Pid"]))
-        self._boxes[workspace.id] = box
-        self._last_used[workspace.id] = time.monotonic()
-        return box
-
-    def _running(self, box: _Box) -> bool:
-        if box.host is not None:
-            return box.host.init_pid in box.host.pids()
-        try:
-            return self.client.api.inspect_container(box.id)["State"]["Running"]
-        except docker.errors.NotFound:
-            return False
-
-    def _remove(self, workspace_id: str) -> None:
-        box = self._boxes.pop(workspace_id, None)
-        self._last_used.pop(workspace_id, None)
-        if box is not None:
-            with contextlib.suppress(docker.errors.DockerException):
-                self.client.api.remove_container(box.id, force=True)
-
-    def _reap_idle(self, keep: str | None = None) -> None:
-        """Remove the containers of workspaces idle longer than ``idle_seconds`` (none with a run going or waiting)."""
-        now = time.monotonic()
-        for workspace_id, last in list(self._last_used.items()):
-            if workspace_id != keep and workspace_id not in self._turns and now - last > self.idle_seconds:
-                self._remove(workspace_id)
-
-    def container_id(self, workspace_id: str) -> str | None:
-        box = self._boxes.get(workspace_id)
-        return box.id if box else None
+    def container_id(self, workspace_id: str, image: str | None = None) -> str | None:
+        """The id of the workspace's container of ``image`` (default: the sandbox image), if it has one."""
+        return self.boxes.container_id(workspace_id, image or self.image)
 
     def _forget_workspace(self, workspace: Workspace) -> None:
-        self._remove(workspace.id)
+        self.boxes.remove_workspace(workspace.id)
 
     def remove_containers(self) -> None:
         """Remove every container this runtime started (the workspaces stay)."""
-        for workspace_id in list(self._boxes):
-            self._remove(workspace_id)
+        self.boxes.remove_all()
 
     async def close(self) -> None:
         await super().close()

@@ -1,0 +1,245 @@
+"""Derived sandbox images: the sandbox image plus a skill's Debian packages, built once per set, tagged by content.
+
+A skill that declares Debian packages (``debian = [...]`` in its library's ``skillrun.toml``) runs in containers of
+an image made from the sandbox image with ``apt-get install`` of exactly those packages. Its tag is the sha256 of
+the base image's id, the sorted packages and the CA bundle it trusts, so a set is built once on a base and reused
+by every skill and workspace that declares it, and a sandbox image built anew gets derived images of its own.
+
+An image is built by the local engine (never pulled) the way ``images/build.sh`` builds the base: a container of
+the base image runs ``apt-get update`` and ``apt-get install --no-install-recommends`` as root (apt needs it; the
+packages come only from the signed Debian archive, the skill names them and nothing more), the configured CA
+bundle (``SKILLRUN_ENV_CA_BUNDLE``, for networks that intercept TLS) mounted read-only and added to the image's
+trusted certificates as ``images/base/build-base.sh`` does, on the default bridge network, with no proxy settings
+of the Docker client, under the environment builds' timeout and memory limit; the container is then committed as
+the image (one layer on the base, the base's user and command restored) and removed. One build per tag at a time
+across workers (a lock in the environment store). A package apt cannot find fails the build with apt's own
+message, which runs in the next ``RETRY_SECONDS`` get at once instead of building again.
+
+Last use is the mtime of ``<environment store>/images/<digest>.used``, touched whenever a workspace container of
+the image starts or is removed; an image with a container is in use now. ``skillrun envs list`` and
+``skillrun envs prune`` show and remove them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from worker.environments import BuildSettings, EnvironmentStore
+from worker.environments.manager import RETRY_SECONDS
+from worker.environments.steps import BUILD_PROCESSES
+from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
+from worker.runtimes.container_builds import CA_BUNDLE_PATH
+from worker.runtimes.container_host import RESIDENT_UID
+from worker.runtimes.docker_engine import engine_time, map_docker_errors
+
+REPOSITORY = "skillrun/sandbox-debian"
+"""Derived images are tagged ``REPOSITORY:<digest>``."""
+PACKAGES_LABEL = "skillrun.debian.packages"
+BASE_LABEL = "skillrun.debian.base"
+POLL_SECONDS = 0.2
+MESSAGE_LINES = 30
+"""How much of apt's output a failed build's error quotes (its end, where apt says what failed)."""
+INSTALL = """set -e
+export DEBIAN_FRONTEND=noninteractive
+if [ -f {bundle} ]; then
+  cp {bundle} /usr/local/share/ca-certificates/extra-ca-bundle.crt
+  cat {bundle} >> /etc/ssl/certs/ca-certificates.crt
+fi
+apt-get -q update
+apt-get -q install -y --no-install-recommends -- "$@"
+apt-get clean
+rm -rf /var/lib/apt/lists/*
+""".format(bundle=CA_BUNDLE_PATH)
+"""What the build container runs (as ``bash -c INSTALL bash <packages>``: the names are arguments, never code)."""
+
+
+@dataclass(frozen=True)
+class DerivedImage:
+    """One derived image, as ``skillrun envs list`` shows it."""
+
+    tag: str
+    id: str
+    packages: list[str]
+    base: str
+    size_bytes: int
+    created: float
+    last_used: float
+    containers: int
+    """Containers of it that exist now (running or not): while there is one, it is in use."""
+
+    def as_json(self) -> dict:
+        return {"tag": self.tag, "id": self.id, "packages": self.packages, "base": self.base,
+                "size_bytes": self.size_bytes, "created": self.created, "last_used": self.last_used,
+                "containers": self.containers}
+
+
+class DerivedImages:
+    """Derived images on the local engine, and their last use in ``store`` (see the module's description)."""
+
+    def __init__(self, client: Callable[[], docker.DockerClient], store: EnvironmentStore, settings: BuildSettings):
+        self.client = client
+        self.store = store
+        self.settings = settings
+        self.uses = store.root / "images"
+        self._known: dict[str, str] = {}  # tag → image id, of images seen built
+        self._failures: dict[str, tuple[str, float]] = {}  # tag → (message, when)
+
+    def tag(self, base_id: str, packages: tuple[str, ...]) -> str:
+        """The content tag of ``packages`` on the base image ``base_id``."""
+        bundle = ""
+        if self.settings.ca_bundle:
+            with contextlib.suppress(OSError):
+                bundle = hashlib.sha256(Path(self.settings.ca_bundle).read_bytes()).hexdigest()
+        content = json.dumps({"base": base_id, "packages": sorted(set(packages)), "ca_bundle": bundle})
+        return f"{REPOSITORY}:{hashlib.sha256(content.encode()).hexdigest()}"
+
+    async def image_for(self, base_id: str, packages: tuple[str, ...], *, skill: str, wait: bool) -> str:
+        """The tag of the image with ``packages`` on ``base_id``: built before, or built now when ``wait``
+        (otherwise ``EnvironmentNotReadyError``); ``EnvironmentBuildError`` with apt's message when it fails."""
+        tag = await asyncio.to_thread(self.tag, base_id, packages)
+        if tag in self._known or await asyncio.to_thread(self._exists, tag):
+            return tag
+        failure = self._failures.get(tag)
+        if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
+            raise EnvironmentBuildError(
+                f"{failure[0]}\n(this build failed {time.time() - failure[1]:.0f} s ago; runs try it again after "
+                f"{RETRY_SECONDS:g} s)"
+            )
+        if not wait:
+            raise EnvironmentNotReadyError(
+                f"skill {skill!r}: the sandbox image with its Debian packages ({', '.join(packages)}) is not built "
+                "yet; submit the run with wait_for_environment=true to build it first"
+            )
+        async with self.store.exclusive(f"image-{tag.rsplit(':', 1)[1]}"):
+            if not await asyncio.to_thread(self._exists, tag):
+                try:
+                    await self._build(tag, base_id, sorted(set(packages)))
+                except EnvironmentBuildError as exc:
+                    message = f"skill {skill!r}: {exc}"
+                    self._failures[tag] = (message, time.time())
+                    raise EnvironmentBuildError(message) from exc
+        self._failures.pop(tag, None)
+        return tag
+
+    def _exists(self, tag: str) -> bool:
+        with map_docker_errors(f"looking up the image {tag}"):
+            try:
+                self._known[tag] = self.client().images.get(tag).id
+            except docker.errors.ImageNotFound:
+                return False
+        return True
+
+    async def _build(self, tag: str, base_id: str, packages: list[str]) -> None:
+        """Install ``packages`` in a container of ``base_id`` and commit it as ``tag`` (the container goes either
+        way); stopped at the build timeout."""
+        started = time.monotonic()
+        container = await asyncio.to_thread(self._start, base_id, packages)
+        try:
+            while True:
+                with map_docker_errors("following a Debian package build"):
+                    state = (await asyncio.to_thread(self.client().api.inspect_container, container))["State"]
+                if not state["Running"]:
+                    break
+                if time.monotonic() - started > self.settings.timeout:
+                    raise EnvironmentBuildError(
+                        f"installing the Debian packages {', '.join(packages)} did not finish within "
+                        f"{self.settings.timeout:g} s (SKILLRUN_ENV_BUILD_TIMEOUT); it was stopped"
+                    )
+                await asyncio.sleep(POLL_SECONDS)
+            if state["ExitCode"] != 0:
+                output = await asyncio.to_thread(self._output, container)
+                memory = " (it ran out of memory)" if state.get("OOMKilled") else ""
+                raise EnvironmentBuildError(
+                    f"installing the Debian packages {', '.join(packages)} failed (apt exited with "
+                    f"{state['ExitCode']}){memory}:\n{output}"
+                )
+            await asyncio.to_thread(self._commit, container, tag, base_id, packages)
+        finally:
+            await asyncio.to_thread(self._remove_container, container)
+
+    def _start(self, base_id: str, packages: list[str]) -> str:
+        volumes = {}
+        if self.settings.ca_bundle and os.path.isfile(self.settings.ca_bundle):
+            volumes[self.settings.ca_bundle] = {"bind": CA_BUNDLE_PATH, "mode": "ro"}
+        with map_docker_errors("starting a Debian package build"):
+            return self.client().containers.run(
+                base_id, ["bash", "-c", INSTALL, "bash", *packages], name=f"skillrun-debian-{secrets.token_hex(6)}",
+                detach=True, user="0:0", network_mode="bridge", security_opt=["no-new-privileges"],
+                mem_limit=self.settings.memory_bytes, memswap_limit=self.settings.memory_bytes,
+                pids_limit=BUILD_PROCESSES, volumes=volumes, labels={"skillrun.debian.build": ",".join(packages)},
+                use_config_proxy=False,
+            ).id
+
+    def _output(self, container: str) -> str:
+        with contextlib.suppress(docker.errors.DockerException):
+            text = self.client().api.logs(container, stdout=True, stderr=True).decode("utf-8", errors="replace")
+            return "\n".join(text.strip().splitlines()[-MESSAGE_LINES:])
+        return ""
+
+    def _commit(self, container: str, tag: str, base_id: str, packages: list[str]) -> None:
+        repository, version = tag.rsplit(":", 1)
+        changes = [f"USER {RESIDENT_UID}:{RESIDENT_UID}", "WORKDIR /", 'CMD ["sleep", "infinity"]',
+                   f"LABEL {PACKAGES_LABEL}={','.join(packages)} {BASE_LABEL}={base_id}"]
+        with map_docker_errors(f"saving the image {tag}"):
+            image = self.client().api.commit(container, repository=repository, tag=version, changes=changes)
+        self._known[tag] = image["Id"]
+        self.mark_used(tag)
+
+    def _remove_container(self, container: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            with map_docker_errors("removing a Debian package build container"):
+                self.client().api.remove_container(container, force=True)
+
+    def mark_used(self, tag: str) -> None:
+        """Record that a container of ``tag`` started or went now (nothing for an image that is not derived)."""
+        if not tag.startswith(f"{REPOSITORY}:"):
+            return
+        self.store.ensure()
+        self.uses.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(OSError):
+            (self.uses / f"{tag.rsplit(':', 1)[1]}.used").touch()
+
+    def list(self) -> list[DerivedImage]:
+        """Every derived image on the engine, the most recently used first."""
+        client = self.client()
+        found = []
+        with map_docker_errors("listing derived images"):
+            for image in client.images.list(filters={"label": PACKAGES_LABEL}):
+                tags = [t for t in image.tags if t.startswith(f"{REPOSITORY}:")]
+                if not tags:
+                    continue
+                labels = image.labels or {}
+                containers = client.api.containers(all=True, quiet=True, filters={"ancestor": image.id})
+                created = engine_time(image.attrs.get("Created", ""))
+                try:
+                    last_used = (self.uses / f"{tags[0].rsplit(':', 1)[1]}.used").stat().st_mtime
+                except OSError:
+                    last_used = created
+                found.append(DerivedImage(
+                    tag=tags[0], id=image.id, packages=labels.get(PACKAGES_LABEL, "").split(","),
+                    base=labels.get(BASE_LABEL, ""), size_bytes=image.attrs.get("Size", 0), created=created,
+                    last_used=time.time() if containers else last_used, containers=len(containers),
+                ))
+        return sorted(found, key=lambda image: image.last_used, reverse=True)
+
+    def remove(self, image: DerivedImage) -> None:
+        """Remove a derived image no container uses (the engine refuses one that is in use)."""
+        with map_docker_errors(f"removing the image {image.tag}"):
+            self.client().images.remove(image.tag)
+        self._known.pop(image.tag, None)
+        (self.uses / f"{image.tag.rsplit(':', 1)[1]}.used").unlink(missing_ok=True)
+
+
+__all__ = ["REPOSITORY", "DerivedImage", "DerivedImages"]
