@@ -143,6 +143,25 @@ def _proc_is_masked() -> bool:
         return any(line.split()[4].startswith("/proc/") for line in mounts)
 
 
+async def _loopback_set_up(pid: int, timeout: float) -> None:
+    """Wait until bwrap has given the sandbox's new network namespace its loopback address. It fails if one is there
+    already, as the helper's configuration leaves it (slirp4netns brings ``lo`` up, and the kernel addresses it), so
+    the helper starts only after; it takes bwrap a moment after its report, and bwrap tells nothing of it, so the
+    namespace's routes (``/proc/<pid>/net/fib_trie``, readable by anyone) are looked at every millisecond."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/net/fib_trie") as routes:
+                if "127.0.0.1\n" in routes.read():
+                    return
+        except (FileNotFoundError, ProcessLookupError):
+            raise ProcessLookupError(pid) from None
+        if loop.time() > deadline:
+            raise SandboxError(f"the sandbox did not set up its loopback within {timeout:g} s")
+        await asyncio.sleep(0.001)
+
+
 class SandboxStart:
     """The host's end of a sandbox being started: the pipe it reports its init's pid on, the one that holds it
     until the caller has placed it in its control group (and connected its network), and the one it reads its
@@ -187,6 +206,7 @@ class SandboxStart:
             if cgroup is not None:
                 cgroup.add(self.init_pid)
             if network is not None:
+                await _loopback_set_up(self.init_pid, timeout)
                 self.network = UserNetwork(self.init_pid, int(network.group(1)), cgroup)
                 await self.network.ready()
             os.write(self.block_w, b"1")

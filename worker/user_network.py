@@ -34,6 +34,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pyseccomp
@@ -83,7 +84,8 @@ def _share_tun_device() -> None:
             mode = os.stat(TUN_DEVICE).st_mode
         except FileNotFoundError:
             os.makedirs(os.path.dirname(TUN_DEVICE), mode=0o755, exist_ok=True)
-            os.mknod(TUN_DEVICE, stat.S_IFCHR | 0o666, os.makedev(*TUN_NUMBERS))
+            with contextlib.suppress(FileExistsError):  # made meanwhile (another run, another worker)
+                os.mknod(TUN_DEVICE, stat.S_IFCHR | 0o666, os.makedev(*TUN_NUMBERS))
             mode = os.stat(TUN_DEVICE).st_mode
         if stat.S_IMODE(mode) & 0o666 != 0o666:
             os.chmod(TUN_DEVICE, 0o666)
@@ -99,10 +101,10 @@ def _write_resolv_conf() -> None:
     (a rename), readable by every sandbox user; the host's own is not touched."""
     folder = os.path.dirname(RESOLV_CONF)
     os.makedirs(folder, mode=0o755, exist_ok=True)
-    partial = f"{RESOLV_CONF}.{os.getpid()}"
-    with open(partial, "w") as out:
+    fd, partial = tempfile.mkstemp(dir=folder, prefix=".resolv.conf.")
+    with os.fdopen(fd, "w") as out:
         out.write(f"nameserver {DNS_FORWARDER}\n")
-    os.chmod(partial, 0o644)
+        os.fchmod(fd, 0o644)
     os.replace(partial, RESOLV_CONF)
 
 
