@@ -38,7 +38,7 @@ from worker.cgroups import RunCgroup
 from worker.errors import RuntimeUnavailableError, SandboxError
 from worker.fdwait import wait_readable
 from worker.seccomp import sandbox_filter
-from worker.user_network import RESOLV_CONF, UserNetwork, resolv_conf_target
+from worker.user_network import RESOLV_CONF, UserNetwork, find_slirp4netns, resolv_conf_target
 
 INFO_TIMEOUT_SECONDS = 5.0
 VISIBLE_PROC = "/run/skillrun/proc"
@@ -58,13 +58,19 @@ class SandboxSpec:
 
     Without ``network`` the sandbox keeps the network namespace bwrap starts in: root has already taken the
     network away (``unshare --net``). With it, bwrap makes a network namespace of its own, which ``release``
-    connects through user-mode networking, and the sandbox gets its own ``resolv.conf`` (slirp's DNS forwarder);
-    ``user_network.find_slirp4netns`` must have been called first (it checks, and writes that file)."""
+    connects through user-mode networking, and the sandbox gets its own ``resolv.conf`` (slirp's DNS forwarder).
+    Such a spec is made only where that can be had (``find_slirp4netns``, checked once: the first call blocks,
+    so callers on an event loop make it in a thread first); elsewhere ``RuntimeUnavailableError`` says what to
+    install, before anything is started."""
 
     workspace: str
     read_only: tuple[str, ...] = ()
     tmpfs_bytes: int = defaults.SANDBOX_TMPFS_BYTES
     network: bool = False
+
+    def __post_init__(self) -> None:
+        if self.network:
+            find_slirp4netns()
 
     def argv(self, bwrap: str, *, fds: tuple[int, int, int], cwd: str) -> list[str]:
         """The ``bwrap`` command line up to ``--``, starting in ``cwd``; ``fds`` are the numbers the sandbox's ends
