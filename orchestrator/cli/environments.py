@@ -1,7 +1,9 @@
 """``skillrun skills prepare`` and ``skillrun envs list | rm | prune``: skills' dependency environments.
 
-Environments are the local runtime's (``worker.environments``): built for the host's ``python3`` into
-``SKILLRUN_ENVS_DIR`` or the work root's ``.skillrun/environments``, each build sandboxed as a run is.
+Environments live in ``SKILLRUN_ENVS_DIR`` or the work root's ``.skillrun/environments``: the local runtime's,
+built for the host's ``python3``, and the Docker runtime's, built for the sandbox image's (their targets say which).
+``skillrun skills prepare`` builds the local runtime's. ``envs list`` and ``envs prune`` also show and remove the
+Docker runtime's derived images (the sandbox image plus a skill's Debian packages) where a Docker engine answers.
 """
 
 from __future__ import annotations
@@ -100,21 +102,49 @@ def environment_status(args: argparse.Namespace, repo: BaseSkillRepository, name
         asyncio.run(runtime.close())
 
 
+def derived_images(environments: SkillEnvironments):  # noqa: ANN201 - DerivedImages, an optional dependency's
+    """The Docker runtime's derived images, whose last use is kept in ``environments``' store; ``None`` without
+    the Docker SDK or an engine that answers."""
+    try:
+        import docker
+
+        from worker.runtimes.container_images import DerivedImages
+    except ImportError:
+        return None
+    try:
+        client = docker.from_env(timeout=10)
+    except docker.errors.DockerException:
+        return None
+    return DerivedImages(lambda: client, environments.store, environments.builder.settings)
+
+
 def list_environments(args: argparse.Namespace) -> int:
     runtime = local_runtime(args)
-    infos = runtime.environments.store.list()
+    store = runtime.environments.store
+    infos = store.list()
+    images = derived_images(runtime.environments)
+    images_found = images.list() if images is not None else None
     asyncio.run(runtime.close())
     if args.json:
-        print_json({"store": str(runtime.environments.store.root), "environments": [i.as_json() for i in infos]})
-        return 0
-    if not infos:
-        print(f"no environments in {runtime.environments.store.root}")
+        print_json({"store": str(store.root), "environments": [i.as_json() for i in infos],
+                    "images": [i.as_json() for i in images_found] if images_found is not None else None})
         return 0
     now = time.time()
-    rows = [[info.key[:12], size(info.size_bytes), str(len(info.packages)), _age(now - info.last_used),
-             clip(", ".join(info.requirements), 80)] for info in infos]
-    print(table(["KEY", "SIZE", "PACKAGES", "LAST USED", "REQUIREMENTS"], rows))
-    print(f"{len(infos)} environment(s), {size(sum(i.size_bytes for i in infos))} in {runtime.environments.store.root}")
+    if not infos:
+        print(f"no environments in {store.root}")
+    else:
+        rows = [[info.key[:12], size(info.size_bytes), str(len(info.packages)), _age(now - info.last_used),
+                 clip(info.target.split(":")[0], 10), clip(", ".join(info.requirements), 80)] for info in infos]
+        print(table(["KEY", "SIZE", "PACKAGES", "LAST USED", "RUNTIME", "REQUIREMENTS"], rows))
+        print(f"{len(infos)} environment(s), {size(sum(i.size_bytes for i in infos))} in {store.root}")
+    if images_found is None:
+        print("derived Docker images: not listed (no Docker engine answers)")
+    elif images_found:
+        rows = [[image.tag.rsplit(":", 1)[1][:12], size(image.size_bytes), str(image.containers),
+                 _image_use(image, now), clip(", ".join(image.packages), 80)] for image in images_found]
+        print()
+        print(table(["IMAGE", "SIZE", "CONTAINERS", "LAST USED", "DEBIAN PACKAGES"], rows))
+        print(f"{len(images_found)} derived Docker image(s), {size(sum(i.size_bytes for i in images_found))}")
     return 0
 
 
@@ -138,20 +168,33 @@ def prune_environments(args: argparse.Namespace) -> int:
         return 2
     runtime = local_runtime(args)
     store = runtime.environments.store
+    images = derived_images(runtime.environments)
     asyncio.run(runtime.close())
-    cutoff = time.time() - args.unused_days * DAY_SECONDS
+    now = time.time()
+    cutoff = now - args.unused_days * DAY_SECONDS
     stale = [info for info in store.list() if info.last_used < cutoff]
+    stale_images = [i for i in images.list() if not i.containers and (i.last_used or now) < cutoff] if images else []
     for info in stale:
         if not args.dry_run:
             store.remove(info.key)
+    for image in stale_images:
+        if not args.dry_run:
+            images.remove(image)
     verb = "would remove" if args.dry_run else "removed"
+    freed = sum(info.size_bytes for info in stale) + sum(image.size_bytes for image in stale_images)
     if args.json:
         print_json({verb.replace(" ", "_"): [info.key for info in stale],
-                    "bytes": sum(info.size_bytes for info in stale)})
+                    f"{verb.replace(' ', '_')}_images": [image.tag for image in stale_images], "bytes": freed})
     else:
-        print(f"{verb} {len(stale)} environment(s) unused for {args.unused_days:g} day(s), "
-              f"{size(sum(info.size_bytes for info in stale))}")
+        print(f"{verb} {len(stale)} environment(s) and {len(stale_images)} derived Docker image(s) unused for "
+              f"{args.unused_days:g} day(s), {size(freed)}")
     return 0
+
+
+def _image_use(image, now: float) -> str:  # noqa: ANN001 - a DerivedImage
+    if image.containers:
+        return "in use"
+    return _age(now - image.last_used) if image.last_used is not None else "not recorded here"
 
 
 def _age(seconds: float) -> str:

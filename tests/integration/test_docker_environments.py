@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +70,13 @@ def derived_images(docker_engine):
             for container in docker_engine.client.containers.list(all=True, filters={"ancestor": image.id}):
                 container.remove(force=True)
             docker_engine.client.images.remove(image.id, force=True)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """``skillrun <args>`` as a process, without the host's skillrun settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLRUN_")}
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=60, check=True)
 
 
 def _build_containers(docker_engine, shared_dir: Path) -> list[str]:
@@ -135,6 +145,15 @@ async def test_a_skill_with_a_debian_package_runs_in_a_derived_image_built_once(
     reused = await again.run(RunRequest(skill=jq_skill, command="jq --version"))
     assert reused.stdout.startswith("jq-") and time.monotonic() - started < 10
     assert [i.id for i in again.images.list() if i.tag == tag] == [image.id]
+
+    listed = _cli("envs", "list", "--json", "--work-root", str(again.work_root))
+    (shown,) = [i for i in json.loads(listed.stdout)["images"] if i["tag"] == tag]
+    assert shown["containers"] == 2 and shown["packages"] == ["jq"] and shown["size_bytes"] > 0
+    runtime.remove_containers()
+    again.remove_containers()
+    pruned = _cli("envs", "prune", "--unused-days", "0", "--json", "--work-root", str(again.work_root))
+    assert json.loads(pruned.stdout)["removed_images"] == [tag], pruned.stdout + pruned.stderr
+    assert not docker_engine.client.images.list(name=tag)
 
 
 async def test_a_debian_package_that_does_not_exist_fails_with_apts_message(

@@ -51,6 +51,8 @@ CA_BUNDLE_PATH = "/opt/skillrun/ca-bundle.crt"
 """Where a build container finds the configured CA bundle (mounted read-only; ``SSL_CERT_FILE``)."""
 BUILD_LABEL = "skillrun.build"
 """Labels a build container with its build folder's path."""
+BUILD_NAMES = "^skillrun-(build|debian)-"
+"""The names of build containers: environment steps' and derived images' (``container_images``)."""
 BUILD_TMPFS_BYTES = 64 * 1024 * 1024
 """The build container's ``/tmp`` (the build's own temporary folder is in its build folder)."""
 POLL_SECONDS = 0.1
@@ -199,11 +201,11 @@ class ContainerSteps(StepRunner):
                 self.client().api.remove_container(container, force=True)
 
     def _sweep(self, client: docker.DockerClient) -> None:
-        """Remove build containers a dead worker left (stopped for ``LEFTOVER_SECONDS``; a live runner removes its
+        """Remove build containers a dead worker left (stopped for ``LEFTOVER_SECONDS``; a live worker removes its
         own as soon as they stop)."""
         self._swept = True
         with map_docker_errors("looking for leftover build containers"):
-            found = client.api.containers(all=True, filters={"label": BUILD_LABEL, "status": "exited"})
+            found = client.api.containers(all=True, filters={"name": BUILD_NAMES, "status": "exited"})
         for summary in found:
             with contextlib.suppress(docker.errors.DockerException):
                 finished = client.api.inspect_container(summary["Id"])["State"]["FinishedAt"]

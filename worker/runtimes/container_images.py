@@ -15,9 +15,11 @@ the image (one layer on the base, the base's user and command restored) and remo
 across workers (a lock in the environment store). A package apt cannot find fails the build with apt's own
 message, which runs in the next ``RETRY_SECONDS`` get at once instead of building again.
 
-Last use is the mtime of ``<environment store>/images/<digest>.used``, touched whenever a workspace container of
-the image starts or is removed; an image with a container is in use now. ``skillrun envs list`` and
-``skillrun envs prune`` show and remove them.
+Last use is the mtime of ``<environment store>/images/<digest>.used``, touched when the image is built and whenever
+a workspace container of it starts or is removed; an image with a container is in use now. ``skillrun envs list``
+shows every derived image on the engine; ``skillrun envs prune`` removes those this store has a record of and no
+container uses (workers that share an engine share a store, so an image is never pruned for another's lack of a
+record).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from worker.environments import BuildSettings, EnvironmentStore
 from worker.environments.manager import RETRY_SECONDS
 from worker.environments.steps import BUILD_PROCESSES
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
-from worker.runtimes.container_builds import CA_BUNDLE_PATH
+from worker.runtimes.container_builds import CA_BUNDLE_PATH, TIMEOUT_SLACK_SECONDS
 from worker.runtimes.container_host import RESIDENT_UID
 from worker.runtimes.docker_engine import engine_time, map_docker_errors
 
@@ -62,7 +64,9 @@ apt-get -q install -y --no-install-recommends -- "$@"
 apt-get clean
 rm -rf /var/lib/apt/lists/*
 """.format(bundle=CA_BUNDLE_PATH)
-"""What the build container runs (as ``bash -c INSTALL bash <packages>``: the names are arguments, never code)."""
+"""What the build container runs (as ``bash -c INSTALL bash <packages>``: the names are arguments, never code; under
+a coreutils ``timeout`` that stops it should the worker die first; its name marks it as a build container, which
+the next worker's build runner removes then; no label, which the committed image would keep)."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,8 @@ class DerivedImage:
     base: str
     size_bytes: int
     created: float
-    last_used: float
+    last_used: float | None
+    """When a container of it last started or went, or now while it has one; ``None``: no record in this store."""
     containers: int
     """Containers of it that exist now (running or not): while there is one, it is in use."""
 
@@ -173,12 +178,13 @@ class DerivedImages:
         volumes = {}
         if self.settings.ca_bundle and os.path.isfile(self.settings.ca_bundle):
             volumes[self.settings.ca_bundle] = {"bind": CA_BUNDLE_PATH, "mode": "ro"}
+        backstop = ["timeout", "-s", "KILL", str(int(self.settings.timeout) + TIMEOUT_SLACK_SECONDS)]
         with map_docker_errors("starting a Debian package build"):
             return self.client().containers.run(
-                base_id, ["bash", "-c", INSTALL, "bash", *packages], name=f"skillrun-debian-{secrets.token_hex(6)}",
-                detach=True, user="0:0", network_mode="bridge", security_opt=["no-new-privileges"],
-                mem_limit=self.settings.memory_bytes, memswap_limit=self.settings.memory_bytes,
-                pids_limit=BUILD_PROCESSES, volumes=volumes, labels={"skillrun.debian.build": ",".join(packages)},
+                base_id, [*backstop, "bash", "-c", INSTALL, "bash", *packages],
+                name=f"skillrun-debian-{secrets.token_hex(6)}", detach=True, user="0:0", network_mode="bridge",
+                security_opt=["no-new-privileges"], mem_limit=self.settings.memory_bytes,
+                memswap_limit=self.settings.memory_bytes, pids_limit=BUILD_PROCESSES, volumes=volumes,
                 use_config_proxy=False,
             ).id
 
@@ -222,17 +228,16 @@ class DerivedImages:
                     continue
                 labels = image.labels or {}
                 containers = client.api.containers(all=True, quiet=True, filters={"ancestor": image.id})
-                created = engine_time(image.attrs.get("Created", ""))
-                try:
+                last_used = None
+                with contextlib.suppress(OSError):
                     last_used = (self.uses / f"{tags[0].rsplit(':', 1)[1]}.used").stat().st_mtime
-                except OSError:
-                    last_used = created
                 found.append(DerivedImage(
                     tag=tags[0], id=image.id, packages=labels.get(PACKAGES_LABEL, "").split(","),
-                    base=labels.get(BASE_LABEL, ""), size_bytes=image.attrs.get("Size", 0), created=created,
+                    base=labels.get(BASE_LABEL, ""), size_bytes=image.attrs.get("Size", 0),
+                    created=engine_time(image.attrs.get("Created", "")),
                     last_used=time.time() if containers else last_used, containers=len(containers),
                 ))
-        return sorted(found, key=lambda image: image.last_used, reverse=True)
+        return sorted(found, key=lambda image: image.last_used or 0.0, reverse=True)
 
     def remove(self, image: DerivedImage) -> None:
         """Remove a derived image no container uses (the engine refuses one that is in use)."""
