@@ -99,7 +99,7 @@ def bare_imports(python: str, runs: int) -> tuple[float, float]:
 
 
 def row(name: str, median: float, p95: float, ratio: float) -> str:
-    return f"{name:<10}  {median:10.2f}  {p95:10.2f}  {ratio:8.2f}x"
+    return f"{name:<10}  {median:10.2f}  {p95:10.2f}  {ratio:8.3g}x"
 
 
 async def main() -> None:

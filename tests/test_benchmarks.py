@@ -11,12 +11,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize(("script", "ratio_rows"), [
-    ("local_run.py", ["bare", "warm", "cold", "unboxed", "cold-unbox"]),
-    ("cube_run.py", ["local run", "bare sandbox command", "cube run", "cube run + outputs"]),
+@pytest.mark.parametrize(("script", "ratio_rows", "extra"), [
+    ("local_run.py", ["bare", "warm", "cold", "unboxed", "cold-unbox"], []),
+    ("cube_run.py", ["local run", "bare sandbox command", "cube run", "cube run + outputs"], []),
+    ("skill_envs.py", ["without", "imports", "warm", "by hand", "build", "again"], ["--builds", "1"]),
 ])
-def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows):
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--runs", "5"], cwd=REPO,
+def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra):
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--runs", "5", *extra], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rows = {line.split("  ")[0].strip(): line for line in done.stdout.splitlines()}
