@@ -177,6 +177,16 @@ async def test_an_environment_past_the_size_cap_is_refused_and_removed(shared_di
     assert _built(shared_dir / "envs") == [] and _left_building(shared_dir / "envs") == []
 
 
+async def test_a_build_folder_a_killed_worker_left_is_removed_by_the_next_build(shared_dir: Path, make_envs):
+    skill = write_skill(shared_dir / "lib", "after", files={"requirements.txt": "alpha\n"})
+    envs = make_envs()
+    envs.store.ensure()
+    left = envs.store.building / f"env-{'0' * 64}-abcdef"
+    (left / "env" / "lib").mkdir(parents=True)
+    assert (await envs.prepare(skill, skill.parent, "after")).state == "ready"
+    assert _left_building(shared_dir / "envs") == []
+
+
 async def test_two_workers_preparing_the_same_environment_build_it_once(shared_dir: Path, make_envs):
     skill = write_skill(shared_dir / "lib", "shared", files={"requirements.txt": "beta\n"})
     one, two = make_envs(), make_envs()

@@ -85,6 +85,7 @@ class EnvironmentBuilder:
         self.store = store
         self.settings = settings
         self.registry = registry if registry is not None else (UserIdRegistry() if settings.sandboxed else None)
+        self._swept = False
         self.steps = steps or SandboxSteps(store.root / "bin", ca_bundle=settings.ca_bundle,
                                            memory_bytes=settings.memory_bytes, sandboxed=settings.sandboxed)
 
@@ -93,6 +94,9 @@ class EnvironmentBuilder:
         resolved before is installed from its kept lock; a new one is resolved and installed in one build folder,
         so the install finds what resolving downloaded in the build's cache. One resolution of a requirement set
         and one build of an environment at a time, across processes: a caller that finds one under way waits."""
+        if not self._swept:  # what builds killed with their worker left behind
+            self._swept = True
+            await asyncio.to_thread(self.store.sweep_builds)
         key = requirements_key(declaration, target, self.settings)
         lock = self.store.lock_text(key)
         if lock is not None:

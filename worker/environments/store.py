@@ -176,7 +176,7 @@ class EnvironmentStore:
         """Whether someone holds the lock called ``name`` now (a build under way)."""
         path = self._lock_files / f"{name}.lock"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # enough for flock, also on a read-only mount
         except FileNotFoundError:
             return False
         try:
