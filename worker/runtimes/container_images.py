@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -51,6 +52,9 @@ REPOSITORY = "skillrun/sandbox-debian"
 PACKAGES_LABEL = "skillrun.debian.packages"
 BASE_LABEL = "skillrun.debian.base"
 POLL_SECONDS = 0.2
+SEEN_SECONDS = 30.0
+"""How long an image the engine showed is taken to be there without asking again (only an operator's prune removes
+one, and only one no container uses)."""
 MESSAGE_LINES = 30
 """How much of apt's output a failed build's error quotes (its end, where apt says what failed)."""
 INSTALL = """set -e
@@ -98,23 +102,30 @@ class DerivedImages:
         self.store = store
         self.settings = settings
         self.uses = store.root / "images"
-        self._known: dict[str, str] = {}  # tag → image id, of images seen built
+        self._seen: dict[str, float] = {}  # tag → when the engine last showed it (monotonic)
         self._failures: dict[str, tuple[str, float]] = {}  # tag → (message, when)
+
+    @functools.cached_property
+    def _bundle_digest(self) -> str:
+        """The sha256 of the CA bundle images trust, read once (a new bundle takes a worker restart)."""
+        if not self.settings.ca_bundle:
+            return ""
+        try:
+            return hashlib.sha256(Path(self.settings.ca_bundle).read_bytes()).hexdigest()
+        except OSError:
+            return ""
 
     def tag(self, base_id: str, packages: tuple[str, ...]) -> str:
         """The content tag of ``packages`` on the base image ``base_id``."""
-        bundle = ""
-        if self.settings.ca_bundle:
-            with contextlib.suppress(OSError):
-                bundle = hashlib.sha256(Path(self.settings.ca_bundle).read_bytes()).hexdigest()
-        content = json.dumps({"base": base_id, "packages": sorted(set(packages)), "ca_bundle": bundle})
+        content = json.dumps({"base": base_id, "packages": sorted(set(packages)), "ca_bundle": self._bundle_digest})
         return f"{REPOSITORY}:{hashlib.sha256(content.encode()).hexdigest()}"
 
     async def image_for(self, base_id: str, packages: tuple[str, ...], *, skill: str, wait: bool) -> str:
         """The tag of the image with ``packages`` on ``base_id``: built before, or built now when ``wait``
         (otherwise ``EnvironmentNotReadyError``); ``EnvironmentBuildError`` with apt's message when it fails."""
         tag = await asyncio.to_thread(self.tag, base_id, packages)
-        if tag in self._known or await asyncio.to_thread(self._exists, tag):
+        seen = self._seen.get(tag)
+        if (seen is not None and time.monotonic() - seen < SEEN_SECONDS) or await asyncio.to_thread(self._exists, tag):
             return tag
         failure = self._failures.get(tag)
         if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
@@ -139,11 +150,13 @@ class DerivedImages:
         return tag
 
     def _exists(self, tag: str) -> bool:
+        """Whether the engine has ``tag`` (remembered for ``SEEN_SECONDS``)."""
         with map_docker_errors(f"looking up the image {tag}"):
             try:
-                self._known[tag] = self.client().images.get(tag).id
+                self.client().images.get(tag)
             except docker.errors.ImageNotFound:
                 return False
+        self._seen[tag] = time.monotonic()
         return True
 
     async def _build(self, tag: str, base_id: str, packages: list[str]) -> None:
@@ -199,8 +212,8 @@ class DerivedImages:
         changes = [f"USER {RESIDENT_UID}:{RESIDENT_UID}", "WORKDIR /", 'CMD ["sleep", "infinity"]',
                    f"LABEL {PACKAGES_LABEL}={','.join(packages)} {BASE_LABEL}={base_id}"]
         with map_docker_errors(f"saving the image {tag}"):
-            image = self.client().api.commit(container, repository=repository, tag=version, changes=changes)
-        self._known[tag] = image["Id"]
+            self.client().api.commit(container, repository=repository, tag=version, changes=changes)
+        self._seen[tag] = time.monotonic()
         self.mark_used(tag)
 
     def _remove_container(self, container: str) -> None:
@@ -243,7 +256,7 @@ class DerivedImages:
         """Remove a derived image no container uses (the engine refuses one that is in use)."""
         with map_docker_errors(f"removing the image {image.tag}"):
             self.client().images.remove(image.tag)
-        self._known.pop(image.tag, None)
+        self._seen.pop(image.tag, None)
         (self.uses / f"{image.tag.rsplit(':', 1)[1]}.used").unlink(missing_ok=True)
 
 
