@@ -32,7 +32,7 @@ from tests.host_network import host_address
 from tests.processes import running_with, sleeper, wait_gone
 from worker import user_network, watch
 from worker.contract import RunLimits, SkillRef
-from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
+from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, SandboxError
 from worker.ready_shell import READY_SHELL_LOADER
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.workspace import WorkspaceManager
@@ -779,6 +779,31 @@ async def test_a_network_runs_helper_ends_with_it_whether_it_finishes_times_out_
         result = (await asyncio.gather(task, return_exceptions=True))[0]
         assert how != "timed out" or result.timed_out
         assert not await _helpers_of(me, appear=False), f"{how}: slirp4netns outlived its run"
+
+
+async def test_a_network_run_whose_helper_fails_to_start_fails_and_leaves_nothing_behind(
+        network_runtime, make_request, monkeypatch):
+    monkeypatch.setattr(user_network, "MTU", 100000)  # slirp4netns refuses it and exits at once
+    sleep, marker = sleeper()
+    with pytest.raises(SandboxError, match="slirp4netns.*MTU"):
+        await network_runtime.run(make_request(sleep, network=True))
+    assert not await _helpers_of(os.getpid(), appear=False), "slirp4netns outlived its failed start"
+    assert not await _appears_anywhere(marker, 1.0), "the sandbox whose network failed is still there"
+
+
+async def _appears_anywhere(text: str, seconds: float) -> bool:
+    """Whether a process with ``text`` anywhere in its command line runs within ``seconds`` (a blocked sandbox has
+    its command in bwrap's)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for entry in os.scandir("/proc"):
+            try:
+                if entry.name.isdigit() and text.encode() in open(f"/proc/{entry.name}/cmdline", "rb").read():
+                    return True
+            except OSError:
+                continue
+        await asyncio.sleep(0.05)
+    return False
 
 
 WORKER = """
