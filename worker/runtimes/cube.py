@@ -8,7 +8,8 @@ output patterns may match, collected through a local mirror (``cube_outputs``).
 
 A command runs as the sandbox's unprivileged user with an environment built from scratch, within the run's
 timeout (and the config's ``execute_timeout``). When it times out, is cancelled, or leaves processes behind,
-every process that carries its ``RUN_DIR`` is killed in the sandbox.
+every process that carries its ``RUN_DIR`` is killed in the sandbox. A skill that declares Python packages gets
+its dependency environment, made once per sandbox outside every workspace (``cube_environments``).
 
 Sandboxes: ``CubeCodeExecutor`` holds one (created, or connected by ``sandbox_id``) and runs code in it; a
 runtime built on an executor runs every workspace in that sandbox, next to the executor's own code. A runtime
@@ -42,6 +43,8 @@ from worker.contract import RunRequest, RunResult, RuntimeName
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
 from worker.process import TIMEOUT_EXIT_CODE
 from worker.runtimes.base import BaseWorkspaceRuntime, run_result
+from worker.runtimes.cube_builds import CubeEnvironmentBuilder, cube_builder
+from worker.runtimes.cube_environments import CubeEnvironments
 from worker.runtimes.cube_executor import (
     KILLED_EXIT_CODE,
     REMOTE_TMP,
@@ -53,7 +56,7 @@ from worker.runtimes.cube_executor import (
 )
 from worker.runtimes.cube_outputs import CubeOutputs
 from worker.runtimes.cube_staging import CubeStaging
-from worker.staging import resolve_skill_source
+from worker.staging import resolve_skill_paths
 from worker.validation import validate_request
 
 WORKSPACE_LABEL = "skillrun.workspace"
@@ -78,7 +81,11 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         artifact_store: FileArtifactStore | None = None,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
         disk_bytes: int | None = None,
+        environment_builder: CubeEnvironmentBuilder | None = None,
     ) -> None:
+        """``environment_builder`` resolves skills' dependencies, and builds environments for sandboxes that
+        cannot install them themselves (default: ``cube_builder``, in ``SKILLRUN_ENVS_DIR`` or the work root's
+        ``.skillrun/environments``)."""
         if disk_bytes is not None:
             raise RuntimeUnavailableError(
                 "cube: per-workspace disk caps are set by the sandbox template, not by skillrun"
@@ -90,6 +97,8 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         self.artifact_store = artifact_store or FileArtifactStore(self.local_root / ".skillrun" / "artifacts")
         self.staging = CubeStaging(self.config, self._in_background, input_file_bytes=input_file_bytes)
         self.outputs = CubeOutputs(self.config, self.local_root, self.artifact_store, self._in_background)
+        builder = environment_builder or cube_builder(self.local_root / ".skillrun" / "environments")
+        self.sandbox_environments = CubeEnvironments(builder, self.config, self.workspace_cfg.root)
         self._owned: dict[str, CubeCodeExecutor] = {}
         self._last_used: dict[str, float] = {}
         self._busy: dict[str, int] = {}  # workspace → runs in progress here
@@ -167,10 +176,15 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
 
     async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
         started = time.monotonic()
-        source = await asyncio.to_thread(resolve_skill_source, request.skill)
+        root, source = await asyncio.to_thread(resolve_skill_paths, request.skill)
         signature = await asyncio.to_thread(self.staging.signature, source)
         inputs = await asyncio.to_thread(self.staging.input_archive, request.inputs)
         executor = await self.executor_for(request.workspace_id)
+        try:
+            environment = await self._environment(executor, request, root, source)
+        except RuntimeUnavailableError:
+            executor = await self._replace_if_gone(executor, request.workspace_id)
+            environment = await self._environment(executor, request, root, source)
         ws = self.workspace_path(request.workspace_id)
         skill_dir = f"{ws}/skills/{request.skill.name}"
         pack_dir = f"{REMOTE_TMP}/skillrun-pack-{uuid.uuid4().hex}"
@@ -191,7 +205,8 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             staged = time.monotonic()
             try:
                 done = await executor.run_script(
-                    guard.script + self.outputs.command_script(request, ws, run_dir, skill_dir, pack, limit),
+                    guard.script
+                    + self.outputs.command_script(request, ws, run_dir, skill_dir, pack, limit, environment),
                     marker=run_dir,
                     **options,
                 )
@@ -210,7 +225,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 raise InvalidRunRequestError("cwd", f"{request.cwd!r} resolves outside the workspace")
             staged = time.monotonic()
             done = await executor.run_script(
-                self.outputs.command_script(request, ws, run_dir, real_cwd or skill_dir, pack, limit),
+                self.outputs.command_script(request, ws, run_dir, real_cwd or skill_dir, pack, limit, environment),
                 marker=run_dir,
                 **options,
             )
@@ -232,6 +247,14 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             stdout=done.stdout_text,
             stderr=stderr,
             marks=(started, staged, executed, finished),
+        )
+
+    async def _environment(
+        self, executor: CubeCodeExecutor, request: RunRequest, root: Path, source: Path
+    ) -> str | None:
+        """The skill's dependency environment in the executor's sandbox (``None`` when it declares none)."""
+        return await self.sandbox_environments.for_run(
+            executor, source, root, request.skill.name, wait=request.wait_for_environment
         )
 
     # ---- lifecycle --------------------------------------------------------------------------------------------
@@ -272,6 +295,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         executor = self._owned.pop(workspace_id, None)
         if executor is not None:
             self.staging.forget_sandbox(executor.sandbox_id)
+            self.sandbox_environments.forget_sandbox(executor.sandbox_id)
         return executor
 
     async def _close_idle(self, keep: str | None = None) -> None:
@@ -309,6 +333,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         for cancel in running:
             cancel.set()
         await self.idle()
+        await asyncio.to_thread(self.sandbox_environments.close)
 
 
 __all__ = [

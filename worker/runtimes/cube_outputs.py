@@ -66,12 +66,24 @@ class CubeOutputs:
         self._in_background = in_background
 
     # ---- scripts ----------------------------------------------------------------------------------------------
-    def command_script(self, request: RunRequest, ws: str, run_dir: str, cwd: str, pack: str, limit: float) -> str:
-        """Enter ``cwd`` and run the command under ``env -i`` (the environment from scratch), killed with its
+    def command_script(
+        self,
+        request: RunRequest,
+        ws: str,
+        run_dir: str,
+        cwd: str,
+        pack: str,
+        limit: float,
+        environment: str | None = None,
+    ) -> str:
+        """Enter ``cwd`` and run the command under ``env -i`` (the environment from scratch, with the skill's
+        dependency ``environment`` as ``VIRTUAL_ENV`` and first on ``PATH`` when it has one), killed with its
         process group after ``limit`` seconds (``timeout -s KILL``: 137); once it has exited, in the same round
         trip, kill what it left running and run ``pack`` (``pack_script``); exit with the command's status."""
         variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
         env = command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
+        if environment is not None:
+            env = {**env, "VIRTUAL_ENV": environment, "PATH": f"{environment}/bin:{env.get('PATH', '')}"}
         inner = remote_ulimit_prefix(request.limits) + request.command
         command = (
             '"${deadline[@]}" /usr/bin/env -i '
