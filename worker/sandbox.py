@@ -18,9 +18,10 @@ What the sandbox gives a run, and what each part stops:
 bwrap runs as the workspace user (unprivileged user namespaces), after the network was taken away by root
 (``unshare --net``) where the run has none. A run with network gets a network namespace of its own from bwrap,
 connected to the outside through user-mode networking (``worker.user_network``), never the host's. bwrap starts
-blocked (``--block-fd``) and reports its init's pid and namespaces (``--info-fd``), so the caller can move the
-sandbox into the run's control group, and connect its network, before anything of the run executes
-(``release``).
+blocked (``--block-fd``) and reports its init's pid and namespaces (``--json-status-fd``), so the caller can move
+the sandbox into the run's control group, and connect its network, before anything of the run executes
+(``release``). On the same pipe it later says how the command ended (``SandboxStart.exit_code``), as soon as its
+init has reaped it: the caller need not wait for bwrap's own processes to end and the namespaces to be torn down.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ VISIBLE_PROC = "/run/skillrun/proc"
 SANDBOX_HOSTNAME = "skillrun"
 INIT_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)\s*[,}]')
 NET_NAMESPACE = re.compile(rb'"net-namespace"\s*:\s*(\d+)\s*[,}]')
-"""bwrap's report (``--info-fd``), written whole as soon as its init exists: the init's pid first, then the
-namespaces it made (a network namespace only where it was asked for one)."""
+"""bwrap's report (``--json-status-fd``), its first line written whole as soon as its init exists: the init's pid
+first, then the namespaces it made (a network namespace only where it was asked for one)."""
+EXIT_CODE = re.compile(rb'"exit-code"\s*:\s*(\d+)\s*}')
+"""The report's last line: the command's exit code, or 128 + the signal that ended it (as bwrap exits with)."""
 SYSTEM_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"),
                 ("usr/libx32", "/libx32"), ("usr/lib32", "/lib32"))
 """Merged-/usr systems (Debian 12, Ubuntu): the top-level folders are links into /usr."""
@@ -88,7 +91,7 @@ class SandboxSpec:
             args += ["--unshare-net", "--ro-bind", RESOLV_CONF, resolv_conf_target()]
         # The sandbox's own root and /dev are tmpfs with no size of their own: read-only once laid out, so a run
         # writes nowhere but its workspace, /tmp and /dev/shm.
-        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd, "--info-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd, "--json-status-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
                  "--"]
         return args
 
@@ -169,9 +172,10 @@ async def _loopback_set_up(pid: int, timeout: float) -> None:
 
 
 class SandboxStart:
-    """The host's end of a sandbox being started: the pipe it reports its init's pid on, the one that holds it
-    until the caller has placed it in its control group (and connected its network), and the one it reads its
-    seccomp filter from; then the sandbox's user-mode networking, if it has a network namespace of its own."""
+    """The host's end of a sandbox being started: the pipe it reports its init's pid (and later its command's end)
+    on, the one that holds it until the caller has placed it in its control group (and connected its network), and
+    the one it reads its seccomp filter from; then the sandbox's user-mode networking, if it has a network namespace
+    of its own."""
 
     def __init__(self) -> None:
         self.info_r, self.info_w = os.pipe()
@@ -182,7 +186,10 @@ class SandboxStart:
         finally:
             os.close(seccomp_w)
         self.init_pid = 0
+        self.init_pidfd = -1
         self.network: UserNetwork | None = None
+        self._rest = b""
+        self.report_closed = False
 
     def child_fds(self) -> tuple[int, int, int]:
         """The ends the sandbox gets, in ``SandboxSpec.argv``'s order (close them here once it has them: ``sent``)."""
@@ -209,6 +216,7 @@ class SandboxStart:
         self.init_pid = int(match.group(1))
         network = NET_NAMESPACE.search(report)
         try:
+            self.init_pidfd = os.pidfd_open(self.init_pid)  # while it is blocked: its pid cannot have been reused
             if cgroup is not None:
                 cgroup.add(self.init_pid)
             if network is not None:
@@ -237,13 +245,28 @@ class SandboxStart:
             report += chunk
         return report
 
+    def exit_code(self) -> int | None:
+        """How the sandbox's command ended, once bwrap has said so on the report pipe (its init has reaped the
+        command; bwrap's own processes may still be ending): the command's exit code, or 128 + the signal that ended
+        it. ``None`` until then, and for good once bwrap closed the pipe without saying (``report_closed``: it was
+        killed, or the command could not be started). Reads what the pipe holds, without blocking."""
+        while not self.report_closed:
+            try:
+                chunk = os.read(self.info_r, 4096)
+            except BlockingIOError:
+                break
+            self._rest += chunk
+            self.report_closed = not chunk
+        match = EXIT_CODE.search(self._rest)
+        return int(match.group(1)) if match else None
+
     def close(self) -> None:
         """Close what the host still holds. A sandbox never released reads the end of its block pipe and goes on,
         so callers kill one they did not release first. Its user-mode networking, if any, ends here."""
         if self.network is not None:
             self.network.close()
             self.network = None
-        for name in ("info_r", "info_w", "block_r", "block_w", "seccomp_r"):
+        for name in ("info_r", "info_w", "block_r", "block_w", "seccomp_r", "init_pidfd"):
             fd = getattr(self, name)
             if fd >= 0:
                 os.close(fd)
