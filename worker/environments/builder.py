@@ -94,17 +94,34 @@ class EnvironmentBuilder:
         resolved before is installed from its kept lock; a new one is resolved and installed in one build folder,
         so the install finds what resolving downloaded in the build's cache. One resolution of a requirement set
         and one build of an environment at a time, across processes: a caller that finds one under way waits."""
+        async with self._resolved(declaration, target, progress) as (lock, built):
+            return await self._install(lock, target, declaration, progress, built)
+
+    async def resolve(self, declaration: Declaration, target: Target, progress: Progress | None = None) -> str:
+        """The lock of ``declaration`` for ``target``, kept in the store: found, or resolved now (for a target
+        whose environments are installed elsewhere, such as a Cube sandbox)."""
+        async with self._resolved(declaration, target, progress) as (lock, _):
+            return lock
+
+    @contextlib.asynccontextmanager
+    async def _resolved(
+        self, declaration: Declaration, target: Target, progress: Progress | None
+    ) -> AsyncIterator[tuple[str, tuple[Path, int | None] | None]]:
+        """The lock, and the build folder that resolved it now (still held, its cache warm) or ``None`` when it
+        was kept from before."""
         if not self._swept:  # what builds killed with their worker left behind
             self._swept = True
             await asyncio.to_thread(self.store.sweep_builds)
         key = requirements_key(declaration, target, self.settings)
         lock = self.store.lock_text(key)
         if lock is not None:
-            return await self._install(lock, target, declaration, progress)
+            yield lock, None
+            return
         async with self.store.exclusive(resolve_lock(key)):
             lock = self.store.lock_text(key)
             if lock is not None:
-                return await self._install(lock, target, declaration, progress)
+                yield lock, None
+                return
             _say(progress, f"resolving {len(declaration.python)} requirement(s)")
             async with self._build_folder(resolve_lock(key)) as built:
                 folder, uid = built
@@ -115,7 +132,7 @@ class EnvironmentBuilder:
                 ], "resolving the dependencies")
                 lock = (folder / "lock.txt").read_text()
                 self.store.save_lock(key, lock)
-                return await self._install(lock, target, declaration, progress, built)
+                yield lock, built
 
     async def _install(self, lock: str, target: Target, declaration: Declaration, progress: Progress | None,
                        built: tuple[Path, int | None] | None = None) -> EnvironmentInfo:

@@ -113,7 +113,7 @@ class SkillEnvironments:
             return EnvironmentStatus("none", declaration, message=_debian_note(declaration))
         target = self.target
         try:
-            self._check_python(declaration, target, name)
+            check_python(declaration, target, name)
         except DependencyError as exc:
             return EnvironmentStatus("invalid", declaration, message=str(exc), target=target.label)
         found = self._lookup(declaration, target)
@@ -168,7 +168,7 @@ class SkillEnvironments:
         return await self._build(declaration, target, name, None)
 
     async def _build(self, declaration: Declaration, target: Target, name: str, progress: Progress | None) -> EnvironmentInfo:
-        self._check_python(declaration, target, name)
+        check_python(declaration, target, name)
         reqkey = requirements_key(declaration, target, self.builder.settings)
         try:
             info = await self.builder.ensure(declaration, target, progress)
@@ -190,12 +190,6 @@ class SkillEnvironments:
         info = self.store.info(key)
         return info if info is not None else (reqkey, key)
 
-    @staticmethod
-    def _check_python(declaration: Declaration, target: Target, name: str) -> None:
-        if declaration.requires_python and Version(target.version) not in SpecifierSet(declaration.requires_python):
-            raise DependencyError(
-                f"skill {name!r} requires Python {declaration.requires_python}; {target.label} has {target.version}"
-            )
 
     def _failure(self, found: tuple[str, str | None]) -> tuple[str, float] | None:
         try:
@@ -210,6 +204,15 @@ class SkillEnvironments:
 
     def _clear_failure(self, reqkey: str) -> None:
         (self.store.locks / f"{reqkey}.failed").unlink(missing_ok=True)
+
+
+
+def check_python(declaration: Declaration, target: Target, name: str) -> None:
+    """``DependencyError`` when the skill's ``requires-python`` excludes the target's Python."""
+    if declaration.requires_python and Version(target.version) not in SpecifierSet(declaration.requires_python):
+        raise DependencyError(
+            f"skill {name!r} requires Python {declaration.requires_python}; {target.label} has {target.version}"
+        )
 
 
 def _debian_note(declaration: Declaration) -> str:
@@ -247,4 +250,4 @@ def _signature(skill_dir: Path, root: Path) -> tuple:
     return tuple(parts)
 
 
-__all__ = ["DeclarationCache", "EnvironmentStatus", "SkillEnvironments"]
+__all__ = ["DeclarationCache", "EnvironmentStatus", "SkillEnvironments", "check_python"]

@@ -40,10 +40,11 @@ from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.contract import RunRequest, RunResult, RuntimeName
+from worker.environments import EnvironmentBuilder
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
 from worker.process import TIMEOUT_EXIT_CODE
 from worker.runtimes.base import BaseWorkspaceRuntime, run_result
-from worker.runtimes.cube_builds import CubeEnvironmentBuilder, cube_builder
+from worker.runtimes.cube_builds import cube_builder
 from worker.runtimes.cube_environments import CubeEnvironments
 from worker.runtimes.cube_executor import (
     KILLED_EXIT_CODE,
@@ -81,7 +82,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         artifact_store: FileArtifactStore | None = None,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
         disk_bytes: int | None = None,
-        environment_builder: CubeEnvironmentBuilder | None = None,
+        environment_builder: EnvironmentBuilder | None = None,
     ) -> None:
         """``environment_builder`` resolves skills' dependencies, and builds environments for sandboxes that
         cannot install them themselves (default: ``cube_builder``, in ``SKILLRUN_ENVS_DIR`` or the work root's

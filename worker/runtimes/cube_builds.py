@@ -12,7 +12,7 @@ An environment built so is a relocatable virtual environment holding the sandbox
 and its ``lib/python3.X`` folder are the worker's until the sandbox takes it (``cube_environments``). Bytecode is
 not compiled here: it would be the worker's interpreter's.
 
-``CubeEnvironmentBuilder`` adds resolving alone (``resolve``), for sandboxes that install a lock themselves.
+A sandbox that installs a lock itself takes only the builder's ``resolve``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,7 @@ from pathlib import Path
 from worker.cancellation import Cancellation
 from worker.config import get_worker_settings
 from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, build_settings, local_target
-from worker.environments.builder import Progress, requirements_key
-from worker.environments.declarations import Declaration
 from worker.environments.steps import SandboxSteps, StepRunner
-from worker.environments.store import resolve_lock
 from worker.environments.target import Target
 from worker.errors import DependencyError
 from worker.process import ProcessOutcome
@@ -97,35 +94,7 @@ class WorkerSteps(StepRunner):
         self.inner.close()
 
 
-class CubeEnvironmentBuilder(EnvironmentBuilder):
-    """The builder for sandbox targets, whose steps run through ``WorkerSteps``; ``resolve`` makes a lock only."""
-
-    async def resolve(self, declaration: Declaration, target: Target, progress: Progress | None = None) -> str:
-        """The lock of ``declaration`` for ``target``, kept in the store: found, or resolved now (one resolution
-        of a requirement set at a time, across processes). A sandbox that reaches the package index installs it
-        itself, so nothing is built here."""
-        key = requirements_key(declaration, target, self.settings)
-        lock = self.store.lock_text(key)
-        if lock is not None:
-            return lock
-        async with self.store.exclusive(resolve_lock(key)):
-            lock = self.store.lock_text(key)
-            if lock is not None:
-                return lock
-            if progress is not None:
-                progress(f"resolving {len(declaration.python)} requirement(s)")
-            async with self._build_folder(resolve_lock(key)) as (folder, uid):
-                (folder / "requirements.in").write_text("\n".join(declaration.python) + "\n")
-                await self._step(folder, uid, target, [
-                    "pip", "compile", "requirements.in", "--python", target.python, "--generate-hashes",
-                    "--no-header", "--no-annotate", "--quiet", "--output-file", "lock.txt",
-                ], "resolving the dependencies")
-                lock = (folder / "lock.txt").read_text()
-            self.store.save_lock(key, lock)
-            return lock
-
-
-def cube_builder(default_root: Path, settings: BuildSettings | None = None) -> CubeEnvironmentBuilder:
+def cube_builder(default_root: Path, settings: BuildSettings | None = None) -> EnvironmentBuilder:
     """The Cube runtime's builder: locks and environments kept in ``SKILLRUN_ENVS_DIR`` or else ``default_root``
     (the same store as the other runtimes'; keys differ by target), each step sandboxed as a local build is on a
     root host."""
@@ -133,7 +102,7 @@ def cube_builder(default_root: Path, settings: BuildSettings | None = None) -> C
     store = EnvironmentStore(get_worker_settings().envs_dir or default_root)
     inner = SandboxSteps(store.root / "bin", ca_bundle=settings.ca_bundle, memory_bytes=settings.memory_bytes,
                          sandboxed=settings.sandboxed)
-    return CubeEnvironmentBuilder(store, settings, steps=WorkerSteps(inner))
+    return EnvironmentBuilder(store, settings, steps=WorkerSteps(inner))
 
 
-__all__ = ["CubeEnvironmentBuilder", "WorkerSteps", "cube_builder", "for_target", "uv_platform"]
+__all__ = ["WorkerSteps", "cube_builder", "for_target", "uv_platform"]

@@ -34,14 +34,14 @@ from typing import IO
 
 from worker import defaults
 from worker.config import CubeCodeExecutorConfig
-from worker.environments import DeclarationCache, EnvironmentInfo, SkillEnvironments, Target
+from worker.environments import DeclarationCache, EnvironmentBuilder, EnvironmentInfo, Target
 from worker.environments.builder import MESSAGE_CHARS, environment_key, requirements_key
 from worker.environments.declarations import Declaration
 from worker.environments.steps import installed_uv
 from worker.environments.store import build_lock, resolve_lock
+from worker.environments.manager import check_python
 from worker.environments.target import PROBE
 from worker.errors import DependencyError, EnvironmentBuildError, EnvironmentNotReadyError, WorkspaceError
-from worker.runtimes.cube_builds import CubeEnvironmentBuilder
 from worker.runtimes.cube_executor import REMOTE_TMP, CubeCodeExecutor, ScriptOutcome, sandbox_error
 from worker.runtimes.cube_scripts import (
     ENV_INSTALL_SCRIPT,
@@ -92,7 +92,7 @@ class _Status:
 class CubeEnvironments:
     """Skills' environments in Cube sandboxes (see the module's description)."""
 
-    def __init__(self, builder: CubeEnvironmentBuilder, config: CubeCodeExecutorConfig, root: str) -> None:
+    def __init__(self, builder: EnvironmentBuilder, config: CubeCodeExecutorConfig, root: str) -> None:
         """``root``: the sandboxes' workspaces folder, where the environments' folder is made."""
         self.builder = builder
         self.store = builder.store
@@ -119,7 +119,7 @@ class CubeEnvironments:
             return None
         sandbox = await self._sandbox(executor, name)
         target = sandbox.target
-        SkillEnvironments._check_python(declaration, target, name)
+        check_python(declaration, target, name)
         lock = self.store.lock_text(requirements_key(declaration, target, self.builder.settings))
         key = environment_key(lock, target) if lock is not None else None
         if key in sandbox.ready:
