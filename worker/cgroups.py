@@ -6,7 +6,7 @@ versions are handled:
 
 * **v1** (separate ``memory``, ``pids`` and ``cpu`` hierarchies): run groups are made under this process's own
   group in each hierarchy, in a folder ``skillrun`` (in a container, in the hierarchy mounted again; see
-  ``_v1_parent``).
+  ``worker.cgroup_hierarchies.v1_parent``).
 * **v2** (one unified hierarchy): run groups are made in a folder ``skillrun`` under this process's own group,
   with the three controllers enabled for it. A v2 group that holds processes cannot hand controllers down (the
   "no internal processes" rule), so where this process does not sit in the root group or a group it may
@@ -25,20 +25,15 @@ import errno
 import fcntl
 import os
 import secrets
-import subprocess
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.cgroup_hierarchies import CGROUP_MOUNT, GROUP_FOLDER, OWNERS, own_groups, sweep_abandoned, v1_parent
 from worker.errors import CgroupError
 
-CGROUP_MOUNT = Path("/sys/fs/cgroup")
-GROUP_FOLDER = "skillrun"
-V1_MOUNTS = Path("/run/skillrun/cgroup")
-OWNERS = Path("/run/skillrun/cgroup-owners")
-"""One lock file per live tree (``CgroupTree``): a tree's folder whose lock nobody holds was left by a dead process."""
 V2_CONTROLS = "+cpu +memory +pids"
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_MICROSECONDS = 100_000
@@ -73,7 +68,7 @@ class CgroupTree:
         died without removing theirs."""
         OWNERS.mkdir(mode=0o700, parents=True, exist_ok=True)
         for parent in self.parents.values():
-            _sweep_abandoned(parent)
+            sweep_abandoned(parent)
         token = secrets.token_hex(8)
         self._lock_fd = os.open(OWNERS / token, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
@@ -100,7 +95,7 @@ class CgroupTree:
         if os.geteuid() != 0:
             return "control groups need the worker to run as root"
         try:
-            own = _own_groups()
+            own = own_groups()
         except OSError as exc:
             return f"cannot read /proc/self/cgroup: {exc.strerror}"
         if (CGROUP_MOUNT / "cgroup.controllers").exists():
@@ -110,7 +105,7 @@ class CgroupTree:
             names, path = next(((n, p) for n, p in own.items() if controller in n.split(",")), (None, None))
             if names is None:
                 return f"this process is in no cgroup v1 group of the {controller} controller"
-            parent = _v1_parent(names, path)
+            parent = v1_parent(names, path)
             if isinstance(parent, str):
                 return parent
             parents[controller] = parent
@@ -375,71 +370,6 @@ def oom_kill_count(events_file: str | os.PathLike[str]) -> int | None:
     except (OSError, ValueError):
         pass
     return None
-
-
-def _sweep_abandoned(parent: Path) -> None:
-    """Remove the folders (and their empty run groups) of trees whose process is gone: their lock file is missing
-    or nobody holds it. A group something still runs in stays."""
-    for folder in [entry for entry in parent.iterdir() if entry.is_dir()] if parent.is_dir() else []:
-        try:
-            lock = os.open(OWNERS / folder.name, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            lock = -1
-        try:
-            if lock >= 0:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock)
-            continue  # its process lives
-        for group in [entry for entry in folder.iterdir() if entry.is_dir()]:
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-        if lock >= 0:
-            (OWNERS / folder.name).unlink(missing_ok=True)
-            os.close(lock)
-
-
-def _v1_parent(controllers: str, own: str) -> "Path | str":
-    """The ``skillrun`` folder under this process's group of one v1 hierarchy, made if need be; or why not.
-
-    In a container the hierarchy is mounted read-only with the container's own group at its top (while
-    ``/proc/self/cgroup`` names the group by its path on the host): there a worker running as root mounts the
-    hierarchy again, writable, under ``V1_MOUNTS``, and makes its groups under its own group, inside the container's
-    limits."""
-    mount = CGROUP_MOUNT / controllers.split(",")[0]
-    try:
-        parent = mount / own.lstrip("/") / GROUP_FOLDER
-        parent.mkdir(exist_ok=True)
-        return parent
-    except OSError as exc:
-        problem = f"cannot make control groups under {mount / own.lstrip('/')}: {exc.strerror}"
-    if os.geteuid() != 0:
-        return problem
-    again = V1_MOUNTS / controllers.replace(",", "+")
-    try:
-        if not (again / "cgroup.procs").exists():
-            again.mkdir(parents=True, exist_ok=True)
-            done = subprocess.run(["mount", "-t", "cgroup", "-o", controllers, "cgroup", str(again)],
-                                  capture_output=True, text=True, timeout=30)
-            if done.returncode != 0:
-                return f"{problem}; mounting the hierarchy again failed: {done.stderr.strip()}"
-        parent = again / own.lstrip("/") / GROUP_FOLDER
-        parent.mkdir(exist_ok=True)
-        return parent
-    except OSError as exc:
-        return f"{problem}; and under {again}: {exc.strerror}"
-
-
-def _own_groups() -> dict[str, str]:
-    """This process's groups, by controller list ("" for the v2 hierarchy)."""
-    groups: dict[str, str] = {}
-    with open("/proc/self/cgroup") as lines:
-        for line in lines:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            groups[controllers] = path
-    return groups
 
 
 def _write(path: Path, value: str) -> None:

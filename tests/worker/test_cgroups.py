@@ -46,3 +46,25 @@ def test_the_folder_a_killed_worker_left_is_swept_by_the_next_tree():
     finally:
         tree.close()
     assert not any(path.exists() for path in tree.parents.values())
+
+
+def test_sweeping_tolerates_folders_another_process_removes_meanwhile(tmp_path, monkeypatch):
+    from worker import cgroup_hierarchies
+
+    monkeypatch.setattr(cgroup_hierarchies, "OWNERS", tmp_path / "owners")
+    (tmp_path / "owners").mkdir()
+    parent = tmp_path / "skillrun"
+    (parent / "gone-meanwhile" / "run-1").mkdir(parents=True)
+    (parent / "left-behind" / "run-2").mkdir(parents=True)
+    listing = Path.iterdir
+
+    def racing(self):  # noqa: ANN001, ANN202 - Path.iterdir's shape
+        if self.name == "gone-meanwhile":  # another worker swept it between our two listings
+            (self / "run-1").rmdir()
+            self.rmdir()
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", racing)
+    cgroup_hierarchies.sweep_abandoned(parent)
+    cgroup_hierarchies.sweep_abandoned(tmp_path / "never-made")
+    assert list(parent.iterdir()) == []
