@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from tests.cube_server import CubeStandIn
@@ -36,11 +38,15 @@ def docker_runtime_factory(docker_engine, work_root, request):
     yield make
     for runtime in made:
         runtime.remove_containers()
-    leftovers = docker_engine.client.containers.list(all=True, filters={"label": "skillrun.work_root"})
+    # Another runtime (of this test or another session) may remove a container between listing and inspecting.
+    leftovers = docker_engine.client.containers.list(
+        all=True, filters={"label": "skillrun.work_root"}, ignore_removed=True
+    )
     for container in leftovers:
         if str(work_root) in container.labels.get("skillrun.work_root", ""):
             print(f"removing leftover container {container.id[:12]} of {request.node.name}")
-            container.remove(force=True)
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
 
 
 @pytest.fixture(scope="session")
