@@ -18,6 +18,7 @@ import redis
 
 from orchestrator.dispatch import InlineDispatcher
 from tests.orchestrator.api_helpers import make_services
+from tests.package_index import PackageIndex, wheel
 from tests.services import RedisServer, unavailable
 from worker.contract import RunRequest, SkillRef
 from worker.runtimes.local import LocalWorkspaceRuntime
@@ -67,6 +68,25 @@ def library(shared_dir: Path) -> Path:
         },
     )
     return root
+
+
+@pytest.fixture
+def dists(shared_dir: Path) -> Path:
+    """Distributions of a package index of our own: alpha 1.0 and 2.0, and beta 1.0 (which needs alpha>=2)."""
+    folder = shared_dir / "dists"
+    folder.mkdir()
+    wheel(folder, "alpha", "1.0", "VERSION = '1.0'\n")
+    wheel(folder, "alpha", "2.0", "VERSION = '2.0'\n")
+    wheel(folder, "beta", "1.0", "from alpha import VERSION\n", requires=("alpha>=2",))
+    return folder
+
+
+@pytest.fixture
+def index(dists: Path) -> PackageIndex:
+    """``dists`` served over HTTP on a non-loopback address of the host, for one test."""
+    served = PackageIndex(dists)
+    yield served
+    served.close()
 
 
 @pytest.fixture

@@ -46,13 +46,6 @@ def dists(shared_dir: Path) -> Path:
 
 
 @pytest.fixture
-def index(dists: Path) -> PackageIndex:
-    served = PackageIndex(dists)
-    yield served
-    served.close()
-
-
-@pytest.fixture
 async def make_runtime(cube_standin, shared_dir: Path, index: PackageIndex):
     """Cube runtimes whose sandboxes reach the index (``internet``) or not, sharing one environment store."""
     made: list[CubeWorkspaceRuntime] = []

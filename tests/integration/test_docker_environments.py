@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IS_ROOT, write_skill
-from tests.package_index import PackageIndex, sdist, wheel
+from tests.package_index import PackageIndex, sdist
 from tests.processes import running_with
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings
@@ -28,23 +28,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 ENGINE_FILES = ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/usr/sbin/docker-init")
 """Files the engine mounts into a container (the last for ``--init``)."""
-
-
-@pytest.fixture
-def dists(shared_dir: Path) -> Path:
-    folder = shared_dir / "dists"
-    folder.mkdir()
-    wheel(folder, "alpha", "1.0", "VERSION = '1.0'\n")
-    wheel(folder, "alpha", "2.0", "VERSION = '2.0'\n")
-    wheel(folder, "beta", "1.0", "from alpha import VERSION\n", requires=("alpha>=2",))
-    return folder
-
-
-@pytest.fixture
-def index(dists: Path) -> PackageIndex:
-    served = PackageIndex(dists)
-    yield served
-    served.close()
 
 
 @pytest.fixture

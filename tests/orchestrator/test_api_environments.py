@@ -27,7 +27,7 @@ from orchestrator.skills import create_default_skill_repository
 from tests.conftest import write_skill
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_teams import skill_md, tar_gz
-from tests.package_index import PackageIndex, sdist, wheel
+from tests.package_index import PackageIndex, sdist
 from tests.processes import running_with
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
@@ -48,23 +48,6 @@ LIBRARY = {
     "wrong/requirements.txt": b"-r other.txt\n",
     "skillrun.toml": b'[skills.ghost]\npython = ["alpha"]\n',
 }
-
-
-@pytest.fixture
-def dists(shared_dir: Path) -> Path:
-    folder = shared_dir / "dists"
-    folder.mkdir()
-    wheel(folder, "alpha", "1.0", "VERSION = '1.0'\n")
-    wheel(folder, "alpha", "2.0", "VERSION = '2.0'\n")
-    wheel(folder, "beta", "1.0", "from alpha import VERSION\n", requires=("alpha>=2",))
-    return folder
-
-
-@pytest.fixture
-def index(dists: Path) -> PackageIndex:
-    served = PackageIndex(dists)
-    yield served
-    served.close()
 
 
 @pytest.fixture

@@ -29,23 +29,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def dists(shared_dir: Path) -> Path:
-    folder = shared_dir / "dists"
-    folder.mkdir()
-    wheel(folder, "alpha", "1.0", "VERSION = '1.0'\n")
-    wheel(folder, "alpha", "2.0", "VERSION = '2.0'\n")
-    wheel(folder, "beta", "1.0", "from alpha import VERSION\n", requires=("alpha>=2",))
-    return folder
-
-
-@pytest.fixture
-def index(dists: Path) -> PackageIndex:
-    served = PackageIndex(dists)
-    yield served
-    served.close()
-
-
-@pytest.fixture
 def make_envs(shared_dir: Path, index: PackageIndex):
     made: list[SkillEnvironments] = []
 
