@@ -1,4 +1,4 @@
-"""Attacks on skill dependency environments (issue #12), by a hostile team, for real, on the local runtime as root.
+"""Attacks on skill dependency environments (issue #12), by a hostile team, for real, as root (local runtime; Docker once).
 
 A team controls what its skills declare and, through a package index it names (or a package it publishes), the
 code a source distribution's build backend runs during a build: in the resolving step (``prepare_metadata``), in
@@ -8,11 +8,12 @@ real local runtime, and asserts the safe outcome; its name says what it defends.
 kept as the safe behaviour marked ``xfail(strict=True)`` with what got through, so a fix turns them into failures
 to be unmarked.
 
-One primitive matters most below: inside a build's sandbox ``/proc/1`` is bubblewrap's init, whose working
-folder is the build folder; on the host ``/proc/1`` is the host's init, whose working folder is ``/``. A link
-planted in the build folder that leads through ``/proc/1/cwd/<path>`` therefore resolves to the build's own
-``<build folder>/<path>`` for the build (so every step succeeds) and to the host's ``/<path>`` for the worker,
-which follows links in the build folder as root after a step.
+One primitive matters most below: inside a build's sandbox (a PID namespace) the low pids are the build's own
+processes, working in the build folder (bwrap's init and uv; docker-init and timeout in a build container); on the
+host they are the kernel's threads (or init), working in ``/``. A link planted in the build folder that leads
+through ``/proc/<pid>/cwd/<path>`` therefore resolves to the build's own ``<build folder>/<path>`` for the build
+(so every step succeeds) and to the host's ``/<path>`` for the worker, which follows links in the build folder as
+root after a step.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import hashlib
 import io
 import json
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -74,6 +74,17 @@ def hostile_sdist(folder: Path, name: str, *, metadata: str = "", build: str = "
         f"EXTRA = {dict(files or {})!r}",
         'META = f"Metadata-Version: 2.1\\nName: {NAME}\\nVersion: {VERSION}\\n"',
         "FOLDER = os.path.dirname(os.environ.get('HOME') or os.environ['UV_CACHE_DIR'])",
+        "",
+        "def through_proc(path):",
+        "    # a link to path through the working folder of a process of this sandbox that works in the build folder",
+        "    # (low pids: on the host those are the kernel's threads, working in /)",
+        "    for pid in range(2, 64):",
+        "        try:",
+        "            if os.readlink(f'/proc/{pid}/cwd') == FOLDER:",
+        "                return f'/proc/{pid}/cwd/' + path.lstrip('/'), os.path.join(FOLDER, path.lstrip('/'))",
+        "        except OSError:",
+        "            pass",
+        "    raise RuntimeError('no process of the build works in its folder')",
         "",
         "def _metadata_hook():",
         textwrap.indent(textwrap.dedent(metadata) or "pass", "    "),
@@ -185,18 +196,16 @@ def _probe(message: str) -> dict:
     return json.loads(message.rsplit("PROBE:", 1)[1].splitlines()[0])
 
 
-def _host_path_through_init(path: Path) -> str:
-    """``path`` as the hostile build names it: through the working folder of pid 1 or 2 (bwrap's init and uv inside
-    the build's sandbox, both working in the build folder; the host's init and kthreadd on the host, working in
-    ``/``)."""
-    for pid in (1, 2):
-        try:
-            host_cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if str(path).startswith(host_cwd.rstrip("/") + "/"):
-            return f"/proc/{pid}/cwd/" + os.path.relpath(path, host_cwd)
-    pytest.skip(f"neither pid 1 nor pid 2 of the host works above {path}")
+def _host_pids_work_in_root() -> None:
+    """The attacks below lead through ``/proc/<pid>/cwd`` for a low pid: inside the build's sandbox (a PID
+    namespace) a process of the build working in the build folder, on the host a kernel thread working in ``/``
+    (``/proc/1`` would do on most hosts, but this test host hides its init)."""
+    try:
+        if os.readlink("/proc/2/cwd") == "/":
+            return
+    except OSError:
+        pass
+    pytest.skip("the host's low pids do not work in /")
 
 
 def _victim_folder(parent: Path, secret: str) -> tuple[Path, Path]:
@@ -216,21 +225,22 @@ def _victim_folder(parent: Path, secret: str) -> tuple[Path, Path]:
 
 @pytest.mark.xfail(strict=True, reason=(
     "the worker reads the resolving step's lock.txt as root following links (builder.ensure: "
-    "(folder / 'lock.txt').read_text()): a build backend plants lock.txt -> /proc/1/cwd/<path> (or /proc/2/cwd: uv inside, kthreadd outside), which uv writes "
-    "inside the sandbox (bwrap's init works in the build folder) and the worker reads on the host (init works in "
-    "/); any host file becomes the stored lock and uv's parse error of the next install quotes it back"))
+    "(folder / 'lock.txt').read_text()): a build backend plants lock.txt -> /proc/2/cwd/<path> (uv inside, "
+    "kthreadd outside; /proc/1 does as well on most hosts), which uv writes inside the sandbox (where uv works in "
+    "the build folder) and the worker reads on the host (where kthreadd works in /); any host file becomes the "
+    "stored lock, and uv's parse error in the next install quotes it back to the team"))
 async def test_a_build_cannot_make_the_worker_read_a_host_file_as_its_lock(
     shared_dir: Path, make_envs, dists: Path, work_root: Path, store_root: Path
 ):
     token = f"VICTIM_TOKEN={uuid.uuid4().hex}"
     _, notes = _victim_folder(work_root, token + "\n")
-    planted = _host_path_through_init(notes)
+    _host_pids_work_in_root()
     hostile_sdist(dists, "lockpick", metadata=f"""
         link = os.path.join(FOLDER, "lock.txt")
-        inside = os.path.join(FOLDER, {planted!r}.split("/", 4)[4])
+        target, inside = through_proc({str(notes)!r})
         os.makedirs(os.path.dirname(inside), exist_ok=True)
         if not os.path.lexists(link):
-            os.symlink({planted!r}, link)
+            os.symlink(target, link)
     """, build='raise RuntimeError("the first install fails on purpose")')
     skill = _skill(shared_dir, "lockpick", "lockpick\n")
     envs = make_envs()
@@ -246,22 +256,22 @@ async def test_a_build_cannot_make_the_worker_read_a_host_file_as_its_lock(
 
 @pytest.mark.xfail(strict=True, reason=(
     "the worker seals the build's 'env' as root following a link there (builder._seal: os.walk/os.chmod/"
-    "os.lchown on folder/env): a build backend replaces env by a link through /proc/1/cwd or /proc/2/cwd (the build folder for "
-    "uv, / for the worker), so another tenant's folder is chowned to root and made 0755/0644, and published as "
-    "the environment (envs/<key> is that link)"))
+    "os.lchown on folder/env): a build backend replaces env by a link through /proc/2/cwd (the build "
+    "folder for uv, / for the worker), so another tenant's folder is chowned to root and made 0755/0644, "
+    "and published as the environment (envs/<key> is that link)"))
 async def test_a_build_cannot_make_the_worker_chown_and_chmod_a_host_folder(
     shared_dir: Path, make_envs, dists: Path, work_root: Path, store_root: Path
 ):
     victim, notes = _victim_folder(work_root, "another tenant's private notes\n")
-    planted = _host_path_through_init(victim)
+    _host_pids_work_in_root()
     hostile_sdist(dists, "swapper", build=f"""
         import shutil
         env = os.path.join(FOLDER, "env")
-        inside = os.path.join(FOLDER, {planted!r}.split("/", 4)[4])
+        target, inside = through_proc({str(victim)!r})
         if os.path.isdir(env) and not os.path.islink(env):
             shutil.copytree(env, inside, symlinks=True)
             shutil.rmtree(env)
-            os.symlink({planted!r}, env)
+            os.symlink(target, env)
     """)
     skill = _skill(shared_dir, "swapper", "swapper\n")
     status = await _prepare(make_envs(), skill)
@@ -636,7 +646,8 @@ def test_a_line_break_cannot_smuggle_an_option_into_the_resolvers_input(tmp_path
         "skillrun.toml": {},
     }[where]
     skill = write_skill(tmp_path, "smuggler", files=files)
-    (tmp_path / "skillrun.toml").write_text(f"[skills.smuggler]\npython = [{quoted}]\n" if where == "skillrun.toml" else "")
+    manifest = f"[skills.smuggler]\npython = [{quoted}]\n" if where == "skillrun.toml" else ""
+    (tmp_path / "skillrun.toml").write_text(manifest)
     try:
         declaration = read_declaration(skill, "smuggler", read_manifest(tmp_path))
     except DependencyError:
@@ -742,3 +753,31 @@ async def test_a_worker_killed_mid_build_leaves_no_process_and_no_environment_a_
     assert os.listdir(store_root / ".building") == []
     assert (status.info.path / "bin" / "python").exists()
     assert list(status.info.path.glob("lib/python3*/site-packages/stall.py"))
+
+
+# --- the Docker runtime: steps in containers, the same worker-side handling of the build folder -------------------
+
+@pytest.mark.docker
+@pytest.mark.xfail(strict=True, reason=(
+    "as on the local runtime: the worker reads lock.txt from the build folder as root following links; in a build "
+    "container the low pids (docker-init, timeout, uv) work in the build folder (working_dir), on the host they "
+    "work in /, so a link through /proc/<pid>/cwd is uv's own file inside and any host file outside"))
+async def test_a_container_build_cannot_make_the_worker_read_a_host_file_as_its_lock(
+    docker_runtime_factory, shared_dir: Path, dists: Path, index: PackageIndex, work_root: Path
+):
+    token = f"VICTIM_TOKEN={uuid.uuid4().hex}"
+    _, notes = _victim_folder(work_root, token + "\n")
+    _host_pids_work_in_root()
+    hostile_sdist(dists, "lockpick", metadata=f"""
+        link = os.path.join(FOLDER, "lock.txt")
+        target, inside = through_proc({str(notes)!r})
+        os.makedirs(os.path.dirname(inside), exist_ok=True)
+        if not os.path.lexists(link):
+            os.symlink(target, link)
+    """, build='raise RuntimeError("the first install fails on purpose")')
+    skill = _skill(shared_dir, "lockpick", "lockpick\n")
+    runtime = docker_runtime_factory(build_settings=BuildSettings(index_url=index.url, timeout=120.0))
+    first = await _prepare(runtime.environments, skill)
+    second = await _prepare(runtime.environments, skill)
+    assert first.state == "failed" and second.state == "failed", (first.message, second.message)
+    assert token not in first.message and token not in second.message, second.message
