@@ -1,4 +1,4 @@
-"""Attacks on skill dependency environments (issue #12), by a hostile team, for real, as root (local runtime; Docker once).
+"""Attacks on skill dependency environments (issue #12) by a hostile team, for real, as root (local and Docker).
 
 A team controls what its skills declare and, through a package index it names (or a package it publishes), the
 code a source distribution's build backend runs during a build: in the resolving step (``prepare_metadata``), in
@@ -148,17 +148,11 @@ def plain_wheel(folder: Path, name: str, version: str = "1.0") -> Path:
 
 @pytest.fixture
 def dists(shared_dir: Path) -> Path:
+    """The distributions the shared ``index`` fixture serves here: a harmless wheel, plus what each attack adds."""
     folder = shared_dir / "dists"
     folder.mkdir()
     plain_wheel(folder, "tidy")
     return folder
-
-
-@pytest.fixture
-def index(dists: Path) -> PackageIndex:
-    served = PackageIndex(dists)
-    yield served
-    served.close()
 
 
 @pytest.fixture
