@@ -217,12 +217,6 @@ def _victim_folder(parent: Path, secret: str) -> tuple[Path, Path]:
 
 # --- a hostile build and the worker's own files ------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the worker reads the resolving step's lock.txt as root following links (builder.ensure: "
-    "(folder / 'lock.txt').read_text()): a build backend plants lock.txt -> /proc/2/cwd/<path> (uv inside, "
-    "kthreadd outside; /proc/1 does as well on most hosts), which uv writes inside the sandbox (where uv works in "
-    "the build folder) and the worker reads on the host (where kthreadd works in /); any host file becomes the "
-    "stored lock, and uv's parse error in the next install quotes it back to the team"))
 async def test_a_build_cannot_make_the_worker_read_a_host_file_as_its_lock(
     shared_dir: Path, make_envs, dists: Path, work_root: Path, store_root: Path
 ):
@@ -248,11 +242,6 @@ async def test_a_build_cannot_make_the_worker_read_a_host_file_as_its_lock(
     assert leaked == [], f"another tenant's file reached {leaked}: {second.message}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the worker seals the build's 'env' as root following a link there (builder._seal: os.walk/os.chmod/"
-    "os.lchown on folder/env): a build backend replaces env by a link through /proc/2/cwd (the build "
-    "folder for uv, / for the worker), so another tenant's folder is chowned to root and made 0755/0644, "
-    "and published as the environment (envs/<key> is that link)"))
 async def test_a_build_cannot_make_the_worker_chown_and_chmod_a_host_folder(
     shared_dir: Path, make_envs, dists: Path, work_root: Path, store_root: Path
 ):
@@ -665,11 +654,6 @@ def test_a_manifest_names_only_skills_of_its_own_library(tmp_path: Path):
     assert read_declaration(victim, "victim", read_manifest(victim.parent)).python == ("tidy",)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "declarations.PEP723_BLOCK backtracks over every following line for each '# /// script' line that is not "
-    "closed (quadratic or worse): a 150 kB .py file in a skill (the cap is 1 MiB) takes minutes to scan, and the "
-    "worker reads declarations on its event loop before each run (SkillEnvironments.for_run), the API on "
-    "registration and GET /v1/skills: one skill freezes them for every tenant"))
 def test_a_script_full_of_unclosed_pep723_openings_is_scanned_in_bounded_time(tmp_path: Path):
     skill = write_skill(tmp_path, "slowloris", files={"scripts/tool.py": "# /// script\n" * 12_000})
     code = ("import sys; from pathlib import Path; from worker.environments.declarations import read_declaration\n"
@@ -752,10 +736,6 @@ async def test_a_worker_killed_mid_build_leaves_no_process_and_no_environment_a_
 # --- the Docker runtime: steps in containers, the same worker-side handling of the build folder -------------------
 
 @pytest.mark.docker
-@pytest.mark.xfail(strict=True, reason=(
-    "as on the local runtime: the worker reads lock.txt from the build folder as root following links; in a build "
-    "container the low pids (docker-init, timeout, uv) work in the build folder (working_dir), on the host they "
-    "work in /, so a link through /proc/<pid>/cwd is uv's own file inside and any host file outside"))
 async def test_a_container_build_cannot_make_the_worker_read_a_host_file_as_its_lock(
     docker_runtime_factory, shared_dir: Path, dists: Path, index: PackageIndex, work_root: Path
 ):

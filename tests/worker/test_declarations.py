@@ -124,3 +124,18 @@ def test_the_cache_reads_a_changed_declaration_again(tmp_path: Path):
     assert cache.get(skill, tmp_path, "changing").python == ("alpha", "gamma>=1")
     (tmp_path / "skillrun.toml").write_text('[skills.changing]\npython = ["zeta"]\n')
     assert cache.get(skill, tmp_path, "changing").python == ("alpha", "gamma>=1", "zeta")
+
+
+def test_inline_blocks_are_found_as_the_specification_says():
+    from worker.environments.declarations import metadata_blocks
+
+    text = (
+        "# /// script\n# never closed\nimport os\n"          # an opening with no closing before the code: no block
+        "# /// script\n# dependencies = ['a']\n# ///\n"       # a block ...
+        "# extra = 1\n# ///\n"                                 # ... that ends at the last closing of its comments
+        "x = 1\n# /// other\n# k = 'v'\n# ///\n"
+    )
+    assert metadata_blocks(text) == [
+        ("script", ["# dependencies = ['a']\n", "# ///\n", "# extra = 1\n"]),
+        ("other", ["# k = 'v'\n"]),
+    ]

@@ -44,6 +44,8 @@ from worker.workspace import remove_tree
 MESSAGE_CHARS = 4000
 """What of a failed step's output an error quotes (its end, where the resolver or installer says what failed)."""
 SIZE_POLL_SECONDS = 1.0
+MAX_LOCK_BYTES = 4 * 1024 * 1024
+"""The largest lock a resolving step may write."""
 
 Progress = Callable[[str], None]
 
@@ -130,7 +132,7 @@ class EnvironmentBuilder:
                     "pip", "compile", "requirements.in", "--python", target.python, "--generate-hashes",
                     "--no-header", "--no-annotate", "--quiet", "--output-file", "lock.txt",
                 ], "resolving the dependencies")
-                lock = (folder / "lock.txt").read_text()
+                lock = _read_output(folder, "lock.txt")
                 self.store.save_lock(key, lock)
                 yield lock, built
 
@@ -150,12 +152,12 @@ class EnvironmentBuilder:
             started = time.monotonic()
             async with contextlib.AsyncExitStack() as stack:
                 folder, uid = built or await stack.enter_async_context(self._build_folder(build_lock(key)))
-                (folder / "lock.txt").write_text(lock)
+                locked = _write_input(folder, lock)
                 await self._step(folder, uid, target, ["venv", "--relocatable", "--quiet", "--python", target.python, "env"],
                                  "making the environment")
                 await self._step(folder, uid, target, [
                     "pip", "sync", "--python", "env/bin/python", "--require-hashes", "--compile-bytecode", "--quiet",
-                    "lock.txt",
+                    locked,
                 ], "installing the dependencies", watch=folder / "env")
                 size = await asyncio.to_thread(_seal, folder / "env")
                 if size > self.settings.max_bytes:
@@ -235,25 +237,55 @@ async def _watch_size(folder: Path, limit: int, cancel: Cancellation, too_big: l
             return
 
 
+def _read_output(folder: Path, name: str) -> str:
+    """A file a build step wrote in its folder, read as root without following a link the build planted there
+    (it could point anywhere on the host), refusing anything but a regular file of at most ``MAX_LOCK_BYTES``."""
+    try:
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise EnvironmentBuildError(f"the build left no readable {name} ({exc.strerror}); it was refused") from exc
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise EnvironmentBuildError(f"the build's {name} is not a regular file; it was refused")
+        data = handle.read(MAX_LOCK_BYTES + 1)
+    if len(data) > MAX_LOCK_BYTES:
+        raise EnvironmentBuildError(f"the build's {name} is larger than {MAX_LOCK_BYTES} bytes; it was refused")
+    return data.decode("utf-8", errors="replace")
+
+
+def _write_input(folder: Path, lock: str) -> str:
+    """Write the lock for the install step under a new name (the folder may hold what a resolving step planted:
+    nothing there is opened, followed or replaced); the name."""
+    name = f"install-{secrets.token_hex(8)}.txt"
+    try:
+        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise EnvironmentBuildError(f"cannot write the lock into the build folder ({exc.strerror})") from exc
+    with os.fdopen(fd, "w") as handle:
+        handle.write(lock)
+    return name
+
+
 def _seal(env: Path) -> int:
     """Give the environment to root, read-only to everyone else (folders and executables 0755, files 0644); its
-    size in bytes."""
+    size in bytes. Walked through folder descriptors without following links (no process of the build is left,
+    but what it left may point anywhere on the host): an ``env`` that is not a real folder is refused."""
+    if not stat.S_ISDIR(os.lstat(env).st_mode):
+        raise EnvironmentBuildError("the build's environment folder is not a folder (a link?); it was refused")
     root = os.geteuid() == 0
     size = 0
-    for folder, dirs, files in os.walk(env):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            info = os.lstat(path)
+    for _, _, names, dir_fd in os.fwalk(env, follow_symlinks=False):
+        if root:
+            os.fchown(dir_fd, 0, 0)
+        os.fchmod(dir_fd, 0o755)
+        for name in names:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if root:
-                os.lchown(path, 0, 0)
+                os.chown(name, 0, 0, dir_fd=dir_fd, follow_symlinks=False)
             if stat.S_ISLNK(info.st_mode):
                 continue
-            executable = stat.S_ISDIR(info.st_mode) or info.st_mode & 0o111
-            os.chmod(path, 0o755 if executable else 0o644)
+            os.chmod(name, 0o755 if info.st_mode & 0o111 else 0o644, dir_fd=dir_fd)
             size += info.st_size if stat.S_ISREG(info.st_mode) else 0
-    if root:
-        os.lchown(env, 0, 0)
-    os.chmod(env, 0o755)
     return size
 
 

@@ -43,7 +43,8 @@ MAX_SCRIPTS = 500
 """The most ``.py`` files of one skill scanned for inline metadata."""
 MAX_REQUIREMENTS = 500
 DEBIAN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{1,62}$")
-PEP723_BLOCK = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
+PEP723_OPENING = re.compile(r"^# /// (?P<type>[a-zA-Z0-9-]+)$")
+PEP723_CLOSING = "# ///"
 SKIPPED_FOLDERS = {".git", "__pycache__", "node_modules", ".venv", "venv"}
 
 
@@ -162,15 +163,12 @@ def parse_requirements(text: str, where: str) -> list[str]:
 
 def inline_metadata(text: str, where: str) -> tuple[list[str], str | None] | None:
     """A script's PEP 723 ``script`` block: its dependencies and ``requires-python``; ``None`` when it has none."""
-    blocks = [match for match in PEP723_BLOCK.finditer(text) if match.group("type") == "script"]
+    blocks = [lines for kind, lines in metadata_blocks(text) if kind == "script"]
     if not blocks:
         return None
     if len(blocks) > 1:
         raise DependencyError(f"{where}: more than one '# /// script' block (PEP 723 allows one)")
-    content = "".join(
-        line[2:] if line.startswith("# ") else line[1:]
-        for line in blocks[0].group("content").splitlines(keepends=True)
-    )
+    content = "".join(line[2:] if line.startswith("# ") else line[1:] for line in blocks[0])
     try:
         data = tomllib.loads(content)
     except tomllib.TOMLDecodeError as exc:
@@ -179,6 +177,39 @@ def inline_metadata(text: str, where: str) -> tuple[list[str], str | None] | Non
     return [_requirement(text, f"{where} dependencies") for text in dependencies], _python_spec(
         data.get("requires-python"), where
     )
+
+
+def metadata_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """PEP 723 blocks of a script, each its type and its comment lines (with their line ends), found in one pass.
+
+    As the specification's regular expression has it: a block opens with ``# /// TYPE``, holds comment lines
+    (``#`` or ``# ...``) and ends at the last ``# ///`` before the first line that is not a comment. A run of
+    comment lines is looked through once whatever it holds (the regular expression, on lines of openings that are
+    never closed, takes time that grows with the square of the file)."""
+    lines = text.splitlines(keepends=True)
+    blocks: list[tuple[str, list[str]]] = []
+    i = 0
+    while i < len(lines):
+        opening = PEP723_OPENING.match(lines[i].rstrip("\r\n"))
+        if opening is None:
+            i += 1
+            continue
+        closing, j = None, i + 1
+        while j < len(lines) and _is_comment(lines[j]):
+            if lines[j].rstrip("\r\n") == PEP723_CLOSING:
+                closing = j
+            j += 1
+        if closing is None:
+            i = j  # no opening in this run of comments closes either
+            continue
+        blocks.append((opening.group("type"), lines[i + 1:closing]))
+        i = closing + 1
+    return blocks
+
+
+def _is_comment(line: str) -> bool:
+    bare = line.rstrip("\r\n")
+    return bare == "#" or bare.startswith("# ")
 
 
 def _pyproject(text: str) -> tuple[list[str], str | None]:

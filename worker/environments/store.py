@@ -207,12 +207,13 @@ def resolve_lock(key: str) -> str:
 
 
 def folder_size(path: Path) -> int:
-    """Bytes of the files under ``path`` (links not followed)."""
+    """Bytes of the files under ``path``, walked through folder descriptors without following links (a build may
+    be changing it meanwhile: a link it swaps in leads nowhere)."""
     total = 0
-    for folder, _, files in os.walk(path):
+    for _, _, files, dir_fd in os.fwalk(path, follow_symlinks=False):
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(folder, name)).st_size
+                total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
     return total
 
 
