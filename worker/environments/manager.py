@@ -14,6 +14,7 @@ again (``prepare`` always tries again).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -74,6 +75,7 @@ class DeclarationCache:
         self._declarations: dict[tuple[Path, str], tuple[tuple, Declaration]] = {}
 
     def get(self, skill_dir: Path, root: Path, name: str) -> Declaration:
+        """The declaration, read again if it changed (blocks: a thread's, or a caller's that may wait)."""
         signature = _signature(skill_dir, root)
         cached = self._declarations.get((skill_dir, name))
         if cached is not None and cached[0] == signature:
@@ -81,6 +83,14 @@ class DeclarationCache:
         declaration = read_declaration(skill_dir, name, read_manifest(root))
         self._declarations[(skill_dir, name)] = (signature, declaration)
         return declaration
+
+    async def look_up(self, skill_dir: Path, root: Path, name: str) -> Declaration:
+        """The declaration for a caller on the event loop: from the cache after a few metadata calls when nothing
+        changed, otherwise read in a thread (a skill's files may be many and large)."""
+        cached = self._declarations.get((skill_dir, name))
+        if cached is not None and cached[0] == _signature(skill_dir, root):
+            return cached[1]
+        return await asyncio.to_thread(self.get, skill_dir, root, name)
 
 
 class SkillEnvironments:
@@ -103,6 +113,10 @@ class SkillEnvironments:
     def declaration(self, skill_dir: Path, root: Path, name: str) -> Declaration:
         """What the skill declares."""
         return self._declarations.get(skill_dir, root, name)
+
+    async def look_up(self, skill_dir: Path, root: Path, name: str) -> Declaration:
+        """What the skill declares, for a caller on the event loop (``DeclarationCache.look_up``)."""
+        return await self._declarations.look_up(skill_dir, root, name)
 
     def status(self, skill_dir: Path, root: Path, name: str) -> EnvironmentStatus:
         try:
@@ -129,7 +143,7 @@ class SkillEnvironments:
     async def prepare(self, skill_dir: Path, root: Path, name: str, progress: Progress | None = None) -> EnvironmentStatus:
         """Resolve and build the skill's environment now (always tries, even after a failure)."""
         try:
-            declaration = self.declaration(skill_dir, root, name)
+            declaration = await self._declarations.look_up(skill_dir, root, name)
             if not declaration.python:
                 return EnvironmentStatus("none", declaration, message=_debian_note(declaration))
             info = await self._build(declaration, self.target, name, progress)
@@ -143,7 +157,7 @@ class SkillEnvironments:
     async def for_run(self, skill_dir: Path, root: Path, name: str, *, wait: bool) -> EnvironmentInfo | None:
         """The environment a run of the skill needs (``None`` when it declares nothing): ready, or built now when
         ``wait``; otherwise ``EnvironmentNotReadyError``. A declaration error is a ``DependencyError``."""
-        declaration = self.declaration(skill_dir, root, name)
+        declaration = await self._declarations.look_up(skill_dir, root, name)
         if not declaration.python:
             return None
         target = self.target

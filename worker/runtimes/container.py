@@ -168,7 +168,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         if request.skill not in self._skill_paths:  # the host runtime's cache of the skill's folders
             self._skill_paths[request.skill] = await asyncio.to_thread(resolve_skill_paths, request.skill)
         root, source = self._skill_paths[request.skill]
-        declaration = self.environments.declaration(source, root, request.skill.name)
+        declaration = await self.environments.look_up(source, root, request.skill.name)
         if declaration.empty:
             return None
         target = await asyncio.to_thread(self.targets)  # fresh now: the environments' lookup will not block
