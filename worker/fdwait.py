@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import select
+
+
+def readable_now(fd: int) -> bool:
+    """Whether ``fd`` can be read at once (it is not waited for)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 async def wait_readable(fd: int, timeout: float) -> bool:

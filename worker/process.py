@@ -4,11 +4,13 @@ The command runs as ``bash -c`` (not a login shell) in a new process group, star
 workspace's spawner, or handed to a ready shell; with a sandbox, inside bubblewrap, placed in its control group
 before it starts. Resource limits are applied by ``ulimit`` in that shell before the command, so they need no
 ``preexec_fn`` and cannot be raised again by an unprivileged user. The started command is followed on the event
-loop and ended with everything it started by ``watch.CommandWatch``.
+loop and ended with everything it started by ``watch.CommandWatch``; a sandboxed one as soon as bwrap reports its
+end, while bwrap and the namespaces are still ending (``ProcessOutcome.gone`` says when they have).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import resource
@@ -24,12 +26,15 @@ from worker.cancellation import Cancellation
 from worker.cgroups import RunCgroup
 from worker.contract import RunLimits
 from worker.errors import RuntimeUnavailableError
+from worker.fdwait import wait_readable
 from worker.ready_shell import ReadyShell
 from worker.sandbox import SandboxSpec, SandboxStart, find_bwrap
 from worker.spawner import Spawner
-from worker.watch import CommandWatch
+from worker.watch import CommandWatch, hold_mounts
 
 TIMEOUT_EXIT_CODE = 124
+GONE_TIMEOUT_SECONDS = 5.0
+"""How long ``ProcessOutcome.gone`` waits for a sandbox's init to end, at most (its processes are all SIGKILLed)."""
 
 _ULIMIT_FLAGS = (
     # (bash flag, resource, field of RunLimits, divisor to bash's unit)
@@ -52,6 +57,9 @@ class ProcessOutcome:
     duration_ms: int
     notes: list[str]
     oom_killed: bool = False
+    gone: asyncio.Future[None] | None = None
+    """For a sandboxed run: done once the sandbox's init has ended, and with it every process of the run (the
+    result may come while the kernel is still ending them, all SIGKILLed), or after ``GONE_TIMEOUT_SECONDS``."""
 
 
 SETPRIV_HARDENING = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all")
@@ -105,7 +113,8 @@ def remote_ulimit_prefix(limits: RunLimits) -> str:
 class _Started:
     """A command being started: the read ends of its pipes, its pid once known (also its process group), how to
     get its exit status once it has exited, how to release what the host holds for it, and, for a command in a
-    sandbox, the sandbox's start (still blocked, until placed in its control group)."""
+    sandbox, the sandbox's start (still blocked, until placed in its control group) or, for a ready shell's, the
+    start of its sandbox (placed already): ``report`` either way."""
 
     def __init__(
         self,
@@ -115,6 +124,8 @@ class _Started:
         status: Callable[[], Awaitable[int | None]],
         release: Callable[[], None],
         sandbox: SandboxStart | None = None,
+        *,
+        placed: SandboxStart | None = None,
     ) -> None:
         self.out_fd = out_fd
         self.err_fd = err_fd
@@ -122,6 +133,7 @@ class _Started:
         self.status = status
         self.release = release
         self.sandbox = sandbox
+        self.report = sandbox or placed
 
 
 def _start_direct(
@@ -224,7 +236,8 @@ async def run_process(
     """
     started = time.monotonic()
     if ready is not None:
-        handle = _Started(ready.out_fd, ready.err_fd, ready.spawned.started, ready.spawned.exit_status, ready.release)
+        handle = _Started(ready.out_fd, ready.err_fd, ready.spawned.started, ready.spawned.exit_status, ready.release,
+                          placed=ready.sandbox_start)
     elif spawner is not None:
         handle = _start_spawned(argv, cwd, env, spawner, sandbox)
     else:
@@ -238,12 +251,17 @@ async def run_process(
             uid=None if sandboxed else uid, keep=frozenset({spawner.pid}) if spawner is not None else frozenset(),
             cancel=cancel,
         )
+        gone = None
         try:
             watch.follow(await handle.pid())
             if handle.sandbox is not None:
                 await handle.sandbox.release(cgroup)
+            if handle.report is not None and handle.report.init_pidfd >= 0:
+                watch.end_on_report(handle.report, cgroup)
+                mounts = ready.take_mounts() if ready is not None else hold_mounts(handle.report)
+                gone = asyncio.ensure_future(_ended(os.dup(handle.report.init_pidfd), mounts))
             await watch.finished
-            returncode = await handle.status()
+            returncode = watch.reported if watch.reported is not None else await handle.status()
         finally:
             await watch.close()
     finally:
@@ -264,8 +282,20 @@ async def run_process(
     return ProcessOutcome(
         stdout=stdout, stderr=stderr, stdout_omitted=stdout_omitted, stderr_omitted=stderr_omitted,
         exit_code=exit_code, timed_out=watch.timed_out, cancelled=watch.cancelled,
-        duration_ms=int((time.monotonic() - started) * 1000), notes=notes,
+        duration_ms=int((time.monotonic() - started) * 1000), notes=notes, gone=gone,
     )
+
+
+async def _ended(init_pidfd: int, mounts: int) -> None:
+    """Wait until a sandbox's init has ended (the kernel has then ended everything in its PID namespace), a while
+    at most, then let its mount namespace go (``watch.hold_mounts``) in a thread; both descriptors are this wait's
+    own."""
+    try:
+        await wait_readable(init_pidfd, GONE_TIMEOUT_SECONDS)
+    finally:
+        os.close(init_pidfd)
+        if mounts >= 0:
+            await asyncio.get_running_loop().run_in_executor(None, os.close, mounts)
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from worker.cgroups import RunCgroup
 from worker.errors import CgroupError, SandboxError, SpawnerError
 from worker.fdwait import wait_readable
 from worker.sandbox import SandboxSpec, SandboxStart
+from worker.watch import hold_mounts
 
 if TYPE_CHECKING:
     from worker.spawner import Spawned
@@ -71,6 +72,17 @@ class ReadyShell:
         self._placing = False
         self._placed = False
         self._discarded = False
+        self._mounts = -1
+
+    @property
+    def sandbox_start(self) -> SandboxStart | None:
+        """The start of the shell's sandbox (released once placed): its report says how the shell's command ended."""
+        return self._start
+
+    def take_mounts(self) -> int:
+        """The shell's hold on its sandbox's mount namespace (``watch.hold_mounts``; -1 if none), the caller's now."""
+        mounts, self._mounts = self._mounts, -1
+        return mounts
 
     @property
     def placed(self) -> bool:
@@ -95,6 +107,7 @@ class ReadyShell:
         if placed:
             self.cgroup = cgroup
             self._placed = True
+            self._mounts = hold_mounts(self._start)
         if not placed or self._discarded:
             self._kill_unplaced()
             self.discard()
@@ -162,10 +175,10 @@ class ReadyShell:
 
     def release(self) -> None:
         """Close what this process holds of the shell (after its run, or once discarded)."""
-        for fd in (self.out_fd, self.err_fd, self._up):
+        for fd in (self.out_fd, self.err_fd, self._up, self._mounts):
             if fd >= 0:
                 os.close(fd)
-        self.out_fd = self.err_fd = self._up = -1
+        self.out_fd = self.err_fd = self._up = self._mounts = -1
         self.spawned.close()
         if self._start is not None:
             self._start.close()

@@ -5,6 +5,12 @@ thread stands between a command and its caller. When the command ends, times out
 process group is killed (in a sandbox, that takes its init and so its PID namespace); when the command runs as a
 dedicated user, a child that left the group (``setsid``) and still holds the pipes is found and killed by its
 user id.
+
+A sandboxed command's end is taken from bwrap's report (``end_on_report``), which comes as soon as the sandbox's
+init has reaped the command: the init is killed there and then, and with it everything left in the run's PID
+namespace; the result waits for the init's end, but not for bwrap's monitor (it holds the pipes open until it has
+exited, and tells the spawner, which tells the host) nor for the teardown of the sandbox's mounts
+(``hold_mounts``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import time
 
 from worker import defaults
 from worker.cancellation import Cancellation
+from worker.cgroups import RunCgroup
+from worker.fdwait import readable_now
+from worker.sandbox import SandboxStart
 
 READ_BYTES = 64 * 1024
 SPLICE_BYTES = 1024 * 1024
@@ -26,6 +35,10 @@ READS_PER_TURN = 16
 FREE_DROP_BYTES = 64 * 1024 * 1024
 DROP_PAUSE_SECONDS = 0.02
 """Past its cap, a pipe drops ``FREE_DROP_BYTES`` at full speed, then is drained once per pause."""
+LAST_TURNS = 4
+"""Turns of reads (``READS_PER_TURN`` each) a pipe gets once a sandboxed command has ended and the run's processes
+with it: more than a pipe holds, so the reads stop where the pipe is empty (bwrap's monitor, which holds it open
+until it exits, writes nothing); where some process outlived the grace period, its writing cannot make them go on."""
 
 
 class CommandWatch:
@@ -35,7 +48,8 @@ class CommandWatch:
 
     ``finished`` is done when the command has exited and its pipes are closed, or when a process that left the
     group kept them open past the grace period (then the pipes are given up, with a note). When the command runs
-    as a workspace user, such a process is first looked for by its user id and killed."""
+    as a workspace user, such a process is first looked for by its user id and killed. A sandboxed command may
+    end earlier, on its sandbox's report (``end_on_report``); then ``reported`` is its exit code."""
 
     def __init__(
         self,
@@ -56,6 +70,7 @@ class CommandWatch:
         self._cancel = cancel
         self.finished: asyncio.Future[None] = self._loop.create_future()
         self.timed_out = self.cancelled = self.exited = False
+        self.reported: int | None = None
         self.notes: list[str] = []
         self._buffers = {out_fd: bytearray(), err_fd: bytearray()}
         self._caps = dict(zip(self._buffers, caps))
@@ -65,6 +80,8 @@ class CommandWatch:
         self._sweeps: list[asyncio.Future] = []
         self._drain: asyncio.TimerHandle | None = None
         self._paused: dict[int, asyncio.TimerHandle] = {}
+        self._sandbox: SandboxStart | None = None
+        self._group: RunCgroup | None = None
         for fd in self._buffers:
             os.set_blocking(fd, False)
             self._loop.add_reader(fd, self._read, fd)
@@ -85,18 +102,77 @@ class CommandWatch:
         if self.timed_out or self.cancelled:
             self._kill()
 
+    def end_on_report(self, sandbox: SandboxStart, cgroup: RunCgroup | None) -> None:
+        """End the sandboxed command when bwrap reports how it ended (``SandboxStart.exit_code``), if that comes
+        before bwrap's own exit: then the sandbox's init is SIGKILLed and, once it has ended (the kernel has then
+        killed and reaped every process left in its PID namespace, whatever it did to detach), the pipes are read
+        to where they stand (all the command wrote is there: it has exited) and the watch is finished, with the
+        exit code in ``reported``. An init not ended within the grace period (a process of the run that takes long
+        to die) is not waited for further: what ``cgroup`` holds is killed too, with a note."""
+        self._sandbox, self._group = sandbox, cgroup
+        self._loop.add_reader(sandbox.info_r, self._on_report)
+
+    def _on_report(self) -> bool:
+        """Whether bwrap's report has ended the command (now, or before)."""
+        sandbox = self._sandbox
+        code = sandbox.exit_code()
+        if code is None:
+            if sandbox.report_closed:  # bwrap ended without a word: its exit says how the command ended
+                self._loop.remove_reader(sandbox.info_r)
+            return False
+        self._loop.remove_reader(sandbox.info_r)
+        if self.exited or self.timed_out or self.cancelled:
+            return self.reported is not None
+        self.exited = True
+        self.reported = code
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(sandbox.init_pidfd, signal.SIGKILL)
+        if readable_now(sandbox.init_pidfd):  # most often it has ended already, by itself
+            self._read_last()
+        else:
+            self._loop.add_reader(sandbox.init_pidfd, self._read_last)
+            self._drain = self._loop.call_later(defaults.KILL_GRACE_SECONDS, self._on_init_late)
+        return True
+
+    def _on_init_late(self) -> None:
+        for pid in self._group.procs() if self._group is not None else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.notes.append("processes of the run were still ending when its result was taken; they were killed")
+        self._read_last()
+
+    def _read_last(self) -> None:
+        """The sandboxed command and the run's processes have ended: take what the pipes hold and finish."""
+        self._loop.remove_reader(self._sandbox.init_pidfd)
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
+        for timer in self._paused.values():
+            timer.cancel()
+        self._paused.clear()
+        for fd in list(self._open):
+            self._loop.remove_reader(fd)
+            for _ in range(LAST_TURNS):
+                if not self._read(fd):
+                    break
+        self._open.clear()
+        self._settle()
+
     def output(self, fd: int) -> tuple[bytes, int]:
         """What was kept of one pipe, and how many bytes past its cap were not."""
         return bytes(self._buffers[fd]), self._omitted[fd]
 
-    def _read(self, fd: int) -> None:
+    def _read(self, fd: int) -> bool:
         """Take what the pipe holds now (up to its end, or ``READS_PER_TURN`` reads, after which the loop's other
-        work gets its turn and the selector calls again).
+        work gets its turn and the selector calls again); whether it may hold more.
 
         Past its cap, a pipe's bytes are counted and dropped in the kernel (spliced to /dev/null); once more than
         ``FREE_DROP_BYTES`` were dropped, the pipe is drained only every ``DROP_PAUSE_SECONDS``, so a run flooding
         its output (and it alone: it waits for its pipe) slows down instead of costing the worker a core."""
         buf = self._buffers[fd]
+        more = True
         for _ in range(READS_PER_TURN):
             room = self._caps[fd] - len(buf)
             try:
@@ -107,16 +183,18 @@ class CommandWatch:
                 else:
                     taken = os.splice(fd, _devnull(), SPLICE_BYTES, flags=os.SPLICE_F_NONBLOCK)
             except BlockingIOError:
+                more = False
                 break
             if not taken:
                 self._loop.remove_reader(fd)
                 self._open.discard(fd)
                 self._settle()
-                return
+                return False
             self._omitted[fd] += max(taken - max(room, 0), 0)
         if self._omitted[fd] > FREE_DROP_BYTES and not self.exited:
             self._loop.remove_reader(fd)
             self._paused[fd] = self._loop.call_later(DROP_PAUSE_SECONDS, self._resume, fd)
+        return more
 
     def _resume(self, fd: int) -> None:
         self._paused.pop(fd, None)
@@ -124,6 +202,8 @@ class CommandWatch:
             self._loop.add_reader(fd, self._read, fd)
 
     def _on_exit(self) -> None:
+        if self._sandbox is not None and self._on_report():  # bwrap reported before it exited
+            return
         if self._pidfd is not None:
             self._loop.remove_reader(self._pidfd)
         self.exited = True
@@ -184,6 +264,9 @@ class CommandWatch:
             self._stop("cancelled")
         for fd in self._buffers:
             self._loop.remove_reader(fd)
+        if self._sandbox is not None:
+            self._loop.remove_reader(self._sandbox.info_r)
+            self._loop.remove_reader(self._sandbox.init_pidfd)
         if self._pidfd is not None:
             self._loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
@@ -203,6 +286,22 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def hold_mounts(sandbox: SandboxStart) -> int:
+    """A descriptor of a released sandbox's mount namespace, or -1. While the host holds it, the namespace outlives
+    the sandbox's processes: its teardown (unmounting every bind and tmpfs, the kernel's heaviest work as a sandbox
+    ends) is done by whoever closes the descriptor, off the run's path, instead of by the init's exit."""
+    try:
+        fd = os.open(f"/proc/{sandbox.init_pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        signal.pidfd_send_signal(sandbox.init_pidfd, 0)  # the init lives: the pid was still its own
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
 
 
 def kill_user_processes(uid: int, keep: frozenset[int] = frozenset()) -> int:

@@ -79,7 +79,8 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             result = await self._run(request, cancel)
         finally:
             self._cancels.pop(request.run_id, None)
-        self._prepare_next_run(request.workspace_id)
+        # Once the result is on its way: the housekeeping thread, woken by the job, contends for the interpreter.
+        asyncio.get_running_loop().call_soon(self._prepare_next_run, request.workspace_id)
         return result
 
     async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
@@ -267,6 +268,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
 
     async def idle(self) -> None:
         """Wait until background housekeeping (spare run folders) is done."""
+        await asyncio.sleep(0)  # the jobs asked for as the last runs' results went out are handed over
         if self._background:
             await asyncio.gather(*(asyncio.wrap_future(job) for job in list(self._background)), return_exceptions=True)
 

@@ -109,6 +109,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self._spawners: OrderedDict[str, Spawner] = OrderedDict()
         self._cgroups: CgroupPool | str | None = None
         self._placements: set[asyncio.Task] = set()
+        self._endings: set[asyncio.Future] = set()
 
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         if self._bash is None:
@@ -136,6 +137,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         shell = await self._ready_shell(spawner, script, env, cwd, sandbox, limits) if spawner is not None else None
         cgroup = shell.cgroup if shell is not None else self._new_cgroup(workspace.id, sandbox, limits)
         oom_kills = 0
+        outcome: ProcessOutcome | None = None
         try:
             try:
                 outcome = await run_process(argv, spawner=spawner, ready=shell, cgroup=cgroup, **process_args)
@@ -148,7 +150,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 asyncio.get_running_loop().call_soon(self._next_shell, spawner, argv[0], env, cwd, sandbox, workspace.id)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
-                asyncio.get_running_loop().call_soon(self._retire, workspace.id, cgroup)
+                self._retire_after(outcome.gone if outcome is not None else None, workspace.id, cgroup)
         if sandbox is not None:
             self._report_limits(outcome, request, oom_kills)
         return outcome
@@ -222,11 +224,22 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self._placements.add(task)
         task.add_done_callback(self._placements.discard)
 
+    def _retire_after(self, gone: asyncio.Future | None, workspace_id: str, cgroup: RunCgroup) -> None:
+        """Retire a run's control group once its processes are gone (``ProcessOutcome.gone``; a sandboxed run's
+        result comes while they are still ending), or once its result is on its way."""
+        if gone is None:
+            asyncio.get_running_loop().call_soon(self._retire, workspace_id, cgroup)
+            return
+        self._endings.add(gone)
+        gone.add_done_callback(self._endings.discard)
+        gone.add_done_callback(lambda _: self._retire(workspace_id, cgroup))
+
     def _retire(self, workspace_id: str, cgroup: RunCgroup) -> None:
         """Once a run's processes are gone, keep its control group for the workspace's next run, or remove it;
         and have spare groups ready for new workspaces (in the background; here once the runtime is closed)."""
-        if self._in_background(self._cgroups.give_back, workspace_id, cgroup):
-            self._in_background(self._cgroups.refill)
+        pool = self._cgroups
+        if isinstance(pool, CgroupPool) and self._in_background(pool.give_back, workspace_id, cgroup):
+            self._in_background(pool.refill)
         else:
             cgroup.remove()
 
@@ -283,10 +296,11 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             self._cgroups.drop(workspace.id)
 
     async def idle(self) -> None:
-        """Wait until background work is done: spare run folders, and the ready shells being started."""
+        """Wait until background work is done: spare run folders, the ready shells being started, and the last runs'
+        control groups, handed back once their processes are gone."""
         await asyncio.sleep(0)  # the next ready shells, asked for as the last runs ended, are under way
-        if self._placements:
-            await asyncio.gather(*list(self._placements), return_exceptions=True)
+        if self._placements or self._endings:
+            await asyncio.gather(*self._placements, *self._endings, return_exceptions=True)
         await super().idle()
         with self._lock:
             shells = [spawner.waiting_shell for spawner in self._spawners.values()]

@@ -1,0 +1,135 @@
+"""How a sandboxed run ends: on bwrap's report of its command's exit, with every process of the run killed before
+its result is returned, the result exactly what the command's own end gives, and the sandbox's namespaces and
+control group let go once its processes are gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.processes import running_with, sleeper, wait_none_with
+from tests.services import unavailable
+from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.sandbox import SandboxStart
+
+pytestmark = pytest.mark.root
+
+PF_EXITING = 0x4
+"""``/proc/<pid>/stat``'s flag for a process inside its exit."""
+
+
+def _done_with(pid: int) -> bool:
+    """Whether ``pid`` can run no more code of its own: gone, a zombie, exiting, or with a SIGKILL pending."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+    return fields[0] in "ZX" or bool(int(fields[6]) & PF_EXITING) or bool(pending & 1 << (signal.SIGKILL - 1))
+
+
+@pytest.fixture(params=["direct", "spawned", "ready"])
+async def run_in(request: pytest.FixtureRequest, work_root, make_request):
+    """Runs in one workspace whose commands start directly (setpriv), through its spawner, or in a ready shell
+    (a run before has had the next one's shell prepared)."""
+    mode = request.param
+    runtime = LocalWorkspaceRuntime(work_root / mode, spawners="off" if mode == "direct" else "eager",
+                                    ready_shells=mode == "ready")
+    await runtime.run(make_request("true", workspace_id="end"))
+
+    async def run(command: str, **fields):
+        await runtime.idle()  # a ready shell waits for this run
+        return await runtime.run(make_request(command, workspace_id="end", **fields))
+
+    yield run
+    await runtime.close()
+
+
+@pytest.mark.parametrize("detach", ["setsid {sleep} &", "nohup {sleep} >/dev/null 2>&1 &", "( {sleep} & )",
+                                    "{sleep} &"])
+async def test_every_process_of_a_run_is_killed_before_its_result_is_returned(run_in, detach):
+    sleep, marker = sleeper()
+    result = await run_in(detach.format(sleep=sleep) + "\nsleep 0.2; echo left")
+    left = running_with(marker)  # looked at at once: no grace
+    assert result.stdout == "left\n" and result.exit_code == 0
+    assert all(_done_with(pid) for pid in left), f"{detach!r} could still run when the result came"
+    assert wait_none_with(marker)
+
+
+async def test_a_run_ends_on_its_sandboxs_report_not_on_bwraps_exit(run_in, monkeypatch):
+    reports = []
+    exit_code = SandboxStart.exit_code
+
+    def counted(start: SandboxStart) -> int | None:
+        code = exit_code(start)
+        reports.append(code)
+        return code
+
+    monkeypatch.setattr(SandboxStart, "exit_code", counted)
+    result = await run_in("echo out; exit 7")
+    assert result.exit_code == 7 and result.stdout == "out\n"
+    assert reports[-1] == 7
+
+
+async def test_without_the_sandboxs_report_a_run_ends_when_bwrap_does(run_in, monkeypatch):
+    def silent(start: SandboxStart) -> None:
+        start.report_closed = True  # as where bwrap ended without a word
+
+    monkeypatch.setattr(SandboxStart, "exit_code", silent)
+    sleep, marker = sleeper()
+    result = await run_in(f"setsid {sleep} & echo out; echo err >&2; exit 5")
+    assert (result.exit_code, result.stdout, result.stderr) == (5, "out\n", "err\n")
+    assert wait_none_with(marker)
+
+
+ENDINGS = [
+    "echo out; echo err >&2; exit 3",
+    "exit 300",
+    "echo before; kill -TERM $$; echo after",
+    "kill -KILL $$",
+    "set -e; false; echo not-here",
+    "trap 'echo trapped' EXIT; echo body",
+    "(sleep 0.1; echo from-the-background) & wait; echo after-wait",
+    "head -c 1500000 /dev/zero | tr '\\0' a; echo; echo err >&2",
+    "python3 -c 'import os, sys; sys.stdout.write(\"x\" * 200000); sys.stdout.flush(); os._exit(9)'",
+]
+
+
+@pytest.mark.parametrize("command", ENDINGS)
+async def test_a_sandboxed_run_ends_with_the_output_and_exit_code_of_an_unsandboxed_one(
+    run_in, work_root, make_request, command
+):
+    async with LocalWorkspaceRuntime(work_root / "unboxed", sandbox=False) as unboxed:
+        expected = await unboxed.run(make_request(command, workspace_id="end"))
+    result = await run_in(command)
+    assert (result.exit_code, result.stdout, result.stderr) == (expected.exit_code, expected.stdout, expected.stderr)
+
+
+async def test_a_runs_namespaces_and_group_are_let_go_once_its_processes_are_gone(work_root, make_request):
+    held = _mount_namespaces_held()
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        for _ in range(3):
+            result = await runtime.run(make_request("sleep 60 & setsid sleep 60 & echo x", workspace_id="ns"))
+            assert result.stdout == "x\n"
+            await runtime.idle()
+        if isinstance(runtime._cgroups, str):
+            unavailable(f"no run groups on this host: {runtime._cgroups}")
+        # the one the next run's ready shell holds, while it waits
+        assert _mount_namespaces_held() == held + 1, "the worker holds the namespaces of ended runs"
+        kept = runtime._cgroups._idle["ns"]
+        assert kept and all(group.procs() == [] for group in kept)
+
+
+def _mount_namespaces_held() -> int:
+    held = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held += os.readlink(f"/proc/self/fd/{fd}").startswith("mnt:[")
+        except OSError:
+            continue
+    return held
