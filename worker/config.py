@@ -59,6 +59,11 @@ class WorkerSettings(BaseSettings):
     env_index_url: str | None = Field(
         default=None, description="The package index environment builds resolve and download from (default: PyPI)."
     )
+    env_allowed_hosts: str = Field(
+        default="", description="Hosts environment builds may reach besides the package index's own: host[:port] "
+                                "items (port 443 unless given), separated by commas; each must resolve to public "
+                                "addresses only (the index's host alone may be private).",
+    )
     env_ca_bundle: str | None = Field(
         default_factory=lambda: DEFAULT_CA_BUNDLE if os.path.isfile(DEFAULT_CA_BUNDLE) else None,
         description="CA bundle environment builds trust for the index (where TLS is intercepted, the one that "

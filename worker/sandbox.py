@@ -20,18 +20,24 @@ bwrap runs as the workspace user (unprivileged user namespaces), after the netwo
 connected to the outside through user-mode networking (``worker.user_network``), never the host's. bwrap starts
 blocked (``--block-fd``) and reports its init's pid and namespaces (``--json-status-fd``), so the caller can move
 the sandbox into the run's control group, and connect its network, before anything of the run executes
-(``release``). On the same pipe it later says how the command ended (``SandboxStart.exit_code``), as soon as its
-init has reaped it: the caller need not wait for bwrap's own processes to end and the namespaces to be torn down.
+(``release``); a served sandbox (``SandboxSpec.served``) gets a network namespace of its own with nothing but
+loopback, which the caller's server serves there instead (``served_by``: a build step's sandbox gets a listening
+socket of the worker's on its loopback, its only way out, to the package index: ``worker.environments.egress``).
+On the same pipe bwrap later says how the command ended (``SandboxStart.exit_code``), as soon as its init has
+reaped it: the caller need not wait for bwrap's own processes to end and the namespaces to be torn down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from worker import defaults
@@ -54,6 +60,24 @@ SYSTEM_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"),
                 ("usr/libx32", "/libx32"), ("usr/lib32", "/lib32"))
 """Merged-/usr systems (Debian 12, Ubuntu): the top-level folders are links into /usr."""
 
+NetworkServer = Callable[[int, int], Awaitable[None]]
+"""Serves a served sandbox's network namespace, given its init's pid and the namespace's inode while it is still
+blocked."""
+_SERVER: ContextVar[NetworkServer | None] = ContextVar("skillrun_sandbox_network_server", default=None)
+
+
+@contextlib.contextmanager
+def served_by(server: NetworkServer) -> Iterator[None]:
+    """Have ``server`` serve the network namespace of each sandbox this task starts meanwhile, before anything of
+    it runs (``SandboxStart.release``), instead of user-mode networking. The server rides in the task's context
+    because ``process.run_process`` takes a spec and starts the sandbox itself; a served spec is refused outside
+    such a context (``SandboxSpec.argv``), so it never falls back to user-mode networking."""
+    token = _SERVER.set(server)
+    try:
+        yield
+    finally:
+        _SERVER.reset(token)
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
@@ -64,21 +88,27 @@ class SandboxSpec:
     connects through user-mode networking, and the sandbox gets its own ``resolv.conf`` (slirp's DNS forwarder).
     Such a spec is made only where that can be had (``find_slirp4netns``, checked once: the first call blocks,
     so callers on an event loop make it in a thread first); elsewhere ``RuntimeUnavailableError`` says what to
-    install, before anything is started."""
+    install, before anything is started. ``served`` instead: a network namespace of its own too (bwrap brings its
+    loopback up), with nothing else in it but what the starting task's server places there (``served_by``)."""
 
     workspace: str
     read_only: tuple[str, ...] = ()
     tmpfs_bytes: int = defaults.SANDBOX_TMPFS_BYTES
     network: bool = False
+    served: bool = False
 
     def __post_init__(self) -> None:
+        if self.network and self.served:
+            raise ValueError("a sandbox is connected through user-mode networking or served, not both")
         if self.network:
             find_slirp4netns()
 
     def argv(self, bwrap: str, *, fds: tuple[int, int, int], cwd: str) -> list[str]:
         """The ``bwrap`` command line up to ``--``, starting in ``cwd``; ``fds`` are the numbers the sandbox's ends
         of a ``SandboxStart`` have in the bwrap process: it reports on the first, is blocked on the second and reads
-        its seccomp filter from the third."""
+        its seccomp filter from the third. A served spec only in a task that serves it (``served_by``)."""
+        if self.served and _SERVER.get() is None:
+            raise SandboxError("a served sandbox is started only where its network is served (served_by)")
         info_fd, block_fd, seccomp_fd = fds
         args = [bwrap, *_system_args()]
         args += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
@@ -89,6 +119,8 @@ class SandboxSpec:
             args += ["--ro-bind", folder, folder]
         if self.network:
             args += ["--unshare-net", "--ro-bind", RESOLV_CONF, resolv_conf_target()]
+        elif self.served:
+            args += ["--unshare-net"]
         # The sandbox's own root and /dev are tmpfs with no size of their own: read-only once laid out, so a run
         # writes nowhere but its workspace, /tmp and /dev/shm.
         args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd, "--json-status-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
@@ -155,8 +187,9 @@ def _proc_is_masked() -> bool:
 async def _loopback_set_up(pid: int, timeout: float) -> None:
     """Wait until bwrap has given the sandbox's new network namespace its loopback address. It fails if one is there
     already, as the helper's configuration leaves it (slirp4netns brings ``lo`` up, and the kernel addresses it), so
-    the helper starts only after; it takes bwrap a moment after its report, and bwrap tells nothing of it, so the
-    namespace's routes (``/proc/<pid>/net/fib_trie``, readable by anyone) are looked at every millisecond."""
+    the helper starts only after, as does a served sandbox's server (it listens on that address); it takes bwrap a
+    moment after its report, and bwrap tells nothing of it, so the namespace's routes
+    (``/proc/<pid>/net/fib_trie``, readable by anyone) are looked at every millisecond."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -203,7 +236,7 @@ class SandboxStart:
 
     async def release(self, cgroup: RunCgroup | None, timeout: float = INFO_TIMEOUT_SECONDS) -> None:
         """Wait (on the loop) for the sandbox's init, put it in ``cgroup``, connect its network namespace if bwrap
-        made one (``SandboxSpec.network``), and let it run.
+        made one (``SandboxSpec.network``), or have the task's server serve it (``served_by``), and let it run.
 
         A bwrap that failed before making its sandbox reports nothing and exits with its message on stderr, which
         becomes the run's. ``SandboxError`` if it neither reported nor ended in time or its network could not be
@@ -221,8 +254,11 @@ class SandboxStart:
                 cgroup.add(self.init_pid)
             if network is not None:
                 await _loopback_set_up(self.init_pid, timeout)
-                self.network = UserNetwork(self.init_pid, int(network.group(1)), cgroup)
-                await self.network.ready()
+                if (server := _SERVER.get()) is not None:
+                    await server(self.init_pid, int(network.group(1)))
+                else:
+                    self.network = UserNetwork(self.init_pid, int(network.group(1)), cgroup)
+                    await self.network.ready()
             os.write(self.block_w, b"1")
         except (ProcessLookupError, BrokenPipeError):
             return  # killed already (a cancel or the deadline came first): nothing is left to let go

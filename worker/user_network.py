@@ -221,10 +221,21 @@ def _reap(proc: subprocess.Popen) -> None:
 
 
 def _namespaces(pid: int, namespace: int, uid: int) -> tuple[int, int]:
-    """The network namespace of process ``pid``, if it still is ``namespace`` (``ProcessLookupError`` otherwise: the
-    sandbox was killed, its pid may even be another's), and the user namespace that owns it: bwrap's first one,
-    not the one its processes are in (bwrap nests a second inside, where ``/dev/pts`` is mounted), which has no
-    say over the network namespace.
+    """The network namespace of process ``pid``, if it still is ``namespace`` (``open_network_namespace``), and the
+    user namespace that owns it: bwrap's first one, not the one its processes are in (bwrap nests a second inside,
+    where ``/dev/pts`` is mounted), which has no say over the network namespace."""
+    netns = open_network_namespace(pid, uid, namespace)
+    try:
+        return netns, fcntl.ioctl(netns, NS_GET_USERNS)
+    except BaseException:
+        os.close(netns)
+        raise
+
+
+def open_network_namespace(pid: int, uid: int, namespace: int) -> int:
+    """The network namespace of process ``pid`` of the sandbox user ``uid`` (a close-on-exec descriptor), if it still
+    is ``namespace`` (its inode, as bwrap reported it); ``ProcessLookupError`` otherwise: the sandbox was killed, its
+    pid may even be another's.
 
     Opened as the sandbox's user ``uid``: a sandbox's namespaces are open to their owner, and to root only with
     CAP_SYS_PTRACE, which a worker in a container does not have. This thread alone acts as that user meanwhile
@@ -234,13 +245,10 @@ def _namespaces(pid: int, namespace: int, uid: int) -> tuple[int, int]:
             netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, ProcessLookupError):
             raise ProcessLookupError(pid) from None
-        try:
-            if os.fstat(netns).st_ino != namespace:
-                raise ProcessLookupError(pid)
-            return netns, fcntl.ioctl(netns, NS_GET_USERNS)
-        except BaseException:
-            os.close(netns)
-            raise
+    if os.fstat(netns).st_ino != namespace:
+        os.close(netns)
+        raise ProcessLookupError(pid)
+    return netns
 
 
 @contextlib.contextmanager

@@ -454,10 +454,6 @@ async def test_a_build_can_neither_see_signal_nor_trace_the_worker(shared_dir: P
     assert strangers == [], "a build sees processes other than its own"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a build's network is the host's whole network but its loopback (slirp4netns --disable-host-loopback only): "
-    "a build backend reaches any service on the host's other addresses and on the networks the host reaches, not "
-    "only the package index (Compose's Redis at redis:6379 has no password; cloud metadata at 169.254.169.254)"))
 async def test_a_build_reaches_no_service_of_the_hosts_network_but_the_package_index(
     shared_dir: Path, make_envs, dists: Path
 ):

@@ -4,16 +4,20 @@
 outcome means; a step runner decides only where one ``uv`` command runs and how it is contained. Either way a step
 is treated like a run (it runs code from the package index): its own unprivileged user, an environment made from
 scratch, nothing of the host but the build's folder, the ``uv`` binary and the CA bundle, a memory and a process
-limit, stopped at its timeout or when cancelled. Unlike a run, it may reach the network (the package index).
+limit, stopped at its timeout or when cancelled. Unlike a run, it may reach the package index, and nothing else:
+through the worker's allow-list proxy (``worker.environments.egress``), its only way out.
 
 ``SandboxSteps`` runs a step on this host: as the build's sandbox user in bubblewrap and a control group of its
-own (root hosts), or as the current user where the host has no sandbox. The Docker runtime's runner, which runs a
-step in a throwaway container of the sandbox image, is ``worker.runtimes.container_builds.ContainerSteps``.
+own, in a network namespace of its own served by the proxy (root hosts), or as the current user where the host has no
+sandbox (with the host's network: a development host's builds are not contained). The Docker runtime's runner,
+which runs a step in a throwaway container of the sandbox image, is
+``worker.runtimes.container_builds.ContainerSteps``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import shutil
@@ -22,10 +26,11 @@ from pathlib import Path
 
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupLimits, CgroupTree, RunCgroup
+from worker.environments.egress import AllowList, EgressProxy, proxy_environment
 from worker.environments.target import Target
 from worker.errors import CgroupError, DependencyError
 from worker.process import ProcessOutcome, run_process
-from worker.sandbox import SandboxSpec, find_bwrap
+from worker.sandbox import SandboxSpec, find_bwrap, served_by
 
 OUTPUT_BYTES = 256 * 1024
 """What is kept of a build step's stdout and stderr (its messages end up in the error)."""
@@ -34,14 +39,15 @@ BUILD_PROCESSES = 1024
 
 
 class StepRunner(ABC):
-    """Runs one ``uv`` command of a build, contained like a run but with the network."""
+    """Runs one ``uv`` command of a build, contained like a run but with a way to the package index."""
 
     @abstractmethod
     async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
                   timeout: float, cancel: Cancellation) -> ProcessOutcome:
         """Run ``uv <args>`` in the build folder ``folder`` (which it may write, and nothing else) as ``uid`` (the
         current user when ``None``) with ``env`` plus ``SSL_CERT_FILE`` for the runner's CA bundle, for
-        ``target``; stopped (and everything it started gone) at ``timeout`` seconds or when ``cancel`` is set."""
+        ``target``, reaching the index ``env`` names and the operator's allowed hosts alone (``AllowList.for_step``);
+        stopped (and everything it started gone) at ``timeout`` seconds or when ``cancel`` is set."""
 
     def close(self) -> None:
         """Release what the runner holds between steps."""
@@ -50,13 +56,17 @@ class StepRunner(ABC):
 class SandboxSteps(StepRunner):
     """Build steps on this host: each as the build's sandbox user in bubblewrap and a control group of its own
     when ``sandboxed`` (root hosts), else as the current user. ``uv_folder`` is where the ``uv`` binary is copied
-    for sandbox users to run (nothing else of the worker's installation is shown to them)."""
+    for sandbox users to run (nothing else of the worker's installation is shown to them). A sandboxed step's only
+    way out is an ``EgressProxy`` of its own, to the index and ``allowed_hosts`` (default: the worker's
+    ``SKILLRUN_ENV_ALLOWED_HOSTS``), gone when the step ends."""
 
-    def __init__(self, uv_folder: Path, *, ca_bundle: str | None, memory_bytes: int, sandboxed: bool) -> None:
+    def __init__(self, uv_folder: Path, *, ca_bundle: str | None, memory_bytes: int, sandboxed: bool,
+                 allowed_hosts: str | None = None) -> None:
         self.uv_folder = uv_folder
         self.ca_bundle = ca_bundle
         self.memory_bytes = memory_bytes
         self.sandboxed = sandboxed
+        self.allowed_hosts = allowed_hosts
         self._tree: CgroupTree | str | None = None
 
     async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
@@ -64,16 +74,21 @@ class SandboxSteps(StepRunner):
         uv = await asyncio.to_thread(self._uv)
         if self.ca_bundle:
             env = {**env, "SSL_CERT_FILE": self.ca_bundle}
-        sandbox = cgroup = None
-        if self.sandboxed:
-            sandbox, cgroup = await asyncio.to_thread(self._sandbox, folder, uv)
+        if not self.sandboxed:
+            return await run_process([uv, *args], cwd=str(folder), env=env, timeout=timeout, stdout_cap=OUTPUT_BYTES,
+                                     stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel)
+        proxy = EgressProxy(AllowList.for_step(env, self.allowed_hosts))
+        sandbox, cgroup = await asyncio.to_thread(self._sandbox, folder, uv)
         try:
-            return await run_process(
-                [uv, *args], cwd=str(folder), env=env, timeout=timeout, stdout_cap=OUTPUT_BYTES,
-                stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel, no_network=False, sandbox=sandbox,
-                cgroup=cgroup,
-            )
+            # A network namespace with loopback alone; the proxy listens there before the step runs.
+            with served_by(functools.partial(proxy.serve_sandbox, uid)):
+                return await run_process(
+                    [uv, *args], cwd=str(folder), env={**env, **proxy_environment()}, timeout=timeout,
+                    stdout_cap=OUTPUT_BYTES, stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel,
+                    sandbox=sandbox, cgroup=cgroup,
+                )
         finally:
+            await proxy.close()
             if cgroup is not None:
                 await asyncio.to_thread(cgroup.remove)
 
@@ -111,8 +126,7 @@ class SandboxSteps(StepRunner):
             except CgroupError:
                 cgroup.remove()
                 raise
-        # The build's own network namespace behind user-mode networking: the index, not the host's loopback.
-        return SandboxSpec(str(folder), tuple(shown), network=True), cgroup
+        return SandboxSpec(str(folder), tuple(shown), served=True), cgroup
 
     def close(self) -> None:
         if isinstance(self._tree, CgroupTree):

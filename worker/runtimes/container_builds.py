@@ -5,14 +5,20 @@ step in a throwaway container of that image.
 the image's id is part of the target, so an image built anew gets environments of its own.
 
 ``ContainerSteps`` runs a build step (``worker.environments.steps.StepRunner``) the way a run is contained, plus
-the network: a new container of the sandbox image per step, as the build's unprivileged user id, every capability
-dropped, no-new-privileges, a read-only root with a private ``/tmp``, memory and process limits, the default bridge
-network (the package index), an environment made from scratch (proxy settings of the Docker client included: none).
-It is shown the build's folder (read-write, at its host path, so the environment it makes has the path runs will
-see), the ``uv`` binary and the configured CA bundle (both read-only, ``SSL_CERT_FILE`` naming the bundle) and
-nothing else of the host. At its timeout or on cancel the container is killed and removed with everything in it;
-a coreutils ``timeout`` inside stops it too should the worker die first, and containers such a worker left are
-removed by the next runner.
+a way to the package index: a new container of the sandbox image per step, as the build's unprivileged user id,
+every capability dropped, no-new-privileges, a read-only root with a private ``/tmp``, memory and process limits, no
+network (``network_mode="none"``: loopback alone), an environment made from scratch (proxy settings of the Docker
+client included: none). It is shown the build's folder (read-write, at its host path, so the environment it makes
+has the path runs will see), the ``uv`` binary and the configured CA bundle (both read-only, ``SSL_CERT_FILE``
+naming the bundle) and nothing else of the host. At its timeout or on cancel the container is killed and removed
+with everything in it; a coreutils ``timeout`` inside stops it too should the worker die first, and containers such
+a worker left are removed by the next runner.
+
+Its way out is the worker's allow-list proxy (``worker.environments.egress``), served for the step on a unix
+socket the worker makes in the build folder. In the container a relay (``RELAY``, the image's ``python3``) listens
+on the loopback port ``HTTPS_PROXY`` names, starts ``uv`` and carries each connection to that socket. The relay is
+no guard (it runs as the build's user, which may kill or bypass it and reach the socket itself): the proxy is. It
+needs no more of the engine than the build folder's bind mount does (no host PID namespace, no root worker).
 
 ``docker_environments`` puts them together with the environment store into the runtime's ``SkillEnvironments``.
 """
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +43,7 @@ from worker import defaults
 from worker.cancellation import Cancellation
 from worker.config import get_worker_settings
 from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, build_settings
+from worker.environments.egress import BACKLOG, PROXY_PORT, AllowList, EgressProxy, proxy_environment
 from worker.environments.steps import BUILD_PROCESSES, OUTPUT_BYTES, StepRunner, installed_uv
 from worker.environments.target import PROBE, Target
 from worker.errors import DependencyError
@@ -62,6 +70,46 @@ LEFTOVER_SECONDS = 600.0
 """A build container stopped this long ago is a dead worker's leftover (a live one removes its own at once)."""
 TARGET_REFRESH_SECONDS = 30.0
 """How long the sandbox image's id is trusted before it is looked up again (an image built anew under its tag)."""
+RELAY = r"""
+import socket, subprocess, sys, threading
+path, port, command = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+listener = socket.socket()
+listener.bind(("127.0.0.1", port))
+listener.listen(64)
+
+def pipe(source, sink):
+    try:
+        data = source.recv(65536)
+        while data:
+            sink.sendall(data)
+            data = source.recv(65536)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+def serve(client):
+    with client, socket.socket(socket.AF_UNIX) as proxy:
+        try:
+            proxy.connect(path)
+        except OSError:
+            return
+        back = threading.Thread(target=pipe, args=(proxy, client), daemon=True)
+        back.start()
+        pipe(client, proxy)
+        back.join()
+
+def accept():
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(target=serve, args=(client,), daemon=True).start()
+
+threading.Thread(target=accept, daemon=True).start()
+code = subprocess.call(command)
+sys.exit(128 - code if code < 0 else code)
+"""
+"""Run in the build container as ``python3 -I -c RELAY <socket> <port> uv <args>``: listens on the loopback port,
+runs the command, relays each connection to the proxy's unix socket (named relative to the build folder, its
+working folder: a socket's path may not be longer than 107 bytes), and exits as the command did."""
 
 
 class DockerTargets:
@@ -121,24 +169,36 @@ class DockerTargets:
 class ContainerSteps(StepRunner):
     """Build steps in throwaway containers of the target's image (see the module's description)."""
 
-    def __init__(self, client: Client, *, ca_bundle: str | None, memory_bytes: int) -> None:
+    def __init__(self, client: Client, *, ca_bundle: str | None, memory_bytes: int,
+                 allowed_hosts: str | None = None) -> None:
+        """``allowed_hosts``: what steps may reach besides the index (default: ``SKILLRUN_ENV_ALLOWED_HOSTS``)."""
         self.client = client
         self.ca_bundle = ca_bundle
         self.memory_bytes = memory_bytes
+        self.allowed_hosts = allowed_hosts
         self._swept = False
 
     async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
                   timeout: float, cancel: Cancellation) -> ProcessOutcome:
         started = time.monotonic()
-        container = await asyncio.to_thread(self._start, folder, uid, args, env, target, timeout)
+        proxy = EgressProxy(AllowList.for_step(env, self.allowed_hosts))
+        name = f".skillrun-egress-{secrets.token_hex(6)}.sock"
         try:
-            state = await self._wait(container, started + timeout, cancel)
-            return await asyncio.to_thread(self._outcome, container, state, started)
+            proxy.serve(await asyncio.to_thread(_listen_in_folder, folder, name, uid))
+            container = await asyncio.to_thread(self._start, folder, uid, args, env, target, timeout, name)
+            try:
+                state = await self._wait(container, started + timeout, cancel)
+                return await asyncio.to_thread(self._outcome, container, state, started)
+            finally:
+                await asyncio.to_thread(self._remove, container)
         finally:
-            await asyncio.to_thread(self._remove, container)
+            await proxy.close()
+            with contextlib.suppress(OSError):
+                os.unlink(folder / name)
 
     def _start(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], target: Target,
-               timeout: float) -> str:
+               timeout: float, proxy_socket: str) -> str:
+        """Start the step's container: ``uv <args>`` under the relay to ``proxy_socket`` (its name in ``folder``)."""
         client = self.client()
         if not self._swept:
             self._sweep(client)
@@ -149,11 +209,12 @@ class ContainerSteps(StepRunner):
             env = {**env, "SSL_CERT_FILE": CA_BUNDLE_PATH}
         user = f"{uid}:{uid}" if uid is not None else f"{os.getuid()}:{os.getgid()}"
         backstop = ["timeout", "-s", "KILL", str(int(timeout) + TIMEOUT_SLACK_SECONDS)]
+        relay = [target.python, "-I", "-c", RELAY, proxy_socket, str(PROXY_PORT), UV_PATH, *args]
         with map_docker_errors("starting a build container"):
             container = client.containers.run(
-                target.image, [*backstop, UV_PATH, *args], name=f"skillrun-build-{secrets.token_hex(6)}",
-                detach=True, init=True, user=user, environment=env, working_dir=str(folder),
-                labels={BUILD_LABEL: str(folder)}, network_mode="bridge", cap_drop=["ALL"],
+                target.image, [*backstop, *relay], name=f"skillrun-build-{secrets.token_hex(6)}",
+                detach=True, init=True, user=user, environment={**env, **proxy_environment()},
+                working_dir=str(folder), labels={BUILD_LABEL: str(folder)}, network_mode="none", cap_drop=["ALL"],
                 security_opt=["no-new-privileges"], read_only=True, ipc_mode="private",
                 tmpfs={"/tmp": f"size={BUILD_TMPFS_BYTES},mode=1777,nosuid,nodev"}, mem_limit=self.memory_bytes,
                 memswap_limit=self.memory_bytes, pids_limit=BUILD_PROCESSES, volumes=volumes,
@@ -211,6 +272,25 @@ class ContainerSteps(StepRunner):
                 finished = client.api.inspect_container(summary["Id"])["State"]["FinishedAt"]
                 if time.time() - engine_time(finished) > LEFTOVER_SECONDS:
                     client.api.remove_container(summary["Id"], force=True)
+
+
+def _listen_in_folder(folder: Path, name: str, uid: int | None) -> socket.socket:
+    """A unix socket listening at ``folder/name``, which the build's user ``uid`` may connect to. Bound through
+    the folder's descriptor (the folder's own path may be longer than a socket's may be); nothing of the build runs
+    between steps, so nothing can be swapped in meanwhile, and the chown does not follow links anyway."""
+    directory = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(f"/proc/self/fd/{directory}/{name}")
+        if uid is not None:
+            os.chown(name, uid, uid, dir_fd=directory, follow_symlinks=False)
+        listener.listen(BACKLOG)
+    except BaseException:
+        listener.close()
+        raise
+    finally:
+        os.close(directory)
+    return listener
 
 
 def docker_environments(default_root: Path, client: Client, targets: DockerTargets,
