@@ -25,8 +25,8 @@ from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.contract import InputFile, RunRequest, RunResult, SkillRef
-from worker.environments import DeclarationCache, EnvironmentInfo, SkillEnvironments
-from worker.errors import DependencyError, InvalidRunRequestError, WorkspaceError
+from worker.environments import EnvironmentInfo, SkillEnvironments
+from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.process import ProcessOutcome
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
 from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
@@ -46,17 +46,15 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         self,
         workspaces: WorkspaceManager,
         *,
+        environments: SkillEnvironments,
         stager: BaseSkillStager | None = None,
         artifact_store: FileArtifactStore | None = None,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
-        environments: SkillEnvironments | None = None,
     ) -> None:
-        """``environments`` gives skills their dependency environments; without it a skill that declares
-        dependencies is refused with a clear error (never run without its packages)."""
+        """``environments`` gives skills their dependency environments (built for where this runtime runs)."""
         self.workspaces = workspaces
         self.environments = environments
         self._skill_paths: dict[SkillRef, tuple[Path, Path]] = {}
-        self._declarations = DeclarationCache()
         self.stager = stager or LinkSkillStager()
         self.artifact_store = artifact_store or FileArtifactStore(self.workspaces.registry / "artifacts")
         self.input_file_bytes = input_file_bytes
@@ -125,14 +123,6 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         if paths is None:
             paths = self._skill_paths[request.skill] = await asyncio.to_thread(resolve_skill_paths, request.skill)
         root, source = paths
-        if self.environments is None:
-            declaration = self._declarations.get(source, root, request.skill.name)
-            if declaration.python:
-                raise DependencyError(
-                    f"skill {request.skill.name!r} declares Python dependencies ({', '.join(declaration.python)}); "
-                    f"the {self.name.value} runtime does not build dependency environments yet: use the local runtime"
-                )
-            return None
         return await self.environments.for_run(source, root, request.skill.name, wait=request.wait_for_environment)
 
     def _prepare(self, request: RunRequest) -> "_Prepared":
@@ -277,8 +267,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             cancel.set()
         await self.idle()
         self._housekeeper.shutdown(wait=False)
-        if self.environments is not None:
-            await asyncio.to_thread(self.environments.close)
+        await asyncio.to_thread(self.environments.close)
 
     def remove_workspace(self, workspace_id: str) -> None:
         """Delete a workspace and everything in it."""
