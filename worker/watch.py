@@ -20,6 +20,7 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 import time
 
 from worker import defaults
@@ -35,10 +36,10 @@ READS_PER_TURN = 16
 FREE_DROP_BYTES = 64 * 1024 * 1024
 DROP_PAUSE_SECONDS = 0.02
 """Past its cap, a pipe drops ``FREE_DROP_BYTES`` at full speed, then is drained once per pause."""
-LAST_TURNS = 4
-"""Turns of reads (``READS_PER_TURN`` each) a pipe gets once a sandboxed command has ended and the run's processes
-with it: more than a pipe holds, so the reads stop where the pipe is empty (bwrap's monitor, which holds it open
-until it exits, writes nothing); where some process outlived the grace period, its writing cannot make them go on."""
+LATE_TURNS = 4
+"""Turns of reads (``READS_PER_TURN`` each) a pipe gets at most when a sandboxed command has ended but some process
+of the run outlived the grace period: more than a pipe holds by default, and a process still writing cannot make
+them go on."""
 
 
 class CommandWatch:
@@ -141,10 +142,11 @@ class CommandWatch:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.notes.append("processes of the run were still ending when its result was taken; they were killed")
-        self._read_last()
+        self._read_last(LATE_TURNS)
 
-    def _read_last(self) -> None:
-        """The sandboxed command and the run's processes have ended: take what the pipes hold and finish."""
+    def _read_last(self, turns: int | None = None) -> None:
+        """The sandboxed command and the run's processes have ended: take what the pipes hold (nothing writes to
+        them any more: bwrap's monitor, which holds them open until it exits, writes nothing) and finish."""
         self._loop.remove_reader(self._sandbox.init_pidfd)
         if self._drain is not None:
             self._drain.cancel()
@@ -154,7 +156,7 @@ class CommandWatch:
         self._paused.clear()
         for fd in list(self._open):
             self._loop.remove_reader(fd)
-            for _ in range(LAST_TURNS):
+            for _ in range(turns or sys.maxsize):
                 if not self._read(fd):
                     break
         self._open.clear()

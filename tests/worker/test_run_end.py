@@ -11,6 +11,7 @@ import pytest
 
 from tests.processes import running_with, sleeper, wait_none_with
 from tests.services import unavailable
+from worker import defaults
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.sandbox import SandboxStart
 
@@ -84,6 +85,23 @@ async def test_without_the_sandboxs_report_a_run_ends_when_bwrap_does(run_in, mo
     sleep, marker = sleeper()
     result = await run_in(f"setsid {sleep} & echo out; echo err >&2; exit 5")
     assert (result.exit_code, result.stdout, result.stderr) == (5, "out\n", "err\n")
+    assert wait_none_with(marker)
+
+
+async def test_a_run_whose_processes_are_slow_to_die_ends_after_the_grace_period_with_them_killed(
+    run_in, monkeypatch
+):
+    # A process of the run with much memory to free outlives the command: its init's end (which waits for it) comes
+    # after the grace period, here none.
+    monkeypatch.setattr(defaults, "KILL_GRACE_SECONDS", 0.0)
+    sleep, marker = sleeper()
+    argv = ", ".join(f'"{arg}"' for arg in sleep.split())
+    hog = f"python3 -c 'import subprocess; x = bytearray(300 << 20); subprocess.run([{argv}])' &"
+    result = await run_in(f"{hog}\nsleep 0.5; echo left")
+    left = running_with(marker)
+    assert result.stdout == "left\n" and result.exit_code == 0
+    assert "still ending when its result was taken" in result.stderr
+    assert all(_done_with(pid) for pid in left)
     assert wait_none_with(marker)
 
 
