@@ -32,7 +32,7 @@ from pathlib import Path
 
 from worker import defaults
 from worker.cancellation import Cancellation
-from worker.environments.declarations import Declaration
+from worker.environments.declarations import Declaration, read_plain_file
 from worker.environments.steps import SandboxSteps, StepRunner
 from worker.environments.store import EnvironmentInfo, EnvironmentStore, build_lock, folder_size, resolve_lock
 from worker.environments.target import Target
@@ -132,7 +132,10 @@ class EnvironmentBuilder:
                     "pip", "compile", "requirements.in", "--python", target.python, "--generate-hashes",
                     "--no-header", "--no-annotate", "--quiet", "--output-file", "lock.txt",
                 ], "resolving the dependencies")
-                lock = _read_output(folder, "lock.txt")
+                # Read as root: a link the build planted there could lead anywhere on the host.
+                lock = read_plain_file(
+                    folder / "lock.txt", MAX_LOCK_BYTES, "the build's lock.txt", EnvironmentBuildError
+                )
                 self.store.save_lock(key, lock)
                 yield lock, built
 
@@ -235,22 +238,6 @@ async def _watch_size(folder: Path, limit: int, cancel: Cancellation, too_big: l
             too_big.append(size)
             cancel.set()
             return
-
-
-def _read_output(folder: Path, name: str) -> str:
-    """A file a build step wrote in its folder, read as root without following a link the build planted there
-    (it could point anywhere on the host), refusing anything but a regular file of at most ``MAX_LOCK_BYTES``."""
-    try:
-        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise EnvironmentBuildError(f"the build left no readable {name} ({exc.strerror}); it was refused") from exc
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise EnvironmentBuildError(f"the build's {name} is not a regular file; it was refused")
-        data = handle.read(MAX_LOCK_BYTES + 1)
-    if len(data) > MAX_LOCK_BYTES:
-        raise EnvironmentBuildError(f"the build's {name} is larger than {MAX_LOCK_BYTES} bytes; it was refused")
-    return data.decode("utf-8", errors="replace")
 
 
 def _write_input(folder: Path, lock: str) -> str:

@@ -304,16 +304,23 @@ def _present(path: Path) -> bool:
 def _read(path: Path, where: str) -> str:
     """A declaration file's text, bounded; a link (which could point anywhere on the worker's host), a FIFO or a
     device is refused."""
+    return read_plain_file(path, MAX_DECLARATION_BYTES, where, DependencyError)
+
+
+def read_plain_file(path: Path, limit: int, where: str, error: type[DependencyError]) -> str:
+    """The text of the regular file at ``path``, at most ``limit`` bytes, opened without following a link and
+    without blocking on a FIFO (it may have been planted by a skill or a build: read as root, a link could lead
+    anywhere on the host); ``error`` saying ``where`` what is wrong otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise DependencyError(f"{where}: cannot be read ({exc.strerror}; links are not followed)") from exc
+        raise error(f"{where}: cannot be read ({exc.strerror}; links are not followed)") from exc
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DependencyError(f"{where}: not a regular file")
-        data = handle.read(MAX_DECLARATION_BYTES + 1)
-    if len(data) > MAX_DECLARATION_BYTES:
-        raise DependencyError(f"{where}: larger than {MAX_DECLARATION_BYTES} bytes")
+            raise error(f"{where}: not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{where}: larger than {limit} bytes")
     return data.decode("utf-8", errors="replace")
 
 
@@ -323,6 +330,7 @@ __all__ = [
     "Manifest",
     "inline_metadata",
     "parse_requirements",
+    "read_plain_file",
     "read_declaration",
     "read_manifest",
 ]
