@@ -68,29 +68,39 @@ class EnvironmentStatus:
 
 
 class DeclarationCache:
-    """Skills' declarations, read again only when one of the files or folders they come from changed (a few
-    ``stat`` calls and folder listings per look)."""
+    """Skills' declarations, read again only when one of the files or folders they come from changed.
+
+    A declaration remembers what it was read from (the skill's folders, its declaration files and scripts, the
+    library's manifest) with their ``stat`` results; a look ``stat``s those paths again (no folder listing): a
+    file added or removed changes its folder, a file edited changes itself."""
 
     def __init__(self) -> None:
         self._declarations: dict[tuple[Path, str], tuple[tuple, Declaration]] = {}
 
     def get(self, skill_dir: Path, root: Path, name: str) -> Declaration:
         """The declaration, read again if it changed (blocks: a thread's, or a caller's that may wait)."""
+        cached = self._unchanged(skill_dir, name)
+        if cached is not None:
+            return cached
         signature = _signature(skill_dir, root)
-        cached = self._declarations.get((skill_dir, name))
-        if cached is not None and cached[0] == signature:
-            return cached[1]
         declaration = read_declaration(skill_dir, name, read_manifest(root))
         self._declarations[(skill_dir, name)] = (signature, declaration)
         return declaration
 
     async def look_up(self, skill_dir: Path, root: Path, name: str) -> Declaration:
-        """The declaration for a caller on the event loop: from the cache after a few metadata calls when nothing
+        """The declaration for a caller on the event loop: from the cache after a few ``stat`` calls when nothing
         changed, otherwise read in a thread (a skill's files may be many and large)."""
-        cached = self._declarations.get((skill_dir, name))
-        if cached is not None and cached[0] == _signature(skill_dir, root):
-            return cached[1]
+        cached = self._unchanged(skill_dir, name)
+        if cached is not None:
+            return cached
         return await asyncio.to_thread(self.get, skill_dir, root, name)
+
+    def _unchanged(self, skill_dir: Path, name: str) -> Declaration | None:
+        cached = self._declarations.get((skill_dir, name))
+        if cached is None:
+            return None
+        signature, declaration = cached
+        return declaration if all(_stat_of(path) == facts for path, facts in signature) else None
 
 
 class SkillEnvironments:
@@ -237,31 +247,34 @@ def _debian_note(declaration: Declaration) -> str:
 
 
 def _signature(skill_dir: Path, root: Path) -> tuple:
-    """Stat results of everything a declaration is read from: the skill's folders (a file added or removed
-    changes its folder), its declaration files and scripts, and the library's manifest."""
-    parts: list[tuple] = []
+    """Paths everything a declaration is read from, each with its ``stat`` facts: the skill's folders (a file added
+    or removed changes its folder), its declaration files and scripts, and the library's manifest (also where it
+    is missing: one added later counts)."""
+    paths: list[str] = []
     pending = [skill_dir]
     while pending:
         folder = pending.pop()
         try:
             entries = list(os.scandir(folder))
-            info = os.stat(folder)
         except OSError:
             continue
-        parts.append((folder, info.st_mtime_ns, info.st_ino))
+        paths.append(str(folder))
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 if not entry.name.startswith(".") and entry.name not in ("__pycache__", "node_modules"):
                     pending.append(Path(entry.path))
             elif entry.name.endswith(".py") or entry.name in ("requirements.txt", "pyproject.toml"):
-                with_stat = entry.stat(follow_symlinks=False)
-                parts.append((entry.path, with_stat.st_mtime_ns, with_stat.st_size, with_stat.st_ino))
+                paths.append(entry.path)
+    paths.append(str(root / MANIFEST_FILE))
+    return tuple((path, _stat_of(path)) for path in paths)
+
+
+def _stat_of(path: str) -> tuple | None:
     try:
-        manifest = os.stat(root / MANIFEST_FILE, follow_symlinks=False)
-        parts.append((MANIFEST_FILE, manifest.st_mtime_ns, manifest.st_size, manifest.st_ino))
+        info = os.stat(path, follow_symlinks=False)
     except OSError:
-        pass
-    return tuple(parts)
+        return None
+    return info.st_mtime_ns, info.st_size, info.st_ino, info.st_mode
 
 
 __all__ = ["DeclarationCache", "EnvironmentStatus", "SkillEnvironments", "check_python"]
