@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IS_ROOT, write_skill
-from tests.package_index import PackageIndex, sdist
+from tests.package_index import PackageIndex, sdist, wheel
 from tests.processes import running_with
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings
-from worker.errors import EnvironmentBuildError
+from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
 from worker.runtimes.container_builds import BUILD_LABEL, DockerTargets, docker_environments
 from worker.runtimes.container_images import PACKAGES_LABEL, REPOSITORY
 
@@ -160,6 +160,49 @@ async def test_a_requirement_the_index_does_not_have_fails_with_uvs_message(make
         await runtime.run(RunRequest(skill=SkillRef(name="missing", root=str(lib), path="missing"), command="true"))
     message = str(caught.value)
     assert "resolving the dependencies failed" in message and "no-such-package-anywhere" in message, message
+    assert runtime.environments.store.list() == []
+
+
+async def test_a_conflict_between_the_skill_and_the_manifest_fails_with_the_resolvers_message(
+    make_runtime, shared_dir: Path
+):
+    lib = shared_dir / "lib"
+    write_skill(lib, "torn", files={"requirements.txt": "alpha<2\n"})
+    (lib / "skillrun.toml").write_text('[skills.torn]\npython = ["alpha>=2"]\n')
+    runtime = make_runtime()
+    with pytest.raises(EnvironmentBuildError) as caught:
+        await runtime.run(RunRequest(skill=SkillRef(name="torn", root=str(lib), path="torn"), command="true"))
+    assert "alpha<2" in str(caught.value) and "alpha>=2" in str(caught.value), str(caught.value)
+    assert runtime.environments.store.list() == []
+
+
+async def test_a_source_distribution_whose_build_fails_reports_its_message(make_runtime, shared_dir: Path, dists: Path):
+    sdist(dists, "broken", "1.0", 'raise RuntimeError("the compiler is on fire")\n')
+    lib = shared_dir / "lib"
+    write_skill(lib, "b", files={"requirements.txt": "broken\n"})
+    runtime = make_runtime()
+    with pytest.raises(EnvironmentBuildError, match="the compiler is on fire"):
+        await runtime.run(RunRequest(skill=SkillRef(name="b", root=str(lib), path="b"), command="true"))
+    assert runtime.environments.store.list() == []
+
+
+async def test_an_environment_past_the_size_cap_is_refused(make_runtime, shared_dir: Path, dists: Path):
+    wheel(dists, "bulky", "1.0", "X = 1\n", extra_files={"bulky_data.bin": os.urandom(3 * 1024 * 1024)})
+    lib = shared_dir / "lib"
+    write_skill(lib, "big", files={"requirements.txt": "bulky\n"})
+    runtime = make_runtime(max_bytes=1024 * 1024)
+    with pytest.raises(EnvironmentBuildError, match="past the cap of 1048576 bytes"):
+        await runtime.run(RunRequest(skill=SkillRef(name="big", root=str(lib), path="big"), command="true"))
+    assert runtime.environments.store.list() == []
+
+
+async def test_a_run_that_will_not_wait_is_told_its_environment_is_not_built(make_runtime, shared_dir: Path):
+    lib = shared_dir / "lib"
+    write_skill(lib, "later", files={"requirements.txt": "alpha\n"})
+    runtime = make_runtime()
+    with pytest.raises(EnvironmentNotReadyError, match="not built yet"):
+        await runtime.run(RunRequest(skill=SkillRef(name="later", root=str(lib), path="later"), command="true",
+                                     wait_for_environment=False))
     assert runtime.environments.store.list() == []
 
 
