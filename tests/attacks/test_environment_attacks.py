@@ -41,8 +41,15 @@ import pytest
 from tests.conftest import write_skill
 from tests.package_index import PackageIndex, host_address
 from tests.processes import running_with
+from tests.services import unavailable
 from worker.contract import RunRequest, SkillRef
-from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, local_target
+from worker.environments import (
+    BuildSettings,
+    EnvironmentBuilder,
+    EnvironmentStore,
+    SkillEnvironments,
+    local_target,
+)
 from worker.environments.declarations import read_declaration, read_manifest
 from worker.environments.steps import BUILD_PROCESSES
 from worker.errors import DependencyError
@@ -199,7 +206,7 @@ def _host_pids_work_in_root() -> None:
             return
     except OSError:
         pass
-    pytest.skip("the host's low pids do not work in /")
+    unavailable("these attacks need a host whose low pids work in / (a kernel thread's /proc/2/cwd)")
 
 
 def _victim_folder(parent: Path, secret: str) -> tuple[Path, Path]:

@@ -19,12 +19,13 @@ from tests.conftest import IS_ROOT, write_skill
 from tests.integration.conftest import cube_config, cube_remote_root
 from tests.package_index import PackageIndex, sdist, wheel
 from tests.processes import running_with
+from tests.services import unavailable
 from worker.config import CubeWorkspaceConfig
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings, Target, local_target
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
-from worker.runtimes.cube import CubeWorkspaceRuntime
 from worker.runtimes import cube_builds
+from worker.runtimes.cube import CubeWorkspaceRuntime
 from worker.runtimes.cube_builds import cube_builder
 from worker.runtimes.cube_environments import BUILD_UID
 
@@ -222,7 +223,8 @@ async def test_an_environment_built_by_another_python_on_the_worker_becomes_the_
     sandbox_python = local_target()  # the stand-in's sandbox is this host
     worker_python = other_python(sandbox_python.version)
     if worker_python is None:
-        pytest.skip("needs a python3.X of another minor version than the sandbox's on this host")
+        unavailable("needs a python3.X of another minor version than the sandbox's on this host (pyenv, or "
+                    "/usr/bin/python3.X): install one, e.g. `uv python install 3.12`")
     monkeypatch.setattr(cube_builds, "local_target",
                         lambda: Target("local", worker_python, "3", sandbox_python.machine, sandbox_python.libc))
     runtime = make_runtime(internet=False, sandboxed=False)  # the worker's other python is outside bwrap's view
