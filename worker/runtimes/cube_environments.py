@@ -244,16 +244,21 @@ class CubeEnvironments:
         return key
 
     async def _upload_uv(self, executor: CubeCodeExecutor) -> str:
-        """Upload the worker's ``uv`` (compressed on the way); where it was put."""
-        upload = f"{REMOTE_TMP}/skillrun-uv-{uuid.uuid4().hex}"
+        """Upload the worker's ``uv``; where it was put."""
         binary = await asyncio.to_thread(open, installed_uv(), "rb")
+        return await self._upload(executor, binary, "skillrun-uv-{}", "uploading uv")
+
+    async def _upload(self, executor: CubeCodeExecutor, source: IO[bytes], name: str, what: str) -> str:
+        """Upload ``source`` as root (compressed on the way) to a new ``name`` (``{}`` is made unique) in the
+        sandbox's temporary folder, and close it; where it was put."""
+        upload = f"{REMOTE_TMP}/{name.format(uuid.uuid4().hex)}"
         try:
-            with binary:
+            with source:
                 await executor.sandbox.files.write(
-                    upload, binary, user="root", gzip=True, request_timeout=self.builder.settings.timeout
+                    upload, source, user="root", gzip=True, request_timeout=self.builder.settings.timeout
                 )
         except Exception as exc:
-            raise sandbox_error("uploading uv", exc, executor.sandbox_id) from exc
+            raise sandbox_error(what, exc, executor.sandbox_id) from exc
         return upload
 
     # ---- built on the worker ----------------------------------------------------------------------------------
@@ -280,14 +285,7 @@ class CubeEnvironments:
             info = await self.builder.ensure(declaration, target)
         self.store.mark_used(info.key)
         archive = await asyncio.to_thread(_archive, info)
-        upload = f"{REMOTE_TMP}/skillrun-env-{uuid.uuid4().hex}.tar"
-        try:
-            with archive:
-                await executor.sandbox.files.write(
-                    upload, archive, user="root", gzip=True, request_timeout=self.builder.settings.timeout
-                )
-        except Exception as exc:
-            raise sandbox_error("uploading an environment", exc, executor.sandbox_id) from exc
+        upload = await self._upload(executor, archive, "skillrun-env-{}.tar", "uploading an environment")
         limit = self._limit()
         script = ENV_PLACE_SCRIPT.format(
             **self._folder_values(),
