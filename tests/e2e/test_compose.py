@@ -45,6 +45,18 @@ def compose(docker_engine):
         print(logs[-4000:])
 
 
+PROCESS_STATES = """
+import pathlib
+for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try:
+        text = stat.read_text()
+    except OSError:
+        continue
+    print(text.split(" ", 1)[0], text.rsplit(")", 1)[1].split()[0], text[text.index("(") + 1:text.rindex(")")])
+"""
+"""Prints each process of a container: pid, state, name."""
+
+
 def _wait_healthy(url: str) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -90,3 +102,8 @@ def test_compose_runs_a_sessions_runs_on_scaled_workers_sharing_its_workspace(co
         done = client.get(f"/v1/runs/{run_id}", params={"wait": 60}).json()
         assert done["status"] == "finished", done
         assert done["result"]["stdout"] == "hello from the team library\n"
+
+    # Nothing the runs started is left behind in a worker's container, not even as a zombie.
+    for index in (1, 2):
+        states = run("exec", "-T", "--index", str(index), "worker", "python", "-c", PROCESS_STATES).stdout
+        assert [line for line in states.splitlines() if line.split()[1] == "Z"] == [], states
