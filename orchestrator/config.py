@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -11,6 +12,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from worker import defaults as run_defaults
 
 DEFAULT_SKILLS_ROOT = "./skills"
+DEFAULT_OVERVIEW_MAX_CHARS = 8000  # characters of skill lines; past this the overview is cut to the best matches
+DEFAULT_OVERVIEW_SKILLS = 15  # skills described in a cut overview
+DEFAULT_OVERVIEW_NAMES = 45  # further skills named (without description) in a cut overview
+DEFAULT_SEARCH_PAGE_SIZE = 10  # skills per skill_search page
+SkillLoadMode = Literal["once", "turn", "session"]
 
 
 class Settings(BaseSettings):
@@ -43,6 +49,22 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=run_defaults.MAX_ATTEMPTS, ge=1, description="Tries of a run whose worker was lost.")
     result_ttl_seconds: int = Field(default=run_defaults.RESULT_TTL_SECONDS, gt=0, description="How long run records are kept.")
     max_steps: int = Field(default=25, gt=0, description="Model calls per message before the agent stops.")
+    skill_overview_max_chars: int = Field(
+        default=DEFAULT_OVERVIEW_MAX_CHARS, ge=0,
+        description="Up to this many characters of skill lines the overview lists every skill; past it, the best matches.",
+    )
+    skill_overview_skills: int = Field(default=DEFAULT_OVERVIEW_SKILLS, ge=0, description="Skills described in a cut overview.")
+    skill_overview_names: int = Field(default=DEFAULT_OVERVIEW_NAMES, ge=0, description="Further skills named in a cut overview.")
+    skill_search_page_size: int = Field(default=DEFAULT_SEARCH_PAGE_SIZE, gt=0, description="Skills per skill_search page.")
+    skill_load_mode: SkillLoadMode = Field(
+        default="turn", description="How long a loaded skill stays: the next request (once), the message (turn), the session."
+    )
+    max_loaded_skills: int | None = Field(
+        default=None, gt=0, description="Loaded skills kept at once; loading one more evicts the least recently used."
+    )
+    skill_content_in_tool_results: bool = Field(
+        default=False, description="Return loaded bodies and docs as tool results instead of in the system message."
+    )
 
     def skills_roots(self) -> list[str]:
         return [part.strip() for part in self.skills_root.split(",") if part.strip()]
