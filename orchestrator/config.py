@@ -16,7 +16,7 @@ DEFAULT_OVERVIEW_MAX_CHARS = 8000  # characters of skill lines; past this the ov
 DEFAULT_OVERVIEW_SKILLS = 15  # skills described in a cut overview
 DEFAULT_OVERVIEW_NAMES = 45  # further skills named (without description) in a cut overview
 DEFAULT_SEARCH_PAGE_SIZE = 10  # skills per skill_search page
-SkillLoadMode = Literal["once", "turn", "session"]
+LoadModeName = Literal["once", "turn", "session"]
 
 
 class Settings(BaseSettings):
@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     skill_overview_skills: int = Field(default=DEFAULT_OVERVIEW_SKILLS, ge=0, description="Skills described in a cut overview.")
     skill_overview_names: int = Field(default=DEFAULT_OVERVIEW_NAMES, ge=0, description="Further skills named in a cut overview.")
     skill_search_page_size: int = Field(default=DEFAULT_SEARCH_PAGE_SIZE, gt=0, description="Skills per skill_search page.")
-    skill_load_mode: SkillLoadMode = Field(
+    skill_load_mode: LoadModeName = Field(
         default="turn", description="How long a loaded skill stays: the next request (once), the message (turn), the session."
     )
     max_loaded_skills: int | None = Field(
