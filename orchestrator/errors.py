@@ -8,6 +8,8 @@
     │   ├── SkillNotFoundError      no skill of that name in the repository
     │   └── SkillsRootNotFoundError a configured skills root does not exist
     ├── DispatchError               a run could not be handed to a runtime
+    │   └── RunLostError            a run's record vanished from the run store (Redis lost its data)
+    ├── UnavailableError            a service the plane needs (Redis) cannot be reached; try again later
     ├── SessionError                a session does not exist or already exists
     ├── ModelError                  the model endpoint failed (after retries) or answered nonsense
     ├── ToolError                   a tool is misdeclared (bad schema, duplicate name)
@@ -61,6 +63,23 @@ class SkillsRootNotFoundError(SkillError):
 
 class DispatchError(OrchestratorError):
     """A run could not be dispatched."""
+
+
+class RunLostError(DispatchError):
+    """A run's record vanished from the run store while it was followed, or before it could end: lost, not unknown."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} was lost: its record is gone from the run store (did Redis restart without "
+                         f"its data?); submit it again")
+
+
+class UnavailableError(OrchestratorError):
+    """A service the control plane needs cannot be reached; ``retry_after`` seconds is a fair pause before trying again."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 class SessionError(OrchestratorError):

@@ -27,7 +27,7 @@ from worker.config import get_worker_settings
 from worker.contract import RunResult, RuntimeName, SkillRef
 from worker.environments import SkillEnvironments
 from worker.errors import WorkerError
-from worker.run_store import BaseRunStore, RedisRunStore
+from worker.run_store import Attempt, BaseRunStore, RedisRunStore
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 from worker.staging import resolve_skill_paths
@@ -77,32 +77,33 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, 
     if record is None:
         return {"run_id": run_id, "skipped": "not queued (cancelled or already taken)"}
     runtime = runtime_for(record.request.runtime.value)
+    held = Attempt.of(record)
     stop = threading.Event()
-    beat = threading.Thread(target=_beat, args=(store, run_id, runtime, stop), daemon=True, name=f"heartbeat-{run_id}")
+    beat = threading.Thread(target=_beat, args=(store, run_id, held, runtime, stop), daemon=True, name=f"heartbeat-{run_id}")
     beat.start()
     try:
         result: RunResult = _event_loop().run_until_complete(runtime.run(record.request))
     except Exception as exc:  # a bad request or an unusable runtime: the run fails with the reason
-        store.fail(run_id, f"{type(exc).__name__}: {exc}")
+        store.fail(run_id, f"{type(exc).__name__}: {exc}", held)
         return {"run_id": run_id, "failed": str(exc)}
     finally:
         stop.set()
         beat.join()
     result.worker_id = who
     result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
-    store.finish(run_id, result, worker_id=who)
+    store.finish(run_id, result, held)
     return {"run_id": run_id, "exit_code": result.exit_code}
 
 
-def _beat(store: BaseRunStore, run_id: str, runtime: BaseWorkspaceRuntime, stop: threading.Event) -> None:
+def _beat(store: BaseRunStore, run_id: str, held: Attempt, runtime: BaseWorkspaceRuntime, stop: threading.Event) -> None:
     while not stop.wait(defaults.HEARTBEAT_SECONDS):
         try:
-            store.heartbeat(run_id)
+            holds = store.heartbeat(run_id, held)
             record = store.get(run_id)
         except Exception:  # a Redis hiccup must not end the heartbeat: the next beat tries again
             logger.warning("heartbeat of run %s failed; trying again", run_id, exc_info=True)
             continue
-        if record is not None and record.cancel_requested:
+        if not holds or (record is not None and record.cancel_requested):  # superseded (fenced out) or cancelled
             runtime.cancel(run_id)
 
 

@@ -4,30 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 
 from orchestrator.api.limits import BodyLimitMiddleware
-from orchestrator.api.responses import install_error_handlers
+from orchestrator.api.responses import error_responses, install_error_handlers
 from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.config import Settings, get_settings, libraries_dir
+from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher
 from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
 from orchestrator.libraries import LibraryRegistry
-from orchestrator.teams import TeamStore
-from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
+from orchestrator.teams import TeamStore
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
 from worker.roots import FetchLimits
 from worker.validation import run_ceilings
 from worker.workspace import REGISTRY_DIR, default_work_root
-
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +74,38 @@ def build_services(settings: Settings) -> Services:
 SWEEP_SECONDS = 5.0
 
 
-async def _sweep_lost_runs(services: Services) -> None:
-    """Runs nobody is reading still get recovered when their worker dies: look for them every few seconds."""
+async def _sweep_lost_runs(dispatcher: QueueDispatcher) -> None:
+    """Runs nobody is reading still get recovered when their worker dies: look for them every few seconds (the
+    dispatcher's lease lets one API process at a time do it)."""
     while True:
         await asyncio.sleep(SWEEP_SECONDS)
         try:
-            await services.dispatcher.sweep_lost()
+            await dispatcher.sweep_lost()
         except Exception:  # Redis away for a moment: try again at the next sweep
             logger.warning("sweeping lost runs failed", exc_info=True)
+
+
+def _on_stop_signals(stop: Callable[[], None]) -> Callable[[], None]:
+    """Call ``stop`` as soon as SIGTERM or SIGINT arrives, before the server (uvicorn) waits for open requests to
+    end, so that waits answer and event streams close at once; then the server's own handler runs. Returns what
+    puts the handlers back. Signals reach only the main thread: elsewhere (a server in a test's thread) nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig, handler in previous.items():
+        if callable(handler):
+            def chained(signum: int, frame: object, handler: Callable = handler) -> None:
+                loop.call_soon_threadsafe(stop)
+                handler(signum, frame)
+
+            signal.signal(sig, chained)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
@@ -89,8 +114,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        sweeper = asyncio.create_task(_sweep_lost_runs(services)) if isinstance(services.dispatcher, QueueDispatcher) else None
+        dispatcher = services.dispatcher
+        sweeper = asyncio.create_task(_sweep_lost_runs(dispatcher)) if isinstance(dispatcher, QueueDispatcher) else None
+        restore_signals = _on_stop_signals(dispatcher.stop_waiting)
         yield
+        restore_signals()
+        dispatcher.stop_waiting()
         if sweeper is not None:
             sweeper.cancel()
         await services.close()
@@ -100,6 +129,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         version="0.1.0",
         description="Run Agent Skills safely: skill libraries, agent sessions, isolated runs.",
         lifespan=lifespan,
+        responses=error_responses(503),
     )
     app.state.services = services
     for module in (health, metrics, libraries, skills, runs, sessions):

@@ -1,14 +1,16 @@
-"""How the API answers errors: one body shape (``ErrorPublic``) for every 4xx, declared on every route.
+"""How the API answers errors: one body shape (``ErrorPublic``) for every 4xx and 503, declared on every route.
 
 ``HTTPException``\\ s and request validation errors are both answered as ``{"detail": "<message>", "errors":
 [...]}``; validation errors list each field (``loc``, ``msg``) without echoing the input back (a refused 100 MB
-command is not sent back, and a ``NaN`` cannot break the answer's JSON).
+command is not sent back, and a ``NaN`` cannot break the answer's JSON). A lost run (``RunLostError``) is 410;
+Redis unreachable (``UnavailableError``, or a Redis connection error from any store) is 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -16,14 +18,20 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from orchestrator.errors import RunLostError, UnavailableError
+
 _DESCRIPTIONS = {
     400: "The body could not be parsed.",
     401: "A missing, wrong or revoked API key.",
     404: "No such object (or another team's).",
     409: "The object already exists.",
     413: "The body is larger than this route accepts.",
+    410: "The run was lost: its record vanished from the run store (Redis restarted without its data); submit it again.",
     422: "A field is missing, malformed or out of bounds; the message names it.",
+    503: "A service the API needs (Redis) cannot be reached; try again after Retry-After seconds.",
 }
+
+UNAVAILABLE_RETRY_AFTER_SECONDS = 5
 
 
 class FieldProblem(BaseModel):
@@ -64,6 +72,19 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return error_response(422, detail or "invalid request", problems)
 
 
+async def _lost(request: Request, exc: RunLostError) -> JSONResponse:
+    return error_response(410, str(exc))
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    retry_after = exc.retry_after if isinstance(exc, UnavailableError) else UNAVAILABLE_RETRY_AFTER_SECONDS
+    detail = str(exc) if isinstance(exc, UnavailableError) else f"Redis cannot be reached: {exc}"
+    return error_response(503, detail, headers={"Retry-After": str(retry_after)})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(RunLostError, _lost)
+    for unavailable in (UnavailableError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        app.add_exception_handler(unavailable, _unavailable)

@@ -23,7 +23,7 @@ from tests.processes import running_with, sleeper, wait_none_with
 from worker import defaults, jobs
 from worker.config import get_worker_settings
 from worker.contract import InputFile, RunRequest, RunResult
-from worker.run_store import RunStatus
+from worker.run_store import Attempt, RunStatus
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 REPO = Path(__file__).resolve().parents[2]
@@ -295,9 +295,9 @@ async def test_a_cancel_racing_the_finish_loses_neither(redis_url, repo):
     store = dispatcher.store
     for _ in range(20):
         record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="true"))
-        store.start(record.id, "w")
+        held = Attempt.of(store.start(record.id, "w"))
         result = RunResult(exit_code=0, run_id=record.id, workspace_id="w", runtime="local")
-        await asyncio.gather(asyncio.to_thread(store.finish, record.id, result), dispatcher.cancel(record.id))
+        await asyncio.gather(asyncio.to_thread(store.finish, record.id, result, held), dispatcher.cancel(record.id))
         final = await dispatcher.get(record.id)
         assert final.status in {RunStatus.FINISHED, RunStatus.CANCELLED}
         assert final.result is not None

@@ -1,6 +1,8 @@
-"""``GET /healthz``."""
+"""``GET /healthz``: 200 while the API can serve runs, 503 (with the reason) while Redis cannot be reached."""
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter, Depends
 
@@ -11,6 +13,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health)
-def healthz(services: Services = Depends(get_services)) -> Health:
-    """Liveness, and how many skills the library offers."""
-    return Health(status="ok", skills=len(services.repository.summaries()))
+async def healthz(services: Services = Depends(get_services)) -> Health:
+    """Health: the run store answers (503 otherwise), and how many skills the library offers."""
+    await services.dispatcher.ping()
+    return Health(status="ok", skills=len(await asyncio.to_thread(services.repository.summaries)))

@@ -1,4 +1,9 @@
-"""Runs: submit (202), read (optionally waiting), list, cancel, follow as SSE, download files and artifacts."""
+"""Runs: submit (202), read (optionally waiting), list, cancel, follow as SSE, download files and artifacts.
+
+A run whose record is missing is told apart from a wrong id (``run_ids``): 410 when it was lost, 404 when there is
+no such run. A wait ends when its client goes, and answers at once (the run as it stands) when the API shuts down;
+an event stream then ends with ``closing``, or ``lost`` / ``unavailable`` when the run or Redis went away.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +15,31 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import PurePosixPath
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
+from orchestrator.api import run_ids
 from orchestrator.api.auth import current_team
 from orchestrator.api.environments import not_ready
 from orchestrator.api.responses import ErrorPublic, error_responses
 from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
-from orchestrator.errors import DispatchError, SkillNotFoundError
+from orchestrator.errors import DispatchError, RunLostError, SkillNotFoundError, UnavailableError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
 from worker.errors import ArtifactError, WorkerError
-from worker.run_store import RunRecord, RunStatus
+from worker.run_store import ENDING_EVENTS, RunRecord, RunStatus
 from worker.validation import MAX_PATH_CHARS, validate_request
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=error_responses(401, 422))
 
 MAX_WAIT_SECONDS = 300.0
-EVENT_WAIT_SECONDS = 15.0
+CLIENT_GONE = 499
+"""What a wait whose client left answers (nobody reads it), as proxies log it."""
 
 RunId = Path(pattern=RUN_ID, description="The run's id.")
 FileName = Path(min_length=1, max_length=MAX_PATH_CHARS, description="The file's path in the workspace (out/x.png).")
-FOUND = error_responses(404)
+FOUND = error_responses(404, 410)
 
 _INLINE_TYPES = {"text/plain", "text/csv", "application/json"}
 """Types a browser shows without running anything; every other type is sent as a download."""
@@ -56,8 +63,20 @@ async def _record(services: Services, run_id: str, team: Team) -> RunRecord:
     """The team's run ``run_id``; another team's run is answered as if it did not exist."""
     record = await services.dispatcher.get(run_id)
     if record is None or record.owner != team.id:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run_id!r}")
+        _missing(services, run_id, team, record is None)
     return record
+
+
+def _missing(services: Services, run_id: str, team: Team, no_record: bool) -> None:
+    """410 for a run of the team whose record is gone (lost), else 404."""
+    if no_record and run_ids.lost(run_id, team.id, services.dispatcher.result_ttl):
+        raise RunLostError(run_id)
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run_id!r}")
+
+
+async def _until_client_leaves(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
 
 
 def _json(model: RunPublic, status_code: int = status.HTTP_200_OK) -> Response:
@@ -94,7 +113,7 @@ async def submit_run(
     try:
         request = RunRequest(
             skill=ref, inputs=[InputFile(name=i.name, content=i.content) for i in body.inputs],
-            workspace_id=f"{team.id}.{body.workspace_id or uuid.uuid4().hex[:16]}", **fields,
+            workspace_id=f"{team.id}.{body.workspace_id or uuid.uuid4().hex[:16]}", run_id=run_ids.mint(team.id), **fields,
         )
         validate_request(request)
         record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
@@ -117,17 +136,28 @@ async def list_runs(
 
 @router.get("/{run_id}", response_model=RunPublic, responses=FOUND)
 async def get_run(
+    request: Request,
     run_id: str = RunId,
     wait: float = Query(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS, description="Seconds to wait for the run to end."),
     team: Team = Depends(current_team),
     services: Services = Depends(get_services),
 ) -> Response:
-    """A run; with ``wait`` the answer comes when the run ends or after that many seconds."""
+    """A run; with ``wait`` the answer comes when the run ends or after that many seconds (sooner, with the run as
+    it stands, when the API shuts down). 410: the run was lost (its record vanished), not an unknown id."""
     if not wait:
         return _json(RunPublic.of(await _record(services, run_id, team)))
-    record = await services.dispatcher.wait(run_id, wait, owner=team.id)
+    waiting = asyncio.ensure_future(services.dispatcher.wait(run_id, wait, owner=team.id))
+    leaving = asyncio.ensure_future(_until_client_leaves(request))
+    try:
+        await asyncio.wait({waiting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+        leaving.cancel()
+    if not waiting.done():  # the client went: the wait ended with it
+        return Response(status_code=CLIENT_GONE)
+    record = waiting.result()
     if record is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run_id!r}")
+        _missing(services, run_id, team, await services.dispatcher.get(run_id) is None)
     return _json(RunPublic.of(record))
 
 
@@ -138,24 +168,36 @@ async def cancel_run(run_id: str = RunId, team: Team = Depends(current_team), se
     return RunPublic.of(await services.dispatcher.cancel(run_id))
 
 
-@router.get("/{run_id}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "queued, started, finished..."}, **FOUND})
+EVENTS = {"content": {"text/event-stream": {}}, "description": "queued, started, finished... until the run ends; or it "
+          "ends with closing (the API shuts down: follow again), lost (the run's record vanished) or unavailable "
+          "(Redis went away: follow again after retry_after seconds)."}
+
+
+@router.get("/{run_id}/events", response_class=StreamingResponse, responses={200: EVENTS, **FOUND})
 async def run_events(run_id: str = RunId, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
     """The run's events as server-sent events (with timings), until it ends."""
     await _record(services, run_id, team)
     return StreamingResponse(_events(services, run_id), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
+def _sse(kind: str, data: dict) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+
+
 async def _events(services: Services, run_id: str) -> AsyncIterator[str]:
-    seen = 0
-    while True:
-        events = await services.dispatcher.events(run_id, seen, EVENT_WAIT_SECONDS)
-        for event in events:
-            yield f"event: {event.type}\ndata: {json.dumps(event.model_dump())}\n\n"
-        seen += len(events)
-        record = await services.dispatcher.get(run_id)
-        if record is None or (record.status.done and not events):
-            return
+    last = None
+    try:
+        async for event in services.dispatcher.follow(run_id):
+            last = event.type
+            yield _sse(event.type, event.model_dump())
+    except RunLostError as exc:
+        yield _sse("lost", {"reason": str(exc)})
+        return
+    except UnavailableError as exc:
+        yield _sse("unavailable", {"reason": str(exc), "retry_after": exc.retry_after})
+        return
+    if last not in ENDING_EVENTS:
+        yield _sse("closing", {"reason": "the API is shutting down; follow the run again"})
 
 
 @router.get("/{run_id}/files/{name:path}", response_class=Response,

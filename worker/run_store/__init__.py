@@ -1,0 +1,39 @@
+"""Run records: what happened to each submitted run, shared by whoever submits, executes and watches it.
+
+* ``records`` — the record, its statuses and events;
+* ``base`` — the store's contract and changes of state, and ``MemoryRunStore`` (the embedded default);
+* ``redis_store`` — ``RedisRunStore`` (API processes and queue workers) and its key layout;
+* ``fencing`` — the attempt a worker holds, which every change it makes must show;
+* ``watch`` — waiting for runs on async I/O (the API's side).
+"""
+
+from worker.run_store.base import BaseRunStore, MemoryRunStore
+from worker.run_store.fencing import Attempt
+from worker.run_store.records import (
+    DURATION_BUCKETS_SECONDS,
+    ENDING_EVENTS,
+    Mutation,
+    RunEvent,
+    RunRecord,
+    RunStatus,
+    duration_bucket,
+)
+from worker.run_store.redis_store import RedisRunStore, RunKeys
+from worker.run_store.watch import AsyncRunReader, RunWaiters
+
+__all__ = [
+    "DURATION_BUCKETS_SECONDS",
+    "ENDING_EVENTS",
+    "AsyncRunReader",
+    "Attempt",
+    "BaseRunStore",
+    "MemoryRunStore",
+    "Mutation",
+    "RedisRunStore",
+    "RunEvent",
+    "RunKeys",
+    "RunRecord",
+    "RunStatus",
+    "RunWaiters",
+    "duration_bucket",
+]

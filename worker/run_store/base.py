@@ -1,0 +1,209 @@
+"""The run store's contract and its changes of state, and the in-process store of the embedded default.
+
+A started run carries a heartbeat its worker renews; a run whose heartbeat expired is *lost*: the dispatcher
+retries it (event ``retried`` with the reason) until ``max_attempts``, then fails it with the reason. A run is
+never left "started" forever. Every change by a worker is fenced by its ``Attempt`` (``worker.run_store.fencing``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from worker.contract import RunRequest, RunResult
+from worker.run_store.fencing import Attempt
+from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
+
+
+class BaseRunStore(ABC):
+    """Blocking by design (Redis calls); async readers use ``worker.run_store.watch``."""
+
+    @abstractmethod
+    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord: ...
+
+    @abstractmethod
+    def get(self, run_id: str) -> RunRecord | None: ...
+
+    @abstractmethod
+    def update(self, run_id: str, mutate: Mutation) -> RunRecord | None:
+        """Change the stored record atomically: ``mutate`` edits a copy in place and returns the event to record, or
+        ``None`` to leave the record as it is. A concurrent change makes the update start again, so no update is
+        ever lost. Returns the record as stored afterwards, or ``None`` when there is no such run."""
+
+    @abstractmethod
+    def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        """Events after the first ``after`` ones."""
+
+    @abstractmethod
+    def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
+        """Newest first; only ``owner``'s runs when given."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counts of runs by status, and a histogram of finished runs' durations (for ``/metrics``)."""
+
+    def heartbeat(self, run_id: str, attempt: Attempt) -> bool:
+        """The worker of ``attempt`` is alive; ``False`` (nothing renewed) when it no longer holds the run."""
+        record = self.get(run_id)
+        return record is not None and attempt.holds(record)
+
+    def alive_id(self, run_id: str) -> bool:
+        """Whether the worker of run ``run_id`` is beating."""
+        return True
+
+    def start(self, run_id: str, worker_id: str) -> RunRecord | None:
+        """Mark a queued run started by ``worker_id`` (its attempt: ``Attempt.of(record)``); ``None`` when it is not
+        queued (cancelled, or taken). A store whose runs can be lost records the first heartbeat with the change."""
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if record.status != RunStatus.QUEUED:
+                return None
+            record.status = RunStatus.STARTED
+            record.worker_id = worker_id
+            record.attempts += 1
+            record.started_at = time.time()
+            return RunEvent(type="started", data={"worker_id": worker_id, "attempt": record.attempts,
+                                                  "queue_ms": round((record.started_at - record.created_at) * 1000, 3)})
+
+        record = self.update(run_id, mutate)
+        return record if record is not None and record.status == RunStatus.STARTED and record.worker_id == worker_id else None
+
+    def finish(self, run_id: str, result: RunResult, attempt: Attempt) -> RunRecord | None:
+        """Store the result of ``attempt``: ``cancelled`` when a cancel was asked for meanwhile, else ``finished``.
+        A superseded attempt (retried, ended) changes nothing."""
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if not attempt.holds(record):
+                return None
+            record.result = result
+            record.status = RunStatus.CANCELLED if record.cancel_requested else RunStatus.FINISHED
+            record.finished_at = time.time()
+            return RunEvent(type=record.status.value, data={
+                "exit_code": result.exit_code, "timed_out": result.timed_out, "timings": result.timings.model_dump()})
+
+        return self.update(run_id, mutate)
+
+    def fail(self, run_id: str, reason: str, attempt: Attempt) -> RunRecord | None:
+        """``attempt`` could not execute the run: it fails with ``reason``. A superseded attempt changes nothing."""
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if not attempt.holds(record):
+                return None
+            record.status = RunStatus.FAILED
+            record.error = reason
+            record.finished_at = time.time()
+            return RunEvent(type="failed", data={"reason": reason})
+
+        return self.update(run_id, mutate)
+
+    def request_cancel(self, run_id: str) -> RunRecord | None:
+        """Cancel a queued run at once; ask the worker of a started one to stop it."""
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if record.status.done or record.cancel_requested:
+                return None
+            record.cancel_requested = True
+            if record.status == RunStatus.QUEUED:
+                record.status = RunStatus.CANCELLED
+                record.finished_at = time.time()
+                return RunEvent(type="cancelled", data={"reason": "cancelled before it started"})
+            return RunEvent(type="cancelling")
+
+        return self.update(run_id, mutate)
+
+    def requeue_lost(self, run_id: str, max_attempts: int) -> tuple[RunRecord | None, bool]:
+        """A started run whose worker stopped beating: back to the queue while attempts remain, else failed.
+        Returns the record and whether it must be enqueued again."""
+        if self.alive_id(run_id):
+            return self.get(run_id), False
+        requeued = False
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            nonlocal requeued
+            if record.status != RunStatus.STARTED:
+                return None
+            reason = f"worker {record.worker_id} stopped beating (lost during attempt {record.attempts})"
+            if record.attempts < max_attempts and not record.cancel_requested:
+                record.status = RunStatus.QUEUED
+                record.worker_id = None
+                requeued = True
+                return RunEvent(type="retried", data={"reason": reason, "attempt": record.attempts + 1})
+            record.status = RunStatus.FAILED
+            record.error = reason
+            record.finished_at = time.time()
+            return RunEvent(type="failed", data={"reason": reason})
+
+        return self.update(run_id, mutate), requeued
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class MemoryRunStore(BaseRunStore):
+    """Records in this process (the embedded default). ``on_change(run_id)`` is called after every change, from
+    whichever thread made it (the dispatcher wakes its waiters with it)."""
+
+    def __init__(self, on_change: Callable[[str], None] | None = None) -> None:
+        self._records: dict[str, RunRecord] = {}
+        self._events: dict[str, list[RunEvent]] = {}
+        self._lock = threading.Lock()
+        self.on_change = on_change
+
+    def _changed(self, run_id: str) -> None:
+        if self.on_change is not None:
+            self.on_change(run_id)
+
+    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
+        record = RunRecord(id=request.run_id, request=request, owner=owner)
+        with self._lock:
+            if record.id in self._records:
+                raise ValueError(f"run {record.id!r} already exists")
+            self._records[record.id] = record.model_copy(deep=True)
+            self._events[record.id] = [RunEvent(type="queued")]
+        self._changed(record.id)
+        return record
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._lock:
+            record = self._records.get(run_id)
+            return record.model_copy(deep=True) if record else None
+
+    def update(self, run_id: str, mutate: Mutation) -> RunRecord | None:
+        with self._lock:
+            stored = self._records.get(run_id)
+            if stored is None:
+                return None
+            record = stored.model_copy(deep=True)
+            event = mutate(record)
+            if event is None:
+                return stored.model_copy(deep=True)
+            self._records[run_id] = record.model_copy(deep=True)
+            self._events.setdefault(run_id, []).append(event)
+        self._changed(run_id)
+        return record
+
+    def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        with self._lock:
+            return list(self._events.get(run_id, [])[after:])
+
+    def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
+        with self._lock:
+            records = sorted(self._records.values(), key=lambda r: r.created_at, reverse=True)
+            return [r.model_copy(deep=True) for r in records
+                    if (status is None or r.status == status) and (owner is None or r.owner == owner)][:limit]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            by_status: dict[str, int] = {}
+            durations: dict[str, int] = {}
+            total = 0.0
+            for record in self._records.values():
+                by_status[record.status.value] = by_status.get(record.status.value, 0) + 1
+                if record.status.done and record.started_at and record.finished_at:
+                    seconds = record.finished_at - record.started_at
+                    durations[duration_bucket(seconds)] = durations.get(duration_bucket(seconds), 0) + 1
+                    total += seconds
+            return {"status": by_status, "duration_buckets": durations, "duration_sum": total}

@@ -1,0 +1,180 @@
+"""Run records in Redis, shared by API processes and queue workers.
+
+Keys (``RunKeys``): ``<prefix>:<id>`` (the record as JSON), ``<prefix>:<id>:events`` (a stream),
+``<prefix>:<id>:heartbeat`` (expires when the worker stops beating), ``<prefix>:<id>:attempt`` (the fencing token
+of the started attempt), the indexes ``<prefix>:index`` (and one per owner), ``<prefix>:running`` (the started
+runs: what the lost-run sweep reads) and the counts ``<prefix>:stats``. Every change is published on
+``<prefix>:changes`` (``"<id> <event type>"``) for the API's waiters (``worker.run_store.watch``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker import defaults
+from worker.contract import RunRequest
+from worker.run_store.base import BaseRunStore
+from worker.run_store.fencing import RENEW_IF_HELD, Attempt
+from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """Where a run store keeps things in Redis."""
+
+    prefix: str = "skillrun:run"
+
+    def record(self, run_id: str) -> str:
+        return f"{self.prefix}:{run_id}"
+
+    def part(self, run_id: str, part: str) -> str:
+        return f"{self.prefix}:{run_id}:{part}"
+
+    @property
+    def running(self) -> str:
+        return f"{self.prefix}:running"
+
+    @property
+    def changes(self) -> str:
+        return f"{self.prefix}:changes"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}:stats"
+
+    def index(self, owner: str | None = None) -> str:
+        return f"{self.prefix}:index" if owner is None else f"{self.prefix}:index:{owner}"
+
+
+class RedisRunStore(BaseRunStore):
+    """Records in Redis (see the module's key layout)."""
+
+    def __init__(
+        self,
+        connection: redis.Redis,
+        *,
+        prefix: str = "skillrun:run",
+        result_ttl: int = defaults.RESULT_TTL_SECONDS,
+        heartbeat_ttl: int = defaults.HEARTBEAT_TTL_SECONDS,
+    ) -> None:
+        self.redis = connection
+        self.keys = RunKeys(prefix)
+        self.result_ttl = result_ttl
+        self.heartbeat_ttl = heartbeat_ttl
+        self._renew = connection.register_script(RENEW_IF_HELD)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> "RedisRunStore":
+        return cls(redis.Redis.from_url(url), **kwargs)
+
+    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
+        record = self.reserve(request, owner)
+        with self.redis.pipeline(transaction=True) as pipe:
+            self.announce(pipe, record)
+            pipe.execute()
+        return record
+
+    def reserve(self, request: RunRequest, owner: str | None = None) -> RunRecord:
+        """Store a new run's record (refused if the id was ever used); ``announce`` then makes it known."""
+        record = RunRecord(id=request.run_id, request=request, owner=owner)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.record(record.id), record.model_dump_json(), nx=True)
+            pipe.exists(self.keys.part(record.id, "events"))
+            created, had_events = pipe.execute()
+        if not created or had_events:
+            raise ValueError(f"run {record.id!r} already exists")
+        return record
+
+    def announce(self, pipe: redis.client.Pipeline, record: RunRecord) -> None:
+        """Add a reserved run to the indexes, the counts and its event stream, in ``pipe`` (which may also carry
+        its enqueueing)."""
+        pipe.zadd(self.keys.index(), {record.id: record.created_at})
+        if record.owner is not None:
+            pipe.zadd(self.keys.index(record.owner), {record.id: record.created_at})
+        pipe.hincrby(self.keys.stats, f"status:{RunStatus.QUEUED.value}", 1)
+        pipe.xadd(self.keys.part(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
+
+    def get(self, run_id: str) -> RunRecord | None:
+        raw = self.redis.get(self.keys.record(run_id))
+        return RunRecord.model_validate_json(raw) if raw else None
+
+    def update(self, run_id: str, mutate: Mutation) -> RunRecord | None:
+        key = self.keys.record(run_id)
+        while True:
+            with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    if not raw:
+                        return None
+                    record = RunRecord.model_validate_json(raw)
+                    previous = record.status
+                    event = mutate(record)
+                    if event is None:
+                        pipe.unwatch()
+                        return RunRecord.model_validate_json(raw)
+                    pipe.multi()
+                    self._write(pipe, record, event, previous)
+                    pipe.execute()
+                    return record
+                except redis.WatchError:
+                    continue  # changed meanwhile: read it again and re-apply
+
+    def _write(self, pipe: redis.client.Pipeline, record: RunRecord, event: RunEvent, previous: RunStatus) -> None:
+        ttl = self.result_ttl if record.status.done else None
+        started = record.status == RunStatus.STARTED
+        if started and previous != RunStatus.STARTED:  # the attempt, its first heartbeat and the index, at once
+            token = Attempt.of(record).token
+            pipe.set(self.keys.part(record.id, "attempt"), token)
+            pipe.set(self.keys.part(record.id, "heartbeat"), token, ex=self.heartbeat_ttl)
+            pipe.zadd(self.keys.running, {record.id: record.started_at or 0})
+        elif previous == RunStatus.STARTED and not started:  # retried or ended: no attempt holds it any more
+            pipe.delete(self.keys.part(record.id, "attempt"), self.keys.part(record.id, "heartbeat"))
+            pipe.zrem(self.keys.running, record.id)
+        pipe.set(self.keys.record(record.id), record.model_dump_json(), ex=ttl)
+        pipe.xadd(self.keys.part(record.id, "events"), {"event": event.model_dump_json()})
+        pipe.publish(self.keys.changes, f"{record.id} {event.type}")
+        if previous != record.status:
+            pipe.hincrby(self.keys.stats, f"status:{previous.value}", -1)
+            pipe.hincrby(self.keys.stats, f"status:{record.status.value}", 1)
+        if record.status.done and record.started_at and record.finished_at:
+            seconds = record.finished_at - record.started_at
+            pipe.hincrby(self.keys.stats, f"duration:{duration_bucket(seconds)}", 1)
+            pipe.hincrbyfloat(self.keys.stats, "duration_sum", seconds)
+        if ttl:
+            pipe.expire(self.keys.part(record.id, "events"), ttl)
+
+    def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        entries = self.redis.xrange(self.keys.part(run_id, "events"))
+        return [RunEvent.model_validate_json(fields[b"event"]) for _, fields in entries[after:]]
+
+    def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
+        ids = self.redis.zrevrange(self.keys.index(owner), 0, max(limit * 5, 500))
+        records = []
+        for raw in self.redis.mget([self.keys.record(i.decode()) for i in ids]) if ids else []:
+            if raw:
+                record = RunRecord.model_validate_json(raw)
+                if status is None or record.status == status:
+                    records.append(record)
+        return records[:limit]
+
+    def stats(self) -> dict[str, Any]:
+        raw = {k.decode(): float(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
+        return {
+            "status": {k.split(":", 1)[1]: int(v) for k, v in raw.items() if k.startswith("status:")},
+            "duration_buckets": {k.split(":", 1)[1]: int(v) for k, v in raw.items() if k.startswith("duration:")},
+            "duration_sum": raw.get("duration_sum", 0.0),
+        }
+
+    def heartbeat(self, run_id: str, attempt: Attempt) -> bool:
+        keys = [self.keys.part(run_id, "attempt"), self.keys.part(run_id, "heartbeat")]
+        return bool(self._renew(keys=keys, args=[attempt.token, self.heartbeat_ttl]))
+
+    def alive_id(self, run_id: str) -> bool:
+        return bool(self.redis.exists(self.keys.part(run_id, "heartbeat")))
+
+    def close(self) -> None:
+        self.redis.close()
