@@ -84,9 +84,13 @@ def test_envs_list_remove_and_prune(cli, work_root: Path):
     os.utime(used, (long_ago, long_ago))
     assert "would remove 1" in cli("envs", "prune", "--unused-days", "2", "--dry-run").stdout
     assert json.loads(cli("envs", "list", "--json").stdout)["environments"][0]["key"] == key
+    store = Path(listed[0]["path"]).parents[1]
+    assert [p.suffix for p in (store / "locks").iterdir()] == [".txt"] and (store / "envs" / f"{key}.locks").is_file()
     assert "removed 1" in cli("envs", "prune", "--unused-days", "2").stdout
     assert json.loads(cli("envs", "list", "--json").stdout)["environments"] == []
     assert not Path(listed[0]["path"]).exists()
+    left = sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file() and p.parts[-2] not in ("bin", "targets"))
+    assert left == [], "the environment's lock record, lock list or lock files outlived it"
     refused = cli("envs", "rm", "feedface")
     assert refused.returncode == 2 and "no environment with a key starting 'feedface'" in refused.stderr
 

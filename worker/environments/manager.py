@@ -9,17 +9,19 @@
   A skill that declares nothing costs a few ``stat`` calls per run; a ready environment one more.
 
 A failed build is remembered for ``RETRY_SECONDS``: runs in that time get its message at once instead of building
-again (``prepare`` always tries again).
+again (``prepare`` always tries again); ``status`` says failed, with its message, until the store sweeps the record
+(``store.FAILURE_RECORD_SECONDS``). Each build records the target it is for in the store (``record_target``), and a
+process's first build sweeps the store (``EnvironmentStore.sweep``: leftovers older than the build timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
@@ -31,12 +33,27 @@ from worker.environments.builder import (
     environment_key,
     requirements_key,
 )
-from worker.environments.declarations import MANIFEST_FILE, Declaration, read_declaration, read_manifest
+from worker.environments.declarations import (
+    MANIFEST_FILE,
+    Declaration,
+    read_declaration,
+    read_manifest,
+)
+from worker.environments.images import ImageStatus
 from worker.environments.store import EnvironmentInfo, build_lock, resolve_lock
 from worker.environments.target import Target
-from worker.errors import DependencyError, EnvironmentBuildError, EnvironmentNotReadyError
+from worker.errors import (
+    DependencyError,
+    EnvironmentBuildError,
+    EnvironmentNotReadyError,
+)
 
 RETRY_SECONDS = 300.0
+STATE_ORDER = ("invalid", "failed", "building", "not built", "ready")
+"""A skill's state on a runtime with two parts (an environment and an image) is the first of theirs in this order."""
+MAX_DECLARATIONS = 1024
+"""Skills whose declarations a ``DeclarationCache`` keeps (the least recently used goes: it is read again when
+asked for)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,24 @@ class EnvironmentStatus:
     info: EnvironmentInfo | None = None
     message: str = ""
     target: str = ""
+    image: ImageStatus | None = None
+    """The Docker runtime's derived image with the skill's Debian packages, when it declares some."""
+
+    def with_image(self, image: ImageStatus) -> "EnvironmentStatus":
+        """This status on a runtime that also needs ``image``: ready only when both are, else the state of the part
+        that is behind (``STATE_ORDER``) with its message."""
+        if self.state == "invalid":
+            return replace(self, image=image)
+        own = "ready" if self.state == "none" else self.state
+        state = min(own, image.state, key=STATE_ORDER.index)
+        if state == "ready":
+            message = ""
+        elif state == own:
+            message = self.message
+        else:
+            message = f"the sandbox image with its Debian packages ({', '.join(image.packages)}) is {image.state}" + (
+                f": {image.message}" if image.message else "")
+        return replace(self, state=state, message=message, image=image)
 
     def as_json(self) -> dict:
         """The JSON form the CLI's ``--json`` and the API show."""
@@ -64,6 +99,7 @@ class EnvironmentStatus:
             "packages": self.info.packages if self.info else [],
             "size_bytes": self.info.size_bytes if self.info else None,
             "message": self.message,
+            "image": self.image.as_json() if self.image else None,
         }
 
 
@@ -72,10 +108,12 @@ class DeclarationCache:
 
     A declaration remembers what it was read from (the skill's folders, its declaration files and scripts, the
     library's manifest) with their ``stat`` results; a look ``stat``s those paths again (no folder listing): a
-    file added or removed changes its folder, a file edited changes itself."""
+    file added or removed changes its folder, a file edited changes itself. It keeps the ``size`` most recently
+    used skills' (``MAX_DECLARATIONS``)."""
 
-    def __init__(self) -> None:
-        self._declarations: dict[tuple[Path, str], tuple[tuple, Declaration]] = {}
+    def __init__(self, size: int = MAX_DECLARATIONS) -> None:
+        self.size = size
+        self._declarations: OrderedDict[tuple[Path, str], tuple[tuple, Declaration]] = OrderedDict()
 
     def get(self, skill_dir: Path, root: Path, name: str) -> Declaration:
         """The declaration, read again if it changed (blocks: a thread's, or a caller's that may wait)."""
@@ -85,6 +123,9 @@ class DeclarationCache:
         signature = _signature(skill_dir, root)
         declaration = read_declaration(skill_dir, name, read_manifest(root))
         self._declarations[(skill_dir, name)] = (signature, declaration)
+        self._declarations.move_to_end((skill_dir, name))
+        while len(self._declarations) > self.size:
+            self._declarations.popitem(last=False)
         return declaration
 
     async def look_up(self, skill_dir: Path, root: Path, name: str) -> Declaration:
@@ -95,12 +136,18 @@ class DeclarationCache:
             return cached
         return await asyncio.to_thread(self.get, skill_dir, root, name)
 
+    def __len__(self) -> int:
+        return len(self._declarations)
+
     def _unchanged(self, skill_dir: Path, name: str) -> Declaration | None:
         cached = self._declarations.get((skill_dir, name))
         if cached is None:
             return None
         signature, declaration = cached
-        return declaration if all(_stat_of(path) == facts for path, facts in signature) else None
+        if not all(_stat_of(path) == facts for path, facts in signature):
+            return None
+        self._declarations.move_to_end((skill_dir, name))
+        return declaration
 
 
 class SkillEnvironments:
@@ -111,6 +158,7 @@ class SkillEnvironments:
         self.store = builder.store
         self._target = target
         self._declarations = DeclarationCache()
+        self._swept = False
 
     @property
     def target(self) -> Target:
@@ -194,13 +242,18 @@ class SkillEnvironments:
     async def _build(self, declaration: Declaration, target: Target, name: str, progress: Progress | None) -> EnvironmentInfo:
         check_python(declaration, target, name)
         reqkey = requirements_key(declaration, target, self.builder.settings)
+        if not self._swept:
+            self._swept = True
+            await asyncio.to_thread(self.store.sweep, self.builder.settings.timeout)
+        await asyncio.to_thread(self.store.record_target, target)
         try:
             info = await self.builder.ensure(declaration, target, progress)
         except EnvironmentBuildError as exc:
             failure = EnvironmentBuildError(f"skill {name!r}: {exc}")
-            self._record_failure(reqkey, str(failure))
+            self.store.record_failure(reqkey, str(failure))
             raise failure from exc
-        self._clear_failure(reqkey)
+        self.store.clear_failure(reqkey)
+        self.store.link(reqkey, info.key)
         self.store.mark_used(info.key)
         return info
 
@@ -214,21 +267,8 @@ class SkillEnvironments:
         info = self.store.info(key)
         return info if info is not None else (reqkey, key)
 
-
     def _failure(self, found: tuple[str, str | None]) -> tuple[str, float] | None:
-        try:
-            data = json.loads((self.store.locks / f"{found[0]}.failed").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return data["message"], data["at"]
-
-    def _record_failure(self, reqkey: str, message: str) -> None:
-        self.store.ensure()
-        (self.store.locks / f"{reqkey}.failed").write_text(json.dumps({"message": message, "at": time.time()}))
-
-    def _clear_failure(self, reqkey: str) -> None:
-        (self.store.locks / f"{reqkey}.failed").unlink(missing_ok=True)
-
+        return self.store.failure(found[0])
 
 
 def check_python(declaration: Declaration, target: Target, name: str) -> None:

@@ -3,16 +3,36 @@
 Layout under the store's root (``SKILLRUN_ENVS_DIR``)::
 
     locks/<requirements key>.txt   a resolved, hash-pinned lock for one requirement set and target
+    locks/<name>.failed            the last failed build of a requirement set (named by its requirements key) or
+                                   of a derived image (``image-<digest>``): its message and time
     envs/<environment key>/        a complete environment (a relocatable virtual environment), owned by root
     envs/<environment key>.json    what it holds: target, requirements, locked packages, size, build time
     envs/<environment key>.used    its mtime is the environment's last use
+    envs/<environment key>.locks   the requirements keys whose locks it was built from, one a line
+    images/<digest>.used           a derived Docker image's last use (``worker.runtimes.container_images``)
+    targets/<runtime>.json         the target the runtime's workers last built for (what the API reads)
     .building/                     environments being built (a folder per build, renamed into envs/ when done)
-    .locks/                        one lock file per key: one build at a time, on this host and any sharing it
+    .locks/<name>.lock             one lock file per key: one build at a time, on this host and any sharing it
 
 An environment is only ever renamed into ``envs/`` once complete, and its ``.json`` is written after it: a reader
 that finds the ``.json`` finds the whole environment. Nothing is changed after that; a different lock is a
 different key. The root and ``envs/`` can be traversed but not listed by others, so a sandboxed run, which is shown
 only its own environment, can have it bound read-only without learning what else is there.
+
+What goes when (every file above has an end):
+
+* ``remove(key)`` (``skillrun envs rm``, ``envs prune``): the environment, its ``.json``, ``.used`` and ``.locks``,
+  the lock records and failure records of the requirements keys it lists, and their lock files no one holds;
+* ``prune_records(cutoff)`` (``envs prune``): lock records no environment lists (resolved but never installed
+  here: a failed install, or a Cube target's, installed in its sandbox) and failure records, older than the cutoff
+  and than ``RECORD_GRACE_SECONDS`` (a build under way is younger);
+* ``sweep(stale_seconds)`` (a worker's first build, ``envs prune``): build folders no build holds, lock files no one
+  holds untouched for ``stale_seconds`` (the build timeout), temporary files as old, failure records older than
+  ``FAILURE_RECORD_SECONDS``;
+* ``images/<digest>.used`` goes with its image (``DerivedImages.remove``); ``targets/`` holds one file per runtime.
+
+A lock file is removed only by a process holding it, and a process that got a lock checks that the file it holds
+is still the one at the path (else it takes the new one): so removal never lets two builds run at once.
 """
 
 from __future__ import annotations
@@ -24,14 +44,19 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from worker.environments.target import Target
 from worker.workspace import remove_tree
 
 LOCK_POLL_SECONDS = 0.2
 USE_TOUCH_SECONDS = 60.0
 """A run marks its environment used at most this often (per process)."""
+RECORD_GRACE_SECONDS = 3600.0
+"""A lock record no environment lists is left alone this long (its environment may be being installed)."""
+FAILURE_RECORD_SECONDS = 7 * 24 * 3600.0
+"""A failure record older than this is swept (what ``status`` says of a build that failed that long ago: not built)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +89,8 @@ class EnvironmentStore:
         self.envs = self.root / "envs"
         self.locks = self.root / "locks"
         self.building = self.root / ".building"
+        self.images = self.root / "images"
+        self.targets = self.root / "targets"
         self._lock_files = self.root / ".locks"
         self._touched: dict[str, float] = {}
         self._made = False
@@ -87,6 +114,48 @@ class EnvironmentStore:
     def save_lock(self, requirements_key: str, text: str) -> None:
         self.ensure()
         _write_atomically(self.locks / f"{requirements_key}.txt", text)
+
+    def link(self, requirements_key: str, key: str) -> None:
+        """Record that the environment ``key`` was built from the lock of ``requirements_key`` (so removing the
+        environment removes the lock record too)."""
+        listed = self.envs / f"{key}.locks"
+        with contextlib.suppress(FileNotFoundError):
+            if requirements_key in listed.read_text().split():
+                return
+        fd = os.open(listed, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, f"{requirements_key}\n".encode())  # one small append: whole, also beside another's
+        finally:
+            os.close(fd)
+
+    def failure(self, name: str) -> tuple[str, float] | None:
+        """The message and time of the last failed build called ``name``, if it is recorded."""
+        try:
+            data = json.loads((self.locks / f"{name}.failed").read_text())
+            return data["message"], data["at"]
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def record_failure(self, name: str, message: str) -> None:
+        self.ensure()
+        _write_atomically(self.locks / f"{name}.failed", json.dumps({"message": message, "at": time.time()}))
+
+    def clear_failure(self, name: str) -> None:
+        (self.locks / f"{name}.failed").unlink(missing_ok=True)
+
+    def record_target(self, target: Target) -> None:
+        """Record the target ``target.runtime``'s workers build for now (the API, which may have no engine to ask
+        for the sandbox image, reads it)."""
+        self.ensure()
+        self.targets.mkdir(mode=0o711, exist_ok=True)
+        _write_atomically(self.targets / f"{target.runtime}.json", json.dumps(asdict(target)))
+
+    def recorded_target(self, runtime: str) -> Target | None:
+        """The target ``runtime``'s workers last recorded, if any."""
+        try:
+            return Target(**json.loads((self.targets / f"{runtime}.json").read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return None
 
     def path(self, key: str) -> Path:
         return self.envs / key
@@ -136,7 +205,9 @@ class EnvironmentStore:
         return sorted((info for info in found if info is not None), key=lambda info: info.last_used, reverse=True)
 
     def remove(self, key: str) -> bool:
-        """Remove the environment ``key`` (its description first, so nothing finds it half-removed)."""
+        """Remove the environment ``key`` and what belongs to it (its description first, so nothing finds it
+        half-removed): its use and lock list, the lock and failure records of the requirements it lists, and
+        their lock files no one holds."""
         removed = False
         with contextlib.suppress(FileNotFoundError):
             (self.envs / f"{key}.json").unlink()
@@ -146,7 +217,61 @@ class EnvironmentStore:
         if self.path(key).exists():
             remove_tree(self.path(key))
             removed = True
+        listed = self.envs / f"{key}.locks"
+        try:
+            requirement_keys = set(listed.read_text().split())
+        except FileNotFoundError:
+            requirement_keys = set()
+        for reqkey in requirement_keys:
+            (self.locks / f"{reqkey}.txt").unlink(missing_ok=True)
+            self.clear_failure(reqkey)
+            self.remove_lock_file(resolve_lock(reqkey))
+        listed.unlink(missing_ok=True)
+        self.remove_lock_file(build_lock(key))
         return removed
+
+    def prune_records(self, cutoff: float) -> list[str]:
+        """Remove lock records no environment lists and failure records, last written before ``cutoff`` (and
+        ``RECORD_GRACE_SECONDS`` ago); the names of the files removed."""
+        if not self.locks.is_dir():
+            return []
+        cutoff = min(cutoff, time.time() - RECORD_GRACE_SECONDS)
+        listed: set[str] = set()
+        for entry in os.scandir(self.envs) if self.envs.is_dir() else ():
+            if entry.name.endswith(".locks"):
+                with contextlib.suppress(OSError):
+                    listed.update(Path(entry.path).read_text().split())
+        removed = []
+        for entry in os.scandir(self.locks):
+            stem, _, kind = entry.name.rpartition(".")
+            if kind == "failed" or (kind == "txt" and stem not in listed):
+                if _older(entry, cutoff):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        removed.append(entry.name)
+        return removed
+
+    def sweep(self, stale_seconds: float) -> None:
+        """Remove what no one will use (see the module's description): build folders no build holds, lock files
+        no one holds and temporary files untouched for ``stale_seconds``, failure records older than
+        ``FAILURE_RECORD_SECONDS``."""
+        self.sweep_builds()
+        stale = time.time() - stale_seconds
+        if self._lock_files.is_dir():
+            for entry in os.scandir(self._lock_files):
+                if entry.name.endswith(".lock") and _older(entry, stale):
+                    self.remove_lock_file(entry.name[:-5])
+        for folder in (self.locks, self.envs, self.images, self.targets):
+            for entry in os.scandir(folder) if folder.is_dir() else ():
+                if entry.name.startswith(".") and entry.name.endswith(".tmp") and _older(entry, stale):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+        if self.locks.is_dir():
+            forgotten = time.time() - FAILURE_RECORD_SECONDS
+            for entry in os.scandir(self.locks):
+                if entry.name.endswith(".failed") and _older(entry, forgotten):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
 
     def new_build_folder(self, lock: str) -> Path:
         """A new folder for a build done while holding the lock called ``lock``."""
@@ -160,14 +285,20 @@ class EnvironmentStore:
         """Hold the lock called ``name`` (one build of a key at a time, across processes), waiting for it on the
         event loop."""
         self.ensure()
-        fd = os.open(self._lock_files / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        path = self._lock_files / f"{name}.lock"
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                await asyncio.sleep(LOCK_POLL_SECONDS)
+                continue
+            if _is_at(fd, path):
+                break
+            os.close(fd)  # removed (or replaced) by a sweep between our open and our lock: take the one there now
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(LOCK_POLL_SECONDS)
+            os.utime(fd)  # its mtime is its last use: a sweep leaves a recently used lock file alone
             yield
         finally:
             os.close(fd)
@@ -184,6 +315,22 @@ class EnvironmentStore:
             return False
         except BlockingIOError:
             return True
+        finally:
+            os.close(fd)
+
+    def remove_lock_file(self, name: str) -> None:
+        """Remove the lock file called ``name`` if no one holds it (holding it while it goes: see ``exclusive``)."""
+        path = self._lock_files / f"{name}.lock"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _is_at(fd, path):
+                os.unlink(path)
+        except (BlockingIOError, FileNotFoundError):
+            pass
         finally:
             os.close(fd)
 
@@ -215,6 +362,23 @@ def folder_size(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
     return total
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is the one at ``path`` now."""
+    try:
+        there = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _older(entry: os.DirEntry, cutoff: float) -> bool:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime < cutoff
+    except FileNotFoundError:
+        return False
 
 
 def _write_atomically(path: Path, text: str) -> None:
