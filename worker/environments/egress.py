@@ -38,8 +38,8 @@ from urllib.parse import urlsplit
 
 from worker.addresses import public_addresses, resolve
 from worker.config import get_worker_settings
-from worker.errors import DependencyError, SandboxError, SkillRootError
 from worker.environments.namespace_listener import listen_inside
+from worker.errors import DependencyError, SandboxError, SkillRootError
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +265,8 @@ class EgressProxy:
 
     async def _connection(self, connection: socket.socket) -> None:
         try:
+            if connection.family != socket.AF_UNIX:  # asyncio sets it only on sockets made with IPPROTO_TCP
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader, writer = await asyncio.open_connection(sock=connection, limit=READ_BYTES)
         except BaseException:
             connection.close()
