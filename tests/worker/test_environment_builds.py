@@ -22,6 +22,8 @@ from worker.environments import (
     SkillEnvironments,
     local_target,
 )
+from worker.environments.declarations import Declaration
+from worker.environments.steps import SandboxSteps, StepRunner
 from worker.errors import EnvironmentNotReadyError
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -77,6 +79,46 @@ async def test_an_environment_is_built_once_and_shared_by_every_skill_with_the_s
     if IS_ROOT:
         owners = {os.lstat(os.path.join(d, n)).st_uid for d, _, fs in os.walk(ready.info.path) for n in fs}
         assert owners == {0}, "the build's user id (handed to a workspace next) still owns files of the environment"
+
+
+class RecordingSteps(StepRunner):
+    """The default step runner, recording each step's folder, user id and first two words."""
+
+    def __init__(self, inner: StepRunner) -> None:
+        self.inner = inner
+        self.steps: list[tuple[Path, int | None, str]] = []
+
+    async def run(self, folder, uid, args, env, **options):
+        self.steps.append((folder, uid, " ".join(args[:2])))
+        return await self.inner.run(folder, uid, args, env, **options)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def test_resolving_and_installing_have_folders_of_their_own_the_installs_readied_meanwhile(
+    shared_dir: Path, index: PackageIndex
+):
+    """The resolver may run the build backend of a package it then drops, and an environment is shared by its
+    lock: the install's folder, cache and user id are not the resolver's."""
+    settings = BuildSettings(index_url=index.url, sandboxed=IS_ROOT, timeout=120.0)
+    store = EnvironmentStore(shared_dir / "envs")
+    steps = RecordingSteps(SandboxSteps(store.root / "bin", ca_bundle=None, memory_bytes=settings.memory_bytes,
+                                        sandboxed=settings.sandboxed))
+    builder = EnvironmentBuilder(store, settings, steps=steps)
+    try:
+        info = await builder.ensure(Declaration(python=("beta",)), local_target())
+        made = {what: (folder, uid) for folder, uid, what in steps.steps}
+        assert sorted(made) == ["pip compile", "pip sync", "python find", "venv --relocatable"], steps.steps
+        assert [what for _, _, what in steps.steps][-1] == "pip sync"
+        resolving, installing = made["pip compile"], made["pip sync"]
+        assert made["venv --relocatable"] == made["python find"] == installing
+        assert resolving[0] != installing[0]
+        if IS_ROOT:
+            assert resolving[1] != installing[1]
+        assert info.packages == ["alpha==2.0", "beta==1.0"]
+    finally:
+        builder.close()
 
 
 async def test_a_run_imports_its_declared_packages_and_cannot_change_them_or_see_others(

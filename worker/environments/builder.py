@@ -10,7 +10,14 @@ environment's size, watched while it grows.
 
 The build's ``uv`` cache is its own and goes with it: a build never sees what another build left, so one skill's
 hostile source distribution cannot plant a file that another team's environment would then install. Environments are
-still shared by key, and a second library version with the same requirements builds nothing at all.
+still shared by key, and a second library version with the same requirements builds nothing at all. For the same
+reason resolving and installing have folders (and caches, and user ids) of their own: the resolver may run the build
+backend of a package it then drops, and an environment is shared by its lock, so what ran while resolving must not
+reach what the install puts in an environment others may use.
+
+A cold build waits for uv's own work only: while the requirements are resolved, the install's folder is readied in
+a sandbox of its own (the environment made, and its interpreter looked at once, which uv keeps in that folder's
+cache and would otherwise do first when installing); then one step installs the lock with its bytecode compiled.
 
 The result belongs to root and is read-only to everyone else: the build's user id goes back to the pool and may
 next belong to a workspace, which must not be able to change an environment other runs use.
@@ -34,7 +41,13 @@ from worker import defaults
 from worker.cancellation import Cancellation
 from worker.environments.declarations import Declaration, read_plain_file
 from worker.environments.steps import SandboxSteps, StepRunner
-from worker.environments.store import EnvironmentInfo, EnvironmentStore, build_lock, folder_size, resolve_lock
+from worker.environments.store import (
+    EnvironmentInfo,
+    EnvironmentStore,
+    build_lock,
+    folder_size,
+    resolve_lock,
+)
 from worker.environments.target import Target
 from worker.errors import EnvironmentBuildError
 from worker.process import ProcessOutcome
@@ -93,24 +106,24 @@ class EnvironmentBuilder:
 
     async def ensure(self, declaration: Declaration, target: Target, progress: Progress | None = None) -> EnvironmentInfo:
         """The environment of ``declaration`` for ``target``: found in the store, or built now. A requirement set
-        resolved before is installed from its kept lock; a new one is resolved and installed in one build folder,
-        so the install finds what resolving downloaded in the build's cache. One resolution of a requirement set
-        and one build of an environment at a time, across processes: a caller that finds one under way waits."""
-        async with self._resolved(declaration, target, progress) as (lock, built):
-            return await self._install(lock, target, declaration, progress, built)
+        resolved before is installed from its kept lock; a new one is resolved while the install's folder is
+        readied. One resolution of a requirement set and one build of an environment at a time, across processes:
+        a caller that finds one under way waits."""
+        async with self._resolved(declaration, target, progress, install=True) as (lock, readied):
+            return await self._install(lock, target, declaration, progress, readied)
 
     async def resolve(self, declaration: Declaration, target: Target, progress: Progress | None = None) -> str:
         """The lock of ``declaration`` for ``target``, kept in the store: found, or resolved now (for a target
         whose environments are installed elsewhere, such as a Cube sandbox)."""
-        async with self._resolved(declaration, target, progress) as (lock, _):
+        async with self._resolved(declaration, target, progress, install=False) as (lock, _):
             return lock
 
     @contextlib.asynccontextmanager
     async def _resolved(
-        self, declaration: Declaration, target: Target, progress: Progress | None
+        self, declaration: Declaration, target: Target, progress: Progress | None, *, install: bool
     ) -> AsyncIterator[tuple[str, tuple[Path, int | None] | None]]:
-        """The lock, and the build folder that resolved it now (still held, its cache warm) or ``None`` when it
-        was kept from before."""
+        """The lock, and, when it was resolved now for an ``install``, a build folder readied for installing it
+        meanwhile (``_ready``; held until the context ends); ``None`` when the lock was kept from before."""
         if not self._swept:  # what builds killed with their worker left behind
             self._swept = True
             await asyncio.to_thread(self.store.sweep_builds)
@@ -125,24 +138,35 @@ class EnvironmentBuilder:
                 yield lock, None
                 return
             _say(progress, f"resolving {len(declaration.python)} requirement(s)")
-            async with self._build_folder(resolve_lock(key)) as built:
-                folder, uid = built
+            async with contextlib.AsyncExitStack() as stack:
+                folder, uid = await stack.enter_async_context(self._build_folder(resolve_lock(key)))
+                readied = await stack.enter_async_context(self._build_folder(resolve_lock(key))) if install else None
+                stop = Cancellation()
+                readying = asyncio.ensure_future(self._ready(*readied, target, stop)) if readied else None
                 (folder / "requirements.in").write_text("\n".join(declaration.python) + "\n")
-                await self._step(folder, uid, target, [
-                    "pip", "compile", "requirements.in", "--python", target.python, "--generate-hashes",
-                    "--no-header", "--no-annotate", "--quiet", "--output-file", "lock.txt",
-                ], "resolving the dependencies")
-                # Read as root: a link the build planted there could lead anywhere on the host.
-                lock = read_plain_file(
-                    folder / "lock.txt", MAX_LOCK_BYTES, "the build's lock.txt", EnvironmentBuildError
-                )
+                try:
+                    await self._step(folder, uid, target, [
+                        "pip", "compile", "requirements.in", "--python", target.python, "--generate-hashes",
+                        "--no-header", "--no-annotate", "--quiet", "--output-file", "lock.txt",
+                    ], "resolving the dependencies")
+                    # Read as root: a link the build planted there could lead anywhere on the host.
+                    lock = read_plain_file(
+                        folder / "lock.txt", MAX_LOCK_BYTES, "the build's lock.txt", EnvironmentBuildError
+                    )
+                except BaseException:
+                    if readying is not None:
+                        stop.set()
+                        await asyncio.gather(readying, return_exceptions=True)
+                    raise
                 self.store.save_lock(key, lock)
-                yield lock, built
+                if readying is not None:
+                    await readying
+                yield lock, readied
 
     async def _install(self, lock: str, target: Target, declaration: Declaration, progress: Progress | None,
-                       built: tuple[Path, int | None] | None = None) -> EnvironmentInfo:
-        """The environment of ``lock``: found, or installed (in ``built``, the build folder that resolved it, when
-        there is one)."""
+                       readied: tuple[Path, int | None] | None = None) -> EnvironmentInfo:
+        """The environment of ``lock``: found, or installed (in ``readied``, a build folder readied for it while it
+        was resolved, when there is one)."""
         key = environment_key(lock, target)
         info = self.store.info(key)
         if info is not None:
@@ -154,10 +178,11 @@ class EnvironmentBuilder:
             _say(progress, f"installing {len(locked_packages(lock))} package(s)")
             started = time.monotonic()
             async with contextlib.AsyncExitStack() as stack:
-                folder, uid = built or await stack.enter_async_context(self._build_folder(build_lock(key)))
+                if readied is None:
+                    readied = await stack.enter_async_context(self._build_folder(build_lock(key)))
+                    await self._make_environment(*readied, target)
+                folder, uid = readied
                 locked = _write_input(folder, lock)
-                await self._step(folder, uid, target, ["venv", "--relocatable", "--quiet", "--python", target.python, "env"],
-                                 "making the environment")
                 await self._step(folder, uid, target, [
                     "pip", "sync", "--python", "env/bin/python", "--require-hashes", "--compile-bytecode", "--quiet",
                     locked,
@@ -174,6 +199,18 @@ class EnvironmentBuilder:
             _say(progress, f"built in {time.monotonic() - started:.1f} s")
             return self.store.info(key)
 
+    async def _ready(self, folder: Path, uid: int | None, target: Target, stop: Cancellation) -> None:
+        """Ready ``folder`` for installing while the lock is resolved (``stop``ped if resolving fails): the empty
+        environment, and uv's look at its interpreter, kept in the folder's cache for the install."""
+        await self._make_environment(folder, uid, target, stop)
+        await self._step(folder, uid, target, ["python", "find", "env/bin/python"],
+                         "looking at the environment's interpreter", cancel=stop)
+
+    async def _make_environment(self, folder: Path, uid: int | None, target: Target,
+                                cancel: Cancellation | None = None) -> None:
+        await self._step(folder, uid, target, ["venv", "--relocatable", "--quiet", "--python", target.python, "env"],
+                         "making the environment", cancel=cancel)
+
     @contextlib.asynccontextmanager
     async def _build_folder(self, lock: str) -> AsyncIterator[tuple[Path, int | None]]:
         """A new build folder (removed afterwards) and, sandboxed, the sandbox user id that owns it while it exists."""
@@ -187,9 +224,10 @@ class EnvironmentBuilder:
             await asyncio.to_thread(remove_tree, folder)
 
     async def _step(self, folder: Path, uid: int | None, target: Target, args: list[str], what: str,
-                    watch: Path | None = None) -> None:
-        """Run ``uv <args>`` in ``folder`` as ``uid`` through the step runner; ``EnvironmentBuildError`` with uv's
-        own message when it fails, runs out of time or grows the environment past the size cap."""
+                    watch: Path | None = None, cancel: Cancellation | None = None) -> None:
+        """Run ``uv <args>`` in ``folder`` as ``uid`` through the step runner (stopped when ``cancel`` is set);
+        ``EnvironmentBuildError`` with uv's own message when it fails, runs out of time or grows the environment
+        past the size cap."""
         env = {
             "PATH": defaults.SANDBOX_PATH, "HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp"),
             "LANG": defaults.SANDBOX_LANG, "UV_CACHE_DIR": str(folder / "cache"), "UV_NO_CONFIG": "1",
@@ -197,7 +235,7 @@ class EnvironmentBuilder:
         }
         if self.settings.index_url:
             env["UV_DEFAULT_INDEX"] = self.settings.index_url
-        cancel = Cancellation()
+        cancel = cancel or Cancellation()
         too_big: list[int] = []
         watcher = asyncio.ensure_future(_watch_size(watch, self.settings.max_bytes, cancel, too_big)) if watch else None
         try:
