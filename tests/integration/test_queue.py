@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from tests.integration.conftest import cube_remote_root
-from tests.services import RedisServer
 from tests.processes import running_with, sleeper, wait_none_with
+from tests.services import RedisServer
 from worker import defaults, jobs
 from worker.config import get_worker_settings
 from worker.contract import InputFile, RunRequest, RunResult
@@ -314,4 +316,55 @@ async def test_a_lost_run_nobody_reads_is_recovered_by_the_sweep(redis_url, work
         await asyncio.sleep(0.5)
     stored = dispatcher.store.get(run_id)  # read straight from the store: no recovery on the way
     assert stored.status == RunStatus.FAILED and "stopped beating" in stored.error
+    await dispatcher.close()
+
+
+async def test_a_superseded_attempt_can_neither_beat_nor_fail_nor_finish_the_run(redis_url, repo):
+    dispatcher = QueueDispatcher(redis_url, max_attempts=2)
+    store = dispatcher.store
+    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="true"))
+    first = Attempt.of(store.start(record.id, "w"))
+    assert store.heartbeat(record.id, first)
+    store.redis.delete(store.keys.part(record.id, "heartbeat"))  # the worker is cut off: its heartbeat lapses
+    retried = await dispatcher.get(record.id)  # whoever looks next retries the run
+    assert (retried.status, retried.attempts) == (RunStatus.QUEUED, 1)
+    second = Attempt.of(store.start(record.id, "w"))  # the same worker id, yet a newer attempt
+    stale = RunResult(exit_code=1, stdout="stale", run_id=record.id, workspace_id="w", runtime="local")
+    assert not store.heartbeat(record.id, first)
+    assert store.fail(record.id, "stale", first).status == RunStatus.STARTED
+    assert store.finish(record.id, stale, first).status == RunStatus.STARTED
+    assert store.heartbeat(record.id, second)
+    fresh = RunResult(exit_code=0, stdout="fresh", run_id=record.id, workspace_id="w", runtime="local")
+    store.finish(record.id, fresh, second)
+    assert store.finish(record.id, stale, first).result.stdout == "fresh"
+    done = await dispatcher.get(record.id)
+    assert (done.status, done.attempts, done.result.stdout) == (RunStatus.FINISHED, 2, "fresh")
+    assert [e.type for e in await dispatcher.events(record.id)] == ["queued", "started", "retried", "started", "finished"]
+    await dispatcher.close()
+
+
+async def test_a_worker_cut_off_mid_run_and_back_after_its_run_was_retried_changes_nothing(redis_url, workers, repo):
+    dispatcher = QueueDispatcher(redis_url, max_attempts=2)
+    cut_off = workers.start()
+    record = await dispatcher.submit(RunRequest(skill=repo.skill_ref("python-math"), command="sleep 2; echo done",
+                                                timeout=120))
+    await _wait_status(dispatcher, record.id, RunStatus.STARTED)
+    cut_off.send_signal(signal.SIGSTOP)  # frozen: no heartbeat, no result, until it is let go
+    try:
+        workers.start()
+        done = await dispatcher.wait(record.id, 120)  # retried once its heartbeat lapsed, then run by the other
+    finally:
+        cut_off.send_signal(signal.SIGCONT)
+    assert (done.status, done.attempts) == (RunStatus.FINISHED, 2), done
+    first_job = Job.fetch(f"{record.id}-1", connection=dispatcher.redis, serializer=JSONSerializer)
+    deadline = time.monotonic() + 60
+    while first_job.get_status(refresh=True) not in (JobStatus.FINISHED, JobStatus.FAILED):  # it came back and ended
+        assert time.monotonic() < deadline, "the cut-off worker never ended its job"
+        await asyncio.sleep(0.1)
+    final = await dispatcher.get(record.id)
+    assert final.model_dump() == done.model_dump()
+    events = await dispatcher.events(record.id)
+    assert [e.type for e in events] == ["queued", "started", "retried", "started", "finished"]
+    assert events[1].data["worker_id"].endswith(f":{cut_off.pid}")
+    assert not final.result.worker_id.endswith(f":{cut_off.pid}")
     await dispatcher.close()

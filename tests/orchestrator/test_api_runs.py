@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import httpx
 import pytest
+import uvicorn
 
+from orchestrator.api import Services, create_app
 from orchestrator.dispatch import QueueDispatcher
+from orchestrator.documents import RedisDocuments
+from orchestrator.teams import TeamStore
 from tests.orchestrator.api_helpers import client as api_client
 from tests.orchestrator.api_helpers import make_services, new_team
 from tests.orchestrator.test_api_sessions import parse_sse
+from tests.services import RedisServer, free_port
 from worker.artifacts import FileArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,3 +153,132 @@ async def test_the_api_over_the_queue_with_a_worker_process(redis_url, work_root
         assert 'skillrun_queue_depth{runtime="local"} 0' in metrics
         assert 'skillrun_runs{status="finished"} 3' in metrics
     await services.close()
+
+
+@contextlib.contextmanager
+def _api_in_a_thread(services: Services):
+    """The app under uvicorn on loopback (real connections, so a client can leave), in a thread of this process."""
+    server = uvicorn.Server(uvicorn.Config(create_app(services=services), host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the API did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+async def _until(done, seconds: float = 60.0) -> bool:
+    """Whether ``done()`` holds within ``seconds`` (a bound against hanging, not a figure)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def test_open_waits_hold_no_thread_a_submission_still_answers_and_a_wait_ends_with_its_client(
+        redis_url, shared_dir):
+    # 200 waits on a run no worker takes: before, each held one of the API's few threads (a submission then got no
+    # answer for minutes) and went on after its client left.
+    waits = 200
+    dispatcher = QueueDispatcher(redis_url)
+    services = make_services(dispatcher, FileArtifactStore(shared_dir / "artifacts"), shared_dir / "data")
+    key = new_team(services, "team-w")
+    with _api_in_a_thread(services) as url:
+        limits = httpx.Limits(max_connections=waits + 10)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, limits=limits,
+                                     timeout=120) as c:
+            run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})).json()["id"]
+            threads_before = threading.active_count()
+            waiting = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(waits)]
+            assert await _until(lambda: len(dispatcher.waiters) == waits), f"{len(dispatcher.waiters)} waits opened"
+            assert threading.active_count() - threads_before < 10, "open waits hold threads"
+            submitted = await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})
+            assert submitted.status_code == 202
+            assert not any(task.done() for task in waiting)
+            for task in waiting:  # the clients go: their connections close
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+        assert await _until(lambda: len(dispatcher.waiters) == 0), f"{len(dispatcher.waiters)} waits outlived their clients"
+    await services.close()
+
+
+async def test_redis_away_is_503_with_a_reason_and_a_run_whose_record_vanished_is_lost_not_unknown(shared_dir):
+    server = RedisServer()  # its own: this test stops it and starts it again empty
+    try:
+        dispatcher = QueueDispatcher(server.url())
+        services = make_services(dispatcher, FileArtifactStore(shared_dir / "artifacts"), shared_dir / "data")
+        async with api_client(services, new_team(services, "team-r")) as c:
+            run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})).json()["id"]
+            waiter = asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 120}))
+            assert await _until(lambda: len(dispatcher.waiters) == 1)
+            server.halt()
+            for answer in [await c.get(f"/v1/runs/{run_id}"), await c.get("/v1/runs"), await c.get("/healthz"),
+                           await c.post("/v1/runs", json={"skill": "python-math", "command": "true"}),
+                           await c.post(f"/v1/runs/{run_id}/cancel")]:
+                assert answer.status_code == 503, answer.text
+                assert int(answer.headers["Retry-After"]) > 0
+                assert "Redis" in answer.json()["detail"]
+            server.start()  # without its data
+            lost = await waiter
+            assert lost.status_code == 410 and "was lost" in lost.json()["detail"], lost.text
+            for path in (f"/v1/runs/{run_id}", f"/v1/runs/{run_id}/events"):
+                answer = await c.get(path)
+                assert answer.status_code == 410 and "was lost" in answer.json()["detail"], answer.text
+            unknown = await c.get(f"/v1/runs/{run_id[:-8]}00000000")  # a wrong id: its check does not hold
+            assert unknown.status_code == 404 and "no run" in unknown.json()["detail"]
+        async with api_client(services, new_team(services, "team-other")) as other:
+            assert (await other.get(f"/v1/runs/{run_id}")).status_code == 404  # another team's id: unknown to it
+        await services.close()
+    finally:
+        server.stop()
+
+
+async def test_sigterm_ends_the_api_at_once_answering_its_waits_and_closing_its_streams(redis_url, shared_dir):
+    # Before, SIGTERM took 49 s (and once never ended): uvicorn waits for open requests, and waits lasted minutes.
+    teams = TeamStore(RedisDocuments(redis_url))
+    team_key = new_team(SimpleNamespace(teams=teams), "team-s")
+    teams.docs.close()
+    port = free_port()
+    env = {**os.environ, "SKILLRUN_REDIS_URL": redis_url, "SKILLS_ROOT": str(LIBRARY),
+           "SKILLRUN_DATA_DIR": str(shared_dir / "api-data")}
+    api = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(port)], env=env, cwd=REPO)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
+                                     headers={"Authorization": f"Bearer {team_key}"}) as c:
+            assert await _until(lambda: api.poll() is not None or _answers(port)), "the API did not start"
+            run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})).json()["id"]
+
+            async def stream() -> str:
+                async with c.stream("GET", f"/v1/runs/{run_id}/events") as response:
+                    return "".join([chunk async for chunk in response.aiter_text()])  # raises if cut off
+
+            waits = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(20)]
+            streams = [asyncio.create_task(stream()) for _ in range(5)]
+            await asyncio.sleep(1.0)  # let them all reach the API (a late one would be refused, not hang)
+            api.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+            answers = await asyncio.gather(*waits)
+            texts = await asyncio.gather(*streams)
+            assert await asyncio.to_thread(api.wait, 30) in (0, -signal.SIGTERM)  # uvicorn ends as the signal asks
+            print(f"the API ended {time.monotonic() - stopped:.2f} s after SIGTERM")
+        assert {(a.status_code, a.json()["status"]) for a in answers} == {(200, "queued")}
+        for text in texts:
+            assert [kind for kind, _ in parse_sse(text)] == ["queued", "closing"], text
+    finally:
+        if api.poll() is None:
+            api.kill()
+            api.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
