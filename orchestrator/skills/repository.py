@@ -4,20 +4,38 @@ A root is a folder that is a skill (has ``SKILL.md``) or holds skill folders, ne
 A broken ``SKILL.md`` is reported in ``problems()`` and never hides the other skills; when two folders declare
 the same name, the first (in root order) is used and the second is reported.
 
-``FsSkillRepository`` reads the disk on every call. ``CachedSkillRepository`` keeps what it parsed and checks
-file and folder modification times on each call, so edited, added and removed skills are noticed without
-parsing everything again.
+``FsSkillRepository`` reads the disk on every call. ``CachedSkillRepository`` keeps what it parsed, with the
+summaries' search index, and on each call asks whether anything under the roots changed (one inotify read on Linux,
+else file and folder modification times), so edited, added and removed skills are noticed on the next call
+without parsing everything again.
 """
 
 from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, SkillValidationError
-from orchestrator.skills.skill import SKILL_FILE, Skill, SkillSummary, list_docs, load_skill, split_front_matter, validate_summary
+
+from orchestrator.errors import (
+    SkillNotFoundError,
+    SkillsRootNotFoundError,
+    SkillValidationError,
+)
+from orchestrator.skills._watch import FolderWatch
+from orchestrator.skills.search import SkillIndex
+from orchestrator.skills.skill import (
+    SKILL_FILE,
+    Skill,
+    SkillSummary,
+    list_docs,
+    load_skill,
+    split_front_matter,
+    validate_summary,
+)
+from orchestrator.skills.summary_cache import SummaryCache
 from worker.contract import SkillRef
 from worker.errors import SkillRootError
 from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root, split_pin
@@ -45,12 +63,30 @@ class _Entry:
     root: Path
 
 
+Stamp = tuple[int, int]  # (mtime_ns, size) of a SKILL.md
+
+
 @dataclass
 class _Scan:
+    """One look at the roots: the usable skills, the problems, and what to stat to know it is still current."""
+
     entries: dict[str, _Entry] = field(default_factory=dict)
     problems: list[SkillProblem] = field(default_factory=list)
-    folders: dict[Path, int] = field(default_factory=dict)  # scanned folder → mtime_ns
-    skill_files: dict[Path, tuple[int, int]] = field(default_factory=dict)  # SKILL.md → (mtime_ns, size)
+    folders: dict[str, int] = field(default_factory=dict)  # scanned folder → mtime_ns
+    skill_files: dict[str, Stamp] = field(default_factory=dict)  # every SKILL.md seen → its stamp
+    parsed: dict[str, tuple[Stamp, SkillSummary]] = field(default_factory=dict)  # usable SKILL.md → summary
+    _summaries: list[SkillSummary] | None = None
+    _index: SkillIndex | None = None
+
+    def summaries(self) -> list[SkillSummary]:
+        if self._summaries is None:
+            self._summaries = [self.entries[name].summary for name in sorted(self.entries)]
+        return self._summaries
+
+    def index(self) -> SkillIndex:
+        if self._index is None:
+            self._index = SkillIndex(self.summaries())
+        return self._index
 
 
 class BaseSkillRepository(ABC):
@@ -81,6 +117,10 @@ class BaseSkillRepository(ABC):
 
     def skill_list(self) -> list[str]:
         return [s.name for s in self.summaries()]
+
+    def index(self) -> SkillIndex:
+        """The search index of the current summaries (repositories that know their version keep it)."""
+        return SkillIndex(self.summaries())
 
 
 class FsSkillRepository(BaseSkillRepository):
@@ -116,8 +156,10 @@ class FsSkillRepository(BaseSkillRepository):
         return self._scan()
 
     def summaries(self) -> list[SkillSummary]:
-        scan = self._current()
-        return [scan.entries[name].summary for name in sorted(scan.entries)]
+        return list(self._current().summaries())
+
+    def index(self) -> SkillIndex:
+        return self._current().index()
 
     def problems(self) -> list[SkillProblem]:
         return list(self._current().problems)
@@ -142,27 +184,29 @@ class FsSkillRepository(BaseSkillRepository):
         url, digest = self._origins.get(entry.root, (str(entry.root), None))
         return SkillRef(name=name, root=url, digest=digest, path=entry.skill_dir.relative_to(entry.root).as_posix())
 
-    def _scan(self, previous: _Scan | None = None) -> _Scan:
+    def _scan(self, previous: Mapping[str, tuple[Stamp, SkillSummary]] | None = None) -> _Scan:
+        """Walk the roots; a SKILL.md whose stamp is in ``previous`` is not parsed again."""
         scan = _Scan()
         for root in self.roots:
             for skill_dir in self._skill_dirs(root, scan):
-                skill_file = skill_dir / SKILL_FILE
+                skill_file = os.path.join(skill_dir, SKILL_FILE)
                 try:
-                    info = skill_file.stat()
+                    info = os.stat(skill_file)
                 except OSError:
                     continue
-                scan.skill_files[skill_file] = (info.st_mtime_ns, info.st_size)
-                reused = self._reuse(previous, skill_dir, skill_file, scan.skill_files[skill_file])
+                stamp = scan.skill_files[skill_file] = (info.st_mtime_ns, info.st_size)
+                known = previous.get(skill_file) if previous else None
                 try:
-                    summary = reused if reused is not None else _read_summary(skill_file)
+                    summary = known[1] if known is not None and known[0] == stamp else _read_summary(Path(skill_file))
                 except SkillValidationError as exc:
                     scan.problems.append(SkillProblem(exc.path, exc.field, exc.message))
                     continue
+                scan.parsed[skill_file] = (stamp, summary)
                 other = scan.entries.get(summary.name)
                 if other is not None:
                     scan.problems.append(
                         SkillProblem(
-                            str(skill_file), "name",
+                            skill_file, "name",
                             f"{summary.name!r} is already declared by {other.skill_dir / SKILL_FILE}; this one is ignored",
                         )
                     )
@@ -171,18 +215,12 @@ class FsSkillRepository(BaseSkillRepository):
         return scan
 
     @staticmethod
-    def _reuse(previous: _Scan | None, skill_dir: Path, skill_file: Path, stamp: tuple[int, int]) -> SkillSummary | None:
-        if previous is None or previous.skill_files.get(skill_file) != stamp:
-            return None
-        return next((e.summary for e in previous.entries.values() if e.skill_dir == skill_dir), None)
-
-    @staticmethod
     def _skill_dirs(root: Path, scan: _Scan) -> list[Path]:
         found: list[Path] = []
 
         def walk(folder: Path, depth: int) -> None:
             try:
-                scan.folders[folder] = folder.stat().st_mtime_ns
+                scan.folders[str(folder)] = os.stat(folder).st_mtime_ns
                 entries = sorted(os.scandir(folder), key=lambda e: e.name)
             except OSError as exc:
                 scan.problems.append(SkillProblem(str(folder), "folder", f"cannot be read: {exc.strerror}"))
@@ -202,27 +240,61 @@ class FsSkillRepository(BaseSkillRepository):
 
 class CachedSkillRepository(FsSkillRepository):
     """Like ``FsSkillRepository`` (same arguments), but parses a file again only when its modification time or
-    size changed."""
+    size changed, and keeps the summaries and their search index until something under the roots changes.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    ``summary_cache``: a file where the parsed summaries are kept between processes (the command line starts a new
+    process per command); entries whose file changed since are parsed again.
+    """
+
+    def __init__(self, *args: Any, summary_cache: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._cached: _Scan | None = None
         self._skills: dict[str, tuple[tuple, Skill]] = {}
+        self._summary_cache = SummaryCache(summary_cache) if summary_cache is not None else None
+        self._watch: FolderWatch | None = None
 
     def _current(self) -> _Scan:
         cached = self._cached
-        if cached is None or not self._still_valid(cached):
-            cached = self._cached = self._scan(previous=cached)
-        return cached
+        if cached is not None and self._fresh(cached):
+            return cached
+        if cached is not None:
+            previous = cached.parsed
+        elif self._summary_cache is not None:
+            previous = self._summary_cache.load()
+        else:
+            previous = None
+        scan = self._watched_scan(previous)
+        if self._summary_cache is not None and scan.parsed != previous:
+            self._summary_cache.save(scan.parsed)
+        self._cached = scan
+        return scan
+
+    def _fresh(self, scan: _Scan) -> bool:
+        if self._watch is not None:
+            return not self._watch.changed()
+        return self._still_valid(scan)
+
+    def _watched_scan(self, previous: Mapping[str, tuple[Stamp, SkillSummary]] | None) -> _Scan:
+        """Scan, then watch the scanned folders; scan again if something changed before the watch began."""
+        if self._watch is not None:
+            self._watch.close()
+        while True:
+            scan = self._scan(previous)
+            self._watch = FolderWatch.start(scan.folders)
+            if self._still_valid(scan):
+                return scan
+            previous = scan.parsed
 
     @staticmethod
     def _still_valid(scan: _Scan) -> bool:
+        stat = os.stat
         try:
-            if any(folder.stat().st_mtime_ns != mtime for folder, mtime in scan.folders.items()):
-                return False
-            for skill_file, stamp in scan.skill_files.items():
-                info = skill_file.stat()
-                if (info.st_mtime_ns, info.st_size) != stamp:
+            for folder, mtime in scan.folders.items():
+                if stat(folder).st_mtime_ns != mtime:
+                    return False
+            for skill_file, (mtime, size) in scan.skill_files.items():
+                info = stat(skill_file)
+                if info.st_mtime_ns != mtime or info.st_size != size:
                     return False
         except OSError:
             return False

@@ -33,6 +33,7 @@ NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _TOOLS_HEADER = re.compile(r"^\s*(?:#{1,6}\s*)?\**Tools\**:?\**\s*$", re.IGNORECASE)
 _LIST_ITEM = re.compile(r"^\s*[-*+]\s+(.*)$")
 _TOOL_NAME = re.compile(r"^`?([A-Za-z_][\w.-]*)`?")
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when PyYAML was built with it
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def split_front_matter(text: str, path: str) -> tuple[dict, str]:
     else:
         raise SkillValidationError(path, "front matter", "the front matter has no closing '---' line")
     try:
-        data = yaml.safe_load(header)
+        data = yaml.load(header, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 2})" if mark is not None else ""

@@ -1,0 +1,115 @@
+"""``SkillIndex``: BM25 ranking of a library's skills by name and description.
+
+Built once per repository version (the repository keeps it with its scan) and then read by every request: ranking
+one query walks only the postings of the query's terms, so it costs microseconds per term whatever the library
+size. Terms found in more than half of a library's skills (and in more than ``MIN_COMMON_DF``) are not indexed:
+they tell the skills apart no better than a stop word and would cost the most to walk. Each posting carries its precomputed BM25 weight (Okapi BM25, ``k1 = 1.2``, ``b = 0.75``, the idf of
+Lucene, which is never negative); a term in the skill's name counts twice.
+
+Queries of any length are accepted: the text is cut to its first ``MAX_QUERY_CHARS`` characters and at most
+``MAX_QUERY_TERMS`` distinct terms — the rarest ones, which carry the most signal — are scored. A query with no
+indexed term ranks nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from orchestrator.skills.skill import SkillSummary
+
+K1 = 1.2
+B = 0.75
+NAME_WEIGHT = 2
+MAX_QUERY_CHARS = 4000
+MAX_QUERY_TERMS = 32
+MIN_COMMON_DF = 20
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP_WORDS = frozenset(
+    "a an and are as at be but by can could do for from has have help i in into is it its me my need of on or our "
+    "please some that the their them then there these they this to use us want was we when which who will with "
+    "would you your".split()
+)
+_SUFFIXES = ("ations", "ation", "ings", "ing", "ies", "ed", "es", "s")
+
+
+def terms(text: str) -> list[str]:
+    """The index terms of ``text``: lowercase words without stop words, with common English endings cut."""
+    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOP_WORDS]
+
+
+def _stem(word: str) -> str:
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return word
+
+
+@dataclass(frozen=True)
+class SkillHit:
+    """One ranked skill."""
+
+    summary: SkillSummary
+    score: float
+
+
+class SkillIndex:
+    """A BM25 index over ``summaries`` (kept in the given order)."""
+
+    def __init__(self, summaries: Sequence[SkillSummary]) -> None:
+        self.summaries = list(summaries)
+        self._positions = {s.name: position for position, s in enumerate(self.summaries)}
+        docs = [Counter(terms(s.description) + terms(s.name.replace("-", " ")) * NAME_WEIGHT) for s in self.summaries]
+        lengths = [sum(doc.values()) for doc in docs]
+        average = sum(lengths) / len(lengths) if lengths else 1.0
+        frequency: Counter[str] = Counter(term for doc in docs for term in doc)
+        count = len(docs)
+        self._idf = {t: math.log(1 + (count - df + 0.5) / (df + 0.5)) for t, df in frequency.items()}
+        self._postings: dict[str, list[tuple[int, float]]] = {}
+        common = {t for t, df in frequency.items() if df > max(MIN_COMMON_DF, count / 2)}
+        for term in common:
+            del self._idf[term]
+        for position, (doc, length) in enumerate(zip(docs, lengths)):
+            norm = K1 * (1 - B + B * length / (average or 1.0))
+            for term, tf in doc.items():
+                if term in common:
+                    continue
+                weight = self._idf[term] * tf * (K1 + 1) / (tf + norm)
+                self._postings.setdefault(term, []).append((position, weight))
+
+    def __len__(self) -> int:
+        return len(self.summaries)
+
+    def summary(self, name: str) -> SkillSummary | None:
+        position = self._positions.get(name)
+        return None if position is None else self.summaries[position]
+
+    def scores(self, query: str, weighted: Iterable[tuple[str, float]] = ()) -> dict[int, float]:
+        """Score per skill position for ``query`` plus extra ``(text, weight)`` pairs; unmatched skills are absent."""
+        wanted: dict[str, float] = {}
+        for text, weight in [(query, 1.0), *weighted]:
+            for term in terms(text[:MAX_QUERY_CHARS]):
+                if term in self._idf:
+                    wanted[term] = max(wanted.get(term, 0.0), weight)
+        if len(wanted) > MAX_QUERY_TERMS:
+            kept = heapq.nlargest(MAX_QUERY_TERMS, wanted, key=lambda t: self._idf[t])
+            wanted = {t: wanted[t] for t in kept}
+        totals: dict[int, float] = {}
+        for term, weight in wanted.items():
+            for position, value in self._postings[term]:
+                totals[position] = totals.get(position, 0.0) + value * weight
+        return totals
+
+    def search(self, query: str, limit: int, offset: int = 0, weighted: Iterable[tuple[str, float]] = ()) -> list[SkillHit]:
+        """The best ``limit`` matches after skipping ``offset``; ties go to the earlier skill (by name)."""
+        totals = self.scores(query, weighted)
+        best = heapq.nsmallest(offset + limit, totals.items(), key=lambda item: (-item[1], item[0]))
+        return [SkillHit(self.summaries[p], score) for p, score in best[offset:]]
+
+    def count(self, query: str) -> int:
+        """How many skills match ``query`` at all."""
+        return len(self.scores(query))
