@@ -1,7 +1,8 @@
 """``LlmAgent``: a model in a loop with tools.
 
-Each step builds a request (instruction, the skill tiers when a skill repository is set, the session's
-history, the declarations of the tools available now), streams the model's answer as partial events, and runs
+Each step builds a request (instruction, the skill tiers when a skill repository is set — ranked against the
+latest user message and shaped by ``skill_options`` —, the session's history, the declarations of the tools
+available now), streams the model's answer as partial events, and runs
 the tool calls it makes (concurrently when ``parallel_tool_calls``), feeding their results back, until the model
 answers without a tool call, a tool result ends the turn (``skip_summarization``), or ``max_steps`` model calls
 were made (then an error event says so).
@@ -19,10 +20,12 @@ from orchestrator.agents.base import BaseAgent
 from orchestrator.context import InvocationContext
 from orchestrator.errors import ModelError
 from orchestrator.events import Event, EventActions
-from orchestrator.models.base import LlmRequest, LlmResponse, LLMModel
+from orchestrator.models.base import LLMModel, LlmRequest, LlmResponse
 from orchestrator.models.openai_model import OpenAIModel
 from orchestrator.skills.injection import skill_instructions
+from orchestrator.skills.options import SkillLoadMode, SkillOptions
 from orchestrator.skills.repository import BaseSkillRepository
+from orchestrator.skills.state import consume_once
 from orchestrator.tools.base import BaseTool
 from orchestrator.tools.function_tool import FunctionTool, wrap_result
 from orchestrator.tools.toolset import BaseToolSet
@@ -51,6 +54,7 @@ class LlmAgent(BaseAgent):
         tools: list[BaseTool | BaseToolSet | Callable[..., Any]] | None = None,
         skill_repository: BaseSkillRepository | None = None,
         *,
+        skill_options: SkillOptions | None = None,
         parallel_tool_calls: bool = True,
         stream: bool = True,
         max_steps: int = DEFAULT_MAX_STEPS,
@@ -66,6 +70,7 @@ class LlmAgent(BaseAgent):
             t if isinstance(t, (BaseTool, BaseToolSet)) else FunctionTool(t) for t in (tools or [])
         ]
         self.skill_repository = skill_repository
+        self.skill_options = skill_options or SkillOptions()
         self.parallel_tool_calls = parallel_tool_calls
         self.stream = stream
         self.max_steps = max_steps
@@ -87,6 +92,8 @@ class LlmAgent(BaseAgent):
                 parallel_tool_calls=self.parallel_tool_calls,
                 stream=self.stream,
             )
+            if self.skill_options.load_mode is SkillLoadMode.ONCE:
+                consume_once(ctx.temp_state)
             response = await _call(self.before_model_callback, ctx, request)
             if response is None:
                 try:
@@ -146,7 +153,8 @@ class LlmAgent(BaseAgent):
     def _system_instruction(self, ctx: InvocationContext, tools: dict[str, BaseTool]) -> str:
         text = self.instruction(ctx) if callable(self.instruction) else self.instruction
         if self.skill_repository is not None:
-            block = skill_instructions(self.skill_repository, ctx.state, set(tools))
+            block = skill_instructions(self.skill_repository, ctx.state, set(tools), _latest_user_text(ctx),
+                                       self.skill_options)
             text = f"{text}\n\n{block}" if text else block
         return text
 
@@ -190,6 +198,13 @@ class LlmAgent(BaseAgent):
                 if isinstance(inner, BaseAgent):
                     await inner.close()
         await self.model.close()
+
+
+def _latest_user_text(ctx: InvocationContext) -> str:
+    for event in reversed(ctx.session.events):
+        if event.author == "user" and event.content is not None:
+            return " ".join(p.text for p in event.content.parts if p.text)
+    return ""
 
 
 def _history(ctx: InvocationContext) -> list[Content]:

@@ -1,5 +1,7 @@
-"""Agent Skills on the control plane: parsing, repositories, three-tier injection, the skill tool sets."""
+"""Agent Skills on the control plane: parsing, repositories, search, three-tier injection, the skill tool sets."""
 
+from orchestrator.skills.options import SkillLoadMode, SkillOptions
+from orchestrator.skills.overview import Overview, build_overview
 from orchestrator.skills.repository import (
     BaseSkillRepository,
     CachedSkillRepository,
@@ -7,7 +9,14 @@ from orchestrator.skills.repository import (
     SkillProblem,
     create_default_skill_repository,
 )
-from orchestrator.skills.skill import Skill, SkillDoc, SkillSummary, load_skill, parse_tools
+from orchestrator.skills.search import SkillHit, SkillIndex
+from orchestrator.skills.skill import (
+    Skill,
+    SkillDoc,
+    SkillSummary,
+    load_skill,
+    parse_tools,
+)
 from orchestrator.skills.tools import DynamicSkillToolSet, SkillToolSet
 
 __all__ = [
@@ -15,11 +24,17 @@ __all__ = [
     "CachedSkillRepository",
     "DynamicSkillToolSet",
     "FsSkillRepository",
+    "Overview",
     "Skill",
     "SkillDoc",
+    "SkillHit",
+    "SkillIndex",
+    "SkillLoadMode",
+    "SkillOptions",
     "SkillProblem",
     "SkillSummary",
     "SkillToolSet",
+    "build_overview",
     "create_default_skill_repository",
     "load_skill",
     "parse_tools",

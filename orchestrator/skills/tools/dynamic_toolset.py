@@ -14,8 +14,8 @@ from typing import Any
 
 from orchestrator.context import InvocationContext
 from orchestrator.errors import SkillError
-from orchestrator.skills.injection import loaded_skills, selected_tools
 from orchestrator.skills.repository import BaseSkillRepository
+from orchestrator.skills.state import loaded_skills, selected_tools
 from orchestrator.tools.base import BaseTool
 from orchestrator.tools.function_tool import FunctionTool
 from orchestrator.tools.registry import get_tool

@@ -1,9 +1,12 @@
-"""``SkillToolSet``: the seven skill tools of the guide.
+"""``SkillToolSet``: the seven skill tools of the guide, and ``skill_search`` for large libraries.
 
 ``skill_list``, ``skill_list_tools``, ``skill_load``, ``skill_select_tools``, ``skill_list_docs``,
-``skill_select_docs`` and ``skill_run``. Loading and selecting write the ``temp:skill:*`` state keys through the
-tool call's ``state_delta``; ``skill_run`` goes through a dispatcher (the same the HTTP API uses) with the
-session id as the workspace id, so a session's ``work/`` and ``out/`` persist across its runs.
+``skill_select_docs`` and ``skill_run``. Loading and selecting write the skill state keys (see
+``orchestrator.skills.state``; their scope follows the agent's load mode) through the tool call's
+``state_delta``; ``skill_run`` goes through a dispatcher (the same the HTTP API uses) with the session id as the
+workspace id, so a session's ``work/`` and ``out/`` persist across its runs. ``skill_search`` is declared only
+when the library is past the size at which the overview lists every skill. The agent's ``SkillOptions`` (load
+mode, loaded cap, content in tool results, search page size) are read from the invocation's agent.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.context import InvocationContext
 from orchestrator.dispatch import BaseDispatcher, InlineDispatcher
 from orchestrator.errors import SkillError
-from orchestrator.skills.injection import (
+from orchestrator.skills.options import options_of
+from orchestrator.skills.overview import is_cut
+from orchestrator.skills.repository import BaseSkillRepository
+from orchestrator.skills.state import (
     ALL_DOCS,
-    DOCS_PREFIX,
-    LOADED_PREFIX,
-    TOOLS_PREFIX,
+    key,
+    loaded_skills,
     selected_docs,
     selected_tools,
+    touch,
 )
-from orchestrator.skills.repository import BaseSkillRepository
 from orchestrator.tools.base import BaseTool
 from orchestrator.tools.function_tool import FunctionTool
 from orchestrator.tools.toolset import BaseToolSet
@@ -74,8 +79,12 @@ class SkillToolSet(BaseToolSet):
                 self.skill_list_docs, self.skill_select_docs, self.skill_run,
             )
         ]
+        self._search_tool = FunctionTool(self.skill_search)
 
     async def get_tools(self, invocation_context: InvocationContext | None = None) -> list[BaseTool]:
+        options = options_of(invocation_context.agent if invocation_context is not None else None)
+        if is_cut(self.repository.index(), options):
+            return [*self._tools, self._search_tool]
         return list(self._tools)
 
     @property
@@ -121,18 +130,52 @@ class SkillToolSet(BaseToolSet):
             skill = self.repository.get(skill_name)
         except SkillError as exc:
             return {"error": str(exc)}
+        options = options_of(tool_context.agent)
+        mode = options.load_mode
         delta = tool_context.actions.state_delta
-        delta[LOADED_PREFIX + skill_name] = "1"
-        if include_all_docs:
-            delta[DOCS_PREFIX + skill_name] = ALL_DOCS
-        elif docs:
+        if docs and not include_all_docs:
             unknown = [d for d in docs if skill.doc(d) is None]
             if unknown:
                 return {"error": f"skill {skill_name!r} has no doc {', '.join(map(repr, unknown))} (docs: {skill.doc_names})"}
-            delta[DOCS_PREFIX + skill_name] = json.dumps(list(docs))
+        delta[key("loaded", skill_name, mode)] = "1"
+        if include_all_docs:
+            delta[key("docs", skill_name, mode)] = ALL_DOCS
+        elif docs:
+            delta[key("docs", skill_name, mode)] = json.dumps(list(docs))
         if selected_tools(tool_context.state, skill_name) is None:
-            delta[TOOLS_PREFIX + skill_name] = json.dumps(skill.tools)
-        return f"skill {skill_name!r} loaded"
+            delta[key("tools", skill_name, mode)] = json.dumps(skill.tools)
+        evicted = touch(tool_context.state, delta, skill_name, mode, options.max_loaded_skills)
+        message = f"skill {skill_name!r} loaded"
+        if not evicted and not options.content_in_tool_results:
+            return message
+        answer: dict[str, Any] = {"result": message}
+        if evicted:
+            answer["unloaded"] = evicted
+        if options.content_in_tool_results:
+            chosen = skill.doc_names if include_all_docs else list(docs or [])
+            answer["instructions"] = skill.body
+            answer["docs"] = {name: skill.doc(name).content for name in chosen}
+        return answer
+
+    def skill_search(self, query: str, tool_context: InvocationContext, page: int = 1) -> Any:
+        """Find skills by what they do: names and descriptions of the best matches, a page at a time.
+
+        Args:
+            query: The task in a few words, e.g. "convert invoices to PDF".
+            page: Which page of results, from 1.
+        """
+        if not query.strip():
+            return {"error": "the query is empty: describe the task in a few words"}
+        if page < 1:
+            return {"error": f"page must be 1 or more (got {page})"}
+        size = options_of(tool_context.agent).search_page_size
+        index = self.repository.index()
+        hits = index.search(query, size + 1, offset=(page - 1) * size)
+        return {
+            "skills": [{"name": h.summary.name, "description": h.summary.description} for h in hits[:size]],
+            "page": page,
+            "more": len(hits) > size,
+        }
 
     def skill_select_tools(
         self,
@@ -166,7 +209,9 @@ class SkillToolSet(BaseToolSet):
             chosen = current + [t for t in tools or [] if t not in current]
         else:
             chosen = list(dict.fromkeys(tools or []))
-        tool_context.actions.state_delta[TOOLS_PREFIX + skill_name] = json.dumps(chosen)
+        options = options_of(tool_context.agent)
+        tool_context.actions.state_delta[key("tools", skill_name, options.load_mode)] = json.dumps(chosen)
+        self._touch_if_loaded(tool_context, skill_name)
         return {"selected_tools": chosen, "include_all_tools": bool(include_all_tools and mode != "clear")}
 
     def skill_list_docs(self, skill_name: str) -> Any:
@@ -204,20 +249,33 @@ class SkillToolSet(BaseToolSet):
         if unknown:
             return {"error": f"skill {skill_name!r} has no doc {', '.join(map(repr, unknown))} (docs: {skill.doc_names})"}
         current = selected_docs(tool_context.state, skill_name)
-        key = DOCS_PREFIX + skill_name
+        options = options_of(tool_context.agent)
+        docs_key = key("docs", skill_name, options.load_mode)
         if mode == "clear":
-            tool_context.actions.state_delta[key] = json.dumps([])
-            return {"selected_docs": [], "include_all_docs": False}
-        if include_all_docs:
-            tool_context.actions.state_delta[key] = ALL_DOCS
-            return {"selected_docs": skill.doc_names, "include_all_docs": True}
-        if mode == "add":
-            base = skill.doc_names if current == ALL_DOCS else list(current)
-            chosen = base + [d for d in docs or [] if d not in base]
+            chosen: list[str] = []
+            tool_context.actions.state_delta[docs_key] = json.dumps(chosen)
+        elif include_all_docs:
+            chosen = skill.doc_names
+            tool_context.actions.state_delta[docs_key] = ALL_DOCS
         else:
-            chosen = list(dict.fromkeys(docs or []))
-        tool_context.actions.state_delta[key] = json.dumps(chosen)
-        return {"selected_docs": chosen, "include_all_docs": False}
+            if mode == "add":
+                base = skill.doc_names if current == ALL_DOCS else list(current)
+                chosen = base + [d for d in docs or [] if d not in base]
+            else:
+                chosen = list(dict.fromkeys(docs or []))
+            tool_context.actions.state_delta[docs_key] = json.dumps(chosen)
+        self._touch_if_loaded(tool_context, skill_name)
+        answer: dict[str, Any] = {"selected_docs": chosen, "include_all_docs": bool(include_all_docs and mode != "clear")}
+        if options.content_in_tool_results:
+            answer["docs"] = {name: skill.doc(name).content for name in chosen}
+        return answer
+
+    @staticmethod
+    def _touch_if_loaded(tool_context: InvocationContext, skill_name: str) -> None:
+        if skill_name in loaded_skills(tool_context.state):
+            options = options_of(tool_context.agent)
+            touch(tool_context.state, tool_context.actions.state_delta, skill_name, options.load_mode,
+                  options.max_loaded_skills)
 
     async def skill_run(
         self,
