@@ -16,8 +16,9 @@ backend of a package it then drops, and an environment is shared by its lock, so
 reach what the install puts in an environment others may use.
 
 A cold build waits for uv's own work only: while the requirements are resolved, the install's folder is readied in
-a sandbox of its own (the environment made, and its interpreter looked at once, which uv keeps in that folder's
-cache and would otherwise do first when installing); then one step installs the lock with its bytecode compiled.
+a sandbox of its own (the environment made and, where steps are cheap, its interpreter looked at once, which uv keeps
+in that folder's cache and would otherwise do first when installing); then one step installs the lock with its
+bytecode compiled.
 
 The result belongs to root and is read-only to everyone else: the build's user id goes back to the pool and may
 next belong to a workspace, which must not be able to change an environment other runs use.
@@ -201,10 +202,12 @@ class EnvironmentBuilder:
 
     async def _ready(self, folder: Path, uid: int | None, target: Target, stop: Cancellation) -> None:
         """Ready ``folder`` for installing while the lock is resolved (``stop``ped if resolving fails): the empty
-        environment, and uv's look at its interpreter, kept in the folder's cache for the install."""
+        environment and, where steps are cheap (``StepRunner.cheap_steps``), uv's look at its interpreter, kept in
+        the folder's cache for the install."""
         await self._make_environment(folder, uid, target, stop)
-        await self._step(folder, uid, target, ["python", "find", "env/bin/python"],
-                         "looking at the environment's interpreter", cancel=stop)
+        if self.steps.cheap_steps:
+            await self._step(folder, uid, target, ["python", "find", "env/bin/python"],
+                             "looking at the environment's interpreter", cancel=stop)
 
     async def _make_environment(self, folder: Path, uid: int | None, target: Target,
                                 cancel: Cancellation | None = None) -> None:

@@ -41,6 +41,10 @@ BUILD_PROCESSES = 1024
 class StepRunner(ABC):
     """Runs one ``uv`` command of a build, contained like a run but with a way to the package index."""
 
+    cheap_steps: bool = False
+    """Whether a step costs little beyond its command (a sandbox on this host; not a container): the builder then
+    spends one while resolving to spare the install uv's first look at its interpreter."""
+
     @abstractmethod
     async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
                   timeout: float, cancel: Cancellation) -> ProcessOutcome:
@@ -59,6 +63,8 @@ class SandboxSteps(StepRunner):
     for sandbox users to run (nothing else of the worker's installation is shown to them). A sandboxed step's only
     way out is an ``EgressProxy`` of its own, to the index and ``allowed_hosts`` (default: the worker's
     ``SKILLRUN_ENV_ALLOWED_HOSTS``), gone when the step ends."""
+
+    cheap_steps = True
 
     def __init__(self, uv_folder: Path, *, ca_bundle: str | None, memory_bytes: int, sandboxed: bool,
                  allowed_hosts: str | None = None) -> None:
