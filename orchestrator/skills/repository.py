@@ -42,6 +42,7 @@ from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root, split
 from worker.runtimes.base import BaseWorkspaceRuntime
 
 MAX_DEPTH = 4
+MAX_LISTED_NAMES = 20  # an unknown-skill error lists the library up to this size, else the closest names
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ class FsSkillRepository(BaseSkillRepository):
         scan = self._current()
         entry = scan.entries.get(name)
         if entry is None:
-            raise SkillNotFoundError(name, sorted(scan.entries))
+            raise SkillNotFoundError(name, _closest(scan, name))
         return entry
 
     def path(self, name: str) -> Path:
@@ -309,6 +310,15 @@ class CachedSkillRepository(FsSkillRepository):
         skill = load_skill(entry.skill_dir, entry.root)
         self._skills[name] = (stamp, skill)
         return skill
+
+
+def _closest(scan: _Scan, name: str) -> list[str]:
+    """What an unknown-skill error offers instead: every name of a small library, the closest of a large one."""
+    if len(scan.entries) <= MAX_LISTED_NAMES:
+        return sorted(scan.entries)
+    hits = scan.index().search(name.replace("-", " ").replace("_", " "), MAX_LISTED_NAMES // 2)
+    names = [hit.summary.name for hit in hits]
+    return [*names, f"and {len(scan.entries) - len(names):,} more"]
 
 
 def _read_summary(skill_file: Path) -> SkillSummary:

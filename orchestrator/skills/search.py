@@ -6,7 +6,8 @@ size. Terms found in more than half of a library's skills (and in more than ``MI
 they tell the skills apart no better than a stop word and would cost the most to walk. Each posting carries its precomputed BM25 weight (Okapi BM25, ``k1 = 1.2``, ``b = 0.75``, the idf of
 Lucene, which is never negative); a term in the skill's name counts twice.
 
-Queries of any length are accepted: the text is cut to its first ``MAX_QUERY_CHARS`` characters and at most
+Queries of any length are accepted: a longer text is cut to its first and last ``MAX_QUERY_CHARS / 2``
+characters (where a request's ask usually is, around a pasted document), and at most
 ``MAX_QUERY_TERMS`` distinct terms — the rarest ones, which carry the most signal — are scored. A query with no
 indexed term ranks nothing.
 """
@@ -42,11 +43,20 @@ def terms(text: str) -> list[str]:
     return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOP_WORDS]
 
 
+def _ends(text: str) -> str:
+    if len(text) <= MAX_QUERY_CHARS:
+        return text
+    half = MAX_QUERY_CHARS // 2
+    return f"{text[:half]} {text[-half:]}"
+
+
 def _stem(word: str) -> str:
+    """A light stemmer: one common ending, then a final ``e`` (``invoices``, ``invoice`` → ``invoic``)."""
     for suffix in _SUFFIXES:
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
-    return word
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not (suffix == "s" and word.endswith("ss")):
+            word = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    return word[:-1] if word.endswith("e") and len(word) > 3 else word
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,7 @@ class SkillIndex:
         """Score per skill position for ``query`` plus extra ``(text, weight)`` pairs; unmatched skills are absent."""
         wanted: dict[str, float] = {}
         for text, weight in [(query, 1.0), *weighted]:
-            for term in terms(text[:MAX_QUERY_CHARS]):
+            for term in terms(_ends(text)):
                 if term in self._idf:
                     wanted[term] = max(wanted.get(term, 0.0), weight)
         if len(wanted) > MAX_QUERY_TERMS:
@@ -105,10 +115,10 @@ class SkillIndex:
         return totals
 
     def search(self, query: str, limit: int, offset: int = 0, weighted: Iterable[tuple[str, float]] = ()) -> list[SkillHit]:
-        """The best ``limit`` matches after skipping ``offset``; ties go to the earlier skill (by name)."""
+        """The best ``limit`` matches after skipping ``offset`` (equal scores in a stable order)."""
         totals = self.scores(query, weighted)
-        best = heapq.nsmallest(offset + limit, totals.items(), key=lambda item: (-item[1], item[0]))
-        return [SkillHit(self.summaries[p], score) for p, score in best[offset:]]
+        best = heapq.nlargest(offset + limit, totals, key=totals.__getitem__)
+        return [SkillHit(self.summaries[p], totals[p]) for p in best[offset:]]
 
     def count(self, query: str) -> int:
         """How many skills match ``query`` at all."""
