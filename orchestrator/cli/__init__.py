@@ -20,6 +20,8 @@ from worker.cli import add_arguments as add_worker_arguments
 from worker.errors import WorkerError
 
 USAGE_ERROR = 2
+PREPARED_RUNTIMES = ("local", "docker")
+"""Runtimes whose environments are built on this host before runs (a Cube sandbox installs its own)."""
 
 
 class UsageError(Exception):
@@ -60,12 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     skills = commands.add_parser("skills", help="list and inspect skills")
     skill_commands = skills.add_subparsers(title="skills commands")
     listing = skill_commands.add_parser("list", parents=[common], help="name and description of each skill")
+    listing.add_argument("--search", metavar="QUERY", help="only the skills matching QUERY, best match first")
     listing.set_defaults(handler="orchestrator.cli.skills:list_skills")
     show = skill_commands.add_parser(
         "show", parents=[common], help="one skill: body, docs, tools, dependency environment, problems"
     )
     show.add_argument("name")
     show.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    show.add_argument("--runtime", choices=PREPARED_RUNTIMES, default="local",
+                      help="whose environment to show: the local runtime's (default) or the Docker runtime's")
     show.set_defaults(handler="orchestrator.cli.skills:show_skill")
     prepare = skill_commands.add_parser(
         "prepare", parents=[common],
@@ -73,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("names", nargs="*", metavar="NAME")
     prepare.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    prepare.add_argument("--runtime", choices=PREPARED_RUNTIMES, default="local",
+                         help="whose environments to build: the local runtime's (default, for the host's python3) or "
+                              "the Docker runtime's (for the sandbox image's, plus a derived image of each skill's "
+                              "Debian packages)")
     prepare.set_defaults(handler="orchestrator.cli.environments:prepare_skills")
 
     envs_common = argparse.ArgumentParser(add_help=False)
