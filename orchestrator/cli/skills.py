@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import sys
 from pathlib import Path
 
+from orchestrator.cli import UsageError
 from orchestrator.cli.common import repository
 from orchestrator.cli.environments import environment_status
 from orchestrator.cli.output import print_json, size, table
+from orchestrator.config import get_settings
+from orchestrator.skills import CachedSkillRepository
 from worker.environments import EnvironmentStatus
+from worker.roots import is_url
 
 
 def list_skills(args: argparse.Namespace) -> int:
-    repo = repository(args)
-    summaries = repo.summaries()
+    """Every skill, or with ``--search`` the matching ones best first. Parsed summaries are kept between runs
+    (``<data_dir>/skill-summaries/``), so only the SKILL.md files changed since the last listing are parsed."""
+    repo = _listing_repository(args)
+    if args.search is not None:
+        if not args.search.strip():
+            raise UsageError("--search needs a query: describe the task in a few words")
+        index = repo.index()
+        summaries = [hit.summary for hit in index.search(args.search, len(index))]
+    else:
+        summaries = repo.summaries()
     problems = repo.problems()
     if args.json:
         print_json(
@@ -27,10 +41,18 @@ def list_skills(args: argparse.Namespace) -> int:
     if summaries:
         print(table(["NAME", "DESCRIPTION"], [[s.name, s.description] for s in summaries]))
     else:
-        print("no skills found")
+        print("no skills found" if args.search is None else f"no skill matches {args.search!r}")
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     return 0
+
+
+def _listing_repository(args: argparse.Namespace) -> CachedSkillRepository:
+    settings = get_settings()
+    roots = args.skills_root or settings.skills_roots()
+    key = "\0".join(root if is_url(root) else os.path.abspath(root) for root in roots)
+    cache = settings.data_dir / "skill-summaries" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    return CachedSkillRepository(roots, summary_cache=cache)
 
 
 def show_skill(args: argparse.Namespace) -> int:

@@ -253,6 +253,7 @@ class CachedSkillRepository(FsSkillRepository):
         self._skills: dict[str, tuple[tuple, Skill]] = {}
         self._summary_cache = SummaryCache(summary_cache) if summary_cache is not None else None
         self._watch: FolderWatch | None = None
+        self._watch_tried = False
 
     def _current(self) -> _Scan:
         cached = self._cached
@@ -264,27 +265,23 @@ class CachedSkillRepository(FsSkillRepository):
             previous = self._summary_cache.load()
         else:
             previous = None
-        scan = self._watched_scan(previous)
+        if self._watch is not None:
+            self._watch.close()
+        self._watch, self._watch_tried = None, False
+        scan = self._cached = self._scan(previous)
         if self._summary_cache is not None and scan.parsed != previous:
             self._summary_cache.save(scan.parsed)
-        self._cached = scan
         return scan
 
     def _fresh(self, scan: _Scan) -> bool:
+        """Whether ``scan`` is still current. The watch starts on the first reuse of a scan (a one-shot command
+        never pays for it); that first time, modification times cover what changed before it started."""
         if self._watch is not None:
             return not self._watch.changed()
-        return self._still_valid(scan)
-
-    def _watched_scan(self, previous: Mapping[str, tuple[Stamp, SkillSummary]] | None) -> _Scan:
-        """Scan, then watch the scanned folders; scan again if something changed before the watch began."""
-        if self._watch is not None:
-            self._watch.close()
-        while True:
-            scan = self._scan(previous)
+        if not self._watch_tried:
+            self._watch_tried = True
             self._watch = FolderWatch.start(scan.folders)
-            if self._still_valid(scan):
-                return scan
-            previous = scan.parsed
+        return self._still_valid(scan)
 
     @staticmethod
     def _still_valid(scan: _Scan) -> bool:

@@ -20,6 +20,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from orchestrator.skills.skill import SkillSummary
 
@@ -29,6 +30,7 @@ NAME_WEIGHT = 2
 MAX_QUERY_CHARS = 4000
 MAX_QUERY_TERMS = 32
 MIN_COMMON_DF = 20
+STEM_CACHE_SIZE = 65536  # distinct words whose stem is remembered
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP_WORDS = frozenset(
     "a an and are as at be but by can could do for from has have help i in into is it its me my need of on or our "
@@ -50,6 +52,7 @@ def _ends(text: str) -> str:
     return f"{text[:half]} {text[-half:]}"
 
 
+@lru_cache(maxsize=STEM_CACHE_SIZE)
 def _stem(word: str) -> str:
     """A light stemmer: one common ending, then a final ``e`` (``invoices``, ``invoice`` → ``invoic``)."""
     for suffix in _SUFFIXES:

@@ -1,0 +1,80 @@
+"""``skillrun skills list``: the summaries kept between runs, and ``--search``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.config import get_settings
+from orchestrator.skills import repository as repository_module
+from tests.conftest import write_skill
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    path = tmp_path / "data"
+    monkeypatch.setenv("SKILLRUN_DATA_DIR", str(path))
+    get_settings.cache_clear()
+    yield path
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def parses(monkeypatch) -> list:
+    calls = []
+    real = repository_module._read_summary
+    monkeypatch.setattr(repository_module, "_read_summary", lambda path: calls.append(path) or real(path))
+    return calls
+
+
+def _list(capsys, *args: str) -> dict:
+    assert main(["skills", "list", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_second_listing_parses_only_what_changed(tmp_path, data_dir, parses, capsys):
+    library = tmp_path / "library"
+    for name in ("alpha", "beta", "gamma"):
+        write_skill(library, name)
+    assert [s["name"] for s in _list(capsys, "--skills-root", str(library))["skills"]] == ["alpha", "beta", "gamma"]
+    assert len(parses) == 3
+    assert len(list((data_dir / "skill-summaries").glob("*.json"))) == 1
+    _list(capsys, "--skills-root", str(library))
+    assert len(parses) == 3
+    skill_file = library / "beta" / "SKILL.md"
+    skill_file.write_text("---\nname: beta\ndescription: Changed.\n---\n")
+    later = time.time() + 2
+    os.utime(skill_file, (later, later))
+    listed = _list(capsys, "--skills-root", str(library))["skills"]
+    assert {"name": "beta", "description": "Changed."} in listed
+    assert [os.path.basename(os.path.dirname(p)) for p in parses[3:]] == ["beta"]
+
+
+def test_a_corrupt_summary_cache_is_ignored_and_rewritten(tmp_path, data_dir, parses, capsys):
+    write_skill(tmp_path / "library", "alpha")
+    _list(capsys, "--skills-root", str(tmp_path / "library"))
+    (cache,) = (data_dir / "skill-summaries").glob("*.json")
+    cache.write_text("{not json")
+    assert [s["name"] for s in _list(capsys, "--skills-root", str(tmp_path / "library"))["skills"]] == ["alpha"]
+    assert json.loads(cache.read_text())["format"] == 1
+
+
+def test_search_lists_the_matching_skills_best_first(tmp_path, data_dir, capsys):
+    library = tmp_path / "library"
+    write_skill(library, "pdf-merge")
+    write_skill(library, "csv-to-pdf")
+    write_skill(library, "mailer")
+    names = [s["name"] for s in _list(capsys, "--skills-root", str(library), "--search", "merge PDF")["skills"]]
+    assert names == ["pdf-merge", "csv-to-pdf"]
+    assert main(["skills", "list", "--skills-root", str(library), "--search", "nothing like it"]) == 0
+    assert "no skill matches 'nothing like it'" in capsys.readouterr().out
+
+
+def test_an_empty_search_is_a_usage_error(tmp_path, data_dir, capsys):
+    write_skill(tmp_path / "library", "alpha")
+    assert main(["skills", "list", "--skills-root", str(tmp_path / "library"), "--search", " "]) == 2
+    assert "--search needs a query" in capsys.readouterr().err
