@@ -41,8 +41,10 @@ from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.contract import RunRequest, RuntimeName
-from worker.environments import BuildSettings, EnvironmentInfo
-from worker.errors import InvalidRunRequestError
+from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatus
+from worker.environments.builder import Progress
+from worker.environments.images import ImageStatus
+from worker.errors import EnvironmentBuildError, InvalidRunRequestError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
 from worker.roots import is_url, resolve_root
 from worker.runtimes.base import command_environment
@@ -179,6 +181,30 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
                 target.image, declaration.debian, skill=request.skill.name, wait=request.wait_for_environment,
             )
         return info
+
+    async def prepare_environment(self, skill_dir: Path, root: Path, name: str,
+                                  progress: Progress | None = None) -> EnvironmentStatus:
+        """The skill's Python environment for the sandbox image and the derived image its Debian packages need,
+        built now (each tried again, even right after a failure); ready only when both are."""
+        status = await super().prepare_environment(skill_dir, root, name, progress)
+        packages = status.declaration.debian
+        if status.state == "invalid" or not packages:
+            return status
+        base = (await asyncio.to_thread(self.targets)).image
+        if progress is not None:
+            progress(f"building the sandbox image with the Debian packages {', '.join(packages)}")
+        try:
+            tag = await self.images.image_for(base, packages, skill=name, wait=True, again=True)
+        except EnvironmentBuildError as exc:
+            return status.with_image(ImageStatus(self.images.tag(base, packages), "failed", packages, str(exc)))
+        return status.with_image(ImageStatus(tag, "ready", packages))
+
+    def environment_status(self, skill_dir: Path, root: Path, name: str) -> EnvironmentStatus:
+        """Where the skill's Python environment and derived image stand (asks the engine; no build)."""
+        status = super().environment_status(skill_dir, root, name)
+        if status.state == "invalid" or not status.declaration.debian:
+            return status
+        return status.with_image(self.images.status(self.targets().image, status.declaration.debian))
 
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,

@@ -13,7 +13,8 @@ trusted certificates as ``images/base/build-base.sh`` does, on the default bridg
 of the Docker client, under the environment builds' timeout and memory limit; the container is then committed as
 the image (one layer on the base, the base's user and command restored) and removed. One build per tag at a time
 across workers (a lock in the environment store). A package apt cannot find fails the build with apt's own
-message, which runs in the next ``RETRY_SECONDS`` get at once instead of building again.
+message, recorded in the store (``locks/image-<digest>.failed``): runs in the next ``RETRY_SECONDS`` get it at once
+instead of building again, ``status`` reports it, and ``prepare`` (``image_for(again=True)``) tries again.
 
 Last use is the mtime of ``<environment store>/images/<digest>.used``, touched when the image is built and whenever
 a workspace container of it starts or is removed; an image with a container is in use now. ``skillrun envs list``
@@ -27,19 +28,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
-import json
 import os
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import docker
 import docker.errors
+from docker.types import Mount
 
 from worker.environments import BuildSettings, EnvironmentStore
+from worker.environments.images import (
+    REPOSITORY,
+    ImageStatus,
+    bundle_digest,
+    image_lock,
+    image_status,
+    image_tag,
+    used_record,
+)
 from worker.environments.manager import RETRY_SECONDS
 from worker.environments.steps import BUILD_PROCESSES
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
@@ -47,8 +55,6 @@ from worker.runtimes.container_builds import CA_BUNDLE_PATH, TIMEOUT_SLACK_SECON
 from worker.runtimes.container_host import RESIDENT_UID
 from worker.runtimes.docker_engine import engine_time, map_docker_errors
 
-REPOSITORY = "skillrun/sandbox-debian"
-"""Derived images are tagged ``REPOSITORY:<digest>``."""
 PACKAGES_LABEL = "skillrun.debian.packages"
 BASE_LABEL = "skillrun.debian.base"
 POLL_SECONDS = 0.2
@@ -101,52 +107,54 @@ class DerivedImages:
         self.client = client
         self.store = store
         self.settings = settings
-        self.uses = store.root / "images"
+        self.uses = store.images
         self._seen: dict[str, float] = {}  # tag → when the engine last showed it (monotonic)
-        self._failures: dict[str, tuple[str, float]] = {}  # tag → (message, when)
 
     @functools.cached_property
     def _bundle_digest(self) -> str:
         """The sha256 of the CA bundle images trust, read once (a new bundle takes a worker restart)."""
-        if not self.settings.ca_bundle:
-            return ""
-        try:
-            return hashlib.sha256(Path(self.settings.ca_bundle).read_bytes()).hexdigest()
-        except OSError:
-            return ""
+        return bundle_digest(self.settings.ca_bundle)
 
     def tag(self, base_id: str, packages: tuple[str, ...]) -> str:
         """The content tag of ``packages`` on the base image ``base_id``."""
-        content = json.dumps({"base": base_id, "packages": sorted(set(packages)), "ca_bundle": self._bundle_digest})
-        return f"{REPOSITORY}:{hashlib.sha256(content.encode()).hexdigest()}"
+        return image_tag(base_id, packages, self._bundle_digest)
 
-    async def image_for(self, base_id: str, packages: tuple[str, ...], *, skill: str, wait: bool) -> str:
+    def status(self, base_id: str, packages: tuple[str, ...]) -> ImageStatus:
+        """Where the image with ``packages`` on ``base_id`` stands (asks the engine; no build)."""
+        tag = self.tag(base_id, packages)
+        return image_status(self.store, tag, packages, exists=self._exists(tag))
+
+    async def image_for(self, base_id: str, packages: tuple[str, ...], *, skill: str, wait: bool,
+                        again: bool = False) -> str:
         """The tag of the image with ``packages`` on ``base_id``: built before, or built now when ``wait``
-        (otherwise ``EnvironmentNotReadyError``); ``EnvironmentBuildError`` with apt's message when it fails."""
+        (otherwise ``EnvironmentNotReadyError``); ``EnvironmentBuildError`` with apt's message when it fails, also
+        at once for ``RETRY_SECONDS`` after a failure unless ``again`` (a preparation always tries)."""
         tag = await asyncio.to_thread(self.tag, base_id, packages)
         seen = self._seen.get(tag)
         if (seen is not None and time.monotonic() - seen < SEEN_SECONDS) or await asyncio.to_thread(self._exists, tag):
             return tag
-        failure = self._failures.get(tag)
+        failure = None if again else self.store.failure(image_lock(tag))
         if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
             raise EnvironmentBuildError(
                 f"{failure[0]}\n(this build failed {time.time() - failure[1]:.0f} s ago; runs try it again after "
-                f"{RETRY_SECONDS:g} s)"
+                f"{RETRY_SECONDS:g} s; `skillrun skills prepare --runtime docker` tries at once)"
             )
         if not wait:
+            building = self.store.busy(image_lock(tag))
             raise EnvironmentNotReadyError(
-                f"skill {skill!r}: the sandbox image with its Debian packages ({', '.join(packages)}) is not built "
-                "yet; submit the run with wait_for_environment=true to build it first"
+                f"skill {skill!r}: the sandbox image with its Debian packages ({', '.join(packages)}) is "
+                f"{'being built' if building else 'not built yet'}; build it with `skillrun skills prepare "
+                "--runtime docker`, or submit the run with wait_for_environment=true to build it first"
             )
-        async with self.store.exclusive(f"image-{tag.rsplit(':', 1)[1]}"):
+        async with self.store.exclusive(image_lock(tag)):
             if not await asyncio.to_thread(self._exists, tag):
                 try:
                     await self._build(tag, base_id, sorted(set(packages)))
                 except EnvironmentBuildError as exc:
                     message = f"skill {skill!r}: {exc}"
-                    self._failures[tag] = (message, time.time())
+                    await asyncio.to_thread(self.store.record_failure, image_lock(tag), message)
                     raise EnvironmentBuildError(message) from exc
-        self._failures.pop(tag, None)
+        await asyncio.to_thread(self.store.clear_failure, image_lock(tag))
         return tag
 
     def _exists(self, tag: str) -> bool:
@@ -188,16 +196,18 @@ class DerivedImages:
             await asyncio.to_thread(self._remove_container, container)
 
     def _start(self, base_id: str, packages: list[str]) -> str:
-        volumes = {}
+        # A mount, not a volume: the SDK lists a volume's path in the container's config, which the commit would
+        # keep, and every container of the image would then get an anonymous volume there (over the file: refused).
+        mounts = []
         if self.settings.ca_bundle and os.path.isfile(self.settings.ca_bundle):
-            volumes[self.settings.ca_bundle] = {"bind": CA_BUNDLE_PATH, "mode": "ro"}
+            mounts.append(Mount(CA_BUNDLE_PATH, self.settings.ca_bundle, type="bind", read_only=True))
         backstop = ["timeout", "-s", "KILL", str(int(self.settings.timeout) + TIMEOUT_SLACK_SECONDS)]
         with map_docker_errors("starting a Debian package build"):
             return self.client().containers.run(
                 base_id, [*backstop, "bash", "-c", INSTALL, "bash", *packages],
                 name=f"skillrun-debian-{secrets.token_hex(6)}", detach=True, user="0:0", network_mode="bridge",
                 security_opt=["no-new-privileges"], mem_limit=self.settings.memory_bytes,
-                memswap_limit=self.settings.memory_bytes, pids_limit=BUILD_PROCESSES, volumes=volumes,
+                memswap_limit=self.settings.memory_bytes, pids_limit=BUILD_PROCESSES, mounts=mounts,
                 use_config_proxy=False,
             ).id
 
@@ -228,7 +238,7 @@ class DerivedImages:
         self.store.ensure()
         self.uses.mkdir(mode=0o700, exist_ok=True)
         with contextlib.suppress(OSError):
-            (self.uses / f"{tag.rsplit(':', 1)[1]}.used").touch()
+            used_record(self.store, tag).touch()
 
     def list(self) -> list[DerivedImage]:
         """Every derived image on the engine, the most recently used first."""
@@ -243,7 +253,7 @@ class DerivedImages:
                 containers = client.api.containers(all=True, quiet=True, filters={"ancestor": image.id})
                 last_used = None
                 with contextlib.suppress(OSError):
-                    last_used = (self.uses / f"{tags[0].rsplit(':', 1)[1]}.used").stat().st_mtime
+                    last_used = used_record(self.store, tags[0]).stat().st_mtime
                 found.append(DerivedImage(
                     tag=tags[0], id=image.id, packages=labels.get(PACKAGES_LABEL, "").split(","),
                     base=labels.get(BASE_LABEL, ""), size_bytes=image.attrs.get("Size", 0),
@@ -253,11 +263,14 @@ class DerivedImages:
         return sorted(found, key=lambda image: image.last_used or 0.0, reverse=True)
 
     def remove(self, image: DerivedImage) -> None:
-        """Remove a derived image no container uses (the engine refuses one that is in use)."""
+        """Remove a derived image no container uses (the engine refuses one that is in use), and its records in
+        the store: last use, failure, lock file."""
         with map_docker_errors(f"removing the image {image.tag}"):
             self.client().images.remove(image.tag)
         self._seen.pop(image.tag, None)
-        (self.uses / f"{image.tag.rsplit(':', 1)[1]}.used").unlink(missing_ok=True)
+        used_record(self.store, image.tag).unlink(missing_ok=True)
+        self.store.clear_failure(image_lock(image.tag))
+        self.store.remove_lock_file(image_lock(image.tag))
 
 
 __all__ = ["REPOSITORY", "DerivedImage", "DerivedImages"]

@@ -25,7 +25,8 @@ from worker.artifacts import FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.contract import InputFile, RunRequest, RunResult, SkillRef
-from worker.environments import EnvironmentInfo, SkillEnvironments
+from worker.environments import EnvironmentInfo, EnvironmentStatus, SkillEnvironments
+from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.process import ProcessOutcome
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
@@ -124,6 +125,15 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             paths = self._skill_paths[request.skill] = await asyncio.to_thread(resolve_skill_paths, request.skill)
         root, source = paths
         return await self.environments.for_run(source, root, request.skill.name, wait=request.wait_for_environment)
+
+    async def prepare_environment(self, skill_dir: Path, root: Path, name: str,
+                                  progress: Progress | None = None) -> EnvironmentStatus:
+        """Build what runs of the skill need here, now (``skillrun skills prepare``, library registration)."""
+        return await self.environments.prepare(skill_dir, root, name, progress)
+
+    def environment_status(self, skill_dir: Path, root: Path, name: str) -> EnvironmentStatus:
+        """Where what runs of the skill need here stands (no build; blocking)."""
+        return self.environments.status(skill_dir, root, name)
 
     def _prepare(self, request: RunRequest) -> "_Prepared":
         """Make the workspace on first use, stage the skill, make a run folder, write the inputs (blocking)."""
