@@ -2,8 +2,13 @@
 
 Environments live in ``SKILLRUN_ENVS_DIR`` or the work root's ``.skillrun/environments``: the local runtime's,
 built for the host's ``python3``, and the Docker runtime's, built for the sandbox image's (their targets say which).
-``skillrun skills prepare`` builds the local runtime's. ``envs list`` and ``envs prune`` also show and remove the
-Docker runtime's derived images (the sandbox image plus a skill's Debian packages) where a Docker engine answers.
+``skillrun skills prepare --runtime local|docker`` builds one runtime's (default local: the orchestrator's settings
+name no default runtime, and a run's is local unless it says otherwise) through the runtime itself
+(``prepare_environment``: for Docker, the environment and the derived image of the skill's Debian packages), as
+library registration and the workers' preparation job do. ``envs list`` and ``envs prune`` also show and remove the
+Docker runtime's derived images (the sandbox image plus a skill's Debian packages) where a Docker engine answers;
+``envs prune`` also removes the store's records no environment needs any more (``EnvironmentStore.prune_records``,
+``sweep``).
 """
 
 from __future__ import annotations
@@ -18,8 +23,16 @@ from orchestrator.cli.common import repository
 from orchestrator.cli.output import clip, print_json, size, table
 from orchestrator.config import get_settings
 from orchestrator.skills import BaseSkillRepository
-from worker.environments import EnvironmentStatus, SkillEnvironments, read_manifest
-from worker.errors import DependencyError
+from worker.config import get_worker_settings
+from worker.environments import (
+    Declaration,
+    EnvironmentStatus,
+    SkillEnvironments,
+    read_manifest,
+)
+from worker.errors import DependencyError, WorkerError
+from worker.runtimes import resolve_runtime
+from worker.runtimes.host import HostWorkspaceRuntime
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.staging import resolve_skill_paths
 
@@ -32,6 +45,11 @@ def local_runtime(args: argparse.Namespace) -> LocalWorkspaceRuntime:
     return LocalWorkspaceRuntime(getattr(args, "work_root", None) or get_settings().work_root)
 
 
+def host_runtime(args: argparse.Namespace) -> HostWorkspaceRuntime:
+    """The runtime ``--runtime`` names, with the CLI's work root: its environments, built as its runs need them."""
+    return resolve_runtime(args.runtime, work_root=args.work_root or get_settings().work_root)
+
+
 def skill_paths(repo: BaseSkillRepository, name: str) -> tuple[Path, Path]:
     """The library root and folder of the skill ``name``."""
     return resolve_skill_paths(repo.skill_ref(name))
@@ -40,18 +58,18 @@ def skill_paths(repo: BaseSkillRepository, name: str) -> tuple[Path, Path]:
 def prepare_skills(args: argparse.Namespace) -> int:
     repo = repository(args)
     names = args.names or [summary.name for summary in repo.summaries()]
-    runtime = local_runtime(args)
+    runtime = host_runtime(args)
     try:
-        reports, problems = asyncio.run(_prepare(repo, runtime.environments, names, quiet=args.json))
+        reports, problems = asyncio.run(_prepare(repo, runtime, names, quiet=args.json))
     finally:
         asyncio.run(runtime.close())
     if args.json:
-        print_json({"skills": reports, "problems": problems})
+        print_json({"runtime": runtime.name.value, "skills": reports, "problems": problems})
     else:
         rows = [[r["skill"], r["state"], str(len(r["packages"])) if r["packages"] else "-",
-                 size(r["size_bytes"]) if r["size_bytes"] else "-", f"{r['seconds']:.1f} s",
+                 size(r["size_bytes"]) if r["size_bytes"] else "-", _image(r["image"]), f"{r['seconds']:.1f} s",
                  clip(r["message"].splitlines()[0] if r["message"] else "", 200)] for r in reports]
-        print(table(["SKILL", "STATE", "PACKAGES", "SIZE", "TIME", "MESSAGE"], rows))
+        print(table(["SKILL", "STATE", "PACKAGES", "SIZE", "DEBIAN IMAGE", "TIME", "MESSAGE"], rows))
         for problem in problems:
             print(f"problem: {problem}", file=sys.stderr)
         for report in reports:
@@ -62,7 +80,7 @@ def prepare_skills(args: argparse.Namespace) -> int:
 
 
 async def _prepare(
-    repo: BaseSkillRepository, environments: SkillEnvironments, names: list[str], *, quiet: bool
+    repo: BaseSkillRepository, runtime: HostWorkspaceRuntime, names: list[str], *, quiet: bool
 ) -> tuple[list[dict], list[str]]:
     reports: list[dict] = []
     problems: list[str] = []
@@ -85,19 +103,32 @@ async def _prepare(
                 print(f"[{number}/{len(located)}] {name}: {message}", file=sys.stderr, flush=True)
 
         started = time.monotonic()
-        status = environments.status(source, root, name)
-        if status.state not in ("ready", "none", "invalid"):
-            status = await environments.prepare(source, root, name, progress)
+        try:
+            status = await asyncio.to_thread(runtime.environment_status, source, root, name)
+            if status.state not in ("ready", "none", "invalid"):
+                status = await runtime.prepare_environment(source, root, name, progress)
+        except WorkerError as exc:  # the runtime cannot be used (no engine, no python3 in its image): say so
+            status = EnvironmentStatus("failed", _declaration(runtime, source, root, name),
+                                       message=f"the {runtime.name.value} runtime cannot prepare it: {exc}")
         reports.append({"skill": name, **status.as_json(), "seconds": round(time.monotonic() - started, 3)})
     return reports, problems
 
 
+def _declaration(runtime: HostWorkspaceRuntime, source: Path, root: Path, name: str) -> Declaration:
+    """What the skill declares (nothing, if that cannot be read either)."""
+    try:
+        return runtime.environments.declaration(source, root, name)
+    except DependencyError:
+        return Declaration()
+
+
 def environment_status(args: argparse.Namespace, repo: BaseSkillRepository, name: str) -> EnvironmentStatus:
-    """What ``skills show`` says of a skill's environment (no build)."""
-    runtime = local_runtime(args)
+    """What ``skills show`` says of a skill's environment on ``--runtime`` (no build); ``WorkerError`` when that
+    runtime cannot be asked (no Docker SDK or engine)."""
+    runtime = host_runtime(args)
     try:
         root, source = skill_paths(repo, name)
-        return runtime.environments.status(source, root, name)
+        return runtime.environment_status(source, root, name)
     finally:
         asyncio.run(runtime.close())
 
@@ -174,21 +205,29 @@ def prune_environments(args: argparse.Namespace) -> int:
     cutoff = now - args.unused_days * DAY_SECONDS
     stale = [info for info in store.list() if info.last_used < cutoff]
     stale_images = [i for i in images.list() if not i.containers and (i.last_used or now) < cutoff] if images else []
-    for info in stale:
-        if not args.dry_run:
+    records: list[str] = []
+    if not args.dry_run:
+        for info in stale:
             store.remove(info.key)
-    for image in stale_images:
-        if not args.dry_run:
+        for image in stale_images:
             images.remove(image)
+        records = store.prune_records(cutoff)
+        store.sweep(get_worker_settings().env_build_timeout_seconds)
     verb = "would remove" if args.dry_run else "removed"
     freed = sum(info.size_bytes for info in stale) + sum(image.size_bytes for image in stale_images)
     if args.json:
         print_json({verb.replace(" ", "_"): [info.key for info in stale],
-                    f"{verb.replace(' ', '_')}_images": [image.tag for image in stale_images], "bytes": freed})
+                    f"{verb.replace(' ', '_')}_images": [image.tag for image in stale_images],
+                    "removed_records": records, "bytes": freed})
     else:
         print(f"{verb} {len(stale)} environment(s) and {len(stale_images)} derived Docker image(s) unused for "
-              f"{args.unused_days:g} day(s), {size(freed)}")
+              f"{args.unused_days:g} day(s), {size(freed)}" + (f"; {len(records)} old lock or failure record(s)"
+                                                                 if records else ""))
     return 0
+
+
+def _image(image: dict | None) -> str:
+    return "-" if image is None else f"{image['state']} ({', '.join(image['packages'])})"
 
 
 def _image_use(image, now: float) -> str:  # noqa: ANN001 - a DerivedImage

@@ -15,6 +15,7 @@ from orchestrator.cli.output import print_json, size, table
 from orchestrator.config import get_settings
 from orchestrator.skills import CachedSkillRepository
 from worker.environments import EnvironmentStatus
+from worker.errors import WorkerError
 from worker.roots import is_url
 
 
@@ -59,7 +60,10 @@ def show_skill(args: argparse.Namespace) -> int:
     repo = repository(args)
     skill = repo.get(args.name)
     problems = [p for p in repo.problems() if Path(p.path).parent == skill.path or str(skill.path) in p.message]
-    environment = environment_status(args, repo, skill.name)
+    try:
+        environment, unknown = environment_status(args, repo, skill.name), ""
+    except WorkerError as exc:  # the Docker runtime without its SDK or an engine: the rest is still shown
+        environment, unknown = None, f"not known: the {args.runtime} runtime cannot be asked ({exc})"
     if args.json:
         print_json(
             {
@@ -73,7 +77,9 @@ def show_skill(args: argparse.Namespace) -> int:
                 "docs": [{"name": d.name, "size": len(d.content.encode())} for d in skill.docs],
                 "body": skill.body,
                 "problems": [p.__dict__ for p in problems],
-                "environment": environment.as_json(),
+                "runtime": args.runtime,
+                "environment": environment.as_json() if environment is not None else None,
+                **({"environment_error": unknown} if unknown else {}),
             }
         )
         return 0
@@ -86,7 +92,7 @@ def show_skill(args: argparse.Namespace) -> int:
     ]
     if skill.license:
         rows.append(["license", skill.license])
-    rows.append(["environment", _describe(environment, skill.name)])
+    rows.append([f"environment ({args.runtime})", _describe(environment, skill.name, args.runtime) or unknown])
     print(table(["FIELD", "VALUE"], rows))
     for problem in problems:
         print(f"problem: {problem}")
@@ -95,15 +101,20 @@ def show_skill(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(status: EnvironmentStatus, name: str) -> str:
-    """One line on a skill's dependency environment."""
+def _describe(status: EnvironmentStatus | None, name: str, runtime: str) -> str:
+    """One line on a skill's dependency environment (and, on Docker, its derived image); empty when unknown."""
+    if status is None:
+        return ""
+    image = f"; Debian packages: image {status.image.state}" if status.image is not None else ""
     if status.state == "none":
         return "none (the skill declares no Python packages)"
-    declared = ", ".join(status.declaration.python)
+    declared = ", ".join(status.declaration.python + status.declaration.debian)
     if status.state == "ready":
-        return (f"ready: {len(status.info.packages)} packages, {size(status.info.size_bytes)} "
-                f"({', '.join(status.info.packages)}); key {status.info.key[:12]}")
+        if status.info is None:
+            return f"ready{image} ({status.image.tag})"
+        return (f"ready: {len(status.info.packages)} packages, {size(status.info.size_bytes)}{image}; key "
+                f"{status.info.key[:12]} ({', '.join(status.info.packages)})")
     if status.state == "invalid":
         return f"invalid: {status.message}"
     detail = f": {status.message.splitlines()[-1]}" if status.message else ""
-    return f"{status.state} ({declared}){detail}; build it with `skillrun skills prepare {name}`"
+    return f"{status.state} ({declared}){detail}; build it with `skillrun skills prepare --runtime {runtime} {name}`"
