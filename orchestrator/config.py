@@ -6,12 +6,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults as run_defaults
 
 DEFAULT_SKILLS_ROOT = "./skills"
+PREPARABLE_RUNTIMES = ("local", "docker")
+"""Runtimes whose environments are built ahead of runs (a Cube sandbox installs its own when a run needs it)."""
 DEFAULT_OVERVIEW_MAX_CHARS = 8000  # characters of skill lines; past this the overview is cut to the best matches
 DEFAULT_OVERVIEW_SKILLS = 15  # skills described in a cut overview
 DEFAULT_OVERVIEW_NAMES = 45  # further skills named (without description) in a cut overview
@@ -65,9 +67,27 @@ class Settings(BaseSettings):
     skill_content_in_tool_results: bool = Field(
         default=False, description="Return loaded bodies and docs as tool results instead of in the system message."
     )
+    prepare_runtimes: str = Field(
+        default="local",
+        description="Runtimes whose dependency environments registering a library version prepares, comma-separated "
+                    "(local, docker): those this deployment runs skills on. With Redis, each goes to that runtime's "
+                    "workers (skillrun:<runtime>:environments).",
+    )
+
+    @field_validator("prepare_runtimes")
+    @classmethod
+    def _known_runtimes(cls, value: str) -> str:
+        names = [part.strip() for part in value.split(",") if part.strip()]
+        unknown = [name for name in names if name not in PREPARABLE_RUNTIMES]
+        if unknown or not names:
+            raise ValueError(f"runtimes to prepare must be some of {', '.join(PREPARABLE_RUNTIMES)} (got {value!r})")
+        return ",".join(dict.fromkeys(names))
 
     def skills_roots(self) -> list[str]:
         return [part.strip() for part in self.skills_root.split(",") if part.strip()]
+
+    def runtimes_to_prepare(self) -> list[str]:
+        return self.prepare_runtimes.split(",")
 
 
 @lru_cache

@@ -4,9 +4,9 @@ Each worker process is an RQ ``SimpleWorker`` (jobs run in the worker process it
 caches survive between jobs) listening on ``skillrun:<runtime>``. ``--concurrency N`` starts N such processes;
 add processes or machines (``docker compose up --scale worker=N``) to scale out.
 
-Workers of the local runtime, which builds skills' dependency environments, also take the jobs that prepare a new
-library version's environments (``skillrun:local:environments``, ``worker.jobs.prepare_environments``), after the
-runs waiting on their own queue.
+Workers of the runtimes that build skills' dependency environments on their host (local, docker) also take the jobs
+that prepare a new library version's environments for their runtime (``skillrun:<runtime>:environments``,
+``worker.jobs.prepare_environments``), after the runs waiting on their own queue.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from worker.config import get_worker_settings
 from worker.contract import RuntimeName
 
 QUEUE_PREFIX = "skillrun"
-BUILDING_RUNTIMES = (RuntimeName.LOCAL.value,)
-"""The runtimes whose workers build dependency environments."""
+BUILDING_RUNTIMES = (RuntimeName.LOCAL.value, RuntimeName.DOCKER.value)
+"""The runtimes whose workers build dependency environments ahead of runs (a Cube sandbox installs its own)."""
 
 
 def queue_name(runtime: str) -> str:

@@ -6,8 +6,10 @@ notices a cancel request and stops the command), runs it with this process's run
 A worker process keeps one event loop and one runtime per kind, so workspaces' spawners and staging caches
 survive from job to job.
 
-``prepare_environments(root, skills)`` is the other job: it builds a library version's dependency environments
-with the local runtime's builder (sandboxed, into the store runs use), for the API's library registration.
+``prepare_environments(root, skills, runtime)`` is the other job: it builds a library version's dependency
+environments for one runtime (``local`` or ``docker``) through that runtime (``prepare_environment``: sandboxed, into
+the store runs use; on Docker also the derived images of skills' Debian packages), for the API's library
+registration. Workers of that runtime take it from its environments queue (``worker.consumer``).
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
 from worker.contract import RunResult, RuntimeName, SkillRef
-from worker.environments import SkillEnvironments
 from worker.errors import WorkerError
 from worker.run_store import Attempt, BaseRunStore, RedisRunStore
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
+from worker.runtimes.host import HostWorkspaceRuntime
 from worker.staging import resolve_skill_paths
 
 logger = logging.getLogger(__name__)
@@ -107,9 +109,9 @@ def _beat(store: BaseRunStore, run_id: str, held: Attempt, runtime: BaseWorkspac
             runtime.cancel(run_id)
 
 
-def prepare_environments(root: str, skills: list[list[str]]) -> dict[str, str]:
-    """Prepare the environments of the skills ``[name, path]`` of the library version at ``root``, one after
-    another, on the local runtime's builder; return each skill's state.
+def prepare_environments(root: str, skills: list[list[str]], runtime: str = RuntimeName.LOCAL.value) -> dict[str, str]:
+    """Prepare the environments of the skills ``[name, path]`` of the library version at ``root`` for ``runtime``,
+    one after another, through this worker's runtime of that kind; return each skill's state.
 
     The job's ``meta`` tells the API how far it got: ``pending`` maps each skill not done yet to its latest step,
     ``errors`` a skill this worker could not prepare at all to why (a build's own failure is in the store). A
@@ -128,9 +130,11 @@ def prepare_environments(root: str, skills: list[list[str]]) -> dict[str, str]:
     job.meta["pending"] = {name: WAITING for name, _ in skills}
     job.meta.setdefault("errors", {})
     try:
-        environments = runtime_for(RuntimeName.LOCAL.value).environments
+        host = runtime_for(runtime)
+        if not isinstance(host, HostWorkspaceRuntime):
+            raise WorkerError(f"the {runtime} runtime does not prepare environments ahead of runs")
         for name, path in skills:
-            states[name] = _event_loop().run_until_complete(_prepare_one(job, environments, root, name, path))
+            states[name] = _event_loop().run_until_complete(_prepare_one(job, host, root, name, path))
             del job.meta["pending"][name]
             job.save_meta()
     finally:
@@ -140,7 +144,7 @@ def prepare_environments(root: str, skills: list[list[str]]) -> dict[str, str]:
     return states
 
 
-async def _prepare_one(job: Job, environments: SkillEnvironments, root: str, name: str, path: str) -> str:
+async def _prepare_one(job: Job, runtime: HostWorkspaceRuntime, root: str, name: str, path: str) -> str:
     """One skill's environment, its progress saved in the job's ``meta`` as it goes."""
 
     def progress(message: str) -> None:
@@ -150,7 +154,7 @@ async def _prepare_one(job: Job, environments: SkillEnvironments, root: str, nam
     progress("starting")
     try:
         real_root, skill_dir = await asyncio.to_thread(resolve_skill_paths, SkillRef(name=name, root=root, path=path))
-        status = await environments.prepare(skill_dir, real_root, name, progress)
+        status = await runtime.prepare_environment(skill_dir, real_root, name, progress)
     except WorkerError as exc:  # the folder is not on this worker, or the builder cannot start: say why
         job.meta["errors"][name] = f"the worker could not prepare it: {exc}"
         return "failed"

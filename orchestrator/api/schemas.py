@@ -69,13 +69,27 @@ class SkillSummaryPublic(BaseModel):
     description: str
 
 
-class EnvironmentPublic(BaseModel):
-    """A skill's dependency environment on the local runtime: what the skill declares and where its build stands."""
+class DerivedImagePublic(BaseModel):
+    """The Docker runtime's image with a skill's Debian packages (the sandbox image plus them, tagged by content)."""
 
+    tag: str
+    state: Literal["ready", "building", "not built", "failed"] = Field(
+        description="failed: apt's own message is in message."
+    )
+    packages: list[str] = Field(description="The Debian packages it adds.")
+    message: str
+
+
+class EnvironmentPublic(BaseModel):
+    """A skill's dependency environment on one runtime: what the skill declares and where its build stands."""
+
+    runtime: Literal["local", "docker"] = Field(description="The runtime this environment is for.")
     state: Literal["none", "ready", "building", "not built", "failed", "invalid"] = Field(
-        description="none: it declares no Python packages; ready: built; building: being built (or queued for it); "
-                    "not built; failed: the build failed (message: the resolver's or installer's own words); "
-                    "invalid: the declaration is wrong (message: which file and line)."
+        description="none: it declares no packages (on local: no Python packages); ready: built (on docker: its "
+                    "environment and, for Debian packages, its image); building: being built (or queued for it); "
+                    "not built (on docker also: no Docker worker has built for the sandbox image yet); failed: the "
+                    "build failed (message: the resolver's, installer's or apt's own words); invalid: the "
+                    "declaration is wrong (message: which file and line)."
     )
     python: list[str] = Field(description="The Python requirements it declares (PEP 508).")
     debian: list[str] = Field(description="Debian packages it declares (installed in the Docker runtime's image).")
@@ -87,13 +101,19 @@ class EnvironmentPublic(BaseModel):
     packages: list[str] = Field(description="Every package of the lock, name==version.")
     size_bytes: int | None
     message: str = Field(description="Why it failed, what the build is doing, or a note.")
+    image: DerivedImagePublic | None = Field(
+        description="On docker, for a skill with Debian packages: the derived image they are installed in."
+    )
 
 
 class SkillPublic(SkillSummaryPublic):
     body: str
     tools: list[str]
     docs: list[str]
-    environment: EnvironmentPublic
+    environment: EnvironmentPublic = Field(
+        description="Its dependency environment on the first runtime the server prepares for (SKILLRUN_PREPARE_RUNTIMES)."
+    )
+    environments: list[EnvironmentPublic] = Field(description="Its dependency environment on each of those runtimes.")
 
 
 class InputContent(BaseModel):
@@ -191,12 +211,14 @@ class SkillEnvironmentPublic(EnvironmentPublic):
 
 
 class LibraryEnvironmentsPublic(BaseModel):
-    """The dependency environments of one library version's skills."""
+    """The dependency environments of one library version's skills, on each runtime the server prepares for."""
 
     library: str
     version: int
     done: bool = Field(description="No environment is being built (poll until true).")
-    skills: list[SkillEnvironmentPublic]
+    skills: list[SkillEnvironmentPublic] = Field(
+        description="One entry per runtime (SKILLRUN_PREPARE_RUNTIMES, in that order) and skill."
+    )
     problems: list[str] = Field(description="What is wrong beyond single skills: a skillrun.toml that cannot be "
                                             "read, or that names skills the library does not have.")
 

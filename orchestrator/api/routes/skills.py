@@ -22,8 +22,8 @@ def list_skills(team: Team = Depends(current_team), services: Services = Depends
 
 @router.get("/{name}", response_model=SkillPublic, responses=error_responses(404, 422))
 def get_skill(name: SkillName = Path(description="The skill's name."), team: Team = Depends(current_team), services: Services = Depends(get_services)) -> SkillPublic:
-    """One skill: body, declared tools, doc names, and its dependency environment (what it declares, whether it is
-    built, what it holds)."""
+    """One skill: body, declared tools, doc names, and its dependency environment on each runtime the server
+    prepares for (what it declares, whether it is built, what it holds; on docker also its Debian packages' image)."""
     repository = services.repository_for(team)
     try:
         skill = repository.get(name)
@@ -32,5 +32,6 @@ def get_skill(name: SkillName = Path(description="The skill's name."), team: Tea
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except SkillValidationError as exc:
         raise HTTPException(422, str(exc)) from exc
+    environments = services.environments.skill_statuses(ref)
     return SkillPublic(name=skill.name, description=skill.description, body=skill.body, tools=skill.tools,
-                       docs=skill.doc_names, environment=services.environments.skill_status(ref))
+                       docs=skill.doc_names, environment=environments[0], environments=environments)
