@@ -1,5 +1,6 @@
 """Agent Skills on the control plane: parsing, repositories, search, three-tier injection, the skill tool sets."""
 
+from orchestrator.skills.filtered import FilteredSkillRepository
 from orchestrator.skills.options import SkillLoadMode, SkillOptions
 from orchestrator.skills.overview import Overview, build_overview
 from orchestrator.skills.repository import (
@@ -23,6 +24,7 @@ __all__ = [
     "BaseSkillRepository",
     "CachedSkillRepository",
     "DynamicSkillToolSet",
+    "FilteredSkillRepository",
     "FsSkillRepository",
     "Overview",
     "Skill",

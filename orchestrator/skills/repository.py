@@ -42,7 +42,6 @@ from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root, split
 from worker.runtimes.base import BaseWorkspaceRuntime
 
 MAX_DEPTH = 4
-MAX_LISTED_NAMES = 20  # an unknown-skill error lists the library up to this size, else the closest names
 
 
 @dataclass(frozen=True)
@@ -169,7 +168,7 @@ class FsSkillRepository(BaseSkillRepository):
         scan = self._current()
         entry = scan.entries.get(name)
         if entry is None:
-            raise SkillNotFoundError(name, _closest(scan, name))
+            raise SkillNotFoundError(name, scan.index().closest_names(name))
         return entry
 
     def path(self, name: str) -> Path:
@@ -307,15 +306,6 @@ class CachedSkillRepository(FsSkillRepository):
         skill = load_skill(entry.skill_dir, entry.root)
         self._skills[name] = (stamp, skill)
         return skill
-
-
-def _closest(scan: _Scan, name: str) -> list[str]:
-    """What an unknown-skill error offers instead: every name of a small library, the closest of a large one."""
-    if len(scan.entries) <= MAX_LISTED_NAMES:
-        return sorted(scan.entries)
-    hits = scan.index().search(name.replace("-", " ").replace("_", " "), MAX_LISTED_NAMES // 2)
-    names = [hit.summary.name for hit in hits]
-    return [*names, f"and {len(scan.entries) - len(names):,} more"]
 
 
 def _read_summary(skill_file: Path) -> SkillSummary:

@@ -30,6 +30,7 @@ NAME_WEIGHT = 2
 MAX_QUERY_CHARS = 4000
 MAX_QUERY_TERMS = 32
 MIN_COMMON_DF = 20
+MAX_LISTED_NAMES = 20  # an unknown-skill error lists a library up to this size, else the closest names
 STEM_CACHE_SIZE = 65536  # distinct words whose stem is remembered
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP_WORDS = frozenset(
@@ -122,6 +123,13 @@ class SkillIndex:
         totals = self.scores(query, weighted)
         best = heapq.nlargest(offset + limit, totals, key=totals.__getitem__)
         return [SkillHit(self.summaries[p], totals[p]) for p in best[offset:]]
+
+    def closest_names(self, name: str) -> list[str]:
+        """What an unknown-skill error offers: every name of a small library, else the closest and how many more."""
+        if len(self.summaries) <= MAX_LISTED_NAMES:
+            return [s.name for s in self.summaries]
+        names = [hit.summary.name for hit in self.search(name.replace("-", " ").replace("_", " "), MAX_LISTED_NAMES // 2)]
+        return [*names, f"and {len(self.summaries) - len(names):,} more"]
 
     def count(self, query: str) -> int:
         """How many skills match ``query`` at all."""
