@@ -1,7 +1,7 @@
 """The ready-made skill assistant that ``skillrun chat`` and the HTTP API serve.
 
-An ``LlmAgent`` on the configured OpenAI-compatible model, with the seven skill tools over the configured
-skills roots and three-tier injection, running skill commands through the given dispatcher; sessions in Redis when
+An ``LlmAgent`` on the configured OpenAI-compatible model, with the skill tools over the configured skills roots
+and three-tier injection shaped by the ``SKILLRUN_SKILL_*`` settings (overview size, load mode, loaded cap), running skill commands through the given dispatcher; sessions in Redis when
 ``SKILLRUN_REDIS_URL`` is set, else as files under ``SKILLRUN_DATA_DIR``.
 """
 
@@ -11,12 +11,17 @@ from orchestrator.agents import LlmAgent
 from orchestrator.config import Settings
 from orchestrator.dispatch import BaseDispatcher
 from orchestrator.models import OpenAIModel
-from orchestrator.sessions import BaseSessionService, FileSessionService, RedisSessionService
-from orchestrator.skills import BaseSkillRepository, SkillToolSet
+from orchestrator.sessions import (
+    BaseSessionService,
+    FileSessionService,
+    RedisSessionService,
+)
+from orchestrator.skills import BaseSkillRepository, SkillOptions, SkillToolSet
 
 INSTRUCTION = """You are a helpful assistant with access to Agent Skills.
 When a task matches a skill, load it first, read its instructions, then run its commands with skill_run and
-report what the commands produced. Write outputs to $OUTPUT_DIR and collect them with output_files."""
+report what the commands produced. When the skill list is cut and none of the listed skills fits, find one with
+skill_search. Write outputs to $OUTPUT_DIR and collect them with output_files."""
 
 
 def create_assistant(settings: Settings, repository: BaseSkillRepository, dispatcher: BaseDispatcher | None = None) -> LlmAgent:
@@ -28,6 +33,7 @@ def create_assistant(settings: Settings, repository: BaseSkillRepository, dispat
         instruction=INSTRUCTION,
         tools=[SkillToolSet(repository, dispatcher=dispatcher)],
         skill_repository=repository,
+        skill_options=SkillOptions.from_settings(settings),
         max_steps=settings.max_steps,
     )
 
