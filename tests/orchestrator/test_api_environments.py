@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from pydantic import ValidationError
 from rq import Queue
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
+from orchestrator.api.environments import QueuedEnvironments
+from orchestrator.config import Settings
 from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from tests.conftest import write_skill
@@ -227,3 +230,21 @@ async def test_a_preparation_whose_worker_died_is_reported_and_queued_again_by_t
     finally:
         connection.close()
         await services.close()
+
+
+def test_the_runtimes_to_prepare_are_a_checked_setting():
+    assert Settings(prepare_runtimes="docker, local,docker").runtimes_to_prepare() == ["docker", "local"]
+    assert Settings().runtimes_to_prepare() == ["local"]
+    with pytest.raises(ValidationError, match="must be some of local, docker"):
+        Settings(prepare_runtimes="local,cube")
+
+
+def test_before_a_docker_worker_recorded_its_target_a_skills_docker_environment_is_not_built(
+    worker_env, shared_dir: Path
+):
+    lib = shared_dir / "lib"
+    tables, plain = write_skill(lib, "tables", files={"requirements.txt": "beta\n"}), write_skill(lib, "plain")
+    environments = QueuedEnvironments(redis.Redis(), ["local", "docker"])  # no Redis call: statuses read the store
+    waiting = environments.status("docker", lib, tables, "tables")
+    assert waiting.state == "not built" and "no Docker worker has built" in waiting.message
+    assert environments.status("docker", lib, plain, "plain").state == "none"
