@@ -154,6 +154,7 @@ class RunCgroup:
         self.limits: CgroupLimits | None = None
         self._oom_base = 0
         self._oom_event = self._watch_oom() if version == 1 else None
+        self._count = -1
 
     def _watch_oom(self) -> int | None:
         """An eventfd the kernel signals when the group runs out of memory (v1), so a run that did not costs no
@@ -250,6 +251,17 @@ class RunCgroup:
         """The processes in the group now."""
         return group_procs(next(iter(self.paths.values())) / "cgroup.procs")
 
+    def tasks(self) -> int:
+        """How many tasks the group holds, those ended but not yet reaped too (``pids.current``: a counter, read in
+        a microsecond, where listing the group takes a hundred); -1 if it cannot be read."""
+        try:
+            if self._count < 0:
+                self._count = os.open(self.paths["unified" if self.version == 2 else "pids"] / "pids.current",
+                                      os.O_RDONLY | os.O_CLOEXEC)
+            return int(os.pread(self._count, 32, 0))
+        except (OSError, ValueError):
+            return -1
+
     def wait_empty(self) -> bool:
         """Wait a little for the group's processes to be gone (a killed sandbox takes a moment); ``False`` if some
         remain."""
@@ -265,6 +277,9 @@ class RunCgroup:
         if self._oom_event is not None:
             os.close(self._oom_event)
             self._oom_event = None
+        if self._count >= 0:
+            os.close(self._count)
+            self._count = -1
         for path in self.paths.values():
             try:
                 path.rmdir()

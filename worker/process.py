@@ -1,11 +1,12 @@
 """Running one shell command as a process group, with a deadline, resource limits and capped output.
 
 The command runs as ``bash -c`` (not a login shell) in a new process group, started directly, by the
-workspace's spawner, or handed to a ready shell; with a sandbox, inside bubblewrap, placed in its control group
-before it starts. Resource limits are applied by ``ulimit`` in that shell before the command, so they need no
-``preexec_fn`` and cannot be raised again by an unprivileged user. The started command is followed on the event
-loop and ended with everything it started by ``watch.CommandWatch``; a sandboxed one as soon as bwrap reports its
-end, while bwrap and the namespaces are still ending (``ProcessOutcome.gone`` says when they have).
+workspace's spawner, or handed to a ready shell; with a sandbox, inside bubblewrap (a sandbox of its own, or the
+workspace's held sandbox: ``worker.held_sandbox``), placed in its control group before it starts. Resource
+limits are applied by ``ulimit`` in that shell before the command, so they need no ``preexec_fn`` and cannot be
+raised again by an unprivileged user. The started command is followed on the event loop and ended with
+everything it started by ``watch.CommandWatch``; one in a sandbox of its own as soon as bwrap reports its end,
+while bwrap and the namespaces are still ending (``ProcessOutcome.gone`` says when they have).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class ProcessOutcome:
     gone: asyncio.Future[None] | None = None
     """For a sandboxed run: done once the sandbox's init has ended, and with it every process of the run (the
     result may come while the kernel is still ending them, all SIGKILLed), or after ``GONE_TIMEOUT_SECONDS``."""
+    lingering: bool = False
+    """For a run in a held sandbox: some process of the run was still there after the grace period (the caller
+    gives the held sandbox up)."""
 
 
 SETPRIV_HARDENING = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all")
@@ -113,8 +117,7 @@ def remote_ulimit_prefix(limits: RunLimits) -> str:
 class _Started:
     """A command being started: the read ends of its pipes, its pid once known (also its process group), how to
     get its exit status once it has exited, how to release what the host holds for it, and, for a command in a
-    sandbox, the sandbox's start (still blocked, until placed in its control group) or, for a ready shell's, the
-    start of its sandbox (placed already): ``report`` either way."""
+    sandbox of its own, the sandbox's start (still blocked, until placed in its control group)."""
 
     def __init__(
         self,
@@ -124,8 +127,6 @@ class _Started:
         status: Callable[[], Awaitable[int | None]],
         release: Callable[[], None],
         sandbox: SandboxStart | None = None,
-        *,
-        placed: SandboxStart | None = None,
     ) -> None:
         self.out_fd = out_fd
         self.err_fd = err_fd
@@ -133,7 +134,6 @@ class _Started:
         self.status = status
         self.release = release
         self.sandbox = sandbox
-        self.report = sandbox or placed
 
 
 def _start_direct(
@@ -178,35 +178,26 @@ def _start_direct(
     return _Started(proc.stdout.fileno(), proc.stderr.fileno(), pid, status, release, start)
 
 
-def _start_spawned(
-    argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner, sandbox: SandboxSpec | None
-) -> _Started:
+def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner) -> _Started:
     """Send the command to the spawner; its pid comes while the caller sets up."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    start = SandboxStart() if sandbox is not None else None
     try:
-        if start is not None:  # the spawner hands the sandbox's ends over as its descriptors 3, 4 and 5
-            argv = [*sandbox.argv(find_bwrap(), fds=(3, 4, 5), cwd=cwd), *argv]
-        spawned = spawner.send(argv, env, cwd, out_w, err_w, *(start.child_fds() if start is not None else ()))
+        spawned = spawner.send(argv, env, cwd, out_w, err_w)
     except BaseException:
         os.close(out_r)
         os.close(err_r)
-        if start is not None:
-            start.close()
         raise
     finally:
         os.close(out_w)
         os.close(err_w)
-    if start is not None:
-        start.sent()
 
     def release() -> None:
         os.close(out_r)
         os.close(err_r)
         spawned.close()
 
-    return _Started(out_r, err_r, spawned.started, spawned.exit_status, release, start)
+    return _Started(out_r, err_r, spawned.started, spawned.exit_status, release)
 
 
 async def run_process(
@@ -228,42 +219,45 @@ async def run_process(
 ) -> ProcessOutcome:
     """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started.
 
-    With a ``spawner`` (of the workspace user ``uid``) the command is started by it; otherwise directly, switching to
-    ``uid``/``gid`` when given. With ``ready``, a ready shell of that spawner already handed its command, the
-    command is that shell (``argv`` is not used; the shell is in its sandbox and control group already). With
-    ``sandbox`` the command runs in that bubblewrap sandbox, placed in ``cgroup`` before it starts. A
-    ``SpawnerError`` means nothing ran and the caller may start the command directly.
+    With a ``spawner`` (of the workspace user ``uid``, outside a sandbox) the command is started by it; otherwise
+    directly, switching to ``uid``/``gid`` when given. With ``ready``, a ready shell of a spawner already handed
+    its command, the command is that shell (``argv`` is not used); a shell of a held sandbox is in ``cgroup``
+    already, every process left there is killed when it ends, and the result comes once that group is empty
+    (``worker.held_sandbox``). With ``sandbox`` the command runs in that bubblewrap sandbox of its own, placed in
+    ``cgroup`` before it starts. A ``SpawnerError`` means nothing ran and the caller may start the command
+    directly.
     """
     started = time.monotonic()
+    held = ready is not None and ready.sandbox is not None
     if ready is not None:
-        handle = _Started(ready.out_fd, ready.err_fd, ready.spawned.started, ready.spawned.exit_status, ready.release,
-                          placed=ready.sandbox_start)
+        handle = _Started(ready.out_fd, ready.err_fd, ready.spawned.started, ready.spawned.exit_status, ready.release)
     elif spawner is not None:
-        handle = _start_spawned(argv, cwd, env, spawner, sandbox)
+        handle = _start_spawned(argv, cwd, env, spawner)
     else:
         handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox)
     try:
-        # In a sandbox, ending its init ends everything of the run: no sweep by user id, which would reach the
-        # workspace's next ready shell (and any process of that id elsewhere on the host).
-        sandboxed = sandbox is not None or (ready is not None and ready.sandbox is not None)
+        # In a sandbox, ending its init or emptying the run's control group ends everything of the run: no sweep by
+        # user id, which would reach the workspace's spawner and next ready shell (and any process of that id
+        # elsewhere on the host).
+        sandboxed = sandbox is not None or held
         watch = CommandWatch(
             handle.out_fd, handle.err_fd, caps=(stdout_cap, stderr_cap), deadline=started + timeout,
             uid=None if sandboxed else uid, keep=frozenset({spawner.pid}) if spawner is not None else frozenset(),
-            cancel=cancel,
+            cancel=cancel, group=cgroup if sandboxed else None,
         )
         gone = None
         try:
             watch.follow(await handle.pid())
             if handle.sandbox is not None:
                 await handle.sandbox.release(cgroup)
-            if handle.report is not None and handle.report.init_pidfd >= 0:
-                watch.end_on_report(handle.report, cgroup)
-                mounts = ready.take_mounts() if ready is not None else hold_mounts(handle.report)
-                gone = asyncio.ensure_future(_ended(os.dup(handle.report.init_pidfd), mounts))
+            if handle.sandbox is not None and handle.sandbox.init_pidfd >= 0:
+                watch.end_on_report(handle.sandbox)
+                gone = asyncio.ensure_future(_ended(os.dup(handle.sandbox.init_pidfd), hold_mounts(handle.sandbox)))
             await watch.finished
             returncode = watch.reported if watch.reported is not None else await handle.status()
         finally:
             await watch.close()
+            lingering = held and not await watch.emptied()
     finally:
         handle.release()
         if handle.sandbox is not None:
@@ -282,7 +276,7 @@ async def run_process(
     return ProcessOutcome(
         stdout=stdout, stderr=stderr, stdout_omitted=stdout_omitted, stderr_omitted=stderr_omitted,
         exit_code=exit_code, timed_out=watch.timed_out, cancelled=watch.cancelled,
-        duration_ms=int((time.monotonic() - started) * 1000), notes=notes, gone=gone,
+        duration_ms=int((time.monotonic() - started) * 1000), notes=notes, gone=gone, lingering=lingering,
     )
 
 

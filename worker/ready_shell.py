@@ -1,9 +1,9 @@
 """Ready shells: a bash started ahead of its command, so a warm run skips the spawner's round trip, bash's start-up
 and, in a sandbox, the sandbox's.
 
-After a run, the workspace's spawner (``worker.spawner``) starts bash for the workspace's next run ahead of time,
-in a sandbox of its own that the caller places in a control group while it waits (``ReadyShell.place``); the
-next run that fits hands it its script (``ReadyShell.start``).
+After a run, the workspace's spawner (``worker.spawner``) starts bash for the workspace's next run ahead of time
+(in the workspace's held sandbox, ``worker.held_sandbox``, where the caller places it in a control group of its
+own while it waits: ``ReadyShell.place``); the next run that fits hands it its script (``ReadyShell.start``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from worker.cgroups import RunCgroup
-from worker.errors import CgroupError, SandboxError, SpawnerError
+from worker.errors import CgroupError, SpawnerError
 from worker.fdwait import wait_readable
-from worker.sandbox import SandboxSpec, SandboxStart
-from worker.watch import hold_mounts
+from worker.sandbox import SandboxSpec
 
 if TYPE_CHECKING:
     from worker.spawner import Spawned
@@ -48,12 +47,13 @@ class ReadyShell:
     error messages behave as under ``bash -c``). A shell that is not used is discarded: its pipe closes, it reads
     nothing, runs nothing and exits.
 
-    A shell in a sandbox waits, blocked, until ``place`` has put it in its control group (``cgroup``), which it
-    keeps for its run; ``on_release`` is called once the host has let go of the shell (to remove that group)."""
+    A shell in a held sandbox takes no run until ``place`` has put it in its control group (``cgroup``), which it
+    keeps for its run (it waits for its script until then, running nothing of a run); ``on_release`` is called
+    once the host has let go of the shell (to hand that group back)."""
 
     def __init__(
         self, spawned: Spawned, env: dict[str, str], cwd: str, out_fd: int, err_fd: int, script_fd: int, up_fd: int,
-        *, sandbox: SandboxSpec | None = None, start: SandboxStart | None = None,
+        *, sandbox: SandboxSpec | None = None,
     ) -> None:
         self.spawned = spawned
         self.env = env
@@ -68,53 +68,40 @@ class ReadyShell:
         self.cgroup: RunCgroup | None = None
         self.on_release: Callable[["ReadyShell"], None] | None = None
         self.placement: asyncio.Task | None = None  # the caller's task running ``place``
-        self._start = start
         self._placing = False
         self._placed = False
         self._discarded = False
-        self._mounts = -1
-
-    @property
-    def sandbox_start(self) -> SandboxStart | None:
-        """The start of the shell's sandbox (released once placed): its report says how the shell's command ended."""
-        return self._start
-
-    def take_mounts(self) -> int:
-        """The shell's hold on its sandbox's mount namespace (``watch.hold_mounts``; -1 if none), the caller's now."""
-        mounts, self._mounts = self._mounts, -1
-        return mounts
 
     @property
     def placed(self) -> bool:
         """Whether the shell can take a run: it needs no placing, or it was placed."""
-        return self._start is None or (self._placed and not self._discarded)
+        return self.sandbox is None or (self._placed and not self._discarded)
 
-    async def place(self, cgroup: RunCgroup | None) -> bool:
-        """Put the sandboxed shell in ``cgroup`` and let it start; ``False`` if that failed (it is then discarded).
-        A shell discarded meanwhile is let go here, once the sandbox's pipes are no longer watched."""
-        if self._start is None or self._placing or self._discarded:
+    async def place(self, cgroup: RunCgroup) -> bool:
+        """Put the held sandbox's shell in ``cgroup`` (its command, and all it starts, are born there); ``False`` if
+        that failed (it is then discarded). A shell discarded meanwhile is let go here."""
+        if self.sandbox is None or self._placing or self._discarded:
             return False
         self._placing = True
         placed = False
         try:
-            await self.spawned.started()
-            await self._start.release(cgroup)
-            placed = self._start.init_pid > 0
-        except (SandboxError, CgroupError, SpawnerError, OSError):
+            cgroup.add(await self.spawned.started())
+            placed = True
+        except (CgroupError, SpawnerError, OSError):
             placed = False
         finally:
             self._placing = False
         if placed:
             self.cgroup = cgroup
             self._placed = True
-            self._mounts = hold_mounts(self._start)
         if not placed or self._discarded:
-            self._kill_unplaced()
+            self._kill()
             self.discard()
         return placed and not self._discarded
 
-    def _kill_unplaced(self) -> None:
-        """A shell that was not placed must not start outside its group: kill its sandbox before letting go."""
+    def _kill(self) -> None:
+        """Kill the shell of a held sandbox that will not take a run: one not placed must not run outside its group,
+        and a process of a later run (the same user, in the same namespace) could ptrace a placed one."""
         if self.spawned.pid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.spawned.pid, signal.SIGKILL)
@@ -161,13 +148,13 @@ class ReadyShell:
             self._script = -1
 
     def discard(self) -> None:
-        """Give the shell up: it reads an empty script and exits. While it is being placed, ``place`` finishes
-        this."""
+        """Give the shell up: it reads an empty script and exits (in a held sandbox it is killed). While it is being
+        placed, ``place`` finishes this."""
         self._discarded = True
         if self._placing:
             return
-        if self._start is not None and not self.placed:
-            self._kill_unplaced()
+        if self.sandbox is not None:
+            self._kill()
         if self._script >= 0:
             os.close(self._script)
             self._script = -1
@@ -175,13 +162,11 @@ class ReadyShell:
 
     def release(self) -> None:
         """Close what this process holds of the shell (after its run, or once discarded)."""
-        for fd in (self.out_fd, self.err_fd, self._up, self._mounts):
+        for fd in (self.out_fd, self.err_fd, self._up):
             if fd >= 0:
                 os.close(fd)
-        self.out_fd = self.err_fd = self._up = self._mounts = -1
+        self.out_fd = self.err_fd = self._up = -1
         self.spawned.close()
-        if self._start is not None:
-            self._start.close()
         callback, self.on_release = self.on_release, None
         if callback is not None:
             callback(self)

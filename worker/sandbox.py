@@ -25,6 +25,12 @@ loopback, which the caller's server serves there instead (``served_by``: a build
 socket of the worker's on its loopback, its only way out, to the package index: ``worker.environments.egress``).
 On the same pipe bwrap later says how the command ended (``SandboxStart.exit_code``), as soon as its init has
 reaped it: the caller need not wait for bwrap's own processes to end and the namespaces to be torn down.
+
+That is a sandbox of the run's own: a workspace's first run, a run with network, a run while another of its
+workspace is going on. A warm run without network goes into its workspace's held sandbox instead, the same spec
+made once for the workspace with the workspace's spawner as its pid 1 (``held_argv``, ``worker.held_sandbox``):
+there the PID namespace's end cannot end the run's processes, its control group does, and ``/tmp``, ``/dev/shm``
+and the IPC namespace are emptied between runs.
 """
 
 from __future__ import annotations
@@ -110,6 +116,20 @@ class SandboxSpec:
         if self.served and _SERVER.get() is None:
             raise SandboxError("a served sandbox is started only where its network is served (served_by)")
         info_fd, block_fd, seccomp_fd = fds
+        return [*self._layout(bwrap), "--chdir", cwd, "--json-status-fd", str(info_fd), "--block-fd", str(block_fd),
+                "--seccomp", str(seccomp_fd), "--"]
+
+    def held_argv(self, bwrap: str, *, info_fd: int, seccomp_fd: int) -> list[str]:
+        """The ``bwrap`` command line up to ``--`` of a workspace's held sandbox (``worker.held_sandbox``): the same
+        layout, its command the namespace's pid 1 (``--as-pid-1``: no init of bwrap's), started in ``/``, reporting
+        its pid on ``info_fd`` and reading its seccomp filter from ``seccomp_fd``. Without network only."""
+        if self.network or self.served:
+            raise SandboxError("a held sandbox has no network of its own")
+        return [*self._layout(bwrap), "--as-pid-1", "--chdir", "/", "--json-status-fd", str(info_fd),
+                "--seccomp", str(seccomp_fd), "--"]
+
+    def _layout(self, bwrap: str) -> list[str]:
+        """The namespaces and mounts: everything of the command line but how the sandbox starts."""
         args = [bwrap, *_system_args()]
         args += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
@@ -123,9 +143,7 @@ class SandboxSpec:
             args += ["--unshare-net"]
         # The sandbox's own root and /dev are tmpfs with no size of their own: read-only once laid out, so a run
         # writes nowhere but its workspace, /tmp and /dev/shm.
-        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd, "--json-status-fd", str(info_fd), "--block-fd", str(block_fd), "--seccomp", str(seccomp_fd),
-                 "--"]
-        return args
+        return args + ["--remount-ro", "/dev", "--remount-ro", "/"]
 
 
 @functools.cache

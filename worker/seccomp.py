@@ -8,7 +8,9 @@ bubblewrap loads it (``--seccomp FD``) into the run's sandbox just before the co
 * the kernel interfaces container engines keep from containers by default and that an unprivileged process may
   otherwise reach: the kernel keyring, BPF programs, performance events, ``userfaultfd``, ``io_uring``, file
   handles, and mounting, module, swap, reboot and accounting calls (refused already without capabilities; here
-  they are refused before the kernel looks at them).
+  they are refused before the kernel looks at them);
+* POSIX message queues (``mq_open``): they live in the IPC namespace, which a workspace's held sandbox keeps from
+  one run to the next (``worker.held_sandbox``), and cannot be listed there to be removed between runs.
 
 Refused calls fail with ``EPERM`` (``clone3`` with ``ENOSYS``); everything else is allowed.
 """
@@ -29,7 +31,7 @@ REFUSED = (
     "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at", "name_to_handle_at",
     "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
     "mount_setattr", "setns", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
-    "swapon", "swapoff", "reboot", "acct", "quotactl", "lookup_dcookie", "vm86", "vm86old",
+    "swapon", "swapoff", "reboot", "acct", "quotactl", "lookup_dcookie", "vm86", "vm86old", "mq_open",
 )
 
 

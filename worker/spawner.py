@@ -6,9 +6,10 @@ extra ``exec`` (``setpriv``): milliseconds per run. A spawner is started once pe
 tiny standard-library-only loop: for each request it ``posix_spawn``s the command in a new process group with the
 pipes it was handed, and it reports each child's exit status. It holds nothing the command could not already
 reach: it runs as the same unprivileged user. The host process keeps every kill (it is root and signals the
-process group) and every deadline.
+process group) and every deadline. With the sandbox, the spawner runs in the workspace's held sandbox
+(``worker.held_sandbox``) and its commands start there.
 
-Wire format. Host → spawner, over ``SOCK_SEQPACKET``, one JSON object per message: ``{"argv", "env", "cwd"}``
+Wire format. Host → spawner, over ``SOCK_SEQPACKET``, one JSON object per message: ``{"argv", "env", "cwd", "fresh"}``
 with three descriptors as ``SCM_RIGHTS``: the stdout and stderr write ends and the write end of a control pipe
 of that run, and optionally more that become the child's descriptors 3, 4 (a ready shell's script pipe, and
 the pipe it closes once started). The spawner answers on the control pipe, one JSON line each: ``{"pid": n}``
@@ -17,9 +18,9 @@ the pipe it closes once started). The spawner answers on the control pipe, one J
 directly: no thread stands between a command and its caller. The socket itself carries only
 ``{"ready": true}`` once, and its end tells that the spawner stopped.
 
-Ready shells (``ReadyShell``): after a run, the spawner starts bash for the workspace's next run ahead of time,
-in a sandbox of its own (``worker.sandbox``) that the caller places in a control group while it waits; the next
-run that fits hands it its script, skipping the round trip above, bash's start-up and the sandbox's.
+Ready shells (``ReadyShell``): after a run, the spawner starts bash for the workspace's next run ahead of time
+(in a held sandbox, the caller places it in a control group while it waits); the next run that fits hands it its
+script, skipping the round trip above and bash's start-up.
 """
 
 from __future__ import annotations
@@ -39,21 +40,27 @@ from pathlib import Path
 from worker.errors import SpawnerError
 from worker.fdwait import wait_readable
 from worker.ready_shell import READY_SHELL_LOADER, READY_TIMEOUT_SECONDS, ReadyShell
-from worker.sandbox import SandboxSpec, SandboxStart, find_bwrap
+from worker import held_sandbox
+from worker.held_sandbox import FRESH_SOURCE, HeldStart
+from worker.sandbox import SandboxSpec, find_bwrap
 
 MAX_MESSAGE_BYTES = 64 * 1024
 """The largest request a spawner takes (it receives into a buffer of this size every time); a larger command or
 environment is started directly instead."""
-MAX_DESCRIPTORS = 8
-"""The most descriptors one request hands the spawner: the two output pipes, the control pipe and up to five
-more for the command (a ready shell's script and start pipes, its sandbox's report, block and seccomp pipes)."""
+MAX_DESCRIPTORS = 5
+"""The most descriptors one request hands the spawner: the two output pipes, the control pipe and up to two
+more for the command (a ready shell's script and start pipes)."""
 REPLY_TIMEOUT_SECONDS = 5.0
 STATUS_TIMEOUT_SECONDS = 5.0
 
 SPAWNER_SOURCE = r"""
-import fcntl, json, os, select, signal, socket, sys
+import ctypes, fcntl, json, os, select, signal, socket, sys
 sock = socket.socket(fileno=int(sys.argv[1]))
 os.set_inheritable(sock.fileno(), False)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(4, 0, 0, 0, 0)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+%(fresh)s
 wake_r, wake_w = os.pipe()
 os.set_blocking(wake_w, False)
 signal.set_wakeup_fd(wake_w)
@@ -99,6 +106,8 @@ while True:
         extra = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds[3:]]
         try:
             req = json.loads(data)
+            if req.get("fresh") and not fresh():
+                raise OSError("what the last run left in /tmp, /dev/shm or IPC objects could not be removed")
             os.chdir(req["cwd"])
             actions = [
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
@@ -117,7 +126,10 @@ while True:
             for fd in fds[:2] + fds[3:] + extra:
                 os.close(fd)
             os.chdir("/")
-""" % {"max": MAX_MESSAGE_BYTES, "fds": MAX_DESCRIPTORS}
+""" % {"max": MAX_MESSAGE_BYTES, "fds": MAX_DESCRIPTORS, "fresh": FRESH_SOURCE}
+"""The spawner's loop. It makes itself non-dumpable (``PR_SET_DUMPABLE`` 0: no process of its user may ptrace it
+or open its ``/proc`` descriptors) and ignores SIGINT (in a held sandbox it is the namespace's pid 1, which the
+kernel keeps every other signal from a run away from, as it has no handler for them)."""
 
 
 def spawner_python() -> str | None:
@@ -142,28 +154,52 @@ class Spawner:
     """The host side of one workspace's spawner process."""
 
     def __init__(
-        self, uid: int, gid: int, *, setpriv: str, python: str, hardening: tuple[str, ...], prefix: tuple[str, ...] = ()
+        self, uid: int, gid: int, *, setpriv: str, python: str, hardening: tuple[str, ...], prefix: tuple[str, ...] = (),
+        sandbox: SandboxSpec | None = None,
     ) -> None:
-        """``prefix`` runs before ``setpriv`` (as root), e.g. ``unshare --net --`` for commands without network."""
+        """``prefix`` runs before ``setpriv`` (as root), e.g. ``unshare --net --`` for commands without network.
+        With ``sandbox`` the spawner runs in a held sandbox of that spec (``worker.held_sandbox``)."""
         self.uid = uid
         self.gid = gid
+        self.sandbox = sandbox
+        self.occupied = False
+        """A run is in the held sandbox (set and cleared by the runtime): no other run or ready shell goes there."""
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         host_sock.setblocking(False)
         self._sock = host_sock
+        self._held = HeldStart() if sandbox is not None else None
+        held_argv = self._held_argv()
+        pass_fds = [child_sock.fileno(), *(self._held.child_fds() if self._held is not None else ())]
         try:
             self._proc = subprocess.Popen(
-                [*prefix, setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *hardening,
+                [*prefix, setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *hardening, *held_argv,
                  python, "-I", "-S", "-c", SPAWNER_SOURCE, str(child_sock.fileno())],
-                pass_fds=[child_sock.fileno()], env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
+                pass_fds=pass_fds, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0,
             )
+        except BaseException:
+            if self._held is not None:
+                self._held.close()
+            raise
         finally:
             child_sock.close()
+        if self._held is not None:
+            self._held.sent()
         self._ready = threading.Event()
         self._alive = True
         self._shell: ReadyShell | None = None
         self._reader = threading.Thread(target=self._watch, name=f"spawner-{uid}", daemon=True)
         self._reader.start()
+
+    def _held_argv(self) -> list[str]:
+        if self._held is None:
+            return []
+        info_fd, seccomp_fd = self._held.child_fds()
+        return self.sandbox.held_argv(find_bwrap(), info_fd=info_fd, seccomp_fd=seccomp_fd)
+
+    def host_pid(self, pid: int) -> int:
+        """The host pid of the child the spawner reported as ``pid`` (the same, outside a held sandbox)."""
+        return pid if self._held is None else held_sandbox.host_pid(self._held.pid, pid)
 
     @property
     def pid(self) -> int:
@@ -181,16 +217,18 @@ class Spawner:
         return self._ready.wait(timeout) and self._alive
 
     def send(
-        self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int, *more_fds: int
+        self, argv: list[str], env: dict[str, str], cwd: str, stdout_fd: int, stderr_fd: int, *more_fds: int,
+        fresh: bool = False,
     ) -> "Spawned":
         """Ask for ``argv`` to be started as the workspace user in a new process group, its output on the given
         descriptors (and ``more_fds`` as its descriptors 3, 4, …); ``Spawned.started`` then gives its pid.
 
         Never waits: the socket does not block (a spawner that stopped taking commands is given up), so the
-        caller can set up while the spawner starts the command."""
+        caller can set up while the spawner starts the command. ``fresh``: first empty the held sandbox of what
+        the last run left (``worker.held_sandbox``); the command is refused if that fails."""
         if not self.ready:
             raise SpawnerError("the spawner is not running")
-        message = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+        message = json.dumps({"argv": argv, "env": env, "cwd": cwd, "fresh": fresh}).encode()
         if len(message) > MAX_MESSAGE_BYTES:
             raise SpawnerError("the command and its environment are too large for the spawner")
         control_r, control_w = os.pipe()
@@ -204,9 +242,7 @@ class Spawner:
             os.close(control_w)
         return Spawned(self, control_r)
 
-    def prepare_shell(
-        self, bash: str, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None = None
-    ) -> "ReadyShell | None":
+    def prepare_shell(self, bash: str, env: dict[str, str], cwd: str) -> "ReadyShell | None":
         """Have a ready shell (``ready_shell``) wait for this workspace's next run, in place of any other; the new
         shell, if one could be started."""
         old, self._shell = self._shell, None
@@ -214,7 +250,7 @@ class Spawner:
             old.discard()
         if self.ready:
             with contextlib.suppress(SpawnerError):
-                self._shell = self.ready_shell(bash, env, cwd, sandbox)
+                self._shell = self.ready_shell(bash, env, cwd)
         return self._shell
 
     @property
@@ -227,39 +263,29 @@ class Spawner:
         shell, self._shell = self._shell, None
         return shell
 
-    def ready_shell(
-        self, bash: str, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None = None
-    ) -> "ReadyShell":
+    def ready_shell(self, bash: str, env: dict[str, str], cwd: str) -> "ReadyShell":
         """Start a shell for a command not known yet: bash started now, with ``env`` in ``cwd``, waiting on its
-        descriptor 3 for the script (``ReadyShell.start``). In a ``sandbox``, the shell starts once placed
-        (``ReadyShell.place``)."""
+        descriptor 3 for the script (``ReadyShell.start``). In a held sandbox, emptied of what the last run left
+        first; the shell there takes a run once placed in its control group (``ReadyShell.place``)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         script_r, script_w = os.pipe()
         up_r, up_w = os.pipe()
-        start = SandboxStart() if sandbox is not None else None
-        argv = [bash, "-c", READY_SHELL_LOADER]
         try:
             # bash reopens it through /proc as the workspace user: its group may read it, nobody of it may write
             # (another process of the workspace could otherwise slip its own script in through /proc/<pid>/fd/3).
             os.fchown(script_r, -1, self.gid)
             os.fchmod(script_r, 0o440)
-            if start is not None:  # the sandbox's ends become the shell's descriptors 5, 6 and 7
-                argv = [*sandbox.argv(find_bwrap(), fds=(5, 6, 7), cwd=cwd), *argv]
-            spawned = self.send(argv, env, cwd, out_w, err_w, script_r, up_w,
-                                *(start.child_fds() if start is not None else ()))
+            spawned = self.send([bash, "-c", READY_SHELL_LOADER], env, cwd, out_w, err_w, script_r, up_w,
+                                fresh=self.sandbox is not None)
         except BaseException:
             for fd in (out_r, err_r, script_w, up_r):
                 os.close(fd)
-            if start is not None:
-                start.close()
             raise
         finally:
             for fd in (out_w, err_w, script_r, up_w):
                 os.close(fd)
-        if start is not None:
-            start.sent()
-        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w, up_r, sandbox=sandbox, start=start)
+        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w, up_r, sandbox=self.sandbox)
 
     def close(self) -> None:
         """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread."""
@@ -283,8 +309,10 @@ class Spawner:
         self._sock.close()
 
     def _watch(self) -> None:
-        """Notice the spawner's ready message, and its end."""
+        """Notice the spawner's host pid (in a held sandbox), its ready message, and its end."""
         try:
+            if self._held is not None and not self._held.read_pid():
+                return
             while True:
                 select.select([self._sock], [], [])
                 try:
@@ -299,6 +327,8 @@ class Spawner:
             pass
         finally:
             self._alive = False
+            if self._held is not None:
+                self._held.close()
 
 
 class Spawned:
@@ -329,7 +359,11 @@ class Spawned:
             if reply is None:
                 self._spawner.shut()
             raise SpawnerError((reply or {}).get("error", "the spawner did not answer"))
-        self.pid = int(reply["pid"])
+        try:
+            self.pid = self._spawner.host_pid(int(reply["pid"]))
+        except SpawnerError:
+            self.close()
+            raise
         return self.pid
 
     async def next_message(self, timeout: float) -> dict | None:

@@ -2,8 +2,9 @@
 
 The command's pipes and a pidfd of it are read by the loop's own selector, with a timer for the deadline, so no
 thread stands between a command and its caller. When the command ends, times out or is cancelled, its whole
-process group is killed (in a sandbox, that takes its init and so its PID namespace); when the command runs as a
-dedicated user, a child that left the group (``setsid``) and still holds the pipes is found and killed by its
+process group is killed (in a sandbox of its own, that takes its init and so its PID namespace; in a held
+sandbox, every process of the run's control group is killed too); when the command runs as a dedicated user
+without a sandbox, a child that left the group (``setsid``) and still holds the pipes is found and killed by its
 user id.
 
 A sandboxed command's end is taken from bwrap's report (``end_on_report``), which comes as soon as the sandbox's
@@ -36,6 +37,7 @@ READS_PER_TURN = 16
 FREE_DROP_BYTES = 64 * 1024 * 1024
 DROP_PAUSE_SECONDS = 0.02
 """Past its cap, a pipe drops ``FREE_DROP_BYTES`` at full speed, then is drained once per pause."""
+LATE_NOTE = "processes of the run were still ending when its result was taken; they were killed"
 LATE_TURNS = 4
 """Turns of reads (``READS_PER_TURN`` each) a pipe gets at most when a sandboxed command has ended but some process
 of the run outlived the grace period: more than a pipe holds by default, and a process still writing cannot make
@@ -62,6 +64,7 @@ class CommandWatch:
         uid: int | None,
         keep: frozenset[int],
         cancel: Cancellation | None,
+        group: RunCgroup | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._pgid: int | None = None
@@ -82,7 +85,7 @@ class CommandWatch:
         self._drain: asyncio.TimerHandle | None = None
         self._paused: dict[int, asyncio.TimerHandle] = {}
         self._sandbox: SandboxStart | None = None
-        self._group: RunCgroup | None = None
+        self._group = group
         for fd in self._buffers:
             os.set_blocking(fd, False)
             self._loop.add_reader(fd, self._read, fd)
@@ -103,14 +106,14 @@ class CommandWatch:
         if self.timed_out or self.cancelled:
             self._kill()
 
-    def end_on_report(self, sandbox: SandboxStart, cgroup: RunCgroup | None) -> None:
+    def end_on_report(self, sandbox: SandboxStart) -> None:
         """End the sandboxed command when bwrap reports how it ended (``SandboxStart.exit_code``), if that comes
         before bwrap's own exit: then the sandbox's init is SIGKILLed and, once it has ended (the kernel has then
         killed and reaped every process left in its PID namespace, whatever it did to detach), the pipes are read
         to where they stand (all the command wrote is there: it has exited) and the watch is finished, with the
         exit code in ``reported``. An init not ended within the grace period (a process of the run that takes long
-        to die) is not waited for further: what ``cgroup`` holds is killed too, with a note."""
-        self._sandbox, self._group = sandbox, cgroup
+        to die) is not waited for further: what the run's group holds is killed too, with a note."""
+        self._sandbox = sandbox
         self._loop.add_reader(sandbox.info_r, self._on_report)
 
     def _on_report(self) -> bool:
@@ -138,10 +141,8 @@ class CommandWatch:
         return True
 
     def _on_init_late(self) -> None:
-        for pid in self._group.procs() if self._group is not None else ():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.notes.append("processes of the run were still ending when its result was taken; they were killed")
+        self._kill_members()
+        self.notes.append(LATE_NOTE)
         self._read_last(LATE_TURNS)
 
     def _read_last(self, turns: int | None = None) -> None:
@@ -214,7 +215,8 @@ class CommandWatch:
         # Most often the pipes are at their end by now: read them here rather than in further loop iterations.
         for fd in list(self._open):
             self._read(fd)
-        if self._open:
+        if self._open:  # something of the run holds them: in a held sandbox, all its control group holds goes
+            self._kill_members()
             self._drain = self._loop.call_later(defaults.KILL_GRACE_SECONDS, self._on_drain_over)
         self._settle()
 
@@ -236,17 +238,36 @@ class CommandWatch:
         if self._pidfd is not None:
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        self._kill_members()
         self._sweep()
+
+    def _kill_members(self) -> None:
+        """SIGKILL every process in the run's control group now (one look: ``emptied`` makes sure)."""
+        if self._group is not None:
+            kill_members(self._group)
 
     def _sweep(self) -> None:
         if self._uid is not None:
             self._sweeps.append(self._loop.run_in_executor(None, kill_user_processes, self._uid, self._keep))
+        elif self._group is not None:
+            self._sweeps.append(self._loop.run_in_executor(None, empty_group, self._group))
+
+    async def emptied(self) -> bool:
+        """Whether the run's control group holds no process (each one found is killed), once it does or after the
+        grace period. Called once the command has been reaped: where it left nothing (the usual case) the group's
+        task count is 0, a read of a counter."""
+        if self._group is None or self._group.tasks() == 0:
+            return True
+        emptied = await self._loop.run_in_executor(None, empty_group, self._group)
+        if not emptied:
+            self.notes.append(LATE_NOTE)
+        return emptied
 
     def _on_drain_over(self) -> None:
         if not self._open:
             return
-        if self._uid is not None and not self._swept:
-            # The pipes outlived the group kill: a child left the group. Find it by its user id.
+        if (self._uid is not None or self._group is not None) and not self._swept:
+            # The pipes outlived the group kill: a child left the group. Find it by its user id or control group.
             self._swept = True
             self._sweep()
             self._drain = self._loop.call_later(defaults.KILL_GRACE_SECONDS, self._on_drain_over)
@@ -304,6 +325,27 @@ def hold_mounts(sandbox: SandboxStart) -> int:
         os.close(fd)
         return -1
     return fd
+
+
+def kill_members(group: RunCgroup) -> int:
+    """SIGKILL every process ``group`` holds now; how many were signalled."""
+    pids = group.procs()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def empty_group(group: RunCgroup) -> bool:
+    """Kill what ``group`` holds until it holds nothing (a process may fork while it is looked at; none can leave
+    the group, and a killed one forks no more), waiting a little for the killed to end; whether it is empty
+    (blocks: a thread's)."""
+    deadline = time.monotonic() + defaults.KILL_GRACE_SECONDS
+    while kill_members(group):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def kill_user_processes(uid: int, keep: frozenset[int] = frozenset()) -> int:

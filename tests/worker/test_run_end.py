@@ -1,6 +1,7 @@
-"""How a sandboxed run ends: on bwrap's report of its command's exit, with every process of the run killed before
-its result is returned, the result exactly what the command's own end gives, and the sandbox's namespaces and
-control group let go once its processes are gone."""
+"""How a sandboxed run ends: in a sandbox of its own on bwrap's report of its command's exit, in its workspace's
+held sandbox on its command's exit; either way with every process of the run killed before its result is
+returned, the result exactly what the command's own end gives, and the sandbox's namespaces and control group
+let go once its processes are gone."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def _done_with(pid: int) -> bool:
 
 @pytest.fixture(params=["direct", "spawned", "ready"])
 async def run_in(request: pytest.FixtureRequest, work_root, make_request):
-    """Runs in one workspace whose commands start directly (setpriv), through its spawner, or in a ready shell
-    (a run before has had the next one's shell prepared)."""
+    """Runs in one workspace whose commands start directly (setpriv, a sandbox of their own), or in its held sandbox
+    through its spawner: in a shell started for the run, or in a ready shell (prepared after the run before)."""
     mode = request.param
     runtime = LocalWorkspaceRuntime(work_root / mode, spawners="off" if mode == "direct" else "eager",
                                     ready_shells=mode == "ready")
@@ -62,6 +63,7 @@ async def test_every_process_of_a_run_is_killed_before_its_result_is_returned(ru
     assert wait_none_with(marker)
 
 
+@pytest.mark.parametrize("run_in", ["direct"], indirect=True)  # a held sandbox's run has no report of its own
 async def test_a_run_ends_on_its_sandboxs_report_not_on_bwraps_exit(run_in, monkeypatch):
     reports = []
     exit_code = SandboxStart.exit_code
@@ -77,6 +79,7 @@ async def test_a_run_ends_on_its_sandboxs_report_not_on_bwraps_exit(run_in, monk
     assert reports[-1] == 7
 
 
+@pytest.mark.parametrize("run_in", ["direct"], indirect=True)
 async def test_without_the_sandboxs_report_a_run_ends_when_bwrap_does(run_in, monkeypatch):
     def silent(start: SandboxStart) -> None:
         start.report_closed = True  # as where bwrap ended without a word
@@ -91,8 +94,8 @@ async def test_without_the_sandboxs_report_a_run_ends_when_bwrap_does(run_in, mo
 async def test_a_run_whose_processes_are_slow_to_die_ends_after_the_grace_period_with_them_killed(
     run_in, monkeypatch
 ):
-    # A process of the run with much memory to free outlives the command: its init's end (which waits for it) comes
-    # after the grace period, here none.
+    # A process of the run with much memory to free outlives the command: its init's end (which waits for it), or
+    # its control group's emptying (in a held sandbox), comes after the grace period, here none.
     monkeypatch.setattr(defaults, "KILL_GRACE_SECONDS", 0.0)
     sleep, marker = sleeper()
     argv = ", ".join(f'"{arg}"' for arg in sleep.split())
@@ -137,8 +140,8 @@ async def test_a_runs_namespaces_and_group_are_let_go_once_its_processes_are_gon
             await runtime.idle()
         if isinstance(runtime._cgroups, str):
             unavailable(f"no run groups on this host: {runtime._cgroups}")
-        # the one the next run's ready shell holds, while it waits
-        assert _mount_namespaces_held() == held + 1, "the worker holds the namespaces of ended runs"
+        # runs in the workspace's held sandbox leave the worker no namespace of theirs to hold
+        assert _mount_namespaces_held() == held, "the worker holds the namespaces of ended runs"
         kept = runtime._cgroups._idle["ns"]
         assert kept and all(group.procs() == [] for group in kept)
 

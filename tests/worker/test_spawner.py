@@ -127,7 +127,7 @@ FIDELITY_COMMANDS = [
 
 @pytest.mark.parametrize("command", FIDELITY_COMMANDS)
 async def test_a_ready_shell_runs_a_command_as_bash_c_does(work_root, make_request, command):
-    async with LocalWorkspaceRuntime(work_root / "plain", spawners="eager", ready_shells=False) as plain, \
+    async with LocalWorkspaceRuntime(work_root / "plain", spawners="off") as plain, \
             LocalWorkspaceRuntime(work_root / "ready", spawners="eager") as ready:
         expected = await plain.run(make_request(command, workspace_id="fid"))
         await ready.run(make_request("true", workspace_id="fid"))
@@ -147,14 +147,20 @@ async def test_a_ready_shell_runs_a_command_as_bash_c_does(work_root, make_reque
 
 
 async def test_a_run_with_another_environment_or_folder_does_not_use_the_ready_shell(work_root, make_request):
+    # The waiting shell was started with the last run's environment and folder: a run with others gets a shell of
+    # its own (in the held sandbox, one started for it; its script exports the run's folder variables alone).
     async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
         await runtime.run(make_request("true", workspace_id="rs"))
-        other_env = await runtime.run(make_request('echo "$BASH_EXECUTION_STRING"', workspace_id="rs", env={"X": "1"}))
-        assert other_env.stdout != LOADER + "\n" and "BASH_EXECUTION_STRING" in other_env.stdout
-        other_cwd = await runtime.run(make_request('echo "$BASH_EXECUTION_STRING"', workspace_id="rs", cwd="$WORK_DIR"))
-        assert other_cwd.stdout != LOADER + "\n"
-        same = await runtime.run(make_request('echo "$BASH_EXECUTION_STRING"', workspace_id="rs", cwd="$WORK_DIR"))
-        assert same.stdout == LOADER + "\n"
+        await runtime.idle()
+        other_env = await runtime.run(make_request('echo "$X"; pwd', workspace_id="rs", env={"X": "1"}))
+        assert other_env.stdout.split("\n")[0] == "1"
+        await runtime.idle()
+        other_cwd = await runtime.run(make_request('echo "$X"; pwd', workspace_id="rs", cwd="$WORK_DIR"))
+        work_dir = str(runtime.workspaces.find_known("rs").work_dir)
+        assert other_cwd.stdout == f"\n{work_dir}\n"
+        await runtime.idle()
+        same = await runtime.run(make_request('echo "$BASH_EXECUTION_STRING"; pwd', workspace_id="rs", cwd="$WORK_DIR"))
+        assert same.stdout == f"{LOADER}\n{work_dir}\n"
 
 
 async def test_a_killed_ready_shell_costs_nothing_but_its_speed(work_root, make_request):
@@ -201,7 +207,7 @@ async def test_another_process_of_the_workspace_cannot_slip_a_script_into_the_re
     # script of its own into it through /proc. Without the sandbox (in which it would neither outlive its run nor
     # see the next shell) the pipe's own permissions refuse it.
     attacker = (
-        "for _ in $(seq 1000); do for fd in /proc/[0-9]*/fd/3; do "
+        "shopt -s nullglob; for _ in $(seq 1000); do for fd in /proc/[0-9]*/fd/3; do "
         "grep -qs 'source /proc/self/fd/3' ${fd%/fd/3}/cmdline || continue; "
         "{ echo 'echo injected' > $fd && echo written || echo refused; } > $WORK_DIR/attack 2>&1; exit; "
         "done; sleep 0.02; done"

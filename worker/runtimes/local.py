@@ -3,8 +3,8 @@
 For development and the embedded default. The command's environment is built from scratch (no host variable
 leaks in), it runs in its own process group under ``ulimit`` limits, and when the host runs as root it runs as
 its workspace's own unprivileged user (through the workspace's spawner once the workspace is reused), in a
-bubblewrap sandbox of its own (``worker.sandbox``) held to the run's limits by a control group of its own
-(``worker.cgroups``).
+bubblewrap sandbox (``worker.sandbox``: its own, or once the workspace is reused the workspace's held sandbox,
+``worker.held_sandbox``) held to the run's limits by a control group of its own (``worker.cgroups``).
 """
 
 from __future__ import annotations
@@ -133,8 +133,11 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             stderr_cap=request.limits.stderr_bytes, uid=workspace.uid, gid=workspace.gid, cancel=cancel,
             no_network=no_network, sandbox=sandbox,
         )
-        spawner = await self._spawner(workspace) if no_network or workspace.uid is None else None
-        shell = await self._ready_shell(spawner, script, env, cwd, sandbox, limits) if spawner is not None else None
+        spawner = await self._spawner(workspace, sandbox) if no_network or workspace.uid is None else None
+        held = spawner is not None and spawner.sandbox is not None
+        shell = await self._ready_shell(spawner, argv[0], script, env, cwd, limits, workspace.id) if spawner else None
+        if held and shell is None:  # a held sandbox's spawner starts nothing but placed shells: a sandbox of its own
+            spawner = None
         cgroup = shell.cgroup if shell is not None else self._new_cgroup(workspace.id, sandbox, limits)
         oom_kills = 0
         outcome: ProcessOutcome | None = None
@@ -146,8 +149,10 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                     await asyncio.to_thread(self._drop_spawner, workspace.id)
                 outcome = await run_process(argv, cgroup=cgroup, **process_args)
         finally:
+            if held and spawner is not None:
+                await self._leave(spawner, workspace.id, outcome)
             if spawner is not None and self.ready_shells:  # once this run's result is on its way
-                asyncio.get_running_loop().call_soon(self._next_shell, spawner, argv[0], env, cwd, sandbox, workspace.id)
+                asyncio.get_running_loop().call_soon(self._next_shell, spawner, argv[0], env, cwd, workspace.id)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
                 self._retire_after(outcome.gone if outcome is not None else None, workspace.id, cgroup)
@@ -156,28 +161,65 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         return outcome
 
     async def _ready_shell(
-        self, spawner: Spawner, script: str, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None,
-        limits: CgroupLimits,
+        self, spawner: Spawner, bash: str, script: str, env: dict[str, str], cwd: str, limits: CgroupLimits,
+        workspace_id: str,
     ) -> ReadyShell | None:
         """The spawner's ready shell, held to ``limits`` and handed ``script``, when it fits this run; otherwise
-        it is given up. A shell still being placed in its control group is waited for (it takes a moment)."""
+        it is given up. A shell still being placed in its control group is waited for (it takes a moment). In a
+        held sandbox the run takes the sandbox (``Spawner.occupied``) and a shell is started for it now if none
+        fits; ``None`` if the run cannot use it (then it is left; given up where making its shell failed)."""
+        held = spawner.sandbox is not None
+        if held:
+            spawner.occupied = True
         shell = spawner.take_shell()
+        if shell is not None and shell.placement is not None:
+            await asyncio.shield(shell.placement)
+        if shell is not None and not shell.fits(env, cwd, spawner.sandbox):
+            shell.discard()
+            shell = None
+        if shell is None and held:
+            shell = await self._shell_now(spawner, bash, env, cwd, workspace_id)
         if shell is None:
             return None
-        if shell.placement is not None:
-            await asyncio.shield(shell.placement)
-        if shell.fits(env, cwd, sandbox):
-            try:
-                if shell.cgroup is not None:
-                    shell.cgroup.set_limits(limits)
-                started = shell.start(script, env)
-            except CgroupError:
-                started = False
-            if started:
-                shell.on_release = None  # its group is this run's now, retired after it
-                return shell
+        try:
+            if shell.cgroup is not None:
+                shell.cgroup.set_limits(limits)
+            started = shell.start(script, env)
+        except CgroupError:
+            started = False
+        if started:
+            shell.on_release = None  # its group is this run's now, retired after it
+            return shell
         shell.discard()
+        spawner.occupied = False  # nothing ran in the sandbox (its shell is killed): the next run may go in
         return None
+
+    async def _shell_now(
+        self, spawner: Spawner, bash: str, env: dict[str, str], cwd: str, workspace_id: str
+    ) -> ReadyShell | None:
+        """A shell of the held sandbox for the run starting now, placed in a control group of its own."""
+        try:
+            shell = spawner.ready_shell(bash, env, cwd)
+        except SpawnerError:
+            await self._leave(spawner, workspace_id, None)
+            return None
+        cgroup = self._cgroups.take(workspace_id)
+        shell.on_release = lambda released: self._retire(workspace_id, cgroup)
+        if not await shell.place(cgroup):
+            await self._leave(spawner, workspace_id, None)
+            return None
+        return shell
+
+    async def _leave(self, spawner: Spawner, workspace_id: str, outcome: ProcessOutcome | None) -> None:
+        """A run is out of the held sandbox (its processes are gone): the next may go in. A sandbox that may still
+        hold something of it (a process outlived the grace period, the spawner stopped) is given up instead."""
+        if outcome is not None and not outcome.lingering and spawner.alive:
+            spawner.occupied = False
+            return
+        with self._lock:
+            if self._spawners.get(workspace_id) is spawner:
+                del self._spawners[workspace_id]
+        await asyncio.to_thread(spawner.close)
 
     async def _sandbox(
         self, workspace: Workspace, request: RunRequest, environment: Path | None
@@ -209,17 +251,16 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             raise
         return cgroup
 
-    def _next_shell(
-        self, spawner: Spawner, bash: str, env: dict[str, str], cwd: str, sandbox: SandboxSpec | None, workspace_id: str
-    ) -> None:
-        """Have a ready shell wait for the workspace's next run, placed in a control group of its own while
-        nothing waits for it."""
-        shell = spawner.prepare_shell(bash, env, cwd, sandbox)
+    def _next_shell(self, spawner: Spawner, bash: str, env: dict[str, str], cwd: str, workspace_id: str) -> None:
+        """Have a ready shell wait for the workspace's next run; in a held sandbox (when no run is in it), placed in
+        a control group of its own while nothing waits for it."""
+        if spawner.occupied or not spawner.alive:
+            return
+        shell = spawner.prepare_shell(bash, env, cwd)
         if shell is None or shell.sandbox is None:
             return
-        cgroup = self._cgroups.take(workspace_id) if isinstance(self._cgroups, CgroupPool) else None
-        if cgroup is not None:
-            shell.on_release = lambda released: self._retire(workspace_id, cgroup)
+        cgroup = self._cgroups.take(workspace_id)
+        shell.on_release = lambda released: self._retire(workspace_id, cgroup)
         task = shell.placement = asyncio.get_running_loop().create_task(shell.place(cgroup))
         self._placements.add(task)
         task.add_done_callback(self._placements.discard)
@@ -254,14 +295,18 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 f"{oom_kills} of its processes"
             )
 
-    async def _spawner(self, workspace: Workspace) -> Spawner | None:
-        """The workspace's ready spawner, starting one if there is none (see ``spawners``)."""
+    async def _spawner(self, workspace: Workspace, sandbox: SandboxSpec | None) -> Spawner | None:
+        """The workspace's ready spawner, starting one if there is none (see ``spawners``). A sandboxed run's is in
+        the workspace's held sandbox of the run's spec (``worker.held_sandbox``; one of another spec is replaced),
+        and only where runs get control groups of their own; ``None`` while another run is in it."""
         if workspace.uid is None or self.spawner_mode == "off":
+            return None
+        if sandbox is not None and not isinstance(self._cgroups, CgroupPool):
             return None
         stopped: list[Spawner] = []
         with self._lock:
             spawner = self._spawners.get(workspace.id)
-            if spawner is not None and not spawner.alive:
+            if spawner is not None and (not spawner.alive or spawner.sandbox != sandbox):
                 stopped.append(self._spawners.pop(workspace.id))
                 spawner = None
             if spawner is None and self.spawner_mode == "auto" and not self._reused(workspace.id):
@@ -271,7 +316,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 if setpriv is None or python is None:
                     return None
                 spawner = Spawner(workspace.uid, workspace.gid, setpriv=setpriv, python=python,
-                                  hardening=SETPRIV_HARDENING, prefix=network_off_prefix())
+                                  hardening=SETPRIV_HARDENING, prefix=network_off_prefix(), sandbox=sandbox)
                 self._spawners[workspace.id] = spawner
                 while len(self._spawners) > MAX_SPAWNERS:
                     stopped.append(self._spawners.popitem(last=False)[1])
@@ -280,7 +325,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             await asyncio.to_thread(old.close)
         if self.spawner_mode == "eager":
             await asyncio.to_thread(spawner.wait_ready)
-        return spawner if spawner.ready else None
+        return spawner if spawner.ready and not spawner.occupied else None
 
     def _drop_spawner(self, workspace_id: str) -> None:
         with self._lock:
