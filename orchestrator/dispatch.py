@@ -9,16 +9,19 @@ queue changes one object, not its callers.
   expired) is retried up to ``max_attempts`` and then failed with the reason; the events say which.
 
 Waiting for a run and following its events are async I/O (``redis.asyncio``; the waiters of a process are woken from
-one pub/sub subscription): no thread is held per waiter. A waiter still looks at its run every ``CHECK_SECONDS``, to
-notice a worker that stopped beating or a record that vanished (``RunLostError``: lost, not unknown). Redis
-unreachable is ``UnavailableError`` (with a ``retry_after``); a wait rides out an outage of up to
-``OUTAGE_GRACE_SECONDS``.
+one pub/sub subscription): no thread is held per waiter. A run whose worker stopped beating is found by the sweep
+(every ``SWEEP_SECONDS``, one process at a time) whose change wakes its waiters; when the subscription drops (Redis
+went away) every waiter looks again, and finds a record that vanished (``RunLostError``: lost, not unknown). A
+waiter also looks now and then (``LOOK_SECONDS``, spread out) in case a change was missed. Redis unreachable is
+``UnavailableError`` (with a ``retry_after``); a wait rides out an outage of up to ``OUTAGE_GRACE_SECONDS``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import random
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -50,8 +53,11 @@ from worker.run_store import (
 from worker.runtimes import RUNTIME_CLASSES, BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 
-CHECK_SECONDS = defaults.HEARTBEAT_TTL_SECONDS / 2
-"""Longest a waiter sleeps without looking at its run, whatever it was told."""
+logger = logging.getLogger(__name__)
+
+LOOK_SECONDS = 30.0
+"""Longest a waiter sleeps without looking at its run, whatever it was told (spread between half and all of it, so
+that a thousand waits opened at once do not look at once)."""
 OUTAGE_GRACE_SECONDS = 10.0
 """How long a wait rides out Redis being away before it answers ``UnavailableError``."""
 OUTAGE_RETRY_SECONDS = 1.0
@@ -59,10 +65,18 @@ RETRY_AFTER_SECONDS = 5
 """What callers are told to wait before trying again while Redis is away."""
 CONNECT_TIMEOUT_SECONDS = 5.0
 SOCKET_TIMEOUT_SECONDS = 30.0
+ASYNC_CONNECTIONS = 64
+"""Connections to Redis the async side of an API process uses at most (the change subscription holds one)."""
+SWEEP_SECONDS = 5.0
+"""How often the lost-run sweep runs (in whichever process holds its lease)."""
 SWEEP_LIMIT = 1000
 """Started runs the lost-run sweep looks at in one go (oldest first)."""
 SWEEP_LEASE_SECONDS = 5.0
 """How long one API process holds the sweep: the others skip it meanwhile."""
+
+
+def _look_after() -> float:
+    return random.uniform(LOOK_SECONDS / 2, LOOK_SECONDS)
 
 
 @contextlib.contextmanager
@@ -113,6 +127,10 @@ class BaseDispatcher(ABC):
     async def ping(self) -> None:
         """Raise ``UnavailableError`` when the run store cannot be reached."""
 
+    def start(self) -> None:
+        """Begin the background work (a queue dispatcher's change subscription and lost-run sweep), in the running
+        loop; the first wait begins it too."""
+
     def watch(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
         return self.waiters.watch(run_id)
 
@@ -141,7 +159,7 @@ class BaseDispatcher(ABC):
                 if record.status.done or remaining <= 0 or self.stopping:
                     return record
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(remaining, CHECK_SECONDS))
+                    await asyncio.wait_for(changed.wait(), min(remaining, _look_after()))
 
     async def follow(self, run_id: str) -> AsyncIterator[RunEvent]:
         """The run's events as they happen, until the one that ends it; ``RunLostError`` when the run vanishes."""
@@ -156,7 +174,7 @@ class BaseDispatcher(ABC):
                 if self.stopping or any(event.type in ENDING_EVENTS for event in events):
                     return
                 try:
-                    await asyncio.wait_for(changed.wait(), CHECK_SECONDS)
+                    await asyncio.wait_for(changed.wait(), _look_after())
                 except asyncio.TimeoutError:
                     if await self._look_through_outage(run_id) is None:
                         raise RunLostError(run_id) from None
@@ -286,10 +304,12 @@ class QueueDispatcher(BaseDispatcher):
         self.redis = redis.Redis.from_url(redis_url, **timeouts)
         self.store = RedisRunStore(self.redis, result_ttl=result_ttl)
         self.waiters = RunWaiters()
-        self.reader = AsyncRunReader(aioredis.Redis.from_url(redis_url, **timeouts), self.waiters, self.store.keys)
+        pool = aioredis.BlockingConnectionPool.from_url(  # a burst of looks waits for a connection, opens no more
+            redis_url, max_connections=ASYNC_CONNECTIONS, timeout=SOCKET_TIMEOUT_SECONDS, **timeouts)
+        self.reader = AsyncRunReader(aioredis.Redis.from_pool(pool), self.waiters, self.store.keys)
         self.max_attempts = max_attempts
         self.result_ttl = result_ttl
-        self._listener: asyncio.Task | None = None
+        self._background: dict[str, asyncio.Task] = {}
         self._holder = f"{worker_id()}:{uuid.uuid4().hex[:8]}"
 
     def queue(self, runtime: str) -> Queue:
@@ -323,9 +343,13 @@ class QueueDispatcher(BaseDispatcher):
             pipeline=pipe,
         )
 
+    def start(self) -> None:
+        for name, work in (("listen", self.reader.listen), ("sweep", self._sweep_forever)):
+            if name not in self._background or self._background[name].done():
+                self._background[name] = asyncio.create_task(work(), name=f"skillrun-{name}")
+
     def watch(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
-        if self._listener is None or self._listener.done():  # one subscription per process, from the first waiter
-            self._listener = asyncio.create_task(self.reader.listen())
+        self.start()
         return super().watch(run_id)
 
     async def look(self, run_id: str) -> RunRecord | None:
@@ -368,6 +392,14 @@ class QueueDispatcher(BaseDispatcher):
             recovered += record is not None and record.status != RunStatus.STARTED
         return recovered
 
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                await self.sweep_lost()
+            except Exception:  # Redis away for a moment: try again at the next sweep
+                logger.warning("sweeping lost runs failed", exc_info=True)
+
     async def queue_depths(self) -> dict[str, int]:
         def count() -> dict[str, int]:
             return {runtime.value: self.queue(runtime.value).count for runtime in RuntimeName}
@@ -376,9 +408,9 @@ class QueueDispatcher(BaseDispatcher):
             return await asyncio.to_thread(count)
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
+        for task in self._background.values():
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+                await task
         await self.reader.close()
         self.redis.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -29,8 +28,6 @@ from worker.config import get_worker_settings
 from worker.roots import FetchLimits
 from worker.validation import run_ceilings
 from worker.workspace import REGISTRY_DIR, default_work_root
-
-logger = logging.getLogger(__name__)
 
 
 def create_documents(settings: Settings) -> BaseDocuments:
@@ -71,20 +68,6 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-SWEEP_SECONDS = 5.0
-
-
-async def _sweep_lost_runs(dispatcher: QueueDispatcher) -> None:
-    """Runs nobody is reading still get recovered when their worker dies: look for them every few seconds (the
-    dispatcher's lease lets one API process at a time do it)."""
-    while True:
-        await asyncio.sleep(SWEEP_SECONDS)
-        try:
-            await dispatcher.sweep_lost()
-        except Exception:  # Redis away for a moment: try again at the next sweep
-            logger.warning("sweeping lost runs failed", exc_info=True)
-
-
 def _on_stop_signals(stop: Callable[[], None]) -> Callable[[], None]:
     """Call ``stop`` as soon as SIGTERM or SIGINT arrives, before the server (uvicorn) waits for open requests to
     end, so that waits answer and event streams close at once; then the server's own handler runs. Returns what
@@ -115,13 +98,11 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         dispatcher = services.dispatcher
-        sweeper = asyncio.create_task(_sweep_lost_runs(dispatcher)) if isinstance(dispatcher, QueueDispatcher) else None
+        dispatcher.start()  # runs nobody reads still get recovered when their worker dies
         restore_signals = _on_stop_signals(dispatcher.stop_waiting)
         yield
         restore_signals()
         dispatcher.stop_waiting()
-        if sweeper is not None:
-            sweeper.cancel()
         await services.close()
 
     app = FastAPI(
