@@ -16,6 +16,10 @@ bounded overview with the default ``SkillOptions``:
 * recall: the labelled skill is in the overview (described or named), or on the first page of one
   ``skill_search`` whose query is the request's text.
 
+Then ``skillrun skills list`` on the 2,000-skill library as a real process: the first listing (every ``SKILL.md``
+parsed), a later one (the summaries kept between runs), one with ``--search``, and the bare import of the command's
+module as the floor every command pays, median milliseconds of ``--rounds`` runs each.
+
 Last, an agent round (one user message → ``skill_run`` of a skill's script → final answer) through ``LlmAgent``,
 the real ``openai`` client and the scripted model server (``tests/model_server.py``), on a 4-skill and on a
 2,000-skill library, side by side: median milliseconds per round and their ratio.
@@ -33,7 +37,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +69,8 @@ from tests.model_server import ScriptedModelServer  # noqa: E402
 from tests.synthetic_skills import labelled_requests, write_library  # noqa: E402
 from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
 
-LIBRARY = Path(__file__).resolve().parent.parent / "skills"
+REPO = Path(__file__).resolve().parent.parent
+LIBRARY = REPO / "skills"
 BYTES_PER_TOKEN = 4
 SKILL_TOOLS = {"skill_load", "skill_select_docs", "skill_run"}
 SCALE_TOOLS = SKILL_TOOLS | {"skill_search"}
@@ -195,6 +202,28 @@ async def agent_round_ms(root: Path, server: ScriptedModelServer, work_root: Pat
     return summary_ms(samples[1:])[0]
 
 
+def command_ms(args: list[str], env: dict[str, str], runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, *args], env=env, check=True, capture_output=True, cwd=REPO)
+        samples.append(time.perf_counter() - started)
+    return summary_ms(samples)[0]
+
+
+def listing(root: Path, runs: int) -> None:
+    """``skillrun skills list`` on ``root``: first, later, with --search; the bare import as the floor."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        env = {**os.environ, "SKILLRUN_DATA_DIR": data_dir}
+        command = ["-m", "orchestrator.cli", "skills", "list", "--json", "--skills-root", str(root)]
+        first = command_ms(command, env, 1)
+        later = command_ms(command, env, runs)
+        search = command_ms([*command, "--search", "balance our invoices"], env, runs)
+        floor = command_ms(["-c", "import orchestrator.cli.skills"], env, runs)
+    print(f"skills list, 2,000 skills (median ms): first {first:.0f}, later {later:.0f}, --search {search:.0f}; "
+          f"import alone {floor:.0f} (later {later / floor:.2f}x of it)")
+
+
 async def scale(rounds: int) -> None:
     print()
     print(f"{'skills':>6} {'reqs':>5} {'tok/req':>8} {'max':>6} {'index ms':>9} {'build':>7} {'p95':>7} "
@@ -207,6 +236,8 @@ async def scale(rounds: int) -> None:
             write_library(roots[size], size)
         for size in SIZES:
             print(scale_row(size, roots[size]))
+        print()
+        listing(roots[2000], max(3, rounds // 3))
         server = ScriptedModelServer().start()
         work_root = scratch_dir("bench-rounds-")
         try:

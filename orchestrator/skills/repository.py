@@ -218,23 +218,24 @@ class FsSkillRepository(BaseSkillRepository):
     def _skill_dirs(root: Path, scan: _Scan) -> list[Path]:
         found: list[Path] = []
 
-        def walk(folder: Path, depth: int) -> None:
+        def walk(folder: str, depth: int) -> None:  # paths as strings: a Path per folder costs more than the walk
             try:
-                scan.folders[str(folder)] = os.stat(folder).st_mtime_ns
-                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+                scan.folders[folder] = os.stat(folder).st_mtime_ns
+                with os.scandir(folder) as listing:
+                    entries = sorted(listing, key=lambda e: e.name)
             except OSError as exc:
-                scan.problems.append(SkillProblem(str(folder), "folder", f"cannot be read: {exc.strerror}"))
+                scan.problems.append(SkillProblem(folder, "folder", f"cannot be read: {exc.strerror}"))
                 return
             if any(e.name == SKILL_FILE and e.is_file() for e in entries):
-                found.append(folder)
+                found.append(Path(folder))
                 return
             if depth >= MAX_DEPTH:
                 return
             for entry in entries:
                 if entry.is_dir() and not entry.name.startswith("."):
-                    walk(Path(entry.path), depth + 1)
+                    walk(entry.path, depth + 1)
 
-        walk(root, 0)
+        walk(str(root), 0)
         return found
 
 
