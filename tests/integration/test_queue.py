@@ -17,6 +17,7 @@ import redis
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
+from orchestrator import dispatch
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from tests.integration.conftest import cube_remote_root
@@ -368,3 +369,33 @@ async def test_a_worker_cut_off_mid_run_and_back_after_its_run_was_retried_chang
     assert events[1].data["worker_id"].endswith(f":{cut_off.pid}")
     assert not final.result.worker_id.endswith(f":{cut_off.pid}")
     await dispatcher.close()
+
+
+async def test_one_api_process_at_a_time_sweeps_and_the_sweep_reads_only_the_started_runs(redis_url, repo, monkeypatch):
+    monkeypatch.setattr(dispatch, "SWEEP_LEASE_SECONDS", 600.0)  # held for the whole test by whoever takes it
+    first, second = QueueDispatcher(redis_url, max_attempts=1), QueueDispatcher(redis_url, max_attempts=1)
+    store = first.store
+
+    async def started(worker: str, beating: bool) -> str:
+        record = await first.submit(RunRequest(skill=repo.skill_ref("python-math"), command="true"))
+        store.start(record.id, worker)
+        if not beating:
+            store.redis.delete(store.keys.part(record.id, "heartbeat"))  # its worker died
+        return record.id
+
+    ended = await started("w", beating=True)
+    store.finish(ended, RunResult(exit_code=0, run_id=ended, workspace_id="w", runtime="local"),
+                 Attempt.of(store.get(ended)))
+    await first.submit(RunRequest(skill=repo.skill_ref("python-math"), command="true"))  # queued: not looked at
+    alive, lost = await started("alive", beating=True), await started("gone", beating=False)
+    assert {i.decode() for i in store.redis.zrange(store.keys.running, 0, -1)} == {alive, lost}
+    assert await first.reader.silent_runs(dispatch.SWEEP_LIMIT) == [lost]
+    assert await second.sweep_lost() == 1  # takes the lease
+    assert store.get(lost).status == RunStatus.FAILED and "stopped beating" in store.get(lost).error
+    also_lost = await started("gone-too", beating=False)
+    assert await first.sweep_lost() == 0  # the other holds the lease
+    assert store.get(also_lost).status == RunStatus.STARTED
+    assert await second.sweep_lost() == 1
+    assert [i.decode() for i in store.redis.zrange(store.keys.running, 0, -1)] == [alive]
+    await first.close()
+    await second.close()
