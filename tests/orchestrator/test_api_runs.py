@@ -184,20 +184,21 @@ async def _until(done, seconds: float = 60.0) -> bool:
 
 async def test_open_waits_hold_no_thread_a_submission_still_answers_and_a_wait_ends_with_its_client(
         redis_url, shared_dir):
-    # 200 waits on a run no worker takes: before, each held one of the API's few threads (a submission then got no
-    # answer for minutes) and went on after its client left.
-    waits = 200
+    # 200 waits and 20 event streams of a run no worker takes: before, each held one of the API's few threads (a
+    # submission then got no answer for minutes) and went on after its client left.
+    waits, streams = 200, 20
     dispatcher = QueueDispatcher(redis_url)
     services = make_services(dispatcher, FileArtifactStore(shared_dir / "artifacts"), shared_dir / "data")
     key = new_team(services, "team-w")
     with _api_in_a_thread(services) as url:
-        limits = httpx.Limits(max_connections=waits + 10)
+        limits = httpx.Limits(max_connections=waits + streams + 10)
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, limits=limits,
                                      timeout=120) as c:
             run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})).json()["id"]
             threads_before = threading.active_count()
             waiting = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(waits)]
-            assert await _until(lambda: len(dispatcher.waiters) == waits), f"{len(dispatcher.waiters)} waits opened"
+            waiting += [asyncio.create_task(_read_stream(c, f"/v1/runs/{run_id}/events")) for _ in range(streams)]
+            assert await _until(lambda: len(dispatcher.waiters) == waits + streams), f"{len(dispatcher.waiters)} open"
             assert threading.active_count() - threads_before < 10, "open waits hold threads"
             submitted = await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})
             assert submitted.status_code == 202
@@ -255,12 +256,8 @@ async def test_sigterm_ends_the_api_at_once_answering_its_waits_and_closing_its_
             assert await _until(lambda: api.poll() is not None or _answers(port)), "the API did not start"
             run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})).json()["id"]
 
-            async def stream() -> str:
-                async with c.stream("GET", f"/v1/runs/{run_id}/events") as response:
-                    return "".join([chunk async for chunk in response.aiter_text()])  # raises if cut off
-
-            waits = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(20)]
-            streams = [asyncio.create_task(stream()) for _ in range(5)]
+            waits = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(50)]
+            streams = [asyncio.create_task(_read_stream(c, f"/v1/runs/{run_id}/events")) for _ in range(5)]
             await asyncio.sleep(1.0)  # let them all reach the API (a late one would be refused, not hang)
             api.send_signal(signal.SIGTERM)
             stopped = time.monotonic()
@@ -275,6 +272,11 @@ async def test_sigterm_ends_the_api_at_once_answering_its_waits_and_closing_its_
         if api.poll() is None:
             api.kill()
             api.wait()
+
+
+async def _read_stream(client: httpx.AsyncClient, path: str) -> str:
+    async with client.stream("GET", path) as response:
+        return "".join([chunk async for chunk in response.aiter_text()])  # raises if cut off
 
 
 def _answers(port: int) -> bool:

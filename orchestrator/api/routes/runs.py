@@ -165,7 +165,10 @@ async def get_run(
 async def cancel_run(run_id: str = RunId, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> RunPublic:
     """Cancel a run: a queued one at once, a started one is stopped (its processes killed) by its worker."""
     await _record(services, run_id, team)
-    return RunPublic.of(await services.dispatcher.cancel(run_id))
+    record = await services.dispatcher.cancel(run_id)
+    if record is None:  # vanished since it was read
+        raise RunLostError(run_id)
+    return RunPublic.of(record)
 
 
 EVENTS = {"content": {"text/event-stream": {}}, "description": "queued, started, finished... until the run ends; or it "
