@@ -12,7 +12,8 @@ bounded overview with the default ``SkillOptions``:
 * overview tokens per request (the whole skills block of the system message: overview and tool hints), median
   and largest;
 * per-request time to build that block (ranking included; the index is built once per library version, timed
-  apart as "index ms") and to rank and lay out the overview alone, median and p95;
+  apart as "index ms") and to rank and lay out the overview alone, median and p95 over the requests (each
+  request's time is the median of five calls);
 * recall: the labelled skill is in the overview (described or named), or on the first page of one
   ``skill_search`` whose query is the request's text.
 
@@ -76,6 +77,7 @@ SKILL_TOOLS = {"skill_load", "skill_select_docs", "skill_run"}
 SCALE_TOOLS = SKILL_TOOLS | {"skill_search"}
 SIZES = (50, 500, 2000)
 ROUND_SIZES = (4, 2000)
+REPEATS = 5  # timings per request; its median is the request's cost
 
 
 def tokens(text: str) -> int:
@@ -144,6 +146,17 @@ def row(label: str, full: int, reduced: int) -> str:
     return f"{label:<46} {full:>10} {reduced:>10} {full / max(reduced, 1):>8.1f}x"
 
 
+def timed(call, repeats: int = REPEATS) -> float:
+    """Seconds one call takes: the median of ``repeats`` calls, so a preempted call on a busy machine does not
+    count as the request's cost."""
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - started)
+    return sorted(samples)[len(samples) // 2]
+
+
 def scale_row(size: int, root: Path) -> str:
     """Overview tokens, build and rank times, and recall for the ``size``-skill library under ``root``."""
     repo = CachedSkillRepository(root)
@@ -157,12 +170,10 @@ def scale_row(size: int, root: Path) -> str:
     requests = labelled_requests(size)
     sizes, builds, ranks, found_overview, found = [], [], [], 0, 0
     for request in requests:
-        started = time.perf_counter()
         text = skill_instructions(repo, {}, SCALE_TOOLS, request.text, options)
-        builds.append(time.perf_counter() - started)
-        started = time.perf_counter()
+        builds.append(timed(lambda: skill_instructions(repo, {}, SCALE_TOOLS, request.text, options)))
         overview = build_overview(repo.index(), options, request.text)
-        ranks.append(time.perf_counter() - started)
+        ranks.append(timed(lambda: build_overview(repo.index(), options, request.text)))
         sizes.append(tokens(text))
         in_overview = request.skill in overview.described or request.skill in overview.named
         found_overview += in_overview
