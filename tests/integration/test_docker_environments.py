@@ -134,9 +134,13 @@ async def test_a_skill_with_a_debian_package_runs_in_a_derived_image_built_once(
     assert shown["containers"] == 2 and shown["packages"] == ["jq"] and shown["size_bytes"] > 0
     runtime.remove_containers()
     again.remove_containers()
-    pruned = _cli("envs", "prune", "--unused-days", "0", "--json", "--work-root", str(again.work_root))
+    store, digest = runtime.environments.store, tag.rsplit(":", 1)[1]
+    assert (store.images / f"{digest}.used").is_file() and (store.root / ".locks" / f"image-{digest}.lock").is_file()
+    pruned = _cli("envs", "prune", "--unused-days", "0", "--json", "--work-root", str(runtime.work_root))
     assert json.loads(pruned.stdout)["removed_images"] == [tag], pruned.stdout + pruned.stderr
     assert not docker_engine.client.images.list(name=tag)
+    assert not (store.images / f"{digest}.used").exists(), "the image's use record outlived it"
+    assert not (store.root / ".locks" / f"image-{digest}.lock").exists(), "the image's lock file outlived it"
 
 
 async def test_a_debian_package_that_does_not_exist_fails_with_apts_message(

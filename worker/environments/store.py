@@ -29,7 +29,8 @@ What goes when (every file above has an end):
 * ``sweep(stale_seconds)`` (a worker's first build, ``envs prune``): build folders no build holds, lock files no one
   holds untouched for ``stale_seconds`` (the build timeout), temporary files as old, failure records older than
   ``FAILURE_RECORD_SECONDS``;
-* ``images/<digest>.used`` goes with its image (``DerivedImages.remove``); ``targets/`` holds one file per runtime.
+* ``images/<digest>.used``, the image's failure record and lock file go with its image (``DerivedImages.remove``,
+  ``envs prune``); ``targets/`` holds one file per runtime, overwritten.
 
 A lock file is removed only by a process holding it, and a process that got a lock checks that the file it holds
 is still the one at the path (else it takes the new one): so removal never lets two builds run at once.
