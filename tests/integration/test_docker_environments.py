@@ -20,7 +20,11 @@ from tests.processes import running_with
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
-from worker.runtimes.container_builds import BUILD_LABEL, DockerTargets, docker_environments
+from worker.runtimes.container_builds import (
+    BUILD_LABEL,
+    DockerTargets,
+    docker_environments,
+)
 from worker.runtimes.container_images import PACKAGES_LABEL, REPOSITORY
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
