@@ -284,3 +284,20 @@ def _answers(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+async def test_with_teams_in_redis_too_every_route_answers_503_while_redis_is_away(shared_dir):
+    server = RedisServer()
+    try:
+        services = make_services(QueueDispatcher(server.url()), FileArtifactStore(shared_dir / "artifacts"),
+                                 shared_dir / "data", documents=RedisDocuments(server.url()))
+        async with api_client(services, new_team(services, "team-t")) as c:
+            assert (await c.get("/v1/skills")).status_code == 200
+            server.halt()
+            for path in ("/v1/skills", "/v1/runs", "/metrics", "/healthz"):  # the key's check needs Redis too
+                answer = await c.get(path)
+                assert answer.status_code == 503 and answer.headers["Retry-After"], (path, answer.text)
+                assert "Redis" in answer.json()["detail"] and "cannot be reached" in answer.json()["detail"]
+        await services.close()
+    finally:
+        server.stop()
