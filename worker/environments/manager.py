@@ -227,15 +227,16 @@ class SkillEnvironments:
         if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
             raise EnvironmentBuildError(
                 f"{failure[0]}\n(this build failed {time.time() - failure[1]:.0f} s ago; runs try it again after "
-                f"{RETRY_SECONDS:g} s; `skillrun skills prepare` or registering the library again tries at once)"
+                f"{RETRY_SECONDS:g} s; `skillrun skills prepare --runtime {target.runtime}` or registering the library "
+                "again tries at once)"
             )
         if not wait:
             building = self.store.busy(resolve_lock(found[0])) or (found[1] and self.store.busy(build_lock(found[1])))
             raise EnvironmentNotReadyError(
                 f"skill {name!r}: its dependency environment is {'being built' if building else 'not built yet'} "
                 f"({len(declaration.python)} requirement(s) for {target.label}); build it with `skillrun skills "
-                "prepare` (or by registering the library version through the API), or submit the run with "
-                "wait_for_environment=true to build it first"
+                f"prepare --runtime {target.runtime}` (or by registering the library version through the API), or "
+                "submit the run with wait_for_environment=true to build it first"
             )
         return await self._build(declaration, target, name, None)
 
