@@ -18,9 +18,10 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from orchestrator.config import get_settings
-from orchestrator.dispatch import QueueDispatcher
+from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
 from tests.conftest import IS_ROOT, write_skill
 from tests.orchestrator.api_helpers import client, make_services, new_team
+from tests.orchestrator.test_api_environments import _until_done
 from tests.orchestrator.test_api_teams import skill_md, tar_gz
 from tests.package_index import PackageIndex, sdist
 from worker.artifacts import FileArtifactStore
@@ -230,3 +231,33 @@ async def test_registration_in_queue_mode_has_a_docker_worker_prepare_the_docker
     finally:
         connection.close()
         await services.close()
+
+
+@pytest.mark.timeout(400)
+async def test_registration_in_the_embedded_default_prepares_the_docker_environments_through_the_runtime(
+    make_runtime, shared_dir: Path, monkeypatch, derived_images
+):
+    monkeypatch.setenv("SKILLRUN_PREPARE_RUNTIMES", "docker")
+    get_settings.cache_clear()
+    runtime = make_runtime()
+    services = make_services(InlineDispatcher({"docker": runtime}), runtime.artifact_store, shared_dir / "data")
+    files = {"tables/SKILL.md": skill_md("tables"), "tables/requirements.txt": b"beta\n",
+             "skillrun.toml": b'[skills.tables]\ndebian = ["jq"]\n'}
+    try:
+        async with client(services, new_team(services, "team-a")) as api:
+            registered = await api.post("/v1/libraries/tools/upload", params={"filename": "t.tar.gz"},
+                                        content=tar_gz(files))
+            assert registered.status_code == 201, registered.text
+            (queued,) = registered.json()["environments"]["skills"]
+            assert queued["runtime"] == "docker" and queued["state"] == "building", queued
+            (done,) = (await _until_done(api, "tools", seconds=300))["skills"]
+            assert done["state"] == "ready" and done["image"]["state"] == "ready", done
+            shown = (await api.get("/v1/skills/tables")).json()
+            assert shown["environment"]["runtime"] == "docker" and shown["environment"]["key"] == done["key"]
+            run = await api.post("/v1/runs", json={"skill": "tables", "command": IMPORTS_BETA_AND_JQ,
+                                                   "runtime": "docker", "wait_for_environment": False})
+            ran = (await api.get(f"/v1/runs/{run.json()['id']}", params={"wait": 60})).json()
+            assert ran["status"] == "finished" and ran["result"]["stdout"].startswith("2.0\njq-"), ran
+    finally:
+        await services.close()
+        get_settings.cache_clear()
