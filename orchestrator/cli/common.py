@@ -9,6 +9,7 @@ from orchestrator.skills import BaseSkillRepository, create_default_skill_reposi
 
 
 def repository(args: argparse.Namespace) -> BaseSkillRepository:
-    """``--skills-root`` (repeatable), else ``SKILLS_ROOT``, else ``./skills``."""
+    """``--skills-root`` (repeatable), else ``SKILLS_ROOT``, else ``./skills``; cached, so a command that asks more
+    than once (``chat``: every model request) parses and indexes the library once."""
     roots = args.skills_root or get_settings().skills_roots()
-    return create_default_skill_repository(roots)
+    return create_default_skill_repository(roots, use_cached_repository=True)
