@@ -17,8 +17,8 @@ import redis
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from orchestrator import dispatch
 from orchestrator.dispatch import QueueDispatcher
+from orchestrator.dispatch import queue as dispatch_queue
 from orchestrator.skills import create_default_skill_repository
 from tests.integration.conftest import cube_remote_root
 from tests.processes import running_with, sleeper, wait_none_with
@@ -372,7 +372,7 @@ async def test_a_worker_cut_off_mid_run_and_back_after_its_run_was_retried_chang
 
 
 async def test_one_api_process_at_a_time_sweeps_and_the_sweep_reads_only_the_started_runs(redis_url, repo, monkeypatch):
-    monkeypatch.setattr(dispatch, "SWEEP_LEASE_SECONDS", 600.0)  # held for the whole test by whoever takes it
+    monkeypatch.setattr(dispatch_queue, "SWEEP_LEASE_SECONDS", 600.0)  # held for the whole test by whoever takes it
     first, second = QueueDispatcher(redis_url, max_attempts=1), QueueDispatcher(redis_url, max_attempts=1)
     store = first.store
 
@@ -389,7 +389,7 @@ async def test_one_api_process_at_a_time_sweeps_and_the_sweep_reads_only_the_sta
     await first.submit(RunRequest(skill=repo.skill_ref("python-math"), command="true"))  # queued: not looked at
     alive, lost = await started("alive", beating=True), await started("gone", beating=False)
     assert {i.decode() for i in store.redis.zrange(store.keys.running, 0, -1)} == {alive, lost}
-    assert await first.reader.silent_runs(dispatch.SWEEP_LIMIT) == [lost]
+    assert await first.reader.silent_runs(dispatch_queue.SWEEP_LIMIT) == [lost]
     assert await second.sweep_lost() == 1  # takes the lease
     assert store.get(lost).status == RunStatus.FAILED and "stopped beating" in store.get(lost).error
     also_lost = await started("gone-too", beating=False)

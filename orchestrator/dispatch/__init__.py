@@ -1,0 +1,12 @@
+"""Dispatch: handing run requests to runtimes, and following them.
+
+Every caller (the CLI, the ``skill_run`` tool, the HTTP API) goes through a dispatcher, so moving runs onto a
+queue changes one object, not its callers: ``InlineDispatcher`` (the embedded default, ``inline``) or
+``QueueDispatcher`` (Redis and workers, ``queue``); what they share, waiting included, is in ``base``.
+"""
+
+from orchestrator.dispatch.base import BaseDispatcher, redis_errors
+from orchestrator.dispatch.inline import InlineDispatcher
+from orchestrator.dispatch.queue import QueueDispatcher
+
+__all__ = ["BaseDispatcher", "InlineDispatcher", "QueueDispatcher", "redis_errors"]

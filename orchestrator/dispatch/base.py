@@ -1,0 +1,182 @@
+"""Dispatchers' common part: submitting, waiting for a run and following its events, without a thread per waiter.
+
+A wait or an event stream registers with the dispatcher's ``RunWaiters`` and sleeps until its run may have changed
+(``InlineDispatcher``: the in-process store says so; ``QueueDispatcher``: one pub/sub subscription per process),
+then looks. A waiter also looks now and then (``LOOK_SECONDS``, spread out) in case a change was missed. A record
+that vanished while it was followed is ``RunLostError`` (lost, not unknown); Redis unreachable is
+``UnavailableError`` (with a ``retry_after``), which a wait rides out for ``OUTAGE_GRACE_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterator
+
+import redis
+
+from orchestrator.errors import DispatchError, RunLostError, UnavailableError
+from worker import defaults
+from worker.contract import RunRequest, RunResult
+from worker.run_store import (
+    ENDING_EVENTS,
+    BaseRunStore,
+    RunEvent,
+    RunRecord,
+    RunStatus,
+    RunWaiters,
+)
+
+LOOK_SECONDS = 30.0
+"""Longest a waiter sleeps without looking at its run, whatever it was told (spread between half and all of it, so
+that a thousand waits opened at once do not look at once)."""
+OUTAGE_GRACE_SECONDS = 10.0
+"""How long a wait rides out Redis being away before it answers ``UnavailableError``."""
+OUTAGE_RETRY_SECONDS = 1.0
+RETRY_AFTER_SECONDS = 5
+"""What callers are told to wait before trying again while Redis is away."""
+
+def _look_after() -> float:
+    return random.uniform(LOOK_SECONDS / 2, LOOK_SECONDS)
+
+
+@contextlib.contextmanager
+def redis_errors() -> Iterator[None]:
+    """Redis unreachable (refused, timed out, still loading its data) as ``UnavailableError``."""
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise UnavailableError(f"Redis (run records and the queue) cannot be reached: {exc}", RETRY_AFTER_SECONDS) from exc
+
+
+class BaseDispatcher(ABC):
+    """Submits runs, follows them, returns their results."""
+
+    store: BaseRunStore
+    waiters: RunWaiters
+    result_ttl: int | None = None
+    """How long ended runs' records are kept (``None``: as long as the store lives)."""
+    stopping = False
+    """Set by ``stop_waiting``: waits answer at once, followers end."""
+
+    @abstractmethod
+    async def submit(
+        self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
+    ) -> RunRecord:
+        """Accept ``request`` for execution. ``trusted`` callers (not a model) may use host paths for inputs;
+        ``owner`` (a team) is recorded so that only it sees the run."""
+
+    @abstractmethod
+    async def look(self, run_id: str) -> RunRecord | None:
+        """The record, after recovering it if its worker was lost (retried, or failed once out of attempts)."""
+
+    @abstractmethod
+    async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        """The run's events after the first ``after`` ones."""
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        return await self.look(run_id)
+
+    async def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
+        with redis_errors():
+            return await asyncio.to_thread(self.store.list, status, limit, owner)
+
+    async def cancel(self, run_id: str) -> RunRecord | None:
+        with redis_errors():
+            return await asyncio.to_thread(self.store.request_cancel, run_id)
+
+    async def ping(self) -> None:
+        """Raise ``UnavailableError`` when the run store cannot be reached."""
+
+    def start(self) -> None:
+        """Begin the background work (a queue dispatcher's change subscription and lost-run sweep), in the running
+        loop; the first wait begins it too."""
+
+    def watch(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
+        return self.waiters.watch(run_id)
+
+    def stop_waiting(self) -> None:
+        """The process is going: every wait answers with the record as it stands, every follower ends."""
+        self.stopping = True
+        self.waiters.notify_all()
+
+    async def wait(self, run_id: str, timeout: float, owner: str | None = None) -> RunRecord | None:
+        """The record once done, or as it stands after ``timeout`` seconds; ``None`` for no such run (and, with
+        ``owner``, for another owner's run, without waiting). ``RunLostError`` when the record vanishes meanwhile."""
+        deadline = time.monotonic() + timeout
+        seen = False
+        with self.watch(run_id) as changed:
+            while True:
+                changed.clear()
+                record = await self._look_through_outage(run_id)
+                if record is None:
+                    if seen:
+                        raise RunLostError(run_id)
+                    return None
+                if owner is not None and record.owner != owner:
+                    return None
+                seen = True
+                remaining = deadline - time.monotonic()
+                if record.status.done or remaining <= 0 or self.stopping:
+                    return record
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(remaining, _look_after()))
+
+    async def follow(self, run_id: str) -> AsyncIterator[RunEvent]:
+        """The run's events as they happen, until the one that ends it; ``RunLostError`` when the run vanishes."""
+        seen = 0
+        with self.watch(run_id) as changed:
+            while True:
+                changed.clear()
+                events = await self.events(run_id, seen)
+                for event in events:
+                    yield event
+                seen += len(events)
+                if self.stopping or any(event.type in ENDING_EVENTS for event in events):
+                    return
+                try:
+                    await asyncio.wait_for(changed.wait(), _look_after())
+                except asyncio.TimeoutError:
+                    if await self._look_through_outage(run_id) is None:
+                        raise RunLostError(run_id) from None
+
+    async def _look_through_outage(self, run_id: str) -> RunRecord | None:
+        give_up = time.monotonic() + OUTAGE_GRACE_SECONDS
+        while True:
+            try:
+                return await self.look(run_id)
+            except UnavailableError:
+                if time.monotonic() >= give_up:
+                    raise
+                await asyncio.sleep(OUTAGE_RETRY_SECONDS)
+
+    async def queue_depths(self) -> dict[str, int]:
+        """Runs waiting to start, per runtime."""
+        queued = await self.list(RunStatus.QUEUED, limit=100_000)
+        depths: dict[str, int] = {}
+        for record in queued:
+            depths[record.request.runtime.value] = depths.get(record.request.runtime.value, 0) + 1
+        return depths
+
+    async def run(self, request: RunRequest, *, trusted: bool = False) -> RunResult:
+        """Submit ``request`` and return its result once done."""
+        record = await self.submit(request, trusted=trusted)
+        while not record.status.done:
+            record = await self.wait(record.id, request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS)
+            if record is None:
+                raise DispatchError(f"run {request.run_id} disappeared from the run store")
+        if record.result is None:
+            raise DispatchError(f"run {record.id} {record.status.value}: {record.error or 'no result'}")
+        return record.result
+
+    async def close(self) -> None:
+        """Release runtimes and connections."""
+
+    async def __aenter__(self) -> "BaseDispatcher":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -1,0 +1,95 @@
+"""``InlineDispatcher``: the embedded default — runs execute in this process, records live in memory."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from orchestrator.dispatch.base import BaseDispatcher
+from worker.contract import RunRequest, RunResult
+from worker.run_store import (
+    Attempt,
+    MemoryRunStore,
+    RunEvent,
+    RunRecord,
+    RunStatus,
+    RunWaiters,
+)
+from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
+from worker.runtimes.base import worker_id
+
+
+class InlineDispatcher(BaseDispatcher):
+    """Executes runs in this process with runtimes built on first use."""
+
+    def __init__(
+        self,
+        runtimes: dict[str, BaseWorkspaceRuntime] | None = None,
+        runtime_options: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self._runtimes: dict[str, BaseWorkspaceRuntime] = dict(runtimes or {})
+        self._options = runtime_options or {}
+        self.waiters = RunWaiters()
+        self.store = MemoryRunStore(on_change=self.waiters.notify_threadsafe)
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._who = worker_id()
+
+    def runtime(self, name: str) -> BaseWorkspaceRuntime:
+        if name not in self._runtimes:
+            self._runtimes[name] = resolve_runtime(name, **self._options.get(name, {}))
+        return self._runtimes[name]
+
+    async def look(self, run_id: str) -> RunRecord | None:
+        return self.store.get(run_id)
+
+    async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        return self.store.events(run_id, after)
+
+    async def submit(
+        self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
+    ) -> RunRecord:
+        runtime = self.runtime(request.runtime.value)
+        record = self.store.create(request, owner)
+        task = asyncio.create_task(self._execute(runtime, request, trusted))
+        self._tasks[request.run_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(request.run_id, None))
+        return record
+
+    async def _execute(
+        self, runtime: BaseWorkspaceRuntime, request: RunRequest, trusted: bool, *, reraise: bool = False
+    ) -> RunResult | None:
+        record = self.store.start(request.run_id, self._who)
+        if record is None:
+            return None
+        held = Attempt.of(record)
+        try:
+            result = await runtime.run(request, allow_host_paths=trusted)
+        except Exception as exc:  # bad input or an unusable runtime: the run fails with the reason
+            self.store.fail(request.run_id, f"{type(exc).__name__}: {exc}", held)
+            if reraise:
+                raise
+            return None
+        result.worker_id = self._who
+        result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
+        self.store.finish(request.run_id, result, held)
+        return result
+
+    async def run(self, request: RunRequest, *, trusted: bool = False) -> RunResult:
+        """In process there is nothing to wait for: run at once; bad input raises as it is."""
+        runtime = self.runtime(request.runtime.value)
+        self.store.create(request)
+        result = await self._execute(runtime, request, trusted, reraise=True)
+        assert result is not None  # a new record is always queued, so it starts
+        return result
+
+    async def cancel(self, run_id: str) -> RunRecord | None:
+        record = await super().cancel(run_id)
+        if record is not None and record.status == RunStatus.STARTED:
+            self.runtime(record.request.runtime.value).cancel(run_id)
+        return record
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        for runtime in self._runtimes.values():
+            await runtime.close()

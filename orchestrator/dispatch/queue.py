@@ -1,0 +1,172 @@
+"""``QueueDispatcher``: runs go onto Redis with RQ, one queue per runtime (``skillrun:<runtime>``, jobs as JSON), and
+any number of ``skillrun worker`` processes execute them; records live in Redis.
+
+A run whose worker died (heartbeat expired) is retried up to ``max_attempts`` and then failed with the reason; the
+events say which. The sweep finds such runs every ``SWEEP_SECONDS`` — the started runs only, in one bounded query,
+in one process at a time (a lease) — and its change wakes the run's waiters; when the change subscription drops
+(Redis went away) every waiter looks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import redis
+import redis.asyncio as aioredis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from orchestrator.dispatch.base import BaseDispatcher, redis_errors
+from orchestrator.errors import DispatchError
+from worker import defaults
+from worker.consumer import queue_name
+from worker.contract import RunRequest, RuntimeName
+from worker.jobs import execute_run
+from worker.run_store import (
+    AsyncRunReader,
+    RedisRunStore,
+    RunEvent,
+    RunRecord,
+    RunStatus,
+    RunWaiters,
+)
+from worker.runtimes import RUNTIME_CLASSES
+from worker.runtimes.base import worker_id
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_SECONDS = 5.0
+SOCKET_TIMEOUT_SECONDS = 30.0
+ASYNC_CONNECTIONS = 64
+"""Connections to Redis the async side of an API process uses at most (the change subscription holds one)."""
+SWEEP_SECONDS = 5.0
+"""How often the lost-run sweep runs (in whichever process holds its lease)."""
+SWEEP_LIMIT = 1000
+"""Started runs the lost-run sweep looks at in one go (oldest first)."""
+SWEEP_LEASE_SECONDS = 5.0
+"""How long one API process holds the sweep: the others skip it meanwhile."""
+
+
+class QueueDispatcher(BaseDispatcher):
+    """Runs through Redis and RQ: ``skillrun worker`` processes execute them."""
+
+    def __init__(
+        self, redis_url: str, *, max_attempts: int = defaults.MAX_ATTEMPTS, result_ttl: int = defaults.RESULT_TTL_SECONDS
+    ) -> None:
+        timeouts = {"socket_connect_timeout": CONNECT_TIMEOUT_SECONDS, "socket_timeout": SOCKET_TIMEOUT_SECONDS}
+        self.redis = redis.Redis.from_url(redis_url, **timeouts)
+        self.store = RedisRunStore(self.redis, result_ttl=result_ttl)
+        self.waiters = RunWaiters()
+        pool = aioredis.BlockingConnectionPool.from_url(  # a burst of looks waits for a connection, opens no more
+            redis_url, max_connections=ASYNC_CONNECTIONS, timeout=SOCKET_TIMEOUT_SECONDS, **timeouts)
+        self.reader = AsyncRunReader(aioredis.Redis.from_pool(pool), self.waiters, self.store.keys)
+        self.max_attempts = max_attempts
+        self.result_ttl = result_ttl
+        self._background: dict[str, asyncio.Task] = {}
+        self._holder = f"{worker_id()}:{uuid.uuid4().hex[:8]}"
+
+    def queue(self, runtime: str) -> Queue:
+        return Queue(queue_name(runtime), connection=self.redis, serializer=JSONSerializer)
+
+    async def submit(
+        self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
+    ) -> RunRecord:
+        if any(item.host_path is not None for item in request.inputs):
+            raise DispatchError("inputs with host paths cannot travel over the queue; send their content")
+        if request.runtime.value not in RUNTIME_CLASSES:
+            raise DispatchError(f"runtime {request.runtime.value!r} is not available in this installation "
+                                f"(available: {', '.join(sorted(RUNTIME_CLASSES))})")
+        with redis_errors():
+            return await asyncio.to_thread(self._submit, request, priority, owner)
+
+    def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:
+        record = self.store.reserve(request, owner)
+        with self.redis.pipeline(transaction=True) as pipe:  # enqueued and announced in one round trip
+            self._enqueue(record, priority, pipe)  # first: RQ starts the transaction (MULTI) itself
+            self.store.announce(pipe, record)
+            pipe.execute()
+        return record
+
+    def _enqueue(self, record: RunRecord, priority: bool = False, pipe: redis.client.Pipeline | None = None) -> None:
+        self.queue(record.request.runtime.value).enqueue_call(
+            execute_run, args=(record.id,),
+            job_id=f"{record.id}-{record.attempts + 1}",
+            timeout=int(record.request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS),
+            result_ttl=defaults.JOB_RESULT_TTL_SECONDS, failure_ttl=self.result_ttl, at_front=priority,
+            pipeline=pipe,
+        )
+
+    def start(self) -> None:
+        for name, work in (("listen", self.reader.listen), ("sweep", self._sweep_forever)):
+            if name not in self._background or self._background[name].done():
+                self._background[name] = asyncio.create_task(work(), name=f"skillrun-{name}")
+
+    def watch(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
+        self.start()
+        return super().watch(run_id)
+
+    async def look(self, run_id: str) -> RunRecord | None:
+        with redis_errors():
+            record, beating = await self.reader.get_beating(run_id)
+        if record is None or record.status != RunStatus.STARTED or beating:
+            return record
+        return await self._recover(run_id)
+
+    async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        with redis_errors():
+            return await self.reader.events(run_id, after)
+
+    async def ping(self) -> None:
+        with redis_errors():
+            await self.reader.ping()
+
+    async def _recover(self, run_id: str) -> RunRecord | None:
+        """A started run whose heartbeat is gone: retried (enqueued again) or failed, in a short thread (RQ is sync)."""
+
+        def recover() -> RunRecord | None:
+            record, requeue = self.store.requeue_lost(run_id, self.max_attempts)
+            if requeue and record is not None:
+                self._enqueue(record, priority=True)
+            return record
+
+        with redis_errors():
+            return await asyncio.to_thread(recover)
+
+    async def sweep_lost(self) -> int:
+        """Recover the started runs whose worker stopped beating (retried or failed); return how many. One bounded
+        query over the started runs only, and in one API process at a time (a lease in Redis)."""
+        with redis_errors():
+            if not await self.reader.take_lease("sweep", self._holder, SWEEP_LEASE_SECONDS):
+                return 0
+            silent = await self.reader.silent_runs(SWEEP_LIMIT)
+        recovered = 0
+        for run_id in silent:
+            record = await self._recover(run_id)
+            recovered += record is not None and record.status != RunStatus.STARTED
+        return recovered
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                await self.sweep_lost()
+            except Exception:  # Redis away for a moment: try again at the next sweep
+                logger.warning("sweeping lost runs failed", exc_info=True)
+
+    async def queue_depths(self) -> dict[str, int]:
+        def count() -> dict[str, int]:
+            return {runtime.value: self.queue(runtime.value).count for runtime in RuntimeName}
+
+        with redis_errors():
+            return await asyncio.to_thread(count)
+
+    async def close(self) -> None:
+        for task in self._background.values():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.reader.close()
+        self.redis.close()
