@@ -75,10 +75,6 @@ class AsyncRunReader:
         self.waiters = waiters
         self.keys = keys or RunKeys()
 
-    async def get(self, run_id: str) -> RunRecord | None:
-        raw = await self.redis.get(self.keys.record(run_id))
-        return RunRecord.model_validate_json(raw) if raw else None
-
     async def get_beating(self, run_id: str) -> tuple[RunRecord | None, bool]:
         """The record and whether its worker's heartbeat is there, in one round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
