@@ -241,37 +241,87 @@ async def test_redis_away_is_503_with_a_reason_and_a_run_whose_record_vanished_i
         server.stop()
 
 
-async def test_sigterm_ends_the_api_at_once_answering_its_waits_and_closing_its_streams(redis_url, shared_dir):
-    # Before, SIGTERM took 49 s (and once never ended): uvicorn waits for open requests, and waits lasted minutes.
-    teams = TeamStore(RedisDocuments(redis_url))
-    team_key = new_team(SimpleNamespace(teams=teams), "team-s")
-    teams.docs.close()
-    port = free_port()
-    env = {**os.environ, "SKILLRUN_REDIS_URL": redis_url, "SKILLS_ROOT": str(LIBRARY),
-           "SKILLRUN_DATA_DIR": str(shared_dir / "api-data")}
-    api = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(port)], env=env, cwd=REPO)
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
-                                     headers={"Authorization": f"Bearer {team_key}"}) as c:
-            assert await _until(lambda: api.poll() is not None or _answers(port)), "the API did not start"
-            run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})).json()["id"]
+class _ApiProcess:
+    """``skillrun serve`` over Redis in a process of its own (started again on the same port), and a team's key."""
 
-            waits = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(50)]
-            streams = [asyncio.create_task(_read_stream(c, f"/v1/runs/{run_id}/events")) for _ in range(5)]
-            await asyncio.sleep(1.0)  # let them all reach the API (a late one would be refused, not hang)
-            api.send_signal(signal.SIGTERM)
-            stopped = time.monotonic()
-            answers = await asyncio.gather(*waits)
-            texts = await asyncio.gather(*streams)
-            assert await asyncio.to_thread(api.wait, 30) in (0, -signal.SIGTERM)  # uvicorn ends as the signal asks
-            print(f"the API ended {time.monotonic() - stopped:.2f} s after SIGTERM")
-        assert {(a.status_code, a.json()["status"]) for a in answers} == {(200, "queued")}
-        for text in texts:
-            assert [kind for kind, _ in parse_sse(text)] == ["queued", "closing"], text
-    finally:
-        if api.poll() is None:
-            api.kill()
-            api.wait()
+    def __init__(self, redis_url: str, data_dir: Path) -> None:
+        teams = TeamStore(RedisDocuments(redis_url))
+        self.key = new_team(SimpleNamespace(teams=teams), "team-p")
+        teams.docs.close()
+        self.port = free_port()
+        self.env = {**os.environ, "SKILLRUN_REDIS_URL": redis_url, "SKILLS_ROOT": str(LIBRARY),
+                    "SKILLRUN_DATA_DIR": str(data_dir)}
+        self.proc: subprocess.Popen | None = None
+
+    async def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(self.port)],
+                                     env=self.env, cwd=REPO)
+        assert await _until(lambda: self.proc.poll() is not None or _answers(self.port)), "the API did not start"
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.port}", timeout=120,
+                                 headers={"Authorization": f"Bearer {self.key}"})
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def api_process(redis_url, shared_dir):
+    api = _ApiProcess(redis_url, shared_dir / "api-data")
+    yield api
+    api.stop()
+
+
+async def test_sigterm_ends_the_api_at_once_answering_its_waits_and_closing_its_streams(api_process):
+    # Before, SIGTERM took 49 s (and once never ended): uvicorn waits for open requests, and waits lasted minutes.
+    await api_process.start()
+    async with api_process.client() as c:
+        run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})).json()["id"]
+        waits = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(50)]
+        streams = [asyncio.create_task(_read_stream(c, f"/v1/runs/{run_id}/events")) for _ in range(5)]
+        assert await _until(lambda: _connections_to(api_process.port) >= 55)
+        await asyncio.sleep(0.5)  # connected, and read: a request not yet read would be dropped, not answered
+        api_process.proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        answers = await asyncio.gather(*waits)
+        texts = await asyncio.gather(*streams)
+        assert await asyncio.to_thread(api_process.proc.wait, 30) in (0, -signal.SIGTERM)  # as the signal asks
+        print(f"the API ended {time.monotonic() - stopped:.2f} s after SIGTERM")
+    assert {(a.status_code, a.json()["status"]) for a in answers} == {(200, "queued")}
+    for text in texts:
+        assert [kind for kind, _ in parse_sse(text)] == ["queued", "closing"], text
+
+
+async def test_an_api_killed_under_its_waiting_callers_loses_no_run(api_process, redis_url, work_root, shared_dir):
+    await api_process.start()
+    async with api_process.client() as c:
+        run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "echo survived"})).json()["id"]
+        waits = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(50)]
+        assert await _until(lambda: _connections_to(api_process.port) >= 50)
+        api_process.stop()  # SIGKILL
+        outcomes = await asyncio.gather(*waits, return_exceptions=True)
+    assert all(isinstance(outcome, httpx.TransportError) for outcome in outcomes), outcomes  # told, not left hanging
+    await api_process.start()
+    env = {**os.environ, "SKILLRUN_WORK_ROOT": str(work_root), "SKILLRUN_ARTIFACTS_DIR": str(shared_dir / "artifacts")}
+    await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "worker", "--redis-url", redis_url, "--burst"],
+                            env=env, cwd=REPO, check=True, timeout=120)
+    async with api_process.client() as c:
+        done = (await c.get(f"/v1/runs/{run_id}", params={"wait": 60})).json()
+    assert (done["status"], done["result"]["stdout"], done["attempts"]) == ("finished", "survived\n", 1)
+
+
+def _connections_to(port: int) -> int:
+    """Established connections the server on ``port`` (on this host) holds."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                count += int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01"
+    return count
 
 
 async def _read_stream(client: httpx.AsyncClient, path: str) -> str:
