@@ -13,6 +13,7 @@ import ctypes
 import errno
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Iterable
 
@@ -38,6 +39,7 @@ class FolderWatch:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._changed = False
+        self._lock = threading.Lock()  # never read after close: the fd number may belong to another file by then
         self._closer = weakref.finalize(self, os.close, fd)
 
     @classmethod
@@ -57,16 +59,18 @@ class FolderWatch:
 
     def changed(self) -> bool:
         """Whether anything changed since the watch started (stays true once it did)."""
-        if self._changed:
-            return True
-        try:
-            self._changed = bool(os.read(self._fd, READ_SIZE))
-        except BlockingIOError:
-            return False
-        except OSError as exc:  # a closed or broken watch can no longer vouch for anything
-            self._changed = exc.errno != errno.EAGAIN
-        return self._changed
+        with self._lock:
+            if self._changed:
+                return True
+            try:
+                self._changed = bool(os.read(self._fd, READ_SIZE))
+            except BlockingIOError:
+                return False
+            except OSError as exc:  # a broken watch can no longer vouch for anything
+                self._changed = exc.errno != errno.EAGAIN
+            return self._changed
 
     def close(self) -> None:
-        self._changed = True
-        self._closer()
+        with self._lock:
+            self._changed = True
+            self._closer()

@@ -62,7 +62,8 @@ def build_overview(
         names = [s.name for s in index.summaries]
         return Overview("Available skills:\n" + (full_overview(index) or "- (none)"), False, names, [], total)
     weighted = [(f"{s.name.replace('-', ' ')} {s.description}", LOADED_WEIGHT) for s in loaded]
-    hits = index.search(query, options.overview_skills + options.overview_names, weighted=weighted)
+    wanted = options.overview_skills + options.overview_names
+    hits = index.search(query, max(wanted, 1), weighted=weighted)  # one at least: whether anything matches
     budget = options.overview_max_chars
     lines: list[str] = []
     described: list[str] = []
@@ -74,7 +75,7 @@ def build_overview(
         lines.append(line)
         described.append(hit.summary.name)
     named: list[str] = []
-    for hit in hits[len(described):]:
+    for hit in hits[len(described):wanted]:
         if len(hit.summary.name) + 2 > budget:
             break
         budget -= len(hit.summary.name) + 2
@@ -83,6 +84,8 @@ def build_overview(
     how = " Find them with skill_search(query=...)." if search_tool else ""
     if described:
         head = f"Available skills (the {len(described)} of {total:,} most relevant to this conversation):"
+    elif hits:
+        head = f"Available skills: {total:,} exist; none is described here."
     else:
         head = f"Available skills: none of the {total:,} matches this conversation yet."
     parts = [head, *lines]

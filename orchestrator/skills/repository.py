@@ -13,6 +13,7 @@ without parsing everything again.
 from __future__ import annotations
 
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -254,8 +255,13 @@ class CachedSkillRepository(FsSkillRepository):
         self._summary_cache = SummaryCache(summary_cache) if summary_cache is not None else None
         self._watch: FolderWatch | None = None
         self._watch_tried = False
+        self._lock = threading.Lock()
 
     def _current(self) -> _Scan:
+        with self._lock:  # the API asks from several threads; one of them rescans, the others wait for it
+            return self._current_locked()
+
+    def _current_locked(self) -> _Scan:
         cached = self._cached
         if cached is not None and self._fresh(cached):
             return cached

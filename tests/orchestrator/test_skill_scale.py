@@ -246,3 +246,33 @@ def test_an_unknown_skill_error_names_the_closest_skills_not_the_whole_library(b
     error = SkillToolSet(big_repository).skill_list_tools("reconcile-invoice")["error"]
     assert error.startswith("unknown skill 'reconcile-invoice'")
     assert "reconcile-invoices-" in error and len(error) < 1000
+
+
+async def test_a_turn_whose_skill_is_not_listed_finds_it_with_one_search(model_server, model, big_library, work_root):
+    runtime = LocalWorkspaceRuntime(work_root)
+    repository = CachedSkillRepository(big_library, workspace_runtime=runtime)
+    request = labelled_requests(2000)[7]
+
+    def pick_from_search(body: dict) -> dict:
+        """A model that loads the first search result named like the request's skill."""
+        found = [s["name"] for s in json.loads(tool_messages(body)[-1]["content"])["skills"]]
+        assert request.skill in found, "one skill_search did not find the skill"
+        return {"tool_calls": [{"name": "skill_run", "arguments": {
+            "skill": request.skill, "command": "bash scripts/run.sh", "output_files": ["out/result.txt"]}}]}
+
+    model_server.add(
+        {"tool_calls": [{"name": "skill_search", "arguments": {"query": request.text}}]},
+        pick_from_search,
+        {"text": "done"},
+    )
+    options = SkillOptions(overview_skills=0, overview_names=0)  # the overview lists nothing: searching is the way
+    agent = LlmAgent(name="a", model=model, tools=[SkillToolSet(repository)], skill_repository=repository,
+                     skill_options=options)
+    runner = Runner(app_name="t", agent=agent)
+    await _turn(runner, request.text)
+    overview = system_message(model_server.requests[0])
+    assert overview.startswith("Available skills: 2,000 exist; none is described here.\n2,000 skills are not listed.")
+    result = json.loads(tool_messages(model_server.requests[2])[-1]["content"])
+    assert result["output_files"][0]["content"].strip() == f"{request.skill} done"
+    await runner.close()
+    await runtime.close()
