@@ -143,3 +143,13 @@ async def test_a_filtered_agent_sees_and_loads_only_its_skills(model_server, mod
 def test_a_filter_of_no_pattern_is_refused(repository):
     with pytest.raises(ValueError, match="at least one pattern"):
         FilteredSkillRepository(repository, names=[])
+
+
+def test_the_settings_become_the_assistants_skill_options():
+    settings = Settings(skill_load_mode="session", max_loaded_skills=3, skill_content_in_tool_results=True,
+                        skill_overview_max_chars=100, skill_overview_skills=2, skill_overview_names=4,
+                        skill_search_page_size=7)
+    assert SkillOptions.from_settings(settings) == SkillOptions(
+        load_mode=SkillLoadMode.SESSION, max_loaded_skills=3, content_in_tool_results=True, overview_max_chars=100,
+        overview_skills=2, overview_names=4, search_page_size=7,
+    )
