@@ -28,6 +28,7 @@ from worker.cgroups import RunCgroup
 from worker.contract import RunLimits
 from worker.errors import RuntimeUnavailableError
 from worker.fdwait import wait_readable
+from worker.launcher import Launcher
 from worker.ready_shell import ReadyShell
 from worker.sandbox import SandboxSpec, SandboxStart, find_bwrap
 from worker.spawner import Spawner
@@ -138,31 +139,40 @@ class _Started:
 
 def _start_direct(
     argv: list[str], cwd: str, env: dict[str, str], uid: int | None, gid: int | None, no_network: bool,
-    sandbox: SandboxSpec | None,
+    sandbox: SandboxSpec | None, launcher: Launcher | None = None,
 ) -> _Started:
+    """Start the command as a child of this process, or have ``launcher`` (in the run's control group already)
+    become it."""
     user_kwargs: dict = {}
-    start = SandboxStart() if sandbox is not None else None
+    start = launcher.start if launcher is not None else SandboxStart() if sandbox is not None else None
     if start is not None:
-        argv = [*sandbox.argv(find_bwrap(), fds=start.child_fds(), cwd=cwd), *argv]
+        fds = launcher.fds if launcher is not None else start.child_fds()
+        argv = [*sandbox.argv(find_bwrap(), fds=fds, cwd=cwd, env=env if launcher else None), *argv]
     if uid is not None:
         setpriv = find_setpriv()
         if setpriv is not None:
-            argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *SETPRIV_HARDENING, *argv]
+            argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *SETPRIV_HARDENING,
+                    *argv]
         else:
             user_kwargs = {"user": uid, "group": gid, "extra_groups": []}
     if no_network:
         argv = [*network_off_prefix(), *argv]
-    try:
-        proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            process_group=0, close_fds=True, pass_fds=start.child_fds() if start is not None else (), **user_kwargs,
-        )
-    except BaseException:
+    if launcher is not None:
+        launcher.launch(argv, cwd)
+        proc = launcher.proc
+    else:
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                process_group=0, close_fds=True, pass_fds=start.child_fds() if start is not None else (),
+                **user_kwargs,
+            )
+        except BaseException:
+            if start is not None:
+                start.close()
+            raise
         if start is not None:
-            start.close()
-        raise
-    if start is not None:
-        start.sent()
+            start.sent()
 
     async def pid() -> int:
         return proc.pid
@@ -216,6 +226,7 @@ async def run_process(
     no_network: bool = False,
     sandbox: SandboxSpec | None = None,
     cgroup: RunCgroup | None = None,
+    launcher: Launcher | None = None,
 ) -> ProcessOutcome:
     """Run ``argv`` and wait for it, the deadline or ``cancel``; kill everything it started.
 
@@ -224,8 +235,8 @@ async def run_process(
     its command, the command is that shell (``argv`` is not used); a shell of a held sandbox is in ``cgroup``
     already, every process left there is killed when it ends, and the result comes once that group is empty
     (``worker.held_sandbox``). With ``sandbox`` the command runs in that bubblewrap sandbox of its own, placed in
-    ``cgroup`` before it starts. A ``SpawnerError`` means nothing ran and the caller may start the command
-    directly.
+    ``cgroup`` before it starts, or born there: started by ``launcher``, waiting in ``cgroup`` already
+    (``worker.launcher``). A ``SpawnerError`` means nothing ran and the caller may start the command directly.
     """
     started = time.monotonic()
     held = ready is not None and ready.sandbox is not None
@@ -234,7 +245,7 @@ async def run_process(
     elif spawner is not None:
         handle = _start_spawned(argv, cwd, env, spawner)
     else:
-        handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox)
+        handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox, launcher)
     try:
         # In a sandbox, ending its init or emptying the run's control group ends everything of the run: no sweep by
         # user id, which would reach the workspace's spawner and next ready shell (and any process of that id
@@ -249,7 +260,7 @@ async def run_process(
         try:
             watch.follow(await handle.pid())
             if handle.sandbox is not None:
-                await handle.sandbox.release(cgroup)
+                await handle.sandbox.release(cgroup if launcher is None else None)
             if handle.sandbox is not None and handle.sandbox.init_pidfd >= 0:
                 watch.end_on_report(handle.sandbox)
                 gone = asyncio.ensure_future(_ended(os.dup(handle.sandbox.init_pidfd), hold_mounts(handle.sandbox)))

@@ -109,14 +109,18 @@ class SandboxSpec:
         if self.network:
             find_slirp4netns()
 
-    def argv(self, bwrap: str, *, fds: tuple[int, int, int], cwd: str) -> list[str]:
+    def argv(
+        self, bwrap: str, *, fds: tuple[int, int, int], cwd: str, env: dict[str, str] | None = None
+    ) -> list[str]:
         """The ``bwrap`` command line up to ``--``, starting in ``cwd``; ``fds`` are the numbers the sandbox's ends
         of a ``SandboxStart`` have in the bwrap process: it reports on the first, is blocked on the second and reads
-        its seccomp filter from the third. A served spec only in a task that serves it (``served_by``)."""
+        its seccomp filter from the third. With ``env``, the command's environment is that alone, whatever bwrap's
+        is (``worker.launcher``). A served spec only in a task that serves it (``served_by``)."""
         if self.served and _SERVER.get() is None:
             raise SandboxError("a served sandbox is started only where its network is served (served_by)")
         info_fd, block_fd, seccomp_fd = fds
-        return [*self._layout(bwrap), "--chdir", cwd, "--json-status-fd", str(info_fd), "--block-fd", str(block_fd),
+        environment = [] if env is None else ["--clearenv", *(a for k, v in env.items() for a in ("--setenv", k, v))]
+        return [*self._layout(bwrap), *environment, "--chdir", cwd, "--json-status-fd", str(info_fd), "--block-fd", str(block_fd),
                 "--seccomp", str(seccomp_fd), "--"]
 
     def held_argv(self, bwrap: str, *, info_fd: int, seccomp_fd: int) -> list[str]:

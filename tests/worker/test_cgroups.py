@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,48 @@ def test_sweeping_tolerates_folders_another_process_removes_meanwhile(tmp_path, 
     cgroup_hierarchies.sweep_abandoned(parent)
     cgroup_hierarchies.sweep_abandoned(tmp_path / "never-made")
     assert list(parent.iterdir()) == []
+
+
+async def _first_runs_launched(runtime) -> None:  # noqa: ANN001 - a LocalWorkspaceRuntime
+    """Wait until the runtime's launchers wait (``worker.launcher``), so the next first run is launched."""
+    await runtime.idle()
+    if isinstance(runtime._cgroups, str):
+        unavailable(f"no run groups on this host: {runtime._cgroups}")
+    assert runtime._launchers is not None and runtime._launchers.waiting, "no launcher waits for a first run"
+
+
+async def test_a_first_runs_sandbox_is_born_in_its_run_group_with_the_environment_it_would_have(
+    work_root, make_request, monkeypatch
+):
+    from worker.runtimes.local import LocalWorkspaceRuntime
+
+    look = "env | sort; cat /proc/self/cgroup | grep -E ':(memory|pids|cpu)[,:]'"
+    async with LocalWorkspaceRuntime(work_root / "launched") as launched, \
+            LocalWorkspaceRuntime(work_root / "started") as started:
+        monkeypatch.setattr(started, "_take_launcher", lambda limits, workspace_id: None)
+        await launched.run(make_request("true", workspace_id="warm-up"))
+        await _first_runs_launched(launched)
+        result = await launched.run(make_request(look, workspace_id="first"))
+        expected = await started.run(make_request(look, workspace_id="first"))
+    groups = [line for line in result.stdout.splitlines() if line[:1].isdigit()]
+    # its cgroup namespace was made inside its run group: the run sees its group as the root, nothing of the worker's
+    assert groups and all(line.endswith(":/") for line in groups), result.stdout
+    assert _environment(result, launched) == _environment(expected, started)
+
+
+def _environment(result, runtime) -> list[str]:  # noqa: ANN001 - a RunResult of a LocalWorkspaceRuntime
+    folder = str(runtime.workspaces.find_known("first").path)
+    return [re.sub(r"run_[0-9T.]+", "run_", line.replace(folder, "<ws>"))
+            for line in result.stdout.splitlines() if not line[:1].isdigit()]
+
+
+async def test_closing_the_runtime_ends_its_launchers_and_their_groups(work_root, make_request):
+    from worker.runtimes.local import LocalWorkspaceRuntime
+
+    runtime = LocalWorkspaceRuntime(work_root)
+    await runtime.run(make_request("true", workspace_id="w"))
+    await _first_runs_launched(runtime)
+    launchers = runtime._launchers.waiting
+    await runtime.close()
+    assert all(launcher.proc.returncode is not None for launcher in launchers)
+    assert not any(path.exists() for launcher in launchers for path in launcher.cgroup.paths.values())

@@ -22,6 +22,7 @@ from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, Ru
 from worker.contract import RunRequest, RuntimeName
 from worker.environments import SkillEnvironments, local_environments
 from worker.errors import InvalidRunRequestError, SpawnerError
+from worker.launcher import Launcher, LauncherPool
 from worker.process import (
     SETPRIV_HARDENING,
     ProcessOutcome,
@@ -110,6 +111,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self._cgroups: CgroupPool | str | None = None
         self._placements: set[asyncio.Task] = set()
         self._endings: set[asyncio.Future] = set()
+        self._launchers: LauncherPool | None = None
 
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         if self._bash is None:
@@ -138,12 +140,15 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         shell = await self._ready_shell(spawner, argv[0], script, env, cwd, limits, workspace.id) if spawner else None
         if held and shell is None:  # a held sandbox's spawner starts nothing but placed shells: a sandbox of its own
             spawner = None
-        cgroup = shell.cgroup if shell is not None else self._new_cgroup(workspace.id, sandbox, limits)
+        launcher = self._take_launcher(limits, workspace.id) if shell is None and sandbox is not None else None
+        cgroup = shell.cgroup if shell is not None else launcher.cgroup if launcher is not None else \
+            self._new_cgroup(workspace.id, sandbox, limits)
         oom_kills = 0
         outcome: ProcessOutcome | None = None
         try:
             try:
-                outcome = await run_process(argv, spawner=spawner, ready=shell, cgroup=cgroup, **process_args)
+                outcome = await run_process(argv, spawner=spawner, ready=shell, cgroup=cgroup, launcher=launcher,
+                                            **process_args)
             except SpawnerError:
                 if not spawner.alive:  # it stopped answering: a new one is started for the next run
                     await asyncio.to_thread(self._drop_spawner, workspace.id)
@@ -233,6 +238,9 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             await asyncio.to_thread(find_bwrap)  # checked once: installed, and able to make its namespaces
             tree = await asyncio.to_thread(CgroupTree.detect)
             self._cgroups = CgroupPool(tree) if isinstance(tree, CgroupTree) else tree
+            if isinstance(self._cgroups, CgroupPool) and find_setpriv() is not None:
+                self._launchers = LauncherPool(self._bash or find_bash(), self._cgroups)
+                self._in_background(self._launchers.refill)
         if request.network:
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
@@ -250,6 +258,22 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             self._retire(workspace_id, cgroup)
             raise
         return cgroup
+
+    def _take_launcher(self, limits: CgroupLimits, workspace_id: str) -> Launcher | None:
+        """A launcher waiting in a run group of its own (``worker.launcher``), its group held to ``limits``, for a run
+        starting a sandbox of its own; another is made in the background. ``None`` if none is ready."""
+        launcher = self._launchers.take() if self._launchers is not None else None
+        if launcher is None:
+            return None
+        self._in_background(self._launchers.refill)
+        try:
+            launcher.cgroup.set_limits(limits)
+        except CgroupError:
+            launcher.discard()
+            self._retire(workspace_id, launcher.cgroup)
+            return None
+        launcher.cgroup.begin()
+        return launcher
 
     def _next_shell(self, spawner: Spawner, bash: str, env: dict[str, str], cwd: str, workspace_id: str) -> None:
         """Have a ready shell wait for the workspace's next run; in a held sandbox (when no run is in it), placed in
@@ -354,12 +378,15 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 await shell.wait_up()
 
     async def close(self) -> None:
+        launchers, self._launchers = self._launchers, None
         await super().close()
         with self._lock:
             spawners = list(self._spawners.values())
             self._spawners.clear()
         for spawner in spawners:
             await asyncio.to_thread(spawner.close)
+        if launchers is not None:
+            await asyncio.to_thread(launchers.close)
         if isinstance(self._cgroups, CgroupPool):
             await self.idle()  # the groups of the runs just ended come back first
             pool, self._cgroups = self._cgroups, None  # a run after close makes its groups anew
