@@ -353,9 +353,13 @@ async def test_a_worker_cut_off_mid_run_and_back_after_its_run_was_retried_chang
     cut_off.send_signal(signal.SIGSTOP)  # frozen: no heartbeat, no result, until it is let go
     try:
         workers.start()
-        done = await dispatcher.wait(record.id, 120)  # retried once its heartbeat lapsed, then run by the other
-    finally:
+        deadline = time.monotonic() + 60
+        while (await dispatcher.get(record.id)).attempts < 2:  # retried once its heartbeat lapsed, taken by the other
+            assert time.monotonic() < deadline, "the run was never retried"
+            await asyncio.sleep(0.05)
+    finally:  # back while the newer attempt runs (frozen, it may hold a host-wide lock the other needs)
         cut_off.send_signal(signal.SIGCONT)
+    done = await dispatcher.wait(record.id, 60)
     assert (done.status, done.attempts) == (RunStatus.FINISHED, 2), done
     first_job = Job.fetch(f"{record.id}-1", connection=dispatcher.redis, serializer=JSONSerializer)
     deadline = time.monotonic() + 60
