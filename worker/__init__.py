@@ -1,57 +1,20 @@
 """Skillrun's execution plane: the run contract, workspaces, staging, runtimes, output collection, artifacts.
 
-Nothing here imports ``orchestrator``: a worker image carries no agent, model or API code.
+Nothing here imports ``orchestrator``: a worker image carries no agent, model or API code. The names below are
+imported on first use (``worker.lazy``): ``from worker import defaults`` does not load every runtime.
 """
 
-from worker.artifacts import FileArtifactStore
-from worker.contract import (
-    ArtifactFile,
-    InputFile,
-    OutputFile,
-    RunLimits,
-    RunRequest,
-    RunResult,
-    RunTimings,
-    RuntimeName,
-    SkillRef,
-    SkippedFile,
-)
-from worker.errors import (
-    ArtifactError,
-    InvalidRunRequestError,
-    RuntimeUnavailableError,
-    StagingError,
-    WorkerError,
-    WorkspaceError,
-)
-from worker.runtimes import BaseWorkspaceRuntime, LocalWorkspaceRuntime, resolve_runtime
-from worker.staging import BaseSkillStager, CopySkillStager, LinkSkillStager
-from worker.workspace import Workspace, WorkspaceManager
+from __future__ import annotations
 
-__all__ = [
-    "ArtifactError",
-    "ArtifactFile",
-    "BaseSkillStager",
-    "BaseWorkspaceRuntime",
-    "CopySkillStager",
-    "FileArtifactStore",
-    "InputFile",
-    "InvalidRunRequestError",
-    "LinkSkillStager",
-    "LocalWorkspaceRuntime",
-    "OutputFile",
-    "RunLimits",
-    "RunRequest",
-    "RunResult",
-    "RunTimings",
-    "RuntimeName",
-    "RuntimeUnavailableError",
-    "SkillRef",
-    "SkippedFile",
-    "StagingError",
-    "WorkerError",
-    "Workspace",
-    "WorkspaceError",
-    "WorkspaceManager",
-    "resolve_runtime",
-]
+from worker.lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "worker.artifacts": ["FileArtifactStore"],
+    "worker.contract": ["ArtifactFile", "InputFile", "OutputFile", "RunLimits", "RunRequest", "RunResult", "RunTimings",
+                        "RuntimeName", "SkillRef", "SkippedFile"],
+    "worker.errors": ["ArtifactError", "InvalidRunRequestError", "RuntimeUnavailableError", "StagingError",
+                      "WorkerError", "WorkspaceError"],
+    "worker.runtimes": ["BaseWorkspaceRuntime", "LocalWorkspaceRuntime", "resolve_runtime"],
+    "worker.staging": ["BaseSkillStager", "CopySkillStager", "LinkSkillStager"],
+    "worker.workspace": ["Workspace", "WorkspaceManager"],
+})

@@ -18,7 +18,6 @@ the first rename wins and the others use its entry. Any failure removes the temp
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -30,9 +29,6 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from worker.addresses import public_addresses
 from worker.archives import ArchiveLimits, extract_tar, extract_zip
 from worker.errors import SkillRootError, UnsafeArchiveError
 
@@ -127,7 +123,7 @@ def fetch_url_root(
     work = Path(tempfile.mkdtemp(prefix="tmp-skill-root-", dir=cache))
     try:
         download = work / "download"
-        digest, content_type = _download(url, download, limits)
+        digest, content_type = download_archive(url, download, limits)
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise SkillRootError(f"{url}: sha256 is {digest}, expected {expected_sha256}")
         return _extract_and_place(work, download, content_type, final, url, digest, limits.archive, expected_sha256)
@@ -137,7 +133,10 @@ def fetch_url_root(
 
 def download_archive(url: str, target: Path, limits: FetchLimits | None = None) -> tuple[str, str]:
     """Download ``url`` into ``target`` within the limits; return (sha256, content type)."""
-    return _download(url, target, limits or FetchLimits())
+    # httpx is a third of a command's start-up: it is loaded when a URL is fetched, not by every import of roots
+    from worker.downloads import download
+
+    return download(url, target, limits or FetchLimits())
 
 
 def install_archive(
@@ -195,73 +194,6 @@ def _cached(final: Path, expected_sha256: str | None) -> Path | None:
     if expected_sha256 is not None and cached_sha256(final) != expected_sha256.lower():
         return None
     return final
-
-
-def _download(url: str, target: Path, limits: FetchLimits) -> tuple[str, str]:
-    """Stream ``url`` into ``target`` within the limits; return (sha256, content type)."""
-    digest = hashlib.sha256()
-    deadline = time.monotonic() + limits.download_seconds
-    timeout = httpx.Timeout(limits.download_seconds, connect=limits.connect_seconds)
-    try:
-        with httpx.Client(timeout=timeout) as client, contextlib.closing(_get(client, url, limits)) as response:
-            if response.status_code != 200:
-                raise SkillRootError(f"{url}: the server answered HTTP {response.status_code}")
-            declared = response.headers.get("content-length")
-            if declared and declared.isdigit() and int(declared) > limits.max_download_bytes:
-                raise UnsafeArchiveError(f"{url}: {declared} bytes is more than the {limits.max_download_bytes}-byte download limit")
-            size = 0
-            with open(target, "wb") as out:
-                for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > limits.max_download_bytes:
-                        raise UnsafeArchiveError(f"{url}: the download exceeds the {limits.max_download_bytes}-byte limit")
-                    if time.monotonic() > deadline:
-                        raise SkillRootError(f"{url}: the download took longer than {limits.download_seconds:g} s")
-                    digest.update(chunk)
-                    out.write(chunk)
-            return digest.hexdigest(), response.headers.get("content-type", "")
-    except httpx.TimeoutException as exc:
-        raise SkillRootError(f"{url}: timed out ({type(exc).__name__})") from exc
-    except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a host name IDNA cannot encode
-        raise SkillRootError(f"{url}: {type(exc).__name__}: {exc}") from exc
-
-
-def _get(client: httpx.Client, url: str, limits: FetchLimits) -> httpx.Response:
-    """``GET url`` as a stream, following redirects here rather than in httpx, so each hop goes through ``_send``."""
-    target = httpx.URL(url)
-    for _ in range(limits.max_redirects + 1):
-        response = _send(client, target, limits)
-        if not response.is_redirect:
-            return response
-        response.close()
-        target = target.join(response.headers["location"])
-    raise SkillRootError(f"{url}: more than {limits.max_redirects} redirects")
-
-
-def _send(client: httpx.Client, url: httpx.URL, limits: FetchLimits) -> httpx.Response:
-    """Send one hop. Without ``allow_private_addresses`` the host is resolved once, every address it has is vetted
-    (``worker.addresses``), and the request is sent to a vetted address itself: the IP goes in the request URL,
-    the name in the ``Host`` header and as the TLS server name (so certificates are still checked against the name).
-    No second lookup happens, so the connection cannot go anywhere the check did not see (DNS rebinding)."""
-    if url.scheme not in ("http", "https"):
-        raise SkillRootError(f"{url}: only http and https URLs can be fetched")
-    if limits.allow_private_addresses:
-        return client.send(client.build_request("GET", url), stream=True)
-    host = url.raw_host.decode("ascii")
-    try:
-        addresses = public_addresses(host, url.port or (443 if url.scheme == "https" else 80))
-    except SkillRootError as exc:
-        raise SkillRootError(f"{url}: {exc}") from None
-    extensions = {"sni_hostname": host} if url.scheme == "https" else {}
-    failure: httpx.ConnectError | None = None
-    for address in addresses:  # in the resolver's order, as a connection to the name would try them
-        request = client.build_request("GET", url.copy_with(host=address), headers={"Host": url.netloc.decode("ascii")},
-                                       extensions=extensions)
-        try:
-            return client.send(request, stream=True)
-        except httpx.ConnectError as exc:
-            failure = exc
-    raise failure or SkillRootError(f"{url}: {host!r} has no address")
 
 
 def _unpack(url: str, download: Path, content_type: str, root: Path, limits: ArchiveLimits) -> None:

@@ -7,16 +7,18 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.cli import UsageError
 from orchestrator.cli.common import repository
-from orchestrator.cli.environments import environment_status
 from orchestrator.cli.output import print_json, size, table
 from orchestrator.config import get_settings
 from orchestrator.skills import CachedSkillRepository
-from worker.environments import EnvironmentStatus
 from worker.errors import WorkerError
 from worker.roots import is_url
+
+if TYPE_CHECKING:
+    from worker.environments import EnvironmentStatus
 
 
 def list_skills(args: argparse.Namespace) -> int:
@@ -57,6 +59,9 @@ def _listing_repository(args: argparse.Namespace) -> CachedSkillRepository:
 
 
 def show_skill(args: argparse.Namespace) -> int:
+    # Imported here: it loads the runtimes, which only `show` needs
+    from orchestrator.cli.environments import environment_status
+
     repo = repository(args)
     skill = repo.get(args.name)
     problems = [p for p in repo.problems() if Path(p.path).parent == skill.path or str(skill.path) in p.message]

@@ -1,43 +1,20 @@
-"""Agent Skills on the control plane: parsing, repositories, search, three-tier injection, the skill tool sets."""
+"""Agent Skills on the control plane: parsing, repositories, search, three-tier injection, the skill tool sets.
 
-from orchestrator.skills.filtered import FilteredSkillRepository
-from orchestrator.skills.options import SkillLoadMode, SkillOptions
-from orchestrator.skills.overview import Overview, build_overview
-from orchestrator.skills.repository import (
-    BaseSkillRepository,
-    CachedSkillRepository,
-    FsSkillRepository,
-    SkillProblem,
-    create_default_skill_repository,
-)
-from orchestrator.skills.search import SkillHit, SkillIndex
-from orchestrator.skills.skill import (
-    Skill,
-    SkillDoc,
-    SkillSummary,
-    load_skill,
-    parse_tools,
-)
-from orchestrator.skills.tools import DynamicSkillToolSet, SkillToolSet
+Exports are imported on first use (``worker.lazy``): listing a library does not load the tool sets, and with them
+the sessions, the dispatcher and the runtimes.
+"""
 
-__all__ = [
-    "BaseSkillRepository",
-    "CachedSkillRepository",
-    "DynamicSkillToolSet",
-    "FilteredSkillRepository",
-    "FsSkillRepository",
-    "Overview",
-    "Skill",
-    "SkillDoc",
-    "SkillHit",
-    "SkillIndex",
-    "SkillLoadMode",
-    "SkillOptions",
-    "SkillProblem",
-    "SkillSummary",
-    "SkillToolSet",
-    "build_overview",
-    "create_default_skill_repository",
-    "load_skill",
-    "parse_tools",
-]
+from __future__ import annotations
+
+from worker.lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "orchestrator.skills.filtered": ["FilteredSkillRepository"],
+    "orchestrator.skills.options": ["SkillLoadMode", "SkillOptions"],
+    "orchestrator.skills.overview": ["Overview", "build_overview"],
+    "orchestrator.skills.repository": ["BaseSkillRepository", "CachedSkillRepository", "FsSkillRepository",
+                                       "SkillProblem", "create_default_skill_repository"],
+    "orchestrator.skills.search": ["SkillHit", "SkillIndex"],
+    "orchestrator.skills.skill": ["Skill", "SkillDoc", "SkillSummary", "load_skill", "parse_tools"],
+    "orchestrator.skills.tools": ["DynamicSkillToolSet", "SkillToolSet"],
+})

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import (
     SkillNotFoundError,
@@ -40,7 +40,9 @@ from orchestrator.skills.summary_cache import SummaryCache
 from worker.contract import SkillRef
 from worker.errors import SkillRootError
 from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root, split_pin
-from worker.runtimes.base import BaseWorkspaceRuntime
+
+if TYPE_CHECKING:
+    from worker.runtimes.base import BaseWorkspaceRuntime
 
 MAX_DEPTH = 4
 

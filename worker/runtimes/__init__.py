@@ -1,6 +1,11 @@
-"""Workspace runtimes: where a run's command executes."""
+"""Workspace runtimes: where a run's command executes. Exports are imported on first use (``worker.lazy``):
+``worker.runtimes.base`` alone does not load the local runtime."""
 
-from worker.runtimes.base import RUNTIME_CLASSES, BaseWorkspaceRuntime, resolve_runtime
-from worker.runtimes.local import LocalWorkspaceRuntime
+from __future__ import annotations
 
-__all__ = ["RUNTIME_CLASSES", "BaseWorkspaceRuntime", "LocalWorkspaceRuntime", "resolve_runtime"]
+from worker.lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "worker.runtimes.base": ["RUNTIME_CLASSES", "BaseWorkspaceRuntime", "resolve_runtime"],
+    "worker.runtimes.local": ["LocalWorkspaceRuntime"],
+})
