@@ -250,6 +250,9 @@ async def test_registration_in_the_embedded_default_prepares_the_docker_environm
             assert registered.status_code == 201, registered.text
             (queued,) = registered.json()["environments"]["skills"]
             assert queued["runtime"] == "docker" and queued["state"] == "building", queued
+            early = await api.post("/v1/runs", json={"skill": "tables", "command": "true", "runtime": "docker",
+                                                     "wait_for_environment": False})
+            assert early.status_code == 409 and "wait_for_environment=true" in early.json()["detail"], early.text
             (done,) = (await _until_done(api, "tools", seconds=300))["skills"]
             assert done["state"] == "ready" and done["image"]["state"] == "ready", done
             shown = (await api.get("/v1/skills/tables")).json()

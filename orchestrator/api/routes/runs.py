@@ -88,6 +88,8 @@ def _skill_ref(services: Services, team: Team, name: str) -> SkillRef:
     return services.repository_for(team).skill_ref(name)
 
 
+BUILT_AHEAD = (RuntimeName.LOCAL, RuntimeName.DOCKER)
+"""Runtimes whose environments the API can see before a run (the Cube runtime's are built in each sandbox)."""
 NOT_READY = {409: {"model": ErrorPublic, "description": "The skill's dependency environment is not ready and the "
                                                         "run asked not to wait for it (wait_for_environment=false)."}}
 
@@ -98,15 +100,16 @@ async def submit_run(
     body: RunCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
 ) -> Response:
     """Accept a run; it executes in the background (in this process, or on a worker when Redis is configured).
-    The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given). A run of the local runtime
-    that will not wait for its skill's dependency environment is refused (409) while the environment is not ready;
+    The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given). A run of the local or
+    Docker runtime that will not wait for its skill's dependency environment is refused (409) while the environment
+    (and on Docker the image of its Debian packages) is not ready;
     a run that waits has it built first (one whose build fails ends failed, with the build's message)."""
     try:
         ref = await asyncio.to_thread(_skill_ref, services, team, body.skill)  # reads the team's library records
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-    if not body.wait_for_environment and body.runtime == RuntimeName.LOCAL:
-        environment = await asyncio.to_thread(services.environments.skill_status, ref)
+    if not body.wait_for_environment and body.runtime in BUILT_AHEAD:
+        environment = await asyncio.to_thread(services.environments.skill_status, ref, body.runtime.value)
         if environment.state not in ("ready", "none"):
             raise HTTPException(status.HTTP_409_CONFLICT, not_ready(body.skill, environment))
     fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id"})
