@@ -22,9 +22,10 @@ LoadModeName = Literal["once", "turn", "session"]
 
 
 class Settings(BaseSettings):
-    """Everything the orchestrator reads from its environment."""
+    """Everything the orchestrator reads from its environment. An empty variable means unset (Compose passes one it
+    was not given as empty): its default applies, never an empty path or URL."""
 
-    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore", env_ignore_empty=True)
 
     skills_root: str = Field(
         default=DEFAULT_SKILLS_ROOT,

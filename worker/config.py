@@ -28,9 +28,10 @@ def host_memory_bytes() -> int:
 
 class WorkerSettings(BaseSettings):
     """Where a worker keeps things, and the operator's ceilings on what a run request may ask for (enforced by
-    ``worker.validation.validate_request`` in workers and, before queueing, in the API)."""
+    ``worker.validation.validate_request`` in workers and, before queueing, in the API). An empty variable means
+    unset, as for the orchestrator's settings."""
 
-    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore", env_ignore_empty=True)
 
     redis_url: str | None = Field(default=None, description="The Redis the run queue lives in.")
     work_root: Path | None = Field(default=None, description="Where workspaces are created; shared by all workers.")
@@ -102,7 +103,7 @@ class CubeCodeExecutorConfig(BaseSettings):
     given as fields; fields win over the environment.
     """
 
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True, env_ignore_empty=True)
 
     api_url: str | None = Field(default=None, validation_alias="E2B_API_URL",
                                 description="The sandbox service's control API; unset means E2B's own.")
@@ -143,7 +144,7 @@ class CubeCodeExecutorConfig(BaseSettings):
 class CubeWorkspaceConfig(BaseSettings):
     """Where and how long workspaces live in Cube sandboxes."""
 
-    model_config = SettingsConfigDict(env_prefix="CUBE_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CUBE_", env_file=".env", extra="ignore", env_ignore_empty=True)
 
     root: str = Field(default="/workspace/cube_agent", description="The folder in the sandbox workspaces go under.")
     idle_seconds: float = Field(default=600.0, gt=0,
