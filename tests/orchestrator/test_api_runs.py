@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -293,6 +294,25 @@ async def test_sigterm_ends_the_api_at_once_answering_its_waits_and_closing_its_
     assert {(a.status_code, a.json()["status"]) for a in answers} == {(200, "queued")}
     for text in texts:
         assert [kind for kind, _ in parse_sse(text)] == ["queued", "closing"], text
+
+
+async def test_sigterm_ends_the_api_even_while_an_agent_turn_streams_its_answer(api_process):
+    # A model that accepts the connection and never answers: the turn would stream for as long as the model client
+    # waits (minutes), and uvicorn waits for open requests. The API ends after its grace period instead.
+    with socket.socket() as model:
+        model.bind(("127.0.0.1", 0))
+        model.listen(8)
+        api_process.env |= {"OPENAI_BASE_URL": f"http://127.0.0.1:{model.getsockname()[1]}/v1",
+                            "OPENAI_API_KEY": "test", "SKILLRUN_MODEL": "stalled"}
+        await api_process.start()
+        async with api_process.client() as c:
+            assert (await c.post("/v1/sessions", json={"session_id": "stalled"})).status_code == 201
+            turn = asyncio.create_task(c.post("/v1/sessions/stalled/messages", json={"text": "hi"}))
+            assert await _until(lambda: _connections_to(model.getsockname()[1]) >= 1)  # the model was asked
+            api_process.proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(api_process.proc.wait, 60) in (0, -signal.SIGTERM)
+            with contextlib.suppress(httpx.HTTPError):
+                await turn
 
 
 async def test_an_api_killed_under_its_waiting_callers_loses_no_run(api_process, redis_url, work_root, shared_dir):
