@@ -155,7 +155,7 @@ def _start_direct(
                     *argv]
         else:
             user_kwargs = {"user": uid, "group": gid, "extra_groups": []}
-    if no_network:
+    if no_network and launcher is None:  # a launcher is in a network namespace of its own already
         argv = [*network_off_prefix(), *argv]
     if launcher is not None:
         launcher.launch(argv, cwd)

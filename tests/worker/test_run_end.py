@@ -24,11 +24,11 @@ PF_EXITING = 0x4
 
 def _done_with(pid: int) -> bool:
     """Whether ``pid`` can run no more code of its own: gone, a zombie, exiting, or with a SIGKILL pending."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+    try:  # the pending signals first: once SIGKILL is taken from them, the exiting flag is set
         with open(f"/proc/{pid}/status") as f:
             status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
         return True
     pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)

@@ -239,7 +239,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             tree = await asyncio.to_thread(CgroupTree.detect)
             self._cgroups = CgroupPool(tree) if isinstance(tree, CgroupTree) else tree
             if isinstance(self._cgroups, CgroupPool) and find_setpriv() is not None:
-                self._launchers = LauncherPool(self._bash or find_bash(), self._cgroups)
+                self._launchers = LauncherPool(self._bash or find_bash(), self._cgroups, network_off_prefix())
                 self._in_background(self._launchers.refill)
         if request.network:
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
