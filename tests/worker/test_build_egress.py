@@ -20,7 +20,8 @@ from tests.conftest import IS_ROOT, write_skill
 from tests.integration.conftest import docker_engine  # noqa: F401 - the Docker tests' engine fixture
 from tests.package_index import PackageIndex, host_address, sdist
 from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, local_target
-from worker.environments.egress import MAX_CONNECTIONS, PYPI_HOSTS, AllowList, EgressProxy
+from worker.environments.egress import MAX_CONNECTIONS, EgressProxy
+from worker.environments.egress_policy import PYPI_HOSTS, AllowList
 from worker.environments.steps import SandboxSteps
 from worker.errors import DependencyError
 

@@ -12,7 +12,7 @@ unix socket instead: ``worker.runtimes.container_builds``.)
 What passes: ``CONNECT host:port`` (a tunnel; TLS stays end to end, uv checks the index's certificate with its own
 CA bundle) and plain-HTTP ``GET``/``HEAD`` requests with an absolute URI (an ``http://`` index), when ``host:port``
 is on the allow-list (``AllowList``): the index's host and port (PyPI's two hosts by default) and the operator's
-``SKILLRUN_ENV_ALLOWED_HOSTS``. The proxy resolves the name itself, once per step, and connects to an address it
+``SKILLRUN_ENV_ALLOWED_HOSTS`` (both in ``worker.environments.egress_policy``). The proxy resolves the name itself, once per step, and connects to an address it
 got: for the index's hosts whatever the worker's resolver says (the operator chose the index, and the network's
 DNS may well lead it to a private mirror or an intercepting gateway), for the other hosts public addresses only
 (``worker.addresses``), so such a name that resolves to a private address, now or on a second lookup (DNS
@@ -28,29 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import re
 import socket
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+from collections.abc import Awaitable, Callable
 
 from worker.addresses import public_addresses, resolve
-from worker.config import get_worker_settings
+from worker.environments.egress_policy import Address, AllowList, Refused, Request, split_authority
 from worker.environments.namespace_listener import listen_inside
-from worker.errors import DependencyError, SandboxError, SkillRootError
+from worker.errors import SandboxError, SkillRootError
 
 logger = logging.getLogger(__name__)
 
 PROXY_PORT = 3128
 """Where the proxy listens in a build's namespace (outside the ephemeral range: nothing of the build's is there)."""
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
-INDEX_VARIABLE = "UV_DEFAULT_INDEX"
-"""Where a step's environment names the index it uses (PyPI without it): what its allow-list is made from."""
-PYPI_HOSTS = (("pypi.org", 443), ("files.pythonhosted.org", 443))
-"""The default index's hosts: its pages, and the files they link to."""
-DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_CONNECTIONS = 64
 """Connections one step's proxy serves at once (uv opens up to 50 downloads at a time)."""
 BACKLOG = 64
@@ -59,144 +50,13 @@ HEAD_SECONDS = 10.0
 CONNECT_SECONDS = 15.0
 IDLE_SECONDS = 120.0
 CLOSE_SECONDS = 5.0
-ALLOWED_HOSTS_SETTING = "SKILLRUN_ENV_ALLOWED_HOSTS"
-_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
-_DROPPED_HEADERS = frozenset({"proxy-connection", "proxy-authorization"})
 
-Address = tuple[str, int]
 Reader, Writer = asyncio.StreamReader, asyncio.StreamWriter
 
 
 def proxy_environment() -> dict[str, str]:
     """What a step's environment gets for uv (and the build backends it runs) to go through the proxy."""
     return {"HTTPS_PROXY": PROXY_URL, "HTTP_PROXY": PROXY_URL, "ALL_PROXY": PROXY_URL}
-
-
-@dataclass(frozen=True)
-class AllowList:
-    """The hosts and ports a build may reach; those of ``index`` (the index's own) may have private addresses."""
-
-    hosts: frozenset[Address]
-    index: frozenset[Address]
-
-    @classmethod
-    def for_step(cls, env: Mapping[str, str], allowed_hosts: str | None = None) -> AllowList:
-        """What a step with the environment ``env`` may reach: the index it names (``INDEX_VARIABLE``) and
-        ``allowed_hosts`` (default: the worker's ``SKILLRUN_ENV_ALLOWED_HOSTS``)."""
-        if allowed_hosts is None:
-            allowed_hosts = get_worker_settings().env_allowed_hosts
-        return cls.for_index(env.get(INDEX_VARIABLE), allowed_hosts)
-
-    @classmethod
-    def for_index(cls, index_url: str | None, allowed_hosts: str = "") -> AllowList:
-        """The index of ``index_url`` (PyPI's hosts when ``None``) and the operator's ``allowed_hosts``
-        (``host[:port]`` items, port 443 unless given, separated by commas or spaces)."""
-        try:
-            extra = {split_authority(item, 443) for item in re.split(r"[,\s]+", allowed_hosts) if item}
-        except ValueError as exc:
-            raise DependencyError(
-                f"{ALLOWED_HOSTS_SETTING} has a bad entry ({exc}): list host names or addresses, each with an optional "
-                "port (443 unless given), separated by commas, such as 'mirror.example.org, files.example.org:8443'"
-            ) from None
-        if not index_url:
-            return cls(frozenset(extra | set(PYPI_HOSTS)), frozenset(PYPI_HOSTS))
-        parts = urlsplit(index_url)
-        try:
-            if parts.scheme not in DEFAULT_PORTS:
-                raise ValueError("not an http:// or https:// URL")
-            index = split_authority(parts.netloc.rpartition("@")[2], DEFAULT_PORTS[parts.scheme])
-        except ValueError as exc:
-            raise DependencyError(
-                f"the package index URL {index_url!r} cannot be used ({exc}): set SKILLRUN_ENV_INDEX_URL to the "
-                "index's http:// or https:// URL"
-            ) from None
-        return cls(frozenset(extra | {index}), frozenset({index}))
-
-    def describe(self) -> str:
-        return ", ".join(sorted(f"{host}:{port}" for host, port in self.hosts))
-
-
-def split_authority(text: str, default_port: int | None) -> Address:
-    """``host[:port]`` (an IPv6 address in brackets) as a normalised host name or address and a port;
-    ``ValueError`` when it is anything else."""
-    if not text or any(char in text for char in "@/?#\\ \t"):
-        raise ValueError(f"{text!r} is not host[:port]")
-    parts = urlsplit("//" + text)
-    port = parts.port if parts.port is not None else default_port
-    if port is None or port == 0:
-        raise ValueError(f"{text!r} has no port")
-    host = (parts.hostname or "").rstrip(".")
-    try:
-        return str(ipaddress.ip_address(host)), port
-    except ValueError:
-        pass
-    if len(host) > 253 or not _NAME.fullmatch(host):
-        raise ValueError(f"{text!r} is not a host name or address")
-    return host, port
-
-
-class Refused(Exception):
-    """A request the proxy does not carry out: the HTTP status it answers with, and why."""
-
-    def __init__(self, status: int, reason: str, why: str) -> None:
-        super().__init__(why)
-        self.status = status
-        self.reason = reason
-
-    def response(self, allowed: AllowList) -> bytes:
-        body = (f"skillrun: {self}. A build reaches only its package index ({allowed.describe()}); an operator may "
-                f"allow more hosts with {ALLOWED_HOSTS_SETTING}.\n").encode()
-        return (f"HTTP/1.1 {self.status} {self.reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-                f"Connection: close\r\n\r\n").encode() + body
-
-
-@dataclass(frozen=True)
-class Request:
-    """A request head: its line, and its headers in order."""
-
-    method: str
-    target: str
-    version: str
-    headers: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def parse(cls, head: bytes) -> Request:
-        text = head.decode("latin-1")
-        lines = text.split("\r\n")
-        words = lines[0].split(" ")
-        if len(words) != 3 or not words[2].startswith("HTTP/1.") or "\n" in text.replace("\r\n", ""):
-            raise Refused(400, "Bad Request", "not an HTTP/1 request")
-        headers = []
-        for line in filter(None, lines[1:]):
-            name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip():
-                raise Refused(400, "Bad Request", "a malformed header")
-            headers.append((name, value.strip()))
-        return cls(words[0], words[1], words[2], tuple(headers))
-
-    def destination(self) -> Address:
-        """Where a plain-HTTP request goes (its absolute URI's host and port); ``Refused`` for a request the proxy
-        does not forward (only reads without a body: what uv asks of an index)."""
-        if self.method not in ("GET", "HEAD"):
-            raise Refused(405, "Method Not Allowed", f"{self.method} is not forwarded (CONNECT, GET and HEAD are)")
-        if any(name.lower() == "transfer-encoding" or (name.lower() == "content-length" and value != "0")
-               for name, value in self.headers):
-            raise Refused(400, "Bad Request", "a request with a body is not forwarded")
-        try:
-            parts = urlsplit(self.target)
-            if parts.scheme != "http":
-                raise ValueError("a plain request needs an absolute http:// URI")
-            return split_authority(parts.netloc, 80)
-        except ValueError as exc:
-            raise Refused(400, "Bad Request", str(exc)) from None
-
-    def forwarded(self) -> bytes:
-        """The head as the origin server gets it: the target's path and query alone, no ``Proxy-*`` headers."""
-        parts = urlsplit(self.target)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        lines = [f"{self.method} {target} {self.version}"]
-        lines += [f"{name}: {value}" for name, value in self.headers if name.lower() not in _DROPPED_HEADERS]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class EgressProxy:
@@ -401,4 +261,4 @@ async def _end(writer: Writer) -> None:
         writer.transport.abort()
 
 
-__all__ = ["INDEX_VARIABLE", "PROXY_PORT", "AllowList", "EgressProxy", "Refused", "proxy_environment"]
+__all__ = ["BACKLOG", "MAX_CONNECTIONS", "PROXY_PORT", "EgressProxy", "proxy_environment"]

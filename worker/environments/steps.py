@@ -26,7 +26,8 @@ from pathlib import Path
 
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupLimits, CgroupTree, RunCgroup
-from worker.environments.egress import AllowList, EgressProxy, proxy_environment
+from worker.environments.egress import EgressProxy, proxy_environment
+from worker.environments.egress_policy import AllowList
 from worker.environments.target import Target
 from worker.errors import CgroupError, DependencyError
 from worker.process import ProcessOutcome, run_process

@@ -43,7 +43,8 @@ from worker import defaults
 from worker.cancellation import Cancellation
 from worker.config import get_worker_settings
 from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, build_settings
-from worker.environments.egress import BACKLOG, PROXY_PORT, AllowList, EgressProxy, proxy_environment
+from worker.environments.egress import BACKLOG, PROXY_PORT, EgressProxy, proxy_environment
+from worker.environments.egress_policy import AllowList
 from worker.environments.steps import BUILD_PROCESSES, OUTPUT_BYTES, StepRunner, installed_uv
 from worker.environments.target import PROBE, Target
 from worker.errors import DependencyError
