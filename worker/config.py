@@ -18,6 +18,8 @@ MAX_PROCESSES = 4096
 """Default operator ceiling on a run's ``limits.processes``."""
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 """Debian's CA bundle: what environment builds trust unless told otherwise."""
+DEFAULT_URL_CACHE_BYTES = 4 * 1024**3
+"""Default bound on the URL-root cache, bytes (extracted libraries, every version of every URL together)."""
 
 
 def host_memory_bytes() -> int:
@@ -52,6 +54,11 @@ class WorkerSettings(BaseSettings):
     run_tmpfs_bytes: int = Field(
         default=defaults.SANDBOX_TMPFS_BYTES, ge=1024 * 1024,
         description="Size of a run's private /tmp (and, on the local runtime, /dev/shm) on the local or Docker runtime.",
+    )
+    url_cache_bytes: int = Field(
+        default=DEFAULT_URL_CACHE_BYTES, gt=0,
+        description="The most the cache of URL roots (SKILLS_CACHE_DIR) may hold, bytes; past it the least recently "
+                    "used versions no run is using are removed.",
     )
     envs_dir: Path | None = Field(
         default=None, description="Where skills' dependency environments are built and kept (default: under the "
