@@ -10,12 +10,16 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from worker.contract import RunRequest, RunResult
 from worker.run_store.fencing import Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
+
+TRIM_BATCH = 100
+"""Expired runs one write removes at most (from a store's records, or from each Redis index it touches)."""
 
 
 class BaseRunStore(ABC):
@@ -144,13 +148,33 @@ class BaseRunStore(ABC):
 
 class MemoryRunStore(BaseRunStore):
     """Records in this process (the embedded default). ``on_change(run_id)`` is called after every change, from
-    whichever thread made it (the dispatcher wakes its waiters with it)."""
+    whichever thread made it (the dispatcher wakes its waiters with it). An ended run's record and events are kept
+    ``result_ttl`` seconds (``None``: as long as the store lives); each new run drops up to ``TRIM_BATCH`` expired
+    ones, oldest first."""
 
-    def __init__(self, on_change: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, on_change: Callable[[str], None] | None = None, *, result_ttl: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._records: dict[str, RunRecord] = {}
         self._events: dict[str, list[RunEvent]] = {}
+        self._ended: deque[tuple[float, str]] = deque()
         self._lock = threading.Lock()
         self.on_change = on_change
+        self.result_ttl = result_ttl
+        self.clock = clock
+
+    def _trim(self) -> None:
+        """Forget up to ``TRIM_BATCH`` runs that ended more than ``result_ttl`` ago (under the lock)."""
+        if self.result_ttl is None:
+            return
+        cutoff = self.clock() - self.result_ttl
+        for _ in range(TRIM_BATCH):
+            if not self._ended or self._ended[0][0] > cutoff:
+                return
+            _, run_id = self._ended.popleft()
+            self._records.pop(run_id, None)
+            self._events.pop(run_id, None)
 
     def _changed(self, run_id: str) -> None:
         if self.on_change is not None:
@@ -159,6 +183,7 @@ class MemoryRunStore(BaseRunStore):
     def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
         record = RunRecord(id=request.run_id, request=request, owner=owner)
         with self._lock:
+            self._trim()
             if record.id in self._records:
                 raise ValueError(f"run {record.id!r} already exists")
             self._records[record.id] = record.model_copy(deep=True)
@@ -182,6 +207,8 @@ class MemoryRunStore(BaseRunStore):
                 return stored.model_copy(deep=True)
             self._records[run_id] = record.model_copy(deep=True)
             self._events.setdefault(run_id, []).append(event)
+            if record.status.done and not stored.status.done:
+                self._ended.append((self.clock(), run_id))
         self._changed(run_id)
         return record
 

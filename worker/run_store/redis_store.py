@@ -5,10 +5,16 @@ Keys (``RunKeys``): ``<prefix>:<id>`` (the record as JSON), ``<prefix>:<id>:even
 of the started attempt), the indexes ``<prefix>:index`` (and one per owner), ``<prefix>:running`` (the started
 runs: what the lost-run sweep reads) and the counts ``<prefix>:stats``. Every change is published on
 ``<prefix>:changes`` (``"<id> <event type>"``) for the API's waiters (``worker.run_store.watch``).
+
+Retention: an ended run's record and events expire ``result_ttl`` seconds after it ended. ``<prefix>:expiring``
+holds the ended runs by that time (``"<id> <owner>"``), and every run that ends takes up to ``TRIM_BATCH`` runs
+whose time has passed out of the indexes, so they hold what is kept and no more (``TRIM_EXPIRED``).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +22,7 @@ import redis
 
 from worker import defaults
 from worker.contract import RunRequest
-from worker.run_store.base import BaseRunStore
+from worker.run_store.base import TRIM_BATCH, BaseRunStore
 from worker.run_store.fencing import RENEW_IF_HELD, Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
 
@@ -45,8 +51,31 @@ class RunKeys:
     def stats(self) -> str:
         return f"{self.prefix}:stats"
 
+    @property
+    def expiring(self) -> str:
+        return f"{self.prefix}:expiring"
+
     def index(self, owner: str | None = None) -> str:
         return f"{self.prefix}:index" if owner is None else f"{self.prefix}:index:{owner}"
+
+
+TRIM_EXPIRED = """
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, member in ipairs(members) do
+    local space = string.find(member, ' ', 1, true)
+    local run_id, owner = string.sub(member, 1, space - 1), string.sub(member, space + 1)
+    redis.call('ZREM', KEYS[2], run_id)
+    if owner ~= '' then
+        redis.call('ZREM', ARGV[3] .. owner, run_id)
+    end
+end
+if #members > 0 then
+    redis.call('ZREM', KEYS[1], unpack(members))
+end
+return #members
+"""
+"""``KEYS = [expiring, index]``, ``ARGV = [now, at most, owner index prefix]``: removes up to that many runs whose
+record expired by ``now`` from the index, their owner's index and ``expiring``; returns how many."""
 
 
 class RedisRunStore(BaseRunStore):
@@ -59,12 +88,15 @@ class RedisRunStore(BaseRunStore):
         prefix: str = "skillrun:run",
         result_ttl: int = defaults.RESULT_TTL_SECONDS,
         heartbeat_ttl: int = defaults.HEARTBEAT_TTL_SECONDS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.redis = connection
+        self.clock = clock
         self.keys = RunKeys(prefix)
         self.result_ttl = result_ttl
         self.heartbeat_ttl = heartbeat_ttl
         self._renew = connection.register_script(RENEW_IF_HELD)
+        self._trim = connection.register_script(TRIM_EXPIRED)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "RedisRunStore":
@@ -146,6 +178,14 @@ class RedisRunStore(BaseRunStore):
             pipe.hincrbyfloat(self.keys.stats, "duration_sum", seconds)
         if ttl:
             pipe.expire(self.keys.part(record.id, "events"), ttl)
+            self._expire_from_indexes(pipe, record, ttl)
+
+    def _expire_from_indexes(self, pipe: redis.client.Pipeline, record: RunRecord, ttl: int) -> None:
+        """Note when the ended ``record`` expires, and take the runs expired by now out of the indexes."""
+        now = self.clock()
+        pipe.zadd(self.keys.expiring, {f"{record.id} {record.owner or ''}": now + ttl})
+        self._trim(keys=[self.keys.expiring, self.keys.index()], args=[now, TRIM_BATCH, self.keys.index("")],
+                   client=pipe)
 
     def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
         entries = self.redis.xrange(self.keys.part(run_id, "events"))
