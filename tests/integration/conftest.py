@@ -13,6 +13,7 @@ from tests.cube_server import CubeStandIn
 from tests.services import DockerEngine
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.runtimes.container import ContainerWorkspaceRuntime
+from worker.runtimes.container_images import PACKAGES_LABEL
 from worker.runtimes.cube import CubeCodeExecutor, CubeWorkspaceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,3 +91,15 @@ def cube_remote_root(shared_dir: Path, name: str, standin: CubeStandIn) -> Path:
     if os.geteuid() == 0:
         os.chown(remote, standin.user_uid, standin.user_uid)
     return remote
+
+
+@pytest.fixture
+def derived_images(docker_engine):
+    """Derived images a test makes are removed after it (the next session builds them again)."""
+    before = {image.id for image in docker_engine.client.images.list(filters={"label": PACKAGES_LABEL})}
+    yield
+    for image in docker_engine.client.images.list(filters={"label": PACKAGES_LABEL}):
+        if image.id not in before:
+            for container in docker_engine.client.containers.list(all=True, filters={"ancestor": image.id}):
+                container.remove(force=True)
+            docker_engine.client.images.remove(image.id, force=True)

@@ -25,7 +25,7 @@ from worker.runtimes.container_builds import (
     DockerTargets,
     docker_environments,
 )
-from worker.runtimes.container_images import PACKAGES_LABEL, REPOSITORY
+from worker.runtimes.container_images import REPOSITORY
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -45,18 +45,6 @@ def settings(index: PackageIndex):
 @pytest.fixture
 def make_runtime(docker_runtime_factory, settings):
     return lambda **fields: docker_runtime_factory(build_settings=settings(**fields))
-
-
-@pytest.fixture
-def derived_images(docker_engine):
-    """Derived images a test makes are removed after it (the next session builds them again)."""
-    before = {image.id for image in docker_engine.client.images.list(filters={"label": PACKAGES_LABEL})}
-    yield
-    for image in docker_engine.client.images.list(filters={"label": PACKAGES_LABEL}):
-        if image.id not in before:
-            for container in docker_engine.client.containers.list(all=True, filters={"ancestor": image.id}):
-                container.remove(force=True)
-            docker_engine.client.images.remove(image.id, force=True)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

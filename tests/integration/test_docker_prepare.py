@@ -30,25 +30,12 @@ from worker.consumer import environments_queue_name
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings
 from worker.errors import EnvironmentNotReadyError
-from worker.runtimes.container_images import PACKAGES_LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 IMPORTS_BETA_AND_JQ = "python -c 'import beta; print(beta.VERSION)'; jq --version"
-
-
-@pytest.fixture
-def derived_images(docker_engine):
-    """Derived images a test makes are removed after it (the next session builds them again)."""
-    before = {image.id for image in docker_engine.client.images.list(filters={"label": PACKAGES_LABEL})}
-    yield
-    for image in docker_engine.client.images.list(filters={"label": PACKAGES_LABEL}):
-        if image.id not in before:
-            for container in docker_engine.client.containers.list(all=True, filters={"ancestor": image.id}):
-                container.remove(force=True)
-            docker_engine.client.images.remove(image.id, force=True)
 
 
 @pytest.fixture
