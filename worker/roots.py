@@ -1,23 +1,32 @@
 """Skills roots: a local folder, a ``file://`` URL, or an ``http(s)://`` URL of an archive or of one ``SKILL.md``.
 
-A URL root is downloaded once and cached, as the guide lays out::
+A URL root is downloaded and cached by the sha256 of its content, so many versions of one URL live side by side::
 
     <cache>/tmp-skill-root-XXXXXX/download      the download
     <cache>/tmp-skill-root-XXXXXX/root/         extracted (safely, see ``worker.archives``)
-    <cache>/tmp-skill-root-XXXXXX/root/.ready   written last
-    <cache>/<sha256(url)>/                      the root/ folder, renamed into place atomically
+    <cache>/tmp-skill-root-XXXXXX/root/.ready   written last (source, sha256, size)
+    <cache>/<sha256 of the content>/            the root/ folder, renamed into place atomically
+    <cache>/urls/<sha256(url)>                  the URL's latest digest
 
-A URL may pin its archive: ``https://host/lib.tgz#sha256=<hex>`` (or ``expected_sha256=``); the download is then
-checked before anything is extracted.
+A URL may pin its archive: ``https://host/lib.tgz#sha256=<hex>`` (or ``expected_sha256=``); it then resolves to
+that digest's folder, and a download is checked before anything is extracted. An unpinned URL resolves to the
+digest it last downloaded. An entry with ``.ready`` is used without downloading again; an entry without it is
+cleared and fetched again. When several processes fetch one URL at once, the first rename wins and the others use
+its entry. Any failure removes the temporary folder and raises ``SkillRootError`` (``UnsafeArchiveError`` for
+hostile archives), both ``RuntimeError``s as the guide says.
 
-An entry with ``.ready`` is used without downloading again (when an expected sha256 is given it must match the
-recorded one); an entry without it is cleared and fetched again. When several processes fetch one URL at once,
-the first rename wins and the others use its entry. Any failure removes the temporary folder and raises
-``SkillRootError`` (``UnsafeArchiveError`` for hostile archives), both ``RuntimeError``s as the guide says.
+The cache is bounded (``cache_bytes``, default ``SKILLRUN_URL_CACHE_BYTES``): after a new entry is placed, the
+least recently used entries (by the time of ``.ready``, touched at each use) are removed until the total fits.
+An entry in use is never removed: a user (``root_in_use``, held for a run) holds a shared ``flock`` on its
+``.ready``; eviction takes an exclusive one without waiting and, when it gets it, renames the entry away before
+deleting it (a user that locked it meanwhile sees the rename and fetches again). While every other entry is in
+use the cache stays over its bound.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -26,13 +35,19 @@ import shutil
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.archives import ArchiveLimits, extract_tar, extract_zip
+from worker.config import get_worker_settings
 from worker.errors import SkillRootError, UnsafeArchiveError
 
 READY_FILE = ".ready"
+URLS_DIR = "urls"
+HOLD_ATTEMPTS = 3
+"""How often ``root_in_use`` fetches an entry again that was evicted between its resolution and its lock."""
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 _ARCHIVE_SUFFIXES = {".tar.gz": "tar", ".tgz": "tar", ".tar": "tar", ".zip": "zip"}
 
 
@@ -70,6 +85,7 @@ def resolve_root(
     limits: FetchLimits | None = None,
     expected_sha256: str | None = None,
     allow_local: bool = True,
+    cache_bytes: int | None = None,
 ) -> Path:
     """The local folder for ``root``, downloading and extracting a URL root into the cache when needed.
 
@@ -81,7 +97,8 @@ def resolve_root(
         url, pinned = split_pin(text)
         if pinned and expected_sha256 and pinned != expected_sha256.lower():
             raise SkillRootError(f"{text}: pinned to {pinned} but {expected_sha256} was expected")
-        return fetch_url_root(url, cache_dir=cache_dir, limits=limits, expected_sha256=expected_sha256 or pinned)
+        return fetch_url_root(url, cache_dir=cache_dir, limits=limits, expected_sha256=expected_sha256 or pinned,
+                              cache_bytes=cache_bytes)
     if not allow_local:
         raise SkillRootError(f"skills root {text!r}: only http(s) URLs are allowed here")
     path = Path(urllib.parse.unquote(urllib.parse.urlsplit(text).path)) if scheme == "file" else Path(text)
@@ -109,26 +126,84 @@ def fetch_url_root(
     cache_dir: str | os.PathLike[str] | None = None,
     limits: FetchLimits | None = None,
     expected_sha256: str | None = None,
+    cache_bytes: int | None = None,
 ) -> Path:
-    """The cached, extracted folder of an http(s) URL root (downloaded on first use)."""
+    """The cached, extracted folder of an http(s) URL root: the pinned digest's, else the URL's latest (downloaded
+    when the cache has no intact entry for it; the cache is then brought within ``cache_bytes``)."""
     limits = limits or FetchLimits()
+    bound = get_worker_settings().url_cache_bytes if cache_bytes is None else cache_bytes
+    if bound <= 0:
+        raise SkillRootError(f"the URL-root cache bound must be a positive number of bytes, not {bound}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    final = cache / hashlib.sha256(url.encode()).hexdigest()
-    cached = _cached(final, expected_sha256)
-    if cached is not None:
+    wanted = expected_sha256.lower() if expected_sha256 is not None else _latest(cache, url)
+    if wanted is not None and (cached := _cached(cache / wanted, wanted)) is not None:
+        _touch(cached)
         return cached
-    if final.exists():
-        shutil.rmtree(final, ignore_errors=True)  # no .ready, or another digest: fetch again
     work = Path(tempfile.mkdtemp(prefix="tmp-skill-root-", dir=cache))
     try:
         download = work / "download"
         digest, content_type = download_archive(url, download, limits)
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise SkillRootError(f"{url}: sha256 is {digest}, expected {expected_sha256}")
-        return _extract_and_place(work, download, content_type, final, url, digest, limits.archive, expected_sha256)
+        final = _extract_and_place(work, download, content_type, cache / digest, url, digest, limits.archive)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _record(cache, url, digest)
+    evict(cache, bound, keep=digest)
+    return final
+
+
+@contextlib.contextmanager
+def root_in_use(
+    root: str,
+    *,
+    expected_sha256: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | None = None,
+) -> Iterator[Path]:
+    """The local folder of ``root`` (``resolve_root``); a URL root's cache entry is kept from eviction until the
+    block ends (a shared lock on its ``.ready``)."""
+    if urllib.parse.urlsplit(root).scheme not in {"http", "https"}:
+        yield resolve_root(root)
+        return
+    for _ in range(HOLD_ATTEMPTS):
+        folder = resolve_root(root, expected_sha256=expected_sha256, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        fd = _hold(folder)
+        if fd is not None:
+            break
+    else:
+        raise SkillRootError(f"{root}: its cache entry was evicted before it could be used, {HOLD_ATTEMPTS} times; "
+                             "raise SKILLRUN_URL_CACHE_BYTES")
+    try:
+        yield folder
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def evict(cache: Path, bound: int, *, keep: str | None = None) -> list[str]:
+    """Remove the least recently used entries of ``cache`` until their total size is within ``bound`` bytes,
+    never ``keep`` nor one in use; forget the URLs whose latest entry is gone. Returns the digests removed."""
+    entries = []
+    for entry in os.scandir(cache):
+        if _DIGEST.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                entries.append((os.stat(os.path.join(entry.path, READY_FILE)).st_mtime_ns, entry.name))
+    sizes = {name: _size(cache / name) for _, name in entries}
+    total = sum(sizes.values())
+    removed = []
+    for _, name in sorted(entries):
+        if total <= bound:
+            break
+        if name != keep and _remove_unless_used(cache, name):
+            total -= sizes[name]
+            removed.append(name)
+    kept = set(sizes) - set(removed)
+    with contextlib.suppress(FileNotFoundError):
+        for record in os.scandir(cache / URLS_DIR):
+            if _DIGEST.fullmatch(record.name) and _read_json(Path(record.path)).get("sha256") not in kept:
+                Path(record.path).unlink(missing_ok=True)
+    return removed
 
 
 def download_archive(url: str, target: Path, limits: FetchLimits | None = None) -> tuple[str, str]:
@@ -156,36 +231,119 @@ def install_archive(
     shutil.rmtree(final, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix="tmp-skill-root-", dir=into))
     try:
-        return _extract_and_place(work, archive, content_type, final, source, sha, limits or ArchiveLimits(), sha), sha
+        return _extract_and_place(work, archive, content_type, final, source, sha, limits or ArchiveLimits()), sha
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _extract_and_place(
     work: Path, archive: Path, content_type: str, final: Path, source: str, digest: str, limits: ArchiveLimits,
-    expected_sha256: str | None,
 ) -> Path:
-    """Extract into ``work/root``, mark it ready, rename it to ``final``; another process's entry wins a race."""
+    """Extract into ``work/root``, mark it ready, rename it to ``final`` (named by ``digest``); another process's
+    intact entry wins a race, a damaged one (no ``.ready``) is replaced."""
     root = work / "root"
     root.mkdir()
     _unpack(source, archive, content_type, root, limits)
-    (root / READY_FILE).write_text(json.dumps({"source": source, "sha256": digest, "fetched_at": time.time()}))
-    try:
-        os.rename(root, final)
-    except OSError:
-        winner = _cached(final, expected_sha256)
-        if winner is None:
-            raise SkillRootError(f"{source}: could not place the cache entry at {final}") from None
-        return winner
-    return final
+    size = sum(os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(root) for name in names)
+    (root / READY_FILE).write_text(json.dumps({"source": source, "sha256": digest, "bytes": size,
+                                               "fetched_at": time.time()}))
+    for _ in range(2):
+        try:
+            os.rename(root, final)
+            return final
+        except OSError:
+            winner = _cached(final, digest)
+            if winner is not None:
+                _touch(winner)
+                return winner
+            shutil.rmtree(final, ignore_errors=True)
+    raise SkillRootError(f"{source}: could not place the cache entry at {final}")
 
 
 def cached_sha256(folder: Path) -> str | None:
     """The sha256 of the archive a cache entry was extracted from."""
+    return _read_json(folder / READY_FILE).get("sha256")
+
+
+def _read_json(path: Path) -> dict:
     try:
-        return json.loads((folder / READY_FILE).read_text()).get("sha256")
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _latest(cache: Path, url: str) -> str | None:
+    """The digest ``url`` last downloaded to, as recorded in the cache."""
+    return _read_json(cache / URLS_DIR / hashlib.sha256(url.encode()).hexdigest()).get("sha256")
+
+
+def _record(cache: Path, url: str, digest: str) -> None:
+    """Record ``digest`` as ``url``'s latest (written aside and renamed: a reader sees the old or the new)."""
+    records = cache / URLS_DIR
+    records.mkdir(exist_ok=True)
+    fd, aside = tempfile.mkstemp(prefix="tmp-", dir=records)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": url, "sha256": digest}, f)
+    os.replace(aside, records / hashlib.sha256(url.encode()).hexdigest())
+
+
+def _touch(entry: Path) -> None:
+    """Mark an entry used now (eviction goes by the time of its ``.ready``)."""
+    with contextlib.suppress(OSError):
+        os.utime(entry / READY_FILE)
+
+
+def _size(entry: Path) -> int:
+    """The bytes an entry holds (recorded when it was placed)."""
+    size = _read_json(entry / READY_FILE).get("bytes")
+    if isinstance(size, int):
+        return size
+    return sum(os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(entry) for name in names)
+
+
+def _hold(entry: Path) -> int | None:
+    """A shared lock on the entry's ``.ready`` (its descriptor), or ``None`` when the entry was evicted before the
+    lock was had (eviction renames it away while holding the lock exclusively)."""
+    try:
+        fd = os.open(entry / READY_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        now = os.stat(entry / READY_FILE)
+        held = os.fstat(fd)
+        if (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+            _touch(entry)
+            return fd
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _remove_unless_used(cache: Path, name: str) -> bool:
+    """Remove the entry ``name`` unless a user holds it: renamed away under an exclusive lock (taken without
+    waiting), then deleted."""
+    try:
+        fd = os.open(cache / name / READY_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        doomed = Path(tempfile.mkdtemp(prefix="tmp-evicted-", dir=cache))
+        try:
+            os.rename(cache / name, doomed / "root")
+        except OSError:
+            shutil.rmtree(doomed, ignore_errors=True)
+            return False
+    finally:
+        os.close(fd)
+    shutil.rmtree(doomed, ignore_errors=True)
+    return True
 
 
 def _cached(final: Path, expected_sha256: str | None) -> Path | None:

@@ -17,9 +17,10 @@ import pytest
 from orchestrator.skills import create_default_skill_repository
 from tests.file_server import FileServer
 from worker.archives import ArchiveLimits
+from worker.config import WorkerSettings
 from worker.contract import RunRequest
 from worker.errors import SkillRootError, UnsafeArchiveError
-from worker.roots import READY_FILE, FetchLimits, fetch_url_root, resolve_root
+from worker.roots import READY_FILE, URLS_DIR, FetchLimits, evict, fetch_url_root, resolve_root, root_in_use
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 SKILL_MD = b"---\nname: remote-skill\ndescription: Fetched from a URL.\n---\nDo remote things.\n"
@@ -69,19 +70,25 @@ def zip_bytes(files: dict[str, bytes], *, attrs: dict[str, int] | None = None) -
     return buf.getvalue()
 
 
+def entries(cache: Path) -> list[str]:
+    """The cache's entries (folders named by a digest), without its URL records."""
+    return sorted(p.name for p in cache.iterdir() if p.name != URLS_DIR)
+
+
 def assert_nothing_left(cache: Path) -> None:
     leftovers = [p.name for p in cache.iterdir()] if cache.exists() else []
     assert leftovers == [], f"left behind in the cache: {leftovers}"
 
 
 def test_tar_gz_root_is_extracted_into_the_cache_with_a_ready_sentinel(server, cache):
-    url = server.add("/lib.tar.gz", library_tar())
+    data = library_tar()
+    url = server.add("/lib.tar.gz", data)
     root = fetch_url_root(url, cache_dir=cache)
-    assert root == cache / hashlib.sha256(url.encode()).hexdigest()
+    assert root == cache / hashlib.sha256(data).hexdigest()
     assert (root / "lib" / "remote-skill" / "SKILL.md").read_bytes() == SKILL_MD
     assert (root / READY_FILE).is_file()
     assert os.stat(root / "lib" / "remote-skill" / "run.sh").st_mode & 0o111
-    assert [p.name for p in cache.iterdir()] == [root.name]
+    assert entries(cache) == [root.name]
 
 
 def test_an_intact_entry_is_used_without_downloading_again(server, cache):
@@ -121,19 +128,21 @@ def test_expected_sha256_is_verified_before_extraction(server, cache):
     assert fetch_url_root(url, cache_dir=cache, expected_sha256=good).is_dir()
     with pytest.raises(SkillRootError, match=f"sha256 is {good}, expected 00ff"):
         fetch_url_root(server.add("/other.tar.gz", data), cache_dir=cache, expected_sha256="00ff")
-    assert len(list(cache.iterdir())) == 1
+    assert len(entries(cache)) == 1
 
 
 def test_concurrent_fetches_of_one_url_all_succeed_with_one_entry(server, cache):
+    data = library_tar()
+
     def slow(out):
         time.sleep(0.2)
-        out.write(library_tar())
+        out.write(data)
 
     url = server.add("/slow.tar.gz", slow)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         roots = list(pool.map(lambda _: fetch_url_root(url, cache_dir=cache), range(4)))
     assert len(set(roots)) == 1
-    assert [p.name for p in cache.iterdir()] == [roots[0].name]
+    assert entries(cache) == [roots[0].name]
     assert (roots[0] / READY_FILE).is_file()
 
 
@@ -341,4 +350,63 @@ def test_a_sha256_pinned_in_the_url_fragment_is_checked_before_extraction(server
         resolve_root(f"{server.add('/other.tar.gz', data)}#sha256={'0' * 64}", cache_dir=cache)
     with pytest.raises(SkillRootError, match="64 hexadecimal digits"):
         resolve_root(f"{url}#sha256=abc", cache_dir=cache)
-    assert len(list(cache.iterdir())) == 1
+    assert len(entries(cache)) == 1
+
+
+def library_version(version: int, size: int = 0) -> bytes:
+    """A library archive whose content (so digest) differs by ``version``, holding ``size`` bytes of padding."""
+    return tar_gz([file_entry("lib/remote-skill/SKILL.md", SKILL_MD + f"v{version}\n".encode()),
+                   file_entry("lib/remote-skill/pad.bin", os.urandom(size))])
+
+
+def test_two_pinned_digests_of_one_url_live_side_by_side(server, cache):
+    first, second = library_version(1), library_version(2)
+    url = server.add("/versions.tgz", first)
+    old = resolve_root(f"{url}#sha256={hashlib.sha256(first).hexdigest()}", cache_dir=cache)
+    server.add("/versions.tgz", second)  # the library was updated in place
+    new = resolve_root(f"{url}#sha256={hashlib.sha256(second).hexdigest()}", cache_dir=cache)
+    assert old != new and entries(cache) == sorted([old.name, new.name])
+    assert (old / "lib/remote-skill/SKILL.md").read_bytes().endswith(b"v1\n")
+    assert (new / "lib/remote-skill/SKILL.md").read_bytes().endswith(b"v2\n")
+    # Both stay cached: pinning either again downloads nothing; the unpinned URL resolves to the latest download.
+    assert resolve_root(f"{url}#sha256={old.name}", cache_dir=cache) == old
+    assert resolve_root(url, cache_dir=cache) == new
+    assert server.hits["/versions.tgz"] == 2
+
+
+def test_the_least_recently_used_entries_are_evicted_past_the_bound(server, cache):
+    size = 100_000
+    urls = [server.add(f"/lib{n}.tgz", library_version(n, size)) for n in range(3)]
+    bound = 2 * size + 10_000  # room for two entries
+    first = fetch_url_root(urls[0], cache_dir=cache, cache_bytes=bound)
+    second = fetch_url_root(urls[1], cache_dir=cache, cache_bytes=bound)
+    assert fetch_url_root(urls[0], cache_dir=cache, cache_bytes=bound) == first  # used again: now the most recent
+    third = fetch_url_root(urls[2], cache_dir=cache, cache_bytes=bound)
+    assert entries(cache) == sorted([first.name, third.name])
+    assert not second.exists()
+    assert sorted(p.name for p in (cache / URLS_DIR).iterdir()) == sorted(
+        hashlib.sha256(u.encode()).hexdigest() for u in (urls[0], urls[2]))  # the evicted URL's record went too
+    assert fetch_url_root(urls[1], cache_dir=cache, cache_bytes=bound) == second  # fetched again on its next use
+    assert server.hits["/lib1.tgz"] == 2
+
+
+def test_an_entry_in_use_survives_eviction(server, cache):
+    size = 100_000
+    old_url, new_url = server.add("/old.tgz", library_version(1, size)), server.add("/new.tgz", library_version(2, size))
+    with root_in_use(old_url, cache_dir=cache, cache_bytes=size + 10_000) as held:
+        new = fetch_url_root(new_url, cache_dir=cache, cache_bytes=size + 10_000)  # over the bound with both
+        assert held.is_dir() and new.is_dir()  # the new one was kept as just placed, the old one as in use
+        assert evict(cache, 1) == [new.name]  # past the bound, only the one no run holds goes
+        assert (held / "lib/remote-skill/SKILL.md").is_file()
+    assert evict(cache, 1) == [held.name]
+    assert entries(cache) == []
+
+
+def test_a_cache_bound_that_is_not_positive_is_refused_clearly(server, cache, monkeypatch):
+    for bad in ("0", "-1"):
+        monkeypatch.setenv("SKILLRUN_URL_CACHE_BYTES", bad)
+        with pytest.raises(ValueError, match="url_cache_bytes\n  Input should be greater than 0"):
+            WorkerSettings()
+    with pytest.raises(SkillRootError, match="cache bound must be a positive number of bytes, not 0"):
+        fetch_url_root(server.add("/lib.tgz", library_tar()), cache_dir=cache, cache_bytes=0)
+    assert_nothing_left(cache)
