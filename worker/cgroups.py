@@ -319,16 +319,23 @@ class CgroupPool:
 
     def give_back(self, owner: str, group: RunCgroup) -> None:
         """Keep ``group`` for ``owner``'s next run once its processes are gone, or remove it (blocks: a thread's)."""
-        surplus = [group]
-        if group.wait_empty():
-            with self._lock:
-                kept = self._idle.setdefault(owner, [])
-                self._idle.move_to_end(owner)
-                if len(kept) < IDLE_PER_OWNER:
-                    kept.append(group)
-                    surplus = self._evict()
-        for extra in surplus:
+        for extra in self.keep(owner, group) if group.wait_empty() else [group]:
             extra.remove()
+
+    def keep(self, owner: str, group: RunCgroup) -> list[RunCgroup]:
+        """Keep the empty ``group`` for ``owner``'s next run, at once; the groups left over, for the caller to remove."""
+        with self._lock:
+            kept = self._idle.setdefault(owner, [])
+            self._idle.move_to_end(owner)
+            if len(kept) >= IDLE_PER_OWNER:
+                return [group]
+            kept.append(group)
+            return self._evict()
+
+    @property
+    def short(self) -> bool:
+        """Whether fewer spare groups than wanted are ready (``refill`` makes them)."""
+        return len(self._spare) < SPARE_GROUPS
 
     def refill(self) -> None:
         """Make the spare groups new owners take (blocks: a thread's)."""

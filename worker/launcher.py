@@ -20,7 +20,7 @@ import signal
 import subprocess
 import threading
 
-from worker.cgroups import CgroupError, CgroupPool, RunCgroup
+from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, RunCgroup
 from worker.sandbox import SandboxStart
 
 SPARE_LAUNCHERS = 2
@@ -100,14 +100,23 @@ class LauncherPool:
         with self._lock:
             return list(self._waiting)
 
-    def take(self) -> Launcher | None:
-        """A waiting launcher (the caller's from now on: ``refill`` makes the next), or ``None``."""
+    def take(self, limits: CgroupLimits) -> Launcher | None:
+        """A waiting launcher, its group held to ``limits`` (the caller's from now on: ``refill`` makes the next),
+        or ``None``."""
         with self._lock:
-            while self._waiting:
-                launcher = self._waiting.pop()
-                if launcher.proc.poll() is None:
-                    return launcher
-        return None
+            launcher = self._waiting.pop() if self._waiting else None
+        if launcher is None:
+            return None
+        try:
+            if launcher.proc.poll() is not None:  # killed meanwhile
+                raise CgroupError("the launcher has ended")
+            launcher.cgroup.set_limits(limits)
+        except CgroupError:
+            launcher.discard()
+            launcher.cgroup.remove()
+            return None
+        launcher.cgroup.begin()
+        return launcher
 
     def refill(self) -> None:
         """Have ``SPARE_LAUNCHERS`` launchers wait (blocks: a thread's)."""

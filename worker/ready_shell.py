@@ -85,7 +85,8 @@ class ReadyShell:
         self._placing = True
         placed = False
         try:
-            cgroup.add(await self.spawned.started())
+            # A move into a v1 memory group waits for an RCU grace period (milliseconds): not on the event loop.
+            await asyncio.to_thread(cgroup.add, await self.spawned.started())
             placed = True
         except (CgroupError, SpawnerError, OSError):
             placed = False

@@ -85,6 +85,7 @@ class CommandWatch:
         self._drain: asyncio.TimerHandle | None = None
         self._paused: dict[int, asyncio.TimerHandle] = {}
         self._sandbox: SandboxStart | None = None
+        self._init_ending = False
         self._group = group
         for fd in self._buffers:
             os.set_blocking(fd, False)
@@ -136,6 +137,9 @@ class CommandWatch:
         if readable_now(sandbox.init_pidfd):  # most often it has ended already, by itself
             self._read_last()
         else:
+            # The pipes may reach their end first (the init closes its files before the kernel ends the rest of
+            # its namespace): the watch finishes on the init's end alone.
+            self._init_ending = True
             self._loop.add_reader(sandbox.init_pidfd, self._read_last)
             self._drain = self._loop.call_later(defaults.KILL_GRACE_SECONDS, self._on_init_late)
         return True
@@ -149,6 +153,7 @@ class CommandWatch:
         """The sandboxed command and the run's processes have ended: take what the pipes hold (nothing writes to
         them any more: bwrap's monitor, which holds them open until it exits, writes nothing) and finish."""
         self._loop.remove_reader(self._sandbox.init_pidfd)
+        self._init_ending = False
         if self._drain is not None:
             self._drain.cancel()
             self._drain = None
@@ -277,7 +282,7 @@ class CommandWatch:
         self._settle()
 
     def _settle(self) -> None:
-        if self.exited and not self._open and not self.finished.done():
+        if self.exited and not self._open and not self._init_ending and not self.finished.done():
             self.finished.set_result(None)
 
     async def close(self) -> None:

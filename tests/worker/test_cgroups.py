@@ -87,7 +87,7 @@ async def test_a_first_runs_sandbox_is_born_in_its_run_group_with_the_environmen
     look = "env | sort; cat /proc/self/cgroup | grep -E ':(memory|pids|cpu)[,:]'"
     async with LocalWorkspaceRuntime(work_root / "launched") as launched, \
             LocalWorkspaceRuntime(work_root / "started") as started:
-        monkeypatch.setattr(started, "_take_launcher", lambda limits, workspace_id: None)
+        monkeypatch.setattr(started, "_take_launcher", lambda limits: None)
         await launched.run(make_request("true", workspace_id="warm-up"))
         await _first_runs_launched(launched)
         result = await launched.run(make_request(look, workspace_id="first"))

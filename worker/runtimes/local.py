@@ -112,6 +112,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self._placements: set[asyncio.Task] = set()
         self._endings: set[asyncio.Future] = set()
         self._launchers: LauncherPool | None = None
+        self._next_shells: dict[str, tuple[Spawner, str, dict[str, str], str]] = {}
 
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         if self._bash is None:
@@ -140,7 +141,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         shell = await self._ready_shell(spawner, argv[0], script, env, cwd, limits, workspace.id) if spawner else None
         if held and shell is None:  # a held sandbox's spawner starts nothing but placed shells: a sandbox of its own
             spawner = None
-        launcher = self._take_launcher(limits, workspace.id) if shell is None and sandbox is not None else None
+        launcher = self._take_launcher(limits) if shell is None and sandbox is not None else None
         cgroup = shell.cgroup if shell is not None else launcher.cgroup if launcher is not None else \
             self._new_cgroup(workspace.id, sandbox, limits)
         oom_kills = 0
@@ -156,8 +157,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         finally:
             if held and spawner is not None:
                 await self._leave(spawner, workspace.id, outcome)
-            if spawner is not None and self.ready_shells:  # once this run's result is on its way
-                asyncio.get_running_loop().call_soon(self._next_shell, spawner, argv[0], env, cwd, workspace.id)
+            if spawner is not None and self.ready_shells:  # started once this run's result is on its way
+                self._next_shells[workspace.id] = (spawner, argv[0], env, cwd)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
                 self._retire_after(outcome.gone if outcome is not None else None, workspace.id, cgroup)
@@ -259,21 +260,21 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             raise
         return cgroup
 
-    def _take_launcher(self, limits: CgroupLimits, workspace_id: str) -> Launcher | None:
-        """A launcher waiting in a run group of its own (``worker.launcher``), its group held to ``limits``, for a run
-        starting a sandbox of its own; another is made in the background. ``None`` if none is ready."""
-        launcher = self._launchers.take() if self._launchers is not None else None
-        if launcher is None:
-            return None
-        self._in_background(self._launchers.refill)
-        try:
-            launcher.cgroup.set_limits(limits)
-        except CgroupError:
-            launcher.discard()
-            self._retire(workspace_id, launcher.cgroup)
-            return None
-        launcher.cgroup.begin()
+    def _take_launcher(self, limits: CgroupLimits) -> Launcher | None:
+        """A launcher waiting in a run group of its own held to ``limits`` (``worker.launcher``), for a run starting
+        a sandbox of its own; another is made in the background. ``None`` if none is ready."""
+        launcher = self._launchers.take(limits) if self._launchers is not None else None
+        if launcher is not None:
+            self._in_background(self._launchers.refill)
         return launcher
+
+    def _prepare_next_run(self, workspace_id: str) -> None:
+        """Once a run's result has gone out: its workspace's next run folder, and the next run's ready shell (its
+        spawner's work, emptying a held sandbox first, would otherwise share the CPU with the result)."""
+        super()._prepare_next_run(workspace_id)
+        shell = self._next_shells.pop(workspace_id, None)
+        if shell is not None:
+            self._next_shell(*shell, workspace_id)
 
     def _next_shell(self, spawner: Spawner, bash: str, env: dict[str, str], cwd: str, workspace_id: str) -> None:
         """Have a ready shell wait for the workspace's next run; in a held sandbox (when no run is in it), placed in
@@ -301,12 +302,23 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
     def _retire(self, workspace_id: str, cgroup: RunCgroup) -> None:
         """Once a run's processes are gone, keep its control group for the workspace's next run, or remove it;
-        and have spare groups ready for new workspaces (in the background; here once the runtime is closed)."""
+        and have spare groups ready for new workspaces (in the background; here once the runtime is closed). A
+        group already empty (its task count says so) is kept at once: no thread is woken as a result goes out."""
         pool = self._cgroups
-        if isinstance(pool, CgroupPool) and self._in_background(pool.give_back, workspace_id, cgroup):
-            self._in_background(pool.refill)
-        else:
+        if not isinstance(pool, CgroupPool):
             cgroup.remove()
+            return
+        if cgroup.tasks() == 0:
+            surplus = pool.keep(workspace_id, cgroup)
+        elif self._in_background(pool.give_back, workspace_id, cgroup):
+            surplus = []
+        else:
+            surplus = [cgroup]
+        for extra in surplus:
+            if not self._in_background(extra.remove):
+                extra.remove()
+        if pool.short:
+            self._in_background(pool.refill)
 
     def _report_limits(self, outcome: ProcessOutcome, request: RunRequest, oom_kills: int) -> None:
         """Say in the result when the run's limits held only per process, or when it went past its memory."""
@@ -358,6 +370,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             spawner.close()
 
     def _forget_workspace(self, workspace: Workspace) -> None:
+        self._next_shells.pop(workspace.id, None)
         self._drop_spawner(workspace.id)
         if workspace.uid is not None:
             kill_user_processes(workspace.uid)
