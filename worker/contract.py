@@ -13,7 +13,7 @@ import uuid
 from enum import Enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, field_validator, model_validator
 
 from worker import defaults
 
@@ -121,6 +121,19 @@ class RunRequest(BaseModel):
                     "once saying so (false).",
     )
     workspace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    keep_workspace: bool = Field(
+        default=True,
+        description="Keep the workspace once the run's result is stored (default: kept when the caller named a "
+                    "workspace_id, removed — folder, user id, spawner, container — when the id was made for this run).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_off_workspace(cls, data: object) -> object:
+        """A request without a workspace id gets a workspace of its own, removed after the run unless asked to keep."""
+        if isinstance(data, dict) and "keep_workspace" not in data:
+            return {**data, "keep_workspace": data.get("workspace_id") is not None}
+        return data
 
     @field_validator("workspace_id")
     @classmethod

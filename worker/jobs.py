@@ -26,9 +26,9 @@ from rq.job import Job
 from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
-from worker.contract import RunResult, RuntimeName, SkillRef
+from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
 from worker.errors import WorkerError
-from worker.run_store import Attempt, BaseRunStore, RedisRunStore
+from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RunRecord
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 from worker.runtimes.host import HostWorkspaceRuntime
@@ -84,17 +84,43 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, 
     beat = threading.Thread(target=_beat, args=(store, run_id, held, runtime, stop), daemon=True, name=f"heartbeat-{run_id}")
     beat.start()
     try:
-        result: RunResult = _event_loop().run_until_complete(runtime.run(record.request))
+        result: RunResult | Exception = _event_loop().run_until_complete(runtime.run(record.request))
     except Exception as exc:  # a bad request or an unusable runtime: the run fails with the reason
-        store.fail(run_id, f"{type(exc).__name__}: {exc}", held)
-        return {"run_id": run_id, "failed": str(exc)}
+        result = exc
     finally:
         stop.set()
         beat.join()
-    result.worker_id = who
-    result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
-    store.finish(run_id, result, held)
-    return {"run_id": run_id, "exit_code": result.exit_code}
+    if isinstance(result, Exception):
+        ended = store.fail(run_id, f"{type(result).__name__}: {result}", held)
+        summary: dict[str, Any] = {"run_id": run_id, "failed": str(result)}
+    else:
+        result.worker_id = who
+        result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
+        ended = store.finish(run_id, result, held)
+        summary = {"run_id": run_id, "exit_code": result.exit_code}
+    if ended_by(ended, held):
+        remove_one_off_workspace(runtime, record.request)
+    return summary
+
+
+def ended_by(record: RunRecord | None, held: Attempt) -> bool:
+    """Whether the run ended in ``held``'s attempt (not retried meanwhile): its workspace is then no other attempt's."""
+    return record is not None and record.status.done and record.attempts == held.number
+
+
+def remove_one_off_workspace(runtime: BaseWorkspaceRuntime, request: RunRequest) -> None:
+    """Once a run's result is stored, remove its workspace (folder, user id, spawner, container) unless the request
+    keeps it (``keep_workspace``: a named workspace is kept by default). Output files travel in the result and
+    artifacts live in the artifact store, so neither goes with it. The Cube runtime has no ``remove_workspace``:
+    its sandboxes end when idle."""
+    if request.keep_workspace or not isinstance(runtime, HostWorkspaceRuntime):
+        return
+    try:
+        runtime.remove_workspace(request.workspace_id)
+    except WorkerError as exc:  # never made (the run failed before), or not removable: it is logged, not fatal
+        logger.info("workspace %s of run %s was not removed: %s", request.workspace_id, request.run_id, exc)
+    except OSError:
+        logger.warning("removing workspace %s of run %s failed", request.workspace_id, request.run_id, exc_info=True)
 
 
 def _beat(store: BaseRunStore, run_id: str, held: Attempt, runtime: BaseWorkspaceRuntime, stop: threading.Event) -> None:

@@ -145,6 +145,12 @@ class RunCreate(BaseModel):
     network: bool = False
     workspace_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,30}$",
                                      description="Runs with the same id share work/ and out/ (within the team).")
+    keep_workspace: bool | None = Field(
+        default=None,
+        description="Keep the workspace after the run (default: kept when workspace_id is given; without one the "
+                    "run gets a workspace of its own, removed once its result is stored — output files and "
+                    "artifacts stay readable through the run).",
+    )
     priority: bool = Field(default=False, description="Put the run at the front of its queue.")
     wait_for_environment: bool = Field(
         default=True,

@@ -40,7 +40,8 @@ def run_skill(args: argparse.Namespace) -> int:
         inputs.append(InputFile(name=name, host_path=os.path.abspath(path)))
     fields: dict = {
         "skill": ref, "command": args.command, "env": env, "output_files": args.output, "inputs": inputs,
-        "workspace_id": args.workspace or uuid.uuid4().hex[:12], "save_as_artifacts": args.artifacts,
+        "workspace_id": args.workspace or uuid.uuid4().hex[:12], "keep_workspace": args.workspace is not None,
+        "save_as_artifacts": args.artifacts,
     }
     if args.timeout is not None:
         fields["timeout"] = args.timeout
@@ -54,7 +55,7 @@ def run_skill(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.model_dump(mode="json"))
     else:
-        _print_result(result)
+        _print_result(request, result)
     return TIMEOUT_EXIT_CODE if result.timed_out else result.exit_code
 
 
@@ -81,13 +82,19 @@ async def _build_environment(environments: SkillEnvironments, request: RunReques
         raise UsageError(status.message)
 
 
-def _print_result(result: RunResult) -> None:
+def _workspace_note(request: RunRequest) -> str:
+    if request.keep_workspace:
+        return f"workspace {request.workspace_id} (reuse: --workspace {request.workspace_id})"
+    return "workspace removed (name one with --workspace to keep it)"
+
+
+def _print_result(request: RunRequest, result: RunResult) -> None:
     """The run's output as it printed it, its files in a table; on a terminal, with control characters escaped."""
     write(sys.stdout, result.stdout)
     sys.stdout.flush()
     write(sys.stderr, result.stderr)
     status = f"timed out (killed, exit {TIMEOUT_EXIT_CODE})" if result.timed_out else f"exit {result.exit_code}"
-    lines = [f"── {status} · {result.duration_ms} ms · workspace {result.workspace_id} (reuse: --workspace {result.workspace_id})"]
+    lines = [f"── {status} · {result.duration_ms} ms · {_workspace_note(request)}"]
     if result.output_files:
         rows = [[f.name, size(f.size) + (" (truncated)" if f.truncated else ""), f.mime_type] for f in result.output_files]
         lines.append(table(["OUTPUT FILE", "SIZE", "MIME TYPE"], rows))

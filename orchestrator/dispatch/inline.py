@@ -6,7 +6,9 @@ import asyncio
 from typing import Any
 
 from orchestrator.dispatch.base import BaseDispatcher
+from worker import defaults
 from worker.contract import RunRequest, RunResult
+from worker.jobs import remove_one_off_workspace
 from worker.run_store import (
     Attempt,
     MemoryRunStore,
@@ -26,11 +28,15 @@ class InlineDispatcher(BaseDispatcher):
         self,
         runtimes: dict[str, BaseWorkspaceRuntime] | None = None,
         runtime_options: dict[str, dict[str, Any]] | None = None,
+        *,
+        result_ttl: int = defaults.RESULT_TTL_SECONDS,
     ) -> None:
+        """Ended runs' records (results and their output files with them) are kept ``result_ttl`` seconds."""
         self._runtimes: dict[str, BaseWorkspaceRuntime] = dict(runtimes or {})
         self._options = runtime_options or {}
         self.waiters = RunWaiters()
-        self.store = MemoryRunStore(on_change=self.waiters.notify_threadsafe)
+        self.result_ttl = result_ttl
+        self.store = MemoryRunStore(on_change=self.waiters.notify_threadsafe, result_ttl=result_ttl)
         self._tasks: dict[str, asyncio.Task] = {}
         self._who = worker_id()
 
@@ -66,12 +72,14 @@ class InlineDispatcher(BaseDispatcher):
             result = await runtime.run(request, allow_host_paths=trusted)
         except Exception as exc:  # bad input or an unusable runtime: the run fails with the reason
             self.store.fail(request.run_id, f"{type(exc).__name__}: {exc}", held)
+            await asyncio.to_thread(remove_one_off_workspace, runtime, request)
             if reraise:
                 raise
             return None
         result.worker_id = self._who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
         self.store.finish(request.run_id, result, held)
+        await asyncio.to_thread(remove_one_off_workspace, runtime, request)
         return result
 
     async def run(self, request: RunRequest, *, trusted: bool = False) -> RunResult:
@@ -87,6 +95,10 @@ class InlineDispatcher(BaseDispatcher):
         if record is not None and record.status == RunStatus.STARTED:
             self.runtime(record.request.runtime.value).cancel(run_id)
         return record
+
+    async def drain(self) -> None:
+        """Wait until every run submitted so far has ended, its one-off workspace removed."""
+        await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
     async def close(self) -> None:
         for task in list(self._tasks.values()):

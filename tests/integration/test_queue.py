@@ -20,6 +20,7 @@ from rq.serializers import JSONSerializer
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.dispatch import queue as dispatch_queue
 from orchestrator.skills import create_default_skill_repository
+from tests.conftest import workspace_dirs
 from tests.integration.conftest import cube_remote_root
 from tests.processes import running_with, sleeper, wait_none_with
 from tests.services import RedisServer
@@ -112,6 +113,26 @@ async def test_a_queued_run_is_executed_by_a_worker_with_timings_and_worker_id(r
     assert result.worker_id and result.timings.queue_ms > 0 and result.timings.exec_ms > 0
     assert [e.type for e in await dispatcher.events(record.id)] == ["queued", "started", "finished"]
     assert result.artifact_files[0].name == "out/fib.txt"
+    await dispatcher.close()
+
+
+async def test_a_worker_removes_one_off_workspaces_and_keeps_named_ones(redis_url, worker_env, repo, work_root):
+    dispatcher = QueueDispatcher(redis_url)
+    ref = repo.skill_ref("python-math")
+    one_off = [await dispatcher.submit(RunRequest(skill=ref, command="echo x > out/x.txt", output_files=["out/x.txt"]))
+               for _ in range(3)]
+    failing = await dispatcher.submit(RunRequest(skill=ref, command="true", cwd="/nowhere"))
+    named = await dispatcher.submit(RunRequest(skill=ref, command="true", workspace_id="named"))
+    await asyncio.to_thread(burst, redis_url, worker_env)
+    for record in one_off:
+        done = await dispatcher.wait(record.id, 5)
+        assert done.status == RunStatus.FINISHED and done.result.output_files[0].content == "x\n"
+    assert (await dispatcher.wait(failing.id, 5)).status == RunStatus.FAILED
+    assert (await dispatcher.wait(named.id, 5)).status == RunStatus.FINISHED
+    assert [p.name.split("_")[1] for p in workspace_dirs(work_root)] == ["named"]
+    registry = get_worker_settings().uid_registry
+    held = [e for e in registry.iterdir() if e.is_symlink() and os.readlink(e).startswith(f"{work_root}/")]
+    assert len(held) == (1 if os.geteuid() == 0 else 0)
     await dispatcher.close()
 
 

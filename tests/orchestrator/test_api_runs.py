@@ -24,6 +24,7 @@ from orchestrator.api import Services, create_app
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.documents import RedisDocuments
 from orchestrator.teams import TeamStore
+from tests.conftest import IS_ROOT, workspace_dirs
 from tests.orchestrator.api_helpers import client as api_client
 from tests.orchestrator.api_helpers import make_services, new_team
 from tests.orchestrator.test_api_sessions import parse_sse
@@ -73,6 +74,40 @@ async def test_submit_wait_read_files_and_artifacts(client):
     assert (await client.get(f"/v1/runs/{run_id}/files/out/nope.txt")).status_code == 404
     assert (await client.get(f"/v1/runs/{run_id}/artifacts/out/nope.txt")).status_code == 404
     assert (await client.get("/v1/runs/does-not-exist")).status_code == 404
+
+
+def held_user_ids(services, work_root: Path) -> list[str]:
+    """The sandbox user ids the registry says a workspace under ``work_root`` holds."""
+    registry = services.dispatcher.runtime("local").workspaces.user_ids.path
+    return [e.name for e in registry.iterdir() if e.is_symlink() and os.readlink(e).startswith(f"{work_root}/")]
+
+
+async def test_one_off_runs_leave_no_workspace_nor_user_id_and_their_files_are_still_served(client, services, work_root):
+    body = {"skill": "python-math", "command": "python3 scripts/fib.py 5 > out/fib.txt", "output_files": ["out/fib.txt"],
+            "save_as_artifacts": True}
+    ids = [(await client.post("/v1/runs", json=body)).json()["id"] for _ in range(4)]
+    for run_id in ids:
+        assert (await client.get(f"/v1/runs/{run_id}", params={"wait": 60})).json()["status"] == "finished"
+    await services.dispatcher.drain()
+    assert workspace_dirs(work_root) == []
+    assert held_user_ids(services, work_root) == []
+    served = await client.get(f"/v1/runs/{ids[0]}/files/out/fib.txt")
+    assert served.status_code == 200 and served.text.split() == ["0", "1", "1", "2", "3"]
+    artifact = await client.get(f"/v1/runs/{ids[-1]}/artifacts/out/fib.txt")
+    assert artifact.status_code == 200 and artifact.content == served.content
+
+
+@pytest.mark.parametrize(("fields", "kept"), [
+    ({"workspace_id": "mine"}, True),
+    ({"keep_workspace": True}, True),
+    ({"workspace_id": "mine", "keep_workspace": False}, False),
+])
+async def test_a_named_workspace_or_one_asked_to_be_kept_stays(client, services, work_root, fields, kept):
+    run_id = (await client.post("/v1/runs", json={"skill": "python-math", "command": "true", **fields})).json()["id"]
+    assert (await client.get(f"/v1/runs/{run_id}", params={"wait": 60})).json()["status"] == "finished"
+    await services.dispatcher.drain()
+    assert len(workspace_dirs(work_root)) == kept
+    assert len(held_user_ids(services, work_root)) == (kept if IS_ROOT else 0)
 
 
 async def test_events_stream_queued_started_finished_with_timings(client):

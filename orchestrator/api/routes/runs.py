@@ -100,7 +100,8 @@ async def submit_run(
     body: RunCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
 ) -> Response:
     """Accept a run; it executes in the background (in this process, or on a worker when Redis is configured).
-    The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given). A run of the local or
+    The workspace id is the team's: ``<team>.<workspace_id>`` (a new one when not given, removed after the run
+    unless ``keep_workspace``). A run of the local or
     Docker runtime that will not wait for its skill's dependency environment is refused (409) while the environment
     (and on Docker the image of its Debian packages) is not ready;
     a run that waits has it built first (one whose build fails ends failed, with the build's message)."""
@@ -112,11 +113,13 @@ async def submit_run(
         environment = await asyncio.to_thread(services.environments.skill_status, ref, body.runtime.value)
         if environment.state not in ("ready", "none"):
             raise HTTPException(status.HTTP_409_CONFLICT, not_ready(body.skill, environment))
-    fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id"})
+    fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id", "keep_workspace"})
+    keep = body.workspace_id is not None if body.keep_workspace is None else body.keep_workspace
     try:
         request = RunRequest(
             skill=ref, inputs=[InputFile(name=i.name, content=i.content) for i in body.inputs],
-            workspace_id=f"{team.id}.{body.workspace_id or uuid.uuid4().hex[:16]}", run_id=run_ids.mint(team.id), **fields,
+            workspace_id=f"{team.id}.{body.workspace_id or uuid.uuid4().hex[:16]}", keep_workspace=keep,
+            run_id=run_ids.mint(team.id), **fields,
         )
         validate_request(request)
         record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
