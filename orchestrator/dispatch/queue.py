@@ -3,7 +3,8 @@ any number of ``skillrun worker`` processes execute them; records live in Redis.
 
 A run whose worker died (heartbeat expired) is retried up to ``max_attempts`` and then failed with the reason; the
 events say which. The sweep finds such runs every ``SWEEP_SECONDS`` — the started runs only, in one bounded query,
-in one process at a time (a lease) — and its change wakes the run's waiters; when the change subscription drops
+in one process at a time (a lease) — and its change wakes the run's waiters (the same process trims RQ's registries of
+finished jobs); when the change subscription drops
 (Redis went away) every waiter looks again.
 """
 
@@ -17,6 +18,7 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 from rq import Queue
+from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch.base import BaseDispatcher, redis_errors
@@ -142,11 +144,18 @@ class QueueDispatcher(BaseDispatcher):
             if not await self.reader.take_lease("sweep", self._holder, SWEEP_LEASE_SECONDS):
                 return 0
             silent = await self.reader.silent_runs(SWEEP_LIMIT)
+            await asyncio.to_thread(self._trim_finished_jobs)
         recovered = 0
         for run_id in silent:
             record = await self._recover(run_id)
             recovered += record is not None and record.status != RunStatus.STARTED
         return recovered
+
+    def _trim_finished_jobs(self) -> None:
+        """Take the jobs whose summary expired out of RQ's finished-job registries (RQ's workers do it only every 10
+        minutes, so the registries grew with every run meanwhile)."""
+        for runtime in RuntimeName:
+            FinishedJobRegistry(queue=self.queue(runtime.value)).cleanup()
 
     async def _sweep_forever(self) -> None:
         while True:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 from rq.job import Job, JobStatus
+from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch import QueueDispatcher
@@ -310,6 +311,15 @@ async def test_finished_runs_are_kept_for_the_result_ttl_only(redis_url, worker_
         await asyncio.sleep(0.2)
     assert await dispatcher.get(record.id) is None
     assert await dispatcher.events(record.id) == []
+    await dispatcher.close()
+
+
+async def test_the_sweep_trims_rqs_registry_of_finished_jobs(redis_url):
+    dispatcher = QueueDispatcher(redis_url)
+    registry = FinishedJobRegistry(queue=dispatcher.queue("local"))
+    dispatcher.redis.zadd(registry.key, {"expired-1": time.time() - 1, "kept-1": time.time() + 3600})
+    await dispatcher.sweep_lost()
+    assert [j.decode() for j in dispatcher.redis.zrange(registry.key, 0, -1)] == ["kept-1"]
     await dispatcher.close()
 
 
