@@ -25,3 +25,19 @@ def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra):
         assert name in rows, done.stdout
         numbers = [float(x.rstrip("x")) for x in rows[name][len(name):].split()]
         assert len(numbers) >= 3 and all(n > 0 for n in numbers), rows[name]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_soak_prints_its_rows_growth_and_targets():
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak.py"), "--runs", "200", "--every", "50",
+                           "--result-ttl", "2"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].split()[:5] == ["runs", "runs/s", "p50", "ms", "p95"], done.stdout
+    assert [line.split()[0] for line in lines[2:6]] == ["50", "100", "150", "200"], done.stdout
+    growth = {line.split()[0] + (" " + line.split()[1] if line.split()[0] in ("redis", "user", "rss") else "")
+              for line in lines if line.endswith(("PASS", "FAIL")) and not line.startswith(("PASS", "FAIL"))}
+    assert {"redis memory", "redis keys", "folders", "user ids", "rss api", "rss worker1"} <= growth, done.stdout
+    verdicts = [line.split("  ")[1] for line in lines if line.startswith(("PASS  ", "FAIL  "))]
+    assert [v.split()[0] for v in verdicts] == ["failed", "lost", "doubled", "p99", "all"], done.stdout

@@ -1,0 +1,265 @@
+"""Soak: N runs through the API, Redis (append-only persistence) and two workers; is anything growing per run?
+
+Starts a redis-server with an append-only file (fsync every second, Redis's default for it), the API (``skillrun serve`` with ``SKILLRUN_REDIS_URL``) and two
+``skillrun worker`` processes, all with a short result TTL (``--result-ttl``, so that retention takes effect within
+the soak), and drives ``--runs`` one-off runs (no workspace id) at concurrency ``--concurrency``: submit, then wait for
+the result. Every ``--every`` runs it lets the runs in flight end and prints a row: runs/s, p50/p95/p99 of
+submit-to-result, Redis memory and keys, workspace folders and sandbox user ids held, and the RSS of each process.
+Then the growth per 1,000 runs after retention (from the first row taken once the TTL had passed to the last), and
+the targets, PASS or FAIL each: 0 failed, 0 lost, 0 doubled (a run taking a second attempt); growth per 1,000 runs
+under 0.5% of the start for every resource; p99 of the last block within 1.2x of the first. ``--check`` makes a FAIL
+the exit status.
+
+Usage: .venv/bin/python benchmarks/soak.py [--runs 35000] [--every 5000] [--concurrency 8] [--result-ttl 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import redis  # noqa: E402
+from rq import Worker  # noqa: E402
+
+from benchmarks.figures import scratch_dir  # noqa: E402
+from orchestrator.documents import RedisDocuments  # noqa: E402
+from orchestrator.teams import TeamStore  # noqa: E402
+from tests.orchestrator.api_helpers import new_team  # noqa: E402
+from tests.services import RedisServer, free_port  # noqa: E402
+from worker import defaults  # noqa: E402
+from worker.config import get_worker_settings  # noqa: E402
+from worker.workspace import remove_tree  # noqa: E402
+
+RUN = {"skill": "python-math", "command": "true"}
+WAIT_SECONDS = 120
+GROWTH_TARGET = 0.005
+"""Largest growth per 1,000 runs after retention, as a share of the resource at the start."""
+P99_TARGET = 1.2
+RESOURCES = ("redis memory", "redis keys", "folders", "user ids")
+IDLE_WAIT_SECONDS = 30
+RETENTION_MARGIN_SECONDS = 5
+"""Rows count as after retention once the longest TTL of a run's keys and this much more have passed."""
+
+
+@dataclass
+class Tally:
+    latencies: list[float] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    doubled: list[str] = field(default_factory=list)
+
+
+def workers_idle(client: redis.Redis) -> None:
+    """Wait until no worker is busy (a worker removes a one-off run's workspace after storing its result)."""
+    deadline = time.monotonic() + IDLE_WAIT_SECONDS
+    while time.monotonic() < deadline and any(w.get_state() != "idle" for w in Worker.all(connection=client)):
+        time.sleep(0.05)
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def held_user_ids(work_root: Path) -> int:
+    """Sandbox user ids the host's registry says a workspace under ``work_root`` holds."""
+    registry = get_worker_settings().uid_registry
+    if not registry.is_dir():
+        return 0
+    return sum(1 for e in registry.iterdir() if e.is_symlink() and os.readlink(e).startswith(f"{work_root}/"))
+
+
+async def one_run(client: httpx.AsyncClient, tally: Tally) -> None:
+    began = time.perf_counter()
+    submitted = await client.post("/v1/runs", json=RUN)
+    if submitted.status_code != 202:
+        tally.failed.append(f"submit {submitted.status_code}: {submitted.text[:200]}")
+        return
+    run_id = submitted.json()["id"]
+    while True:
+        answer = await client.get(f"/v1/runs/{run_id}", params={"wait": WAIT_SECONDS})
+        if answer.status_code != 200:
+            tally.lost.append(f"{run_id}: {answer.status_code} {answer.text[:200]}")
+            return
+        run = answer.json()
+        if run["status"] in ("finished", "failed", "cancelled"):
+            break
+    tally.latencies.append(time.perf_counter() - began)
+    if run["status"] != "finished" or run["result"]["exit_code"] != 0:
+        tally.failed.append(f"{run_id}: {run['status']} {run['error'] or ''}")
+    if run["attempts"] != 1:
+        tally.doubled.append(run_id)
+
+
+async def block(client: httpx.AsyncClient, runs: int, concurrency: int, tally: Tally) -> None:
+    """``runs`` runs, ``concurrency`` at a time, until every one has ended."""
+    left = iter(range(runs))
+
+    async def loop() -> None:
+        for _ in left:
+            await one_run(client, tally)
+
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+
+
+def percentile(ordered: list[float], share: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))] * 1000 if ordered else 0.0
+
+
+def sample(client: redis.Redis, work_root: Path, procs: dict[str, int]) -> dict[str, float]:
+    values = {"redis memory": float(client.info("memory")["used_memory"]), "redis keys": float(client.dbsize()),
+              "folders": float(sum(1 for p in work_root.iterdir() if p.name.startswith("ws_"))),
+              "user ids": float(held_user_ids(work_root))}
+    values |= {f"rss {name}": float(rss_bytes(pid)) for name, pid in procs.items()}
+    return values
+
+
+def mib(value: float) -> str:
+    return f"{value / 1024**2:.1f}M"
+
+
+def shown(name: str, value: float) -> str:
+    return mib(value) if name == "redis memory" or name.startswith("rss") else f"{value:.0f}"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+async def soak(args: argparse.Namespace, base_url: str, key: str, store: redis.Redis, work_root: Path,
+               procs: dict[str, int]) -> bool:
+    tally = Tally()
+    rows: list[tuple[int, float, dict[str, float]]] = []
+    block_p99: list[float] = []
+    began = time.monotonic()
+    names = ["runs", "runs/s", "p50 ms", "p95 ms", "p99 ms", *RESOURCES, *(f"rss {n}" for n in procs)]
+    print(f"soak: {args.runs} runs, concurrency {args.concurrency}, result TTL {args.result_ttl} s, row every "
+          f"{args.every} runs")
+    print("  ".join(f"{n:>12}" for n in names), flush=True)
+    limits = httpx.Limits(max_connections=args.concurrency * 2)
+    async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, limits=limits,
+                                 timeout=WAIT_SECONDS + 30) as client:
+        done = 0
+        while done < args.runs:
+            size = min(args.every, args.runs - done)
+            first, started = len(tally.latencies), time.monotonic()
+            await block(client, size, args.concurrency, tally)
+            done += size
+            seconds = time.monotonic() - started
+            ordered = sorted(tally.latencies[first:])
+            block_p99.append(percentile(ordered, 0.99))
+            await asyncio.to_thread(workers_idle, store)
+            values = sample(store, work_root, procs)
+            rows.append((done, time.monotonic() - began, values))
+            cells = [f"{done}", f"{size / seconds:.1f}", f"{percentile(ordered, 0.5):.1f}",
+                     f"{percentile(ordered, 0.95):.1f}", f"{block_p99[-1]:.1f}",
+                     *(shown(n, values[n]) for n in names[5:])]
+            print("  ".join(f"{c:>12}" for c in cells), flush=True)
+    return report(args, tally, rows, block_p99)
+
+
+def report(args: argparse.Namespace, tally: Tally, rows: list[tuple[int, float, dict[str, float]]],
+           block_p99: list[float]) -> bool:
+    horizon = max(args.result_ttl, defaults.JOB_RESULT_TTL_SECONDS) + RETENTION_MARGIN_SECONDS
+    after = [row for row in rows if row[1] >= horizon]
+    if len(after) < 2:
+        print(f"retention: fewer than two rows {horizon} s in (the run records' and RQ jobs' TTLs); growth is "
+              "measured from the first row")
+        after = rows
+    (start_runs, _, start), (end_runs, _, end) = after[0], after[-1]
+    span = max(end_runs - start_runs, 1)
+    print(f"growth per 1,000 runs after retention (runs {start_runs} to {end_runs}):")
+    print(f"{'resource':>16}  {'start':>10}  {'end':>10}  {'per 1,000':>10}  {'of start':>9}  target")
+    ok = True
+    for name in start:
+        growth = (end[name] - start[name]) * 1000 / span
+        passed = growth <= GROWTH_TARGET * start[name]
+        ok &= passed
+        share = f"{growth / start[name] * 100:.3f}%" if start[name] else "-"
+        print(f"{name:>16}  {shown(name, start[name]):>10}  {shown(name, end[name]):>10}  "
+              f"{shown(name, growth):>10}  {share:>9}  {verdict(passed)}")
+    checks = [
+        (f"failed runs: {len(tally.failed)}", not tally.failed),
+        (f"lost runs: {len(tally.lost)}", not tally.lost),
+        (f"doubled runs (second attempt): {len(tally.doubled)}", not tally.doubled),
+        (f"p99 of the last block {block_p99[-1]:.1f} ms within {P99_TARGET}x of the first {block_p99[0]:.1f} ms",
+         block_p99[-1] <= P99_TARGET * block_p99[0]),
+    ]
+    for text, passed in checks:
+        ok &= passed
+        print(f"{verdict(passed)}  {text}")
+    print(f"{verdict(ok)}  all targets")
+    for problem in (tally.failed + tally.lost)[:5]:
+        print(f"  e.g. {problem}")
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=35_000)
+    parser.add_argument("--every", type=int, default=5_000, help="runs per row (default 5,000)")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--result-ttl", type=int, default=60, help="seconds run records are kept (default 60)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
+    args = parser.parse_args()
+    args.every = min(args.every, args.runs)
+
+    work = scratch_dir("skillrun-soak-")
+    work_root = work / "work"
+    work_root.mkdir(mode=0o755)
+    server = RedisServer(persistent=True)
+    redis.Redis.from_url(server.url()).config_set("appendfsync", "everysec")  # Redis's default with append-only
+    teams = TeamStore(RedisDocuments(server.url()))
+    key = new_team(SimpleNamespace(teams=teams), "soak")
+    env = {**os.environ, "SKILLRUN_REDIS_URL": server.url(), "SKILLS_ROOT": str(ROOT / "skills"),
+           "SKILLRUN_DATA_DIR": str(work / "data"), "SKILLRUN_WORK_ROOT": str(work_root),
+           "SKILLRUN_ARTIFACTS_DIR": str(work / "artifacts"), "SKILLRUN_RESULT_TTL_SECONDS": str(args.result_ttl)}
+    port = free_port()
+    quiet = {"env": env, "cwd": ROOT, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    api = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(port)], **quiet)
+    workers = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "worker"], **quiet) for _ in range(2)]
+    procs = {"api": api.pid, "worker1": workers[0].pid, "worker2": workers[1].pid, "redis": server.proc.pid}
+    ok = False
+    try:
+        wait_for_api(f"http://127.0.0.1:{port}", api)
+        store = redis.Redis.from_url(server.url())
+        ok = asyncio.run(soak(args, f"http://127.0.0.1:{port}", key, store, work_root, procs))
+        store.close()
+    finally:
+        for proc in (api, *workers):
+            proc.terminate()
+        for proc in (api, *workers):
+            proc.wait(timeout=60)
+        teams.docs.close()
+        server.stop()
+        remove_tree(work)
+    sys.exit(1 if args.check and not ok else 0)
+
+
+def wait_for_api(url: str, api: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if api.poll() is not None:
+            raise SystemExit("the API did not start")
+        time.sleep(0.1)
+    raise SystemExit("the API did not answer within 60 s")
+
+
+if __name__ == "__main__":
+    main()
