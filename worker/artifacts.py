@@ -6,14 +6,17 @@
     <root>/<scope>/<quoted name>/<version>/meta.json name, version, MIME type, size, sha256
 
 A scope is a workspace (session) id. Versions start at 1 and are allocated with an exclusive ``mkdir``, so
-concurrent writers never share a version.
+concurrent writers never share a version. ``prune`` removes versions past their retention (workers call it with
+``SKILLRUN_ARTIFACT_TTL_SECONDS``, at least the run records' TTL, so no kept record names a removed version).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import shutil
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +27,8 @@ from worker.errors import ArtifactError
 
 COPY_CHUNK_BYTES = 1024 * 1024
 DEFAULT_MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
+PRUNE_BATCH = 1000
+"""Versions one ``prune`` removes at most."""
 
 
 class FileArtifactStore:
@@ -121,6 +126,26 @@ class FileArtifactStore:
             raise ArtifactError(f"artifact {name!r} has no version {chosen} (versions: {versions})")
         return self._name_dir(scope, name) / str(chosen)
 
+    def prune(self, stored_before: float, limit: int = PRUNE_BATCH) -> int:
+        """Remove up to ``limit`` versions stored before the time ``stored_before``, and the name and scope folders
+        left empty and unchanged since then; return how many versions went. It reads the whole store's folders."""
+        removed = 0
+        for scope in _folders(self.root):
+            scope_idle = _unchanged_since(scope, stored_before)
+            for folder in _folders(scope):
+                folder_idle = _unchanged_since(folder, stored_before)
+                for version in _folders(folder):
+                    if removed >= limit:
+                        return removed
+                    if _unchanged_since(version / "meta.json", stored_before):
+                        shutil.rmtree(version, ignore_errors=True)
+                        removed += 1
+                if folder_idle:
+                    _remove_if_empty(folder)
+            if scope_idle:
+                _remove_if_empty(scope)
+        return removed
+
     @staticmethod
     def _next_version_dir(folder: Path) -> Path:
         existing = [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
@@ -137,3 +162,23 @@ class FileArtifactStore:
 def _private_file(path: Path, mode: str) -> IO:
     """A new file only its owner may read."""
     return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), mode)
+
+
+def _folders(path: Path) -> list[Path]:
+    with contextlib.suppress(FileNotFoundError):
+        return [entry for entry in path.iterdir() if entry.is_dir() and not entry.is_symlink()]
+    return []
+
+
+def _unchanged_since(path: Path, since: float) -> bool:
+    """Whether ``path`` exists and was last changed before ``since`` (for a folder: nothing added to it since; a
+    writer may be about to use a newer one)."""
+    try:
+        return path.stat().st_mtime < since
+    except FileNotFoundError:  # being written, or pruned by another worker
+        return False
+
+
+def _remove_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        folder.rmdir()

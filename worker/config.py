@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults
@@ -38,7 +38,12 @@ class WorkerSettings(BaseSettings):
     redis_url: str | None = Field(default=None, description="The Redis the run queue lives in.")
     work_root: Path | None = Field(default=None, description="Where workspaces are created; shared by all workers.")
     artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored; shared by all workers.")
-    result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0)
+    result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0,
+                                    description="How long run records (results, output files) are kept after the run.")
+    artifact_ttl_seconds: int = Field(
+        default=defaults.RESULT_TTL_SECONDS, gt=0,
+        description="How long an artifact version is kept after it was stored; at least result_ttl_seconds.",
+    )
     workspace_disk_bytes: int | None = Field(
         default=None, description="Give each workspace a file system of this size (root; loop-mounted ext4)."
     )
@@ -96,6 +101,12 @@ class WorkerSettings(BaseSettings):
         default_factory=host_memory_bytes, gt=0, description="The most memory a run may ask for (default: the host's)."
     )
     max_processes: int = Field(default=MAX_PROCESSES, gt=0, description="The most processes a run may ask for.")
+
+    @model_validator(mode="after")
+    def _artifacts_outlive_records(self) -> "WorkerSettings":
+        if self.artifact_ttl_seconds < self.result_ttl_seconds:
+            raise ValueError("artifact_ttl_seconds must be at least result_ttl_seconds (a kept run names its artifacts)")
+        return self
 
 
 @lru_cache

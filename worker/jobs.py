@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 import redis
@@ -40,7 +41,11 @@ PREPARE_BEAT_KEY = "skillrun:prepare-beat:{}"
 """Renewed while a preparation job runs (by job id): a started job without it lost its worker."""
 WAITING = "waiting its turn"
 
+ARTIFACT_PRUNE_SECONDS = 300.0
+"""How often a worker process removes artifact versions past their retention."""
+
 _loop: asyncio.AbstractEventLoop | None = None
+_pruned_at = float("-inf")
 _runtimes: dict[str, BaseWorkspaceRuntime] = {}
 
 
@@ -100,7 +105,20 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, 
         summary = {"run_id": run_id, "exit_code": result.exit_code}
     if ended_by(ended, held):
         remove_one_off_workspace(runtime, record.request)
+    _prune_artifacts(runtime)
     return summary
+
+
+def _prune_artifacts(runtime: BaseWorkspaceRuntime) -> None:
+    """Every ``ARTIFACT_PRUNE_SECONDS`` (per process), remove artifact versions older than the artifact TTL."""
+    global _pruned_at
+    if not isinstance(runtime, HostWorkspaceRuntime) or time.monotonic() - _pruned_at < ARTIFACT_PRUNE_SECONDS:
+        return
+    _pruned_at = time.monotonic()
+    try:
+        runtime.artifact_store.prune(time.time() - get_worker_settings().artifact_ttl_seconds)
+    except OSError:
+        logger.warning("pruning artifacts failed; trying again later", exc_info=True)
 
 
 def ended_by(record: RunRecord | None, held: Attempt) -> bool:
