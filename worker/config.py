@@ -40,9 +40,10 @@ class WorkerSettings(BaseSettings):
     artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored; shared by all workers.")
     result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0,
                                     description="How long run records (results, output files) are kept after the run.")
-    artifact_ttl_seconds: int = Field(
-        default=defaults.RESULT_TTL_SECONDS, gt=0,
-        description="How long an artifact version is kept after it was stored; at least result_ttl_seconds.",
+    artifact_ttl_seconds: int | None = Field(
+        default=None, gt=0,
+        description="How long an artifact version is kept after it was stored; at least result_ttl_seconds, which "
+                    "is the default.",
     )
     workspace_disk_bytes: int | None = Field(
         default=None, description="Give each workspace a file system of this size (root; loop-mounted ext4)."
@@ -104,9 +105,14 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _artifacts_outlive_records(self) -> "WorkerSettings":
-        if self.artifact_ttl_seconds < self.result_ttl_seconds:
+        if self.artifact_ttl_seconds is not None and self.artifact_ttl_seconds < self.result_ttl_seconds:
             raise ValueError("artifact_ttl_seconds must be at least result_ttl_seconds (a kept run names its artifacts)")
         return self
+
+    @property
+    def artifacts_kept_seconds(self) -> int:
+        """How long artifact versions are kept."""
+        return self.artifact_ttl_seconds or self.result_ttl_seconds
 
 
 @lru_cache

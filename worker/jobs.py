@@ -116,7 +116,7 @@ def _prune_artifacts(runtime: BaseWorkspaceRuntime) -> None:
         return
     _pruned_at = time.monotonic()
     try:
-        runtime.artifact_store.prune(time.time() - get_worker_settings().artifact_ttl_seconds)
+        runtime.artifact_store.prune(time.time() - get_worker_settings().artifacts_kept_seconds)
     except OSError:
         logger.warning("pruning artifacts failed; trying again later", exc_info=True)
 

@@ -49,6 +49,7 @@ def test_one_prune_removes_a_bounded_number_of_versions(tmp_path):
 
 
 def test_artifacts_are_kept_at_least_as_long_as_the_run_records_that_name_them():
-    assert WorkerSettings(result_ttl_seconds=60, artifact_ttl_seconds=60).artifact_ttl_seconds == 60
+    assert WorkerSettings(result_ttl_seconds=60, artifact_ttl_seconds=60).artifacts_kept_seconds == 60
+    assert WorkerSettings(result_ttl_seconds=7 * DAY).artifacts_kept_seconds == 7 * DAY
     with pytest.raises(ValidationError, match="at least result_ttl_seconds"):
         WorkerSettings(result_ttl_seconds=3600, artifact_ttl_seconds=60)
