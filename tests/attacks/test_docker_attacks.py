@@ -213,3 +213,12 @@ async def test_docker_no_other_workspace_or_platform_store_is_visible(docker_run
     assert sum("No such file or directory" in line for line in lines) == 5
     assert not [line for line in lines if line.startswith("/")]  # the token is nowhere it can read
     assert int(lines[-1]) <= 6  # its own processes and the residents: no host's, no other container's
+
+
+async def test_docker_scratch_a_run_locked_itself_out_of_is_emptied_and_the_container_kept(docker_runtime_factory, run_in):
+    runtime = docker_runtime_factory()
+    await runtime.run(run_in("mkdir -p /tmp/locked/deep; echo x > /tmp/locked/deep/f; chmod 000 /tmp/locked/deep /tmp/locked"))
+    container = runtime.container_id("attacked")
+    after = await runtime.run(run_in("ls -A /tmp"))
+    assert "locked" not in after.stdout.split()
+    assert runtime.container_id("attacked") == container  # emptied through the engine, not replaced

@@ -12,11 +12,12 @@ import pytest
 
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
-from worker.runtimes.container import RESIDENT_PROCESSES
+from worker.runtimes.container import RESIDENT_PROCESSES, ContainerWorkspaceRuntime
 
 pytestmark = pytest.mark.docker
 
-LIBRARY = Path(__file__).resolve().parents[2] / "skills"
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = REPO / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
 UNLIMITED = RunLimits(memory_bytes=16 * 1024**3, processes=4096)
 
@@ -181,3 +182,51 @@ async def test_idle_containers_are_removed_and_their_workspace_kept(docker_runti
     assert not docker_engine.client.containers.list(all=True, filters={"id": idle_container})
     again = await runtime.run(_request("cat $WORK_DIR/k", workspace_id="idle"))
     assert again.stdout == "kept\n"
+
+
+async def test_two_workers_running_one_workspace_at_once_share_its_container(docker_runtime_factory, docker_engine):
+    """Two runtimes of one work root (two workers) take turns in the workspace's one container: neither removes it
+    under the other's run, and it is made once."""
+    first = docker_runtime_factory()
+    second = ContainerWorkspaceRuntime(first.work_root, client=docker_engine.client)
+    await first.run(_request("true", workspace_id="shared"))  # the skill staged (two stagers of one process would
+    first.remove_containers()  # share their temporary folder's name), and no container: the runs below ask at once
+    command = "echo $$ > $WORK_DIR/last; sleep 0.3; test $(cat $WORK_DIR/last) = $$ && cat /etc/hostname"
+    results = await asyncio.gather(*(runtime.run(_request(command, workspace_id="shared"))
+                                     for runtime in (first, second, first, second)))
+    assert [result.exit_code for result in results] == [0] * 4, [result.stderr for result in results]
+    assert len({result.stdout for result in results}) == 1  # one container, and no run saw another's in between
+    labelled = docker_engine.client.containers.list(all=True, filters={"label": [
+        "skillrun.workspace=shared", f"skillrun.work_root={first.work_root}"]})
+    assert [c.id for c in labelled] == [first.container_id("shared")] == [second.container_id("shared")]
+    assert labelled[0].id.startswith(results[0].stdout.strip())
+
+
+WORKER_IN_A_PID_NAMESPACE = """
+import asyncio, json, sys
+from worker.contract import RunRequest, SkillRef
+from worker.runtimes.container import ContainerWorkspaceRuntime
+
+async def main():
+    runtime = ContainerWorkspaceRuntime(sys.argv[1])
+    result = await runtime.run(RunRequest(
+        skill=SkillRef(name="python-math", root=sys.argv[2], path="python-math"), workspace_id="unseen", timeout=1,
+        command="setsid sleep 1003 >/dev/null 2>&1 < /dev/null & sleep 1004"))
+    box = runtime.boxes.find(("unseen", runtime.image))
+    print(json.dumps({"timed_out": result.timed_out, "container": box.id, "sees_container": box.host is not None}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_that_cannot_see_the_containers_processes_still_ends_its_runs(docker_runtime_factory, docker_engine):
+    """A worker in a PID namespace of its own (as in a container) sees none of the container's processes: a
+    timed-out run's processes, a detached one included, are still killed, through the engine."""
+    work_root = docker_runtime_factory().work_root
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", WORKER_IN_A_PID_NAMESPACE,
+                           str(work_root), str(LIBRARY)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["timed_out"] and not seen["sees_container"]
+    top = docker_engine.client.api.top(seen["container"])["Processes"]
+    assert not [p for p in top if "sleep 100" in " ".join(p)], top

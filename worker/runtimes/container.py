@@ -13,10 +13,15 @@ throwaway container (``container_builds``), and is mounted read-only at the same
 (``VIRTUAL_ENV`` and ``PATH`` name it) into the containers of workspaces that run the skill; its Debian packages are in a derived image built once per set (``container_images``), whose
 container for the workspace the run then uses. A run waits for either to be built unless it says not to.
 
-Runs of one workspace take turns, so a run has its container to itself: when it ends — finished, failed, timed
-out or cancelled — every process it started is killed and the scratch folders are emptied (``container_host``),
-and each run gets its own limits (the container's are updated when they differ). Containers idle longer than
-``idle_seconds`` are removed (the workspace stays on the host).
+Runs of one workspace take turns — in this worker (an ``asyncio`` lock, so one thread at most waits), and across
+the workers of its work root (a ``flock``, taken by the thread that runs the command: ``container_boxes``) — so a
+run has its container to itself, and the workers of one work root share one container per workspace (and image),
+found by its labels and made at most once. When a run ends — finished, failed, timed out or cancelled — every
+process it started is killed through the engine and the scratch folders are emptied (``container_host``), and
+each run gets its own limits (the container's are updated when they differ). A URL library root is held in the
+cache for the run (``worker.roots.root_in_use``). Containers idle longer than ``idle_seconds`` are removed (the
+workspace stays on the host). A run cancelled while another worker's run of its workspace holds the turn ends
+when that run has.
 
 Engine errors are translated in one place (``docker_engine.map_docker_errors``) into ``RuntimeUnavailableError``
 carrying the engine's reason.
@@ -46,11 +51,11 @@ from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
 from worker.errors import EnvironmentBuildError, InvalidRunRequestError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
-from worker.roots import is_url, resolve_root
+from worker.roots import root_in_use
 from worker.runtimes.base import command_environment
 from worker.runtimes.container_boxes import Box, Boxes, BoxSettings
 from worker.runtimes.container_builds import DockerTargets, docker_environments
-from worker.runtimes.container_host import CLEAN_INSIDE
+from worker.runtimes.container_host import CLEAN_INSIDE, CLEANED
 from worker.runtimes.container_images import DerivedImages
 from worker.runtimes.docker_engine import map_docker_errors
 from worker.runtimes.host import HostWorkspaceRuntime
@@ -148,7 +153,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         self.boxes = Boxes(
             lambda: self.client, BoxSettings(cpus, tmpfs_bytes, shm_bytes, idle_seconds),
             prefix="skillrun-" + hashlib.sha256(str(self.work_root.resolve()).encode()).hexdigest()[:8],
-            work_root=self.work_root, used=self.images.mark_used,
+            work_root=self.work_root, turns=workspaces.registry / "containers", used=self.images.mark_used,
         )
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # workspace → (its lock, runs holding or awaiting it)
         self._run_images: dict[str, str] = {}  # run id → the derived image it runs in (set just before it starts)
@@ -257,9 +262,16 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         self, workspace: Workspace, image: str, environment: Path | None, request: RunRequest, cwd: str,
         env: dict[str, str], cancel: Cancellation,
     ) -> ProcessOutcome:
-        """``docker exec`` the command in the workspace's container of ``image`` (which mounts ``environment``),
-        follow it, end the run (blocking: the Docker SDK is synchronous)."""
-        box = self._box(workspace, image, environment, request)
+        """In the workspace's turn, ``docker exec`` the command in its container of ``image`` (which mounts
+        ``environment``), follow it, end the run (blocking: the Docker SDK is synchronous)."""
+        with self.boxes.turn(workspace.id), root_in_use(request.skill.root, expected_sha256=request.skill.digest) as root:
+            return self._exec_in_turn(workspace, image, environment, root, request, cwd, env, cancel)
+
+    def _exec_in_turn(
+        self, workspace: Workspace, image: str, environment: Path | None, root: Path, request: RunRequest, cwd: str,
+        env: dict[str, str], cancel: Cancellation,
+    ) -> ProcessOutcome:
+        box = self._box(workspace, image, root, environment, request)
         script = ulimit_prefix(request.limits, dedicated_user=False) + request.command
         api = self.client.api
         oom_before = box.host.oom_kills() if box.host else None
@@ -271,7 +283,6 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         outcome = self._follow(workspace, box, exec_id, getattr(sock, "_sock", sock), request, cancel, started)
-        self.boxes.touch((workspace.id, box.image))
         if box.host is not None and (box.host.oom_kills() or 0) > (oom_before or 0):
             outcome.oom_killed = True
             outcome.notes.append(f"a process was killed for going past the run's memory limit ({box.limits[0]} bytes)")
@@ -332,16 +343,15 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         )
 
     def _end_run(self, workspace: Workspace, box: Box) -> None:
-        """Kill everything the run started and empty the scratch folders: from the host when it sees the
-        container, else from inside. A container that cannot be emptied is removed (the next run gets a new one)."""
-        if box.host is not None:
-            if not box.host.end_run():
-                self.boxes.remove((workspace.id, box.image))
-            return
+        """Kill everything the run started and empty the scratch folders, through the engine (one ``docker exec``
+        as the run's user). A container that cannot be emptied — the exec cannot start (a fork bomb holds every
+        process slot) or leaves something behind — is removed (the next run gets a new one)."""
         api = self.client.api
         try:
-            api.exec_start(api.exec_create(box.id, ["/bin/bash", "-c", CLEAN_INSIDE], user=self._user(workspace))["Id"])
+            said = api.exec_start(api.exec_create(box.id, ["/bin/bash", "-c", CLEAN_INSIDE], user=self._user(workspace))["Id"])
         except docker.errors.DockerException:
+            said = b""
+        if CLEANED.encode() not in said:
             self.boxes.remove((workspace.id, box.image))
 
     @staticmethod
@@ -351,12 +361,10 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             return f"{workspace.uid}:{workspace.gid}"
         return f"{os.getuid()}:{os.getgid()}"
 
-    def _box(self, workspace: Workspace, image: str, environment: Path | None, request: RunRequest) -> Box:
+    def _box(self, workspace: Workspace, image: str, root: Path, environment: Path | None, request: RunRequest) -> Box:
         """The workspace's running container of ``image``, with the run's limits, library root and environment."""
-        self.boxes.reap_idle(keep=lambda workspace_id: workspace_id == workspace.id or workspace_id in self._turns)
-        root = request.skill.root
-        root_path = resolve_root(root, expected_sha256=request.skill.digest) if is_url(root) else Path(root)
-        folders = [str(root_path.resolve()), *([str(environment)] if environment is not None else [])]
+        self.boxes.reap_idle(keep=lambda workspace_id: workspace_id in self._turns)  # this one's turn is held
+        folders = [str(root.resolve()), *([str(environment)] if environment is not None else [])]
         limits = (min(self.memory_bytes, request.limits.memory_bytes),
                   min(self.pids, request.limits.processes) + RESIDENT_PROCESSES)
         return self.boxes.get(workspace, image, folders, bool(request.network), limits)
@@ -369,7 +377,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         self.boxes.remove_workspace(workspace.id)
 
     def remove_containers(self) -> None:
-        """Remove every container this runtime started (the workspaces stay)."""
+        """Remove every container this runtime used, but those another worker's run is in (the workspaces stay)."""
         self.boxes.remove_all()
 
     async def close(self) -> None:

@@ -1,31 +1,40 @@
-"""The Docker runtime's workspace containers: made hardened, reused, given each run's limits, reaped when idle.
+"""The Docker runtime's workspace containers: found by label, made once, reused, given each run's limits, reaped
+when idle — shared by every worker of one work root.
 
 A workspace has a container per image its runs need: the sandbox image, and a derived image for each set of
 Debian packages its skills declare (``container_images``). Every container of a workspace mounts the same
-workspace (read-write, at its host path) and runs commands as the workspace's user; runs of a workspace take turns
-across all of them (``container``), so a run has its container to itself.
+workspace (read-write, at its host path) and runs commands as the workspace's user.
+
+Runs of a workspace take turns across all its containers and across every worker of the work root (two workers
+may both be handed runs of one workspace): a turn is an exclusive ``flock`` on the workspace's file under the
+work root's ``.skillrun/containers/``, held by the thread that runs the command. Everything done to a workspace's
+containers happens within its turn: finding its container (by its labels: workspace, work root, image — the
+engine, not a worker's memory, says what exists), making it when there is none (so at most once; its name is
+fixed by workspace and image, and should the engine still answer 409 Conflict, the one its labels find is used),
+updating its limits, ending a run in it (``container_host``), and removing it. A container is therefore never
+removed while a run of another worker is in it. The file's time is the workspace's last use on this host: idle
+containers are reaped by whichever worker looks first, each only when its turn can be had without waiting.
 
 Hardened by default: no network (a run may ask for it where the operator allows it), every capability dropped,
 no-new-privileges, a read-only root, private size-capped ``/tmp`` and ``/dev/shm``, memory (swap included), CPU
 and process limits, an init that reaps orphans, the init and keep-alive as ``RESIDENT_UID``, and no proxy settings
 of the Docker client. Read-only besides the workspace, each at its host path: the library roots its runs' skills
 come from, and the dependency environments they use (one folder of the environment store's ``envs/`` each, so
-``VIRTUAL_ENV`` means the same inside). A run sees the environments of the skills its workspace ran in that
-container and no other: not the store's other environments, locks or builds, and in a workspace whose skills
-declare nothing, nothing of the store at all.
-
-Mounts are fixed when a container is made: one that lacks a run's library root or environment, or mounts an
-earlier folder at that path (an environment removed and built again), is made again with the run's added (runs
-take turns, so none is in it then).
+``VIRTUAL_ENV`` means the same inside). Mounts are fixed when a container is made (and recorded in a label): one
+that lacks a run's library root or environment, or mounts an earlier folder at that path, is made again with the
+run's added.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import json
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +46,11 @@ from worker.runtimes.docker_engine import map_docker_errors
 from worker.workspace import Workspace
 
 LABEL = "skillrun.workspace"
+ROOT_LABEL = "skillrun.work_root"
+IMAGE_LABEL = "skillrun.image"
+MOUNTS_LABEL = "skillrun.mounts"
+REAP_INTERVAL_SECONDS = 30.0
+"""The longest between two looks for idle containers (a look lists the work root's containers)."""
 
 Key = tuple[str, str]
 """A container's key: its workspace's id and its image."""
@@ -44,14 +58,14 @@ Key = tuple[str, str]
 
 @dataclass
 class Box:
-    """A workspace's container as the runtime knows it."""
+    """A workspace's container as the engine describes it."""
 
     id: str
     image: str
     mounts: dict[str, int]  # folder mounted read-only → its inode when it was mounted
     network: bool
     limits: tuple[int, int]  # memory bytes (swap included), processes (residents included)
-    host: HostView | None  # None: the worker cannot see the container's processes (another PID namespace)
+    host: HostView | None  # None: the worker cannot see the container's control group (another PID namespace)
 
 
 @dataclass(frozen=True)
@@ -65,40 +79,97 @@ class BoxSettings:
 
 
 class Boxes:
-    """The containers of a runtime's workspaces, keyed by workspace and image (see the module's description).
+    """The containers of a work root's workspaces, keyed by workspace and image (see the module's description).
 
-    ``used`` hears of an image whenever a container of it starts or goes (derived images' last use)."""
+    ``turns`` is the folder of the workspaces' turn files; ``used`` hears of an image whenever a container of it
+    is made or removed (derived images' last use)."""
 
     def __init__(self, client: Callable[[], docker.DockerClient], settings: BoxSettings, *, prefix: str,
-                 work_root: Path, used: Callable[[str], None]) -> None:
+                 work_root: Path, turns: Path, used: Callable[[str], None]) -> None:
         self.client = client
         self.settings = settings
         self.prefix = prefix
         self.work_root = work_root
+        self.turns = turns
         self.used = used
-        self._boxes: dict[Key, Box] = {}
-        self._last_used: dict[Key, float] = {}
+        self._lock = threading.Lock()  # guards _boxes and _next_reap: threads of many runs use them
+        self._boxes: dict[Key, Box] = {}  # the containers this runtime used (what the engine said last)
+        self._next_reap = 0.0
+
+    @contextlib.contextmanager
+    def turn(self, workspace_id: str, *, wait: bool = True) -> Iterator[bool]:
+        """The workspace's turn on this host, ``True`` once held (waits for it; ``wait=False``: ``False`` at once
+        when another holds it). Its end marks the workspace used."""
+        self.turns.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.turns / workspace_id, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                os.utime(fd)
+        finally:
+            os.close(fd)  # releases the lock
 
     def get(self, workspace: Workspace, image: str, folders: list[str], network: bool,
             limits: tuple[int, int]) -> Box:
         """The workspace's running container of ``image`` with ``limits`` and ``folders`` mounted read-only; made
-        (or made again with ``folders`` added to what it mounted, or with the other network setting) when needed."""
+        (or made again with ``folders`` added to what it mounted, or with the other network setting) when needed.
+        Call it in the workspace's turn."""
         key = (workspace.id, image)
         wanted = {folder: os.stat(folder).st_ino for folder in folders}
-        box = self._boxes.get(key)
+        box = self.find(key)
         if box is not None:
-            mounted = all(box.mounts.get(folder) == inode for folder, inode in wanted.items())
-            if mounted and network == box.network and self.running(box):
+            if all(box.mounts.get(folder) == inode for folder, inode in wanted.items()) and network == box.network:
                 if limits != box.limits:
                     self._update(box, limits)
-                self.touch(key)
                 return box
             self.remove(key)
             wanted = {**_still_there(box.mounts), **wanted}
         return self._create(workspace, image, wanted, network, limits)
 
-    def touch(self, key: Key) -> None:
-        self._last_used[key] = time.monotonic()
+    def find(self, key: Key) -> Box | None:
+        """The workspace's running container of the image, as the engine describes it now (the one this runtime
+        knows, else one found by its labels); stopped ones found are removed. Call it in the workspace's turn."""
+        api = self.client().api
+        with self._lock:
+            known = self._boxes.get(key)
+
+        def candidates() -> Iterator[str]:
+            if known is not None:
+                yield known.id
+            yield from (c["Id"] for c in api.containers(all=True, filters={"label": self._labels(*key)}))
+
+        with map_docker_errors(f"finding the container of workspace {key[0]!r}"):
+            for found_id in candidates():
+                try:
+                    attrs = api.inspect_container(found_id)
+                except docker.errors.NotFound:
+                    continue
+                if attrs["State"]["Running"] and attrs["Config"]["Labels"].get(ROOT_LABEL) == str(self.work_root):
+                    box = self._box(attrs, known)
+                    with self._lock:
+                        self._boxes[key] = box
+                    return box
+                with contextlib.suppress(docker.errors.NotFound):
+                    api.remove_container(found_id, force=True)  # stopped (an engine restart, a crash): not in use
+        with self._lock:
+            self._boxes.pop(key, None)
+        return None
+
+    def _labels(self, workspace_id: str, image: str) -> list[str]:
+        return [f"{LABEL}={workspace_id}", f"{ROOT_LABEL}={self.work_root}", f"{IMAGE_LABEL}={image}"]
+
+    @staticmethod
+    def _box(attrs: dict, known: Box | None) -> Box:
+        config, labels = attrs["HostConfig"], attrs["Config"]["Labels"]
+        host = known.host if known is not None and known.id == attrs["Id"] else HostView.find(attrs["Id"], attrs["State"]["Pid"])
+        return Box(attrs["Id"], labels[IMAGE_LABEL], json.loads(labels.get(MOUNTS_LABEL, "{}")),
+                   config["NetworkMode"] != "none", (config["Memory"], config["PidsLimit"]), host)
 
     def _update(self, box: Box, limits: tuple[int, int]) -> None:
         """Give the container the run's memory and process limits (the SDK's update lacks ``PidsLimit``)."""
@@ -113,72 +184,108 @@ class Boxes:
     def _create(self, workspace: Workspace, image: str, mounts: dict[str, int], network: bool,
                 limits: tuple[int, int]) -> Box:
         client = self.client()
-        name = self.name(workspace.id, image)
         volumes = {str(workspace.path): {"bind": str(workspace.path), "mode": "rw"}}
         volumes.update({folder: {"bind": folder, "mode": "ro"} for folder in mounts})
         memory, pids = limits
         settings = self.settings
+        labels = dict(label.split("=", 1) for label in self._labels(workspace.id, image))
         with map_docker_errors(f"starting the container of workspace {workspace.id!r}"):
             client.images.get(image)  # never pull: a missing image is a build step, not a download
-            with contextlib.suppress(docker.errors.NotFound):
-                client.containers.get(name).remove(force=True)
-            container = client.containers.run(
-                image, ["sleep", "infinity"], name=name, detach=True, init=True,
-                labels={LABEL: workspace.id, "skillrun.work_root": str(self.work_root)},
-                user=f"{RESIDENT_UID}:{RESIDENT_UID}", network_mode="bridge" if network else "none",
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, ipc_mode="private",
-                tmpfs={"/tmp": f"size={settings.tmpfs_bytes},mode=1777,nosuid,nodev"}, shm_size=settings.shm_bytes,
-                mem_limit=memory, memswap_limit=memory, nano_cpus=int(settings.cpus * 1e9), pids_limit=pids,
-                volumes=volumes, working_dir="/", use_config_proxy=False,
-            )
-            container.reload()
-        box = Box(container.id, image, mounts, network, limits,
-                  HostView.find(container.id, container.attrs["State"]["Pid"]))
-        self._boxes[(workspace.id, image)] = box
-        self.touch((workspace.id, image))
+            try:
+                container = client.containers.run(
+                    image, ["sleep", "infinity"], name=self.name(workspace.id, image), detach=True, init=True,
+                    labels={**labels, MOUNTS_LABEL: json.dumps(mounts)},
+                    user=f"{RESIDENT_UID}:{RESIDENT_UID}", network_mode="bridge" if network else "none",
+                    cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, ipc_mode="private",
+                    tmpfs={"/tmp": f"size={settings.tmpfs_bytes},mode=1777,nosuid,nodev"}, shm_size=settings.shm_bytes,
+                    mem_limit=memory, memswap_limit=memory, nano_cpus=int(settings.cpus * 1e9), pids_limit=pids,
+                    volumes=volumes, working_dir="/", use_config_proxy=False,
+                )
+            except docker.errors.APIError as exc:
+                theirs = self.find((workspace.id, image)) if exc.status_code == 409 else None
+                if theirs is None:
+                    raise
+                return theirs  # made meanwhile by a worker that did not take turns: use it, never remove it
+            attrs = client.api.inspect_container(container.id)
+        box = self._box(attrs, None)
+        with self._lock:
+            self._boxes[(workspace.id, image)] = box
         self.used(image)
         return box
 
     def name(self, workspace_id: str, image: str) -> str:
-        """The container's name: the runtime's prefix, the workspace and a hash of the image."""
+        """The container's name: the work root's prefix, the workspace and a hash of the image."""
         return f"{self.prefix}-{workspace_id}-{hashlib.sha256(image.encode()).hexdigest()[:12]}"
 
-    def running(self, box: Box) -> bool:
-        if box.host is not None:
-            return box.host.init_pid in box.host.pids()
-        try:
-            return self.client().api.inspect_container(box.id)["State"]["Running"]
-        except docker.errors.NotFound:
-            return False
-
     def remove(self, key: Key) -> None:
-        """Remove one container (a new one is made for the workspace's next run of its image)."""
-        box = self._boxes.pop(key, None)
-        self._last_used.pop(key, None)
+        """Remove one container (a new one is made for the workspace's next run of its image). Call it in the
+        workspace's turn."""
+        with self._lock:
+            box = self._boxes.pop(key, None)
         if box is not None:
             with contextlib.suppress(docker.errors.DockerException):
                 self.client().api.remove_container(box.id, force=True)
             self.used(box.image)
 
     def remove_workspace(self, workspace_id: str) -> None:
-        """Remove every container of the workspace."""
-        for key in [key for key in self._boxes if key[0] == workspace_id]:
-            self.remove(key)
+        """Remove every container of the workspace (waiting for its turn), and its turn file."""
+        with self.turn(workspace_id):
+            self._remove_all_of(workspace_id)
+            (self.turns / workspace_id).unlink(missing_ok=True)
+
+    def _remove_all_of(self, workspace_id: str) -> None:
+        """Remove every container of the workspace on this work root, whichever worker made it (in its turn)."""
+        api = self.client().api
+        with self._lock:
+            for key in [key for key in self._boxes if key[0] == workspace_id]:
+                del self._boxes[key]
+        with map_docker_errors(f"removing the containers of workspace {workspace_id!r}"):
+            found = api.containers(all=True, filters={"label": [f"{LABEL}={workspace_id}", f"{ROOT_LABEL}={self.work_root}"]})
+        for container in found:
+            with contextlib.suppress(docker.errors.DockerException):
+                api.remove_container(container["Id"], force=True)
+            if IMAGE_LABEL in container["Labels"]:
+                self.used(container["Labels"][IMAGE_LABEL])
 
     def reap_idle(self, keep: Callable[[str], bool]) -> None:
-        """Remove the containers idle longer than ``idle_seconds`` but those of workspaces ``keep`` names."""
+        """Remove the work root's containers whose workspace went unused longer than ``idle_seconds``, but those
+        of workspaces ``keep`` names and those whose turn another run holds (looks at most every
+        ``REAP_INTERVAL_SECONDS``, or ``idle_seconds`` when shorter)."""
         now = time.monotonic()
-        for key, last in list(self._last_used.items()):
-            if not keep(key[0]) and now - last > self.settings.idle_seconds:
-                self.remove(key)
+        with self._lock:
+            if now < self._next_reap:
+                return
+            self._next_reap = now + min(self.settings.idle_seconds, REAP_INTERVAL_SECONDS)
+        with map_docker_errors("looking for idle containers"):
+            found = self.client().api.containers(all=True, filters={"label": f"{ROOT_LABEL}={self.work_root}"})
+        for workspace_id in {container["Labels"].get(LABEL, "") for container in found}:
+            if not workspace_id or keep(workspace_id) or not self._idle(workspace_id):
+                continue
+            with self.turn(workspace_id, wait=False) as held:
+                if held and self._idle(workspace_id):
+                    self._remove_all_of(workspace_id)
+
+    def _idle(self, workspace_id: str) -> bool:
+        try:
+            last = os.stat(self.turns / workspace_id).st_mtime
+        except FileNotFoundError:
+            return True  # never used on this host since it was made (a worker that crashed)
+        return time.time() - last > self.settings.idle_seconds
 
     def container_id(self, workspace_id: str, image: str) -> str | None:
-        box = self._boxes.get((workspace_id, image))
+        """The id of the workspace's container of ``image`` as this runtime last saw it."""
+        with self._lock:
+            box = self._boxes.get((workspace_id, image))
         return box.id if box else None
 
     def remove_all(self) -> None:
-        for key in list(self._boxes):
-            self.remove(key)
+        """Remove the containers this runtime used, but those a run (of another worker) is in."""
+        with self._lock:
+            workspaces = {key[0] for key in self._boxes}
+        for workspace_id in workspaces:
+            with self.turn(workspace_id, wait=False) as held:
+                if held:
+                    self._remove_all_of(workspace_id)
 
 
 def _still_there(mounts: dict[str, int]) -> dict[str, int]:
