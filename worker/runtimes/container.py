@@ -55,7 +55,7 @@ from worker.roots import root_in_use
 from worker.runtimes.base import command_environment
 from worker.runtimes.container_boxes import Box, Boxes, BoxSettings
 from worker.runtimes.container_builds import DockerTargets, docker_environments
-from worker.runtimes.container_host import CLEAN_INSIDE, CLEANED
+from worker.runtimes.container_host import CLEAN_INSIDE, CLEANED, RESIDENT_PROCESSES
 from worker.runtimes.container_images import DerivedImages
 from worker.runtimes.docker_engine import map_docker_errors
 from worker.runtimes.host import HostWorkspaceRuntime
@@ -68,8 +68,6 @@ DEFAULT_CPUS = 1.0
 DEFAULT_PIDS = 256
 DEFAULT_TMPFS_BYTES = 64 * 1024 * 1024
 DEFAULT_SHM_BYTES = 64 * 1024 * 1024
-RESIDENT_PROCESSES = 2
-"""The container's init and keep-alive, counted in its process limit besides the run's own."""
 DEFAULT_IDLE_SECONDS = 600.0
 POLL_SECONDS = 0.05
 
@@ -344,8 +342,11 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
 
     def _end_run(self, workspace: Workspace, box: Box) -> None:
         """Kill everything the run started and empty the scratch folders, through the engine (one ``docker exec``
-        as the run's user). A container that cannot be emptied — the exec cannot start (a fork bomb holds every
-        process slot) or leaves something behind — is removed (the next run gets a new one)."""
+        as the run's user), unless the host view shows nothing is left. A container that cannot be emptied — the
+        exec cannot start (a fork bomb holds every process slot) or leaves something behind — is removed (the next
+        run gets a new one)."""
+        if box.host is not None and box.host.left_nothing():
+            return
         api = self.client.api
         try:
             said = api.exec_start(api.exec_create(box.id, ["/bin/bash", "-c", CLEAN_INSIDE], user=self._user(workspace))["Id"])

@@ -9,12 +9,16 @@ run's user: the kill happens in the container's own PID namespace through the en
 so it is the same whether the worker runs on the host or in a container of its own.
 
 Where the worker shares the host's PID namespace and can read the container's control group (a worker on the
-host, as root), ``HostView`` reads the group's OOM-kill count, so a run is told when the kernel killed one of its
-processes for memory; it never signals anything.
+host, as root), ``HostView`` reads — and never signals or changes anything — the group's OOM-kill count, so a
+run is told when the kernel killed one of its processes for memory, and whether an ended run left anything: when
+only the residents are in the group and the scratch folders hold nothing but root's, there is nothing to kill or
+empty and the ``docker exec`` (most of a short run's cost) is not needed. A run cannot add to the container after
+that look: its processes are gone, and no other run of the workspace is in it (turns).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from worker.cgroups import group_procs, oom_kill_count
@@ -22,6 +26,9 @@ from worker.cgroups import group_procs, oom_kill_count
 RESIDENT_UID = 65533
 """The user of the container's init and keep-alive: not a workspace's (30000–59999), so no run can signal them,
 and a run's processes are told from them by it."""
+RESIDENT_PROCESSES = 2
+"""The container's init and keep-alive, counted in its process limit besides the run's own."""
+SCRATCH_DIRS = ("tmp", "dev/shm", "dev/mqueue")
 KILL_ROUNDS = 3
 CLEANED = "skillrun-cleaned"
 CLEAN_INSIDE = (
@@ -71,6 +78,24 @@ class HostView:
             return None
         view = cls(init_pid, procs, oom)
         return view if init_pid in group_procs(view.procs) else None
+
+    def left_nothing(self) -> bool:
+        """Whether the container holds nothing of an ended run: no process but the residents, and nothing but
+        root's at the top of its scratch folders (the folders the engine made on the way to a bind mount)."""
+        if len(group_procs(self.procs)) > RESIDENT_PROCESSES:
+            return False
+        try:
+            for folder in SCRATCH_DIRS:
+                fd = os.open(f"/proc/{self.init_pid}/root/{folder}",
+                             os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    if any(entry.stat(follow_symlinks=False).st_uid != 0 for entry in os.scandir(fd)):
+                        return False
+                finally:
+                    os.close(fd)
+        except OSError:
+            return False
+        return True
 
     def oom_kills(self) -> int | None:
         """How many processes the kernel killed in the container for going past its memory limit."""
