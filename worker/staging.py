@@ -21,7 +21,7 @@ import stat
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import defaultdict
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +32,10 @@ from worker.workspace import Workspace, reachable_by_others, remove_tree
 
 SKILL_FILE = "SKILL.md"
 SETTLED_NS = 1_000_000_000
+MAX_REMEMBERED_SIGNATURES = 4096
+"""Staged skills a stager remembers (workspaces come and go: one-off runs make one each)."""
+LOCK_STRIPES = 64
+"""Locks that serialise staging into one workspace, shared by workspaces by hash (not one kept per workspace)."""
 """A folder listed this long after its last change keeps its listing while its mtime stays: any later change
 gets a later mtime (file system clock ticks are milliseconds)."""
 WORKSPACE_LINKS = {"work": "../../work", "out": "../../out", "inputs": "../../work/inputs"}
@@ -63,15 +67,16 @@ class BaseSkillStager(ABC):
     kind: str = "base"
 
     def __init__(self) -> None:
-        self._signatures: dict[tuple[Path, str], str] = {}
+        self._signatures: OrderedDict[tuple[Path, str], str] = OrderedDict()
+        self._signatures_lock = threading.Lock()
         self._sources: dict[tuple[str, str], Path] = {}
-        self._locks: defaultdict[Path, threading.Lock] = defaultdict(threading.Lock)
+        self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
 
     def stage(self, workspace: Workspace, skill: SkillRef) -> Path:
         """Stage ``skill`` into ``workspace`` (or do nothing if it is staged and unchanged); return its folder.
 
         Runs of one workspace that start together stage one at a time: the later finds the skill staged."""
-        with self._locks[workspace.path]:
+        with self._locks[hash(workspace.path) % LOCK_STRIPES]:
             return self._stage(workspace, skill)
 
     def _stage(self, workspace: Workspace, skill: SkillRef) -> Path:
@@ -90,14 +95,23 @@ class BaseSkillStager(ABC):
         meta = workspace.read_metadata()
         staged = meta.setdefault("staged", {})
         if staged.get(skill.name, {}).get("signature") == signature and target.is_dir():
-            self._signatures[key] = signature
+            self._remember(key, signature)
             return target
         self._build(workspace, source, target)
         signature = self._signature(source)  # the build may have chosen how the folder is to be checked
         staged[skill.name] = {"source": str(source), "stager": self.kind, "signature": signature}
         workspace.write_metadata(meta)
-        self._signatures[key] = signature
+        self._remember(key, signature)
         return target
+
+    def _remember(self, key: tuple[Path, str], signature: str) -> None:
+        """Note what is staged where, for the ``MAX_REMEMBERED_SIGNATURES`` latest (a forgotten one is read back
+        from the workspace's metadata)."""
+        with self._signatures_lock:
+            self._signatures[key] = signature
+            self._signatures.move_to_end(key)
+            while len(self._signatures) > MAX_REMEMBERED_SIGNATURES:
+                self._signatures.popitem(last=False)
 
     def current(self, workspace: Workspace, skill: SkillRef) -> Path | None:
         """The staged folder of ``skill`` when this stager staged it into ``workspace`` and it is unchanged since;
