@@ -3,14 +3,14 @@
 Starts a redis-server with an append-only file (fsync every second, Redis's default for it), the API (``skillrun serve`` with ``SKILLRUN_REDIS_URL``) and two
 ``skillrun worker`` processes, all with a short result TTL (``--result-ttl``, so that retention takes effect within
 the soak), and drives ``--runs`` one-off runs (no workspace id) at concurrency ``--concurrency``: submit, then wait for
-the result. Every ``--every`` runs it lets the runs in flight end and prints a row: runs/s, p50/p95/p99 of
-submit-to-result, Redis memory and keys, workspace folders and sandbox user ids held, and the RSS of each process.
-Then the growth per 1,000 runs after retention (from the first row taken once the TTL had passed to the last), and
-the targets, PASS or FAIL each: 0 failed, 0 lost, 0 doubled (a run taking a second attempt); growth per 1,000 runs
+the result. Every ``--every`` runs it lets the runs in flight end, waits until their records and RQ jobs have
+expired (``--settle``), and prints a row: runs/s and p50/p95/p99 of submit-to-result over the block, then what is
+left — Redis memory and keys, workspace folders and sandbox user ids held, and the RSS of each process. Then the
+growth per 1,000 runs after retention (first row to last), and the targets, PASS or FAIL each: 0 failed, 0 lost, 0 doubled (a run taking a second attempt); growth per 1,000 runs
 under 0.5% of the start for every resource; p99 of the last block within 1.2x of the first. ``--check`` makes a FAIL
 the exit status.
 
-Usage: .venv/bin/python benchmarks/soak.py [--runs 35000] [--every 5000] [--concurrency 8] [--result-ttl 60]
+Usage: .venv/bin/python benchmarks/soak.py [--runs 35000] [--every 5000] [--concurrency 8] [--result-ttl 60] [--settle S]
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ P99_TARGET = 1.2
 RESOURCES = ("redis memory", "redis keys", "folders", "user ids")
 IDLE_WAIT_SECONDS = 30
 RETENTION_MARGIN_SECONDS = 5
-"""Rows count as after retention once the longest TTL of a run's keys and this much more have passed."""
 
 
 @dataclass
@@ -65,6 +64,11 @@ def workers_idle(client: redis.Redis) -> None:
     deadline = time.monotonic() + IDLE_WAIT_SECONDS
     while time.monotonic() < deadline and any(w.get_state() != "idle" for w in Worker.all(connection=client)):
         time.sleep(0.05)
+
+
+def retention_horizon(result_ttl: int) -> int:
+    """Seconds after which every key of an ended run has expired (its record's TTL, its RQ job's), and a little."""
+    return max(result_ttl, defaults.JOB_RESULT_TTL_SECONDS) + RETENTION_MARGIN_SECONDS
 
 
 def rss_bytes(pid: int) -> int:
@@ -140,12 +144,11 @@ def verdict(ok: bool) -> str:
 async def soak(args: argparse.Namespace, base_url: str, key: str, store: redis.Redis, work_root: Path,
                procs: dict[str, int]) -> bool:
     tally = Tally()
-    rows: list[tuple[int, float, dict[str, float]]] = []
+    rows: list[tuple[int, dict[str, float]]] = []
     block_p99: list[float] = []
-    began = time.monotonic()
     names = ["runs", "runs/s", "p50 ms", "p95 ms", "p99 ms", *RESOURCES, *(f"rss {n}" for n in procs)]
     print(f"soak: {args.runs} runs, concurrency {args.concurrency}, result TTL {args.result_ttl} s, row every "
-          f"{args.every} runs")
+          f"{args.every} runs, sampled {args.settle} s after its block")
     print("  ".join(f"{n:>12}" for n in names), flush=True)
     limits = httpx.Limits(max_connections=args.concurrency * 2)
     async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, limits=limits,
@@ -160,8 +163,9 @@ async def soak(args: argparse.Namespace, base_url: str, key: str, store: redis.R
             ordered = sorted(tally.latencies[first:])
             block_p99.append(percentile(ordered, 0.99))
             await asyncio.to_thread(workers_idle, store)
+            await asyncio.sleep(args.settle)
             values = sample(store, work_root, procs)
-            rows.append((done, time.monotonic() - began, values))
+            rows.append((done, values))
             cells = [f"{done}", f"{size / seconds:.1f}", f"{percentile(ordered, 0.5):.1f}",
                      f"{percentile(ordered, 0.95):.1f}", f"{block_p99[-1]:.1f}",
                      *(shown(n, values[n]) for n in names[5:])]
@@ -169,15 +173,12 @@ async def soak(args: argparse.Namespace, base_url: str, key: str, store: redis.R
     return report(args, tally, rows, block_p99)
 
 
-def report(args: argparse.Namespace, tally: Tally, rows: list[tuple[int, float, dict[str, float]]],
+def report(args: argparse.Namespace, tally: Tally, rows: list[tuple[int, dict[str, float]]],
            block_p99: list[float]) -> bool:
-    horizon = max(args.result_ttl, defaults.JOB_RESULT_TTL_SECONDS) + RETENTION_MARGIN_SECONDS
-    after = [row for row in rows if row[1] >= horizon]
-    if len(after) < 2:
-        print(f"retention: fewer than two rows {horizon} s in (the run records' and RQ jobs' TTLs); growth is "
-              "measured from the first row")
-        after = rows
-    (start_runs, _, start), (end_runs, _, end) = after[0], after[-1]
+    if args.settle < retention_horizon(args.result_ttl):
+        print(f"retention: rows were sampled {args.settle} s after their block, before the records and RQ jobs of "
+              f"its last runs expired ({retention_horizon(args.result_ttl)} s): they count in the growth")
+    (start_runs, start), (end_runs, end) = rows[0], rows[-1]
     span = max(end_runs - start_runs, 1)
     print(f"growth per 1,000 runs after retention (runs {start_runs} to {end_runs}):")
     print(f"{'resource':>16}  {'start':>10}  {'end':>10}  {'per 1,000':>10}  {'of start':>9}  target")
@@ -211,9 +212,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5_000, help="runs per row (default 5,000)")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--result-ttl", type=int, default=60, help="seconds run records are kept (default 60)")
+    parser.add_argument("--settle", type=int, help="seconds to wait after each block before sampling (default: "
+                        "until the keys of its runs have expired, the result TTL or RQ's 60 s, and 5 s more)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
     args = parser.parse_args()
     args.every = min(args.every, args.runs)
+    args.settle = retention_horizon(args.result_ttl) if args.settle is None else args.settle
 
     work = scratch_dir("skillrun-soak-")
     work_root = work / "work"

@@ -31,7 +31,7 @@ def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra):
 @pytest.mark.timeout(600)
 def test_the_soak_prints_its_rows_growth_and_targets():
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak.py"), "--runs", "200", "--every", "50",
-                           "--result-ttl", "2"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                           "--result-ttl", "2", "--settle", "0"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[1].split()[:5] == ["runs", "runs/s", "p50", "ms", "p95"], done.stdout
