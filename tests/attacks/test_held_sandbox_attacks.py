@@ -1,0 +1,350 @@
+"""More attacks on a workspace's held sandbox (``worker.held_sandbox``), as a hostile tenant would try them.
+
+Each run goes through the public API (``LocalWorkspaceRuntime.run``) as root, with real users, namespaces, control
+groups and bubblewrap. The first runs of a workspace warm it up, so the runs after go into its held sandbox, where
+the spawner is pid 1 and the runs before ran (asserted by ``_held``). Each test's name says what it defends; an
+attack that succeeds is kept as a strict ``xfail`` whose reason names the hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import textwrap
+import uuid
+
+import pytest
+
+from tests.processes import running_with, sleeper, wait_none_with
+from worker.contract import RunLimits
+from worker.runtimes.local import LocalWorkspaceRuntime
+
+pytestmark = pytest.mark.root
+
+SESSION = uuid.uuid4().hex[:8]
+PID_NAMESPACE = "readlink /proc/self/ns/pid"
+
+
+def ws(name: str) -> str:
+    return f"heldx-{name}-{SESSION}"
+
+
+def _py(code: str) -> str:
+    return f"python3 -c {shlex.quote(textwrap.dedent(code))}"
+
+
+@pytest.fixture
+async def held(work_root):
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        yield runtime
+
+
+async def _run(runtime: LocalWorkspaceRuntime, make_request, command: str, name: str, **fields):
+    result = await runtime.run(make_request(command, workspace_id=ws(name), **fields))
+    await runtime.idle()
+    return result
+
+
+async def _held(runtime: LocalWorkspaceRuntime, make_request, name: str) -> str:
+    """Warm the workspace up and return its held sandbox's PID namespace (the same for two runs in a row)."""
+    await _run(runtime, make_request, "true", name)
+    first = (await _run(runtime, make_request, PID_NAMESPACE, name)).stdout
+    second = (await _run(runtime, make_request, PID_NAMESPACE, name)).stdout
+    assert first == second and first.startswith("pid:["), (first, second)
+    return first
+
+
+LIMITS = "echo $(ulimit -n) $(ulimit -f) $(ulimit -t) $(ulimit -c) $(ulimit -u) $(ulimit -s) $(ulimit -d)"
+
+
+@pytest.mark.xfail(strict=True, reason="prlimit(2) on pid 1 is allowed (same uid; non-dumpable does not stop it): "
+                   "a run lowers the spawner's hard limits and every later run of the workspace inherits them")
+async def test_a_run_cannot_lower_the_resource_limits_the_spawner_hands_the_next_run(held, make_request):
+    namespace = await _held(held, make_request, "rlimit")
+    before = (await _run(held, make_request, LIMITS, "rlimit")).stdout
+    # limits the run's own ulimit line does not set: the next run silently gets a tiny stack and data segment
+    attack = _py("""
+        import resource
+        for limit, value in ((resource.RLIMIT_STACK, 256 << 10), (resource.RLIMIT_DATA, 128 << 20)):
+            try:
+                resource.prlimit(1, limit, (value, value))
+                print("lowered", limit)
+            except OSError as exc:
+                print("refused", limit, exc.errno)
+        """)
+    await _run(held, make_request, attack, "rlimit")
+    after = await _run(held, make_request, f"{PID_NAMESPACE}; {LIMITS}", "rlimit")
+    assert after.stdout.splitlines()[0] == namespace.strip()  # the attack's target: the same held sandbox
+    assert after.stdout.splitlines()[1] == before.strip(), (before, after.stdout)
+
+
+@pytest.mark.xfail(strict=True, reason="prlimit(2) on pid 1 lowers a hard limit the run's ulimit line then cannot "
+                   "raise: every later run of the workspace exits 125 and the held sandbox is never given up")
+async def test_a_run_cannot_make_every_later_run_of_its_workspace_fail(held, make_request):
+    await _held(held, make_request, "brick")
+    attack = _py("""
+        import resource
+        resource.prlimit(1, resource.RLIMIT_CPU, (100, 100))
+        print("lowered")
+        """)
+    assert (await _run(held, make_request, attack, "brick")).stdout == "lowered\n"
+    for _ in range(3):
+        after = await _run(held, make_request, "echo ok", "brick")
+    assert (after.exit_code, after.stdout) == (0, "ok\n"), after
+
+
+@pytest.mark.xfail(strict=True, reason="setpriority/sched_setaffinity/ioprio_set on pid 1 are allowed (same uid): "
+                   "a run renices, pins and idles the spawner and every later run of the workspace inherits it")
+async def test_a_run_cannot_renice_or_pin_the_spawner_for_the_next_run(held, make_request):
+    namespace = await _held(held, make_request, "nice")
+    look = f"{PID_NAMESPACE}; nice; taskset -p $$ | sed 's/.*: //'; ionice -p $$"
+    before = (await _run(held, make_request, look, "nice")).stdout
+    attack = _py("""
+        import os
+        for name, call in (("nice", lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),
+                           ("affinity", lambda: os.sched_setaffinity(1, {0})),
+                           ("ioprio", lambda: os.system("ionice -c 3 -p 1"))):
+            try:
+                call()
+                print(name, "set")
+            except OSError as exc:
+                print(name, "refused", exc.errno)
+        """)
+    await _run(held, make_request, attack, "nice")
+    after = (await _run(held, make_request, look, "nice")).stdout
+    assert after.splitlines()[0] == namespace.strip()
+    assert after == before, (before, after)
+
+
+async def test_a_run_that_leaves_the_spawner_no_descriptors_gets_the_held_sandbox_remade(held, make_request):
+    namespace = await _held(held, make_request, "nofile")
+    before = (await _run(held, make_request, LIMITS, "nofile")).stdout
+    attack = _py("""
+        import resource
+        resource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))
+        print("lowered")
+        """)
+    assert (await _run(held, make_request, attack, "nofile")).stdout == "lowered\n"
+    for _ in range(3):
+        after = await _run(held, make_request, f"{PID_NAMESPACE}; {LIMITS}", "nofile")
+        assert after.exit_code == 0, after
+    # the spawner could take no request (no room for their descriptors): its sandbox was given up for a new one
+    assert after.stdout.splitlines()[0] != namespace.strip()
+    assert after.stdout.splitlines()[1] == before.strip()
+
+
+async def test_a_run_cannot_kill_pid_1_or_the_next_run_with_kill_minus_one_or_stop(held, make_request):
+    namespace = await _held(held, make_request, "killall")
+    spawner = held._spawners[ws("killall")]
+    sleep, marker = sleeper()
+    result = await _run(held, make_request, f"({sleep} &); kill -STOP 1; kill -9 -1; echo survived", "killall",
+                        timeout=60)
+    assert result.stdout == "survived\n"  # kill -1 spares its caller
+    assert wait_none_with(marker, 5.0)
+    after = await _run(held, make_request, f"{PID_NAMESPACE}; echo ok", "killall")
+    assert after.stdout == namespace + "ok\n"
+    assert held._spawners[ws("killall")] is spawner and spawner.alive
+
+
+async def test_a_run_that_floods_pid_1_with_sigchld_and_orphans_zombies_does_not_hang_the_next(held, make_request):
+    namespace = await _held(held, make_request, "zombies")
+    attack = _py("""
+        import os, signal, time
+        # children that exit and are never reaped (zombies), then a parent gone: all are handed to pid 1
+        for _ in range(30):
+            if os.fork() == 0:
+                for _ in range(5):
+                    if os.fork() == 0:
+                        os._exit(0)
+                os._exit(0)  # its five zombies become pid 1's
+        deadline = time.monotonic() + 2
+        n = 0
+        while time.monotonic() < deadline:
+            os.kill(1, signal.SIGCHLD)
+            n += 1
+        print("sent", n > 0)
+        """)
+    result = await _run(held, make_request, attack, "zombies", limits=RunLimits(processes=200), timeout=60)
+    assert result.stdout == "sent True\n", result.stdout + result.stderr
+    look = _py("""
+        import os
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                print("zombie", pid, fields[1])
+        """)
+    after = await _run(held, make_request, f"{PID_NAMESPACE}; {look}", "zombies")
+    assert after.stdout == namespace, after.stdout
+
+
+async def test_a_fork_bomb_left_running_at_the_end_of_a_run_is_gone_before_the_next(held, make_request):
+    namespace = await _held(held, make_request, "bomb")
+    sleep, marker = sleeper()
+    bomb = f"bomb() {{ {sleep} & bomb & bomb & }}; (bomb &) >/dev/null 2>&1; sleep 0.2; echo lit"
+    result = await _run(held, make_request, bomb, "bomb", limits=RunLimits(processes=60), timeout=60)
+    assert "lit" in result.stdout
+    assert wait_none_with(marker, 5.0), "a process of the fork bomb outlived its run"
+    after = await _run(held, make_request, f"{PID_NAMESPACE}; ls /proc | grep -c '^[0-9]'", "bomb")
+    lines = after.stdout.splitlines()
+    assert lines[0] == namespace.strip() and int(lines[1]) <= 5, after.stdout
+
+
+async def test_a_run_finds_no_control_group_file_system_to_move_itself_out_of_its_group(held, make_request):
+    await _held(held, make_request, "cgroupfs")
+    attack = _py("""
+        import os
+        found = [line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup" in line]
+        print("cgroup mounts", len(found))
+        moved = 0
+        for top in ["/sys/fs/cgroup", *found]:
+            for folder, _, files in os.walk(top):
+                if "cgroup.procs" in files or "tasks" in files:
+                    for name in ("cgroup.procs", "tasks"):
+                        try:
+                            with open(os.path.join(folder, name), "w") as procs:
+                                procs.write(str(os.getpid()))
+                            moved += 1
+                        except OSError:
+                            pass
+        print("moved", moved)
+        """)
+    result = await _run(held, make_request, attack, "cgroupfs")
+    assert result.stdout == "cgroup mounts 0\nmoved 0\n", result.stdout + result.stderr
+
+
+async def test_files_planted_beside_the_mount_points_in_tmp_are_gone_for_the_next_run(held, make_request):
+    await _held(held, make_request, "beside")
+    # The workspace and the skill are shown under /tmp (the tests' roots): bwrap made their parent folders on the
+    # held sandbox's /tmp, owned by the workspace user. Plant files in them, and make one unreadable.
+    plant = textwrap.dedent("""
+        d=$(dirname "$WORKSPACE_DIR"); case "$d" in /tmp/*) ;; *) echo not-under-tmp; exit 0;; esac
+        echo secret > "$d/planted"; top=/tmp/$(echo "${d#/tmp/}" | cut -d/ -f1)
+        echo secret > "$top/planted-top"; mkdir -p "$top/hidden/deep" && echo s > "$top/hidden/deep/f"
+        chmod 0 "$top/hidden/deep" "$top/hidden"; chmod 0711 "$top" 2>/dev/null; echo planted
+        """)
+    planted = await _run(held, make_request, plant, "beside")
+    if planted.stdout.strip() == "not-under-tmp":
+        pytest.skip("the workspace is not shown under /tmp here")
+    assert planted.stdout == "planted\n", planted.stdout + planted.stderr
+    look = 'find /tmp -name "planted*" -o -name hidden 2>/dev/null; echo done'
+    after = await _run(held, make_request, look, "beside")
+    assert after.exit_code == 0 and after.stdout == "done\n", after.stdout + after.stderr
+
+
+async def test_a_listener_left_on_loopback_or_an_abstract_socket_is_gone_for_the_next_run(held, make_request):
+    await _held(held, make_request, "listen")
+    listen = _py("""
+        import os, socket
+        tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tcp.bind(("127.0.0.1", 47123)); tcp.listen()
+        unix = socket.socket(socket.AF_UNIX); unix.bind("\\0skillrun-left"); unix.listen()
+        if os.fork() == 0:
+            os.setsid()
+            while True:
+                tcp.accept()[0].sendall(b"poisoned")
+        print("listening")
+        """)
+    assert (await _run(held, make_request, listen, "listen")).stdout == "listening\n"
+    probe = _py("""
+        import socket
+        for family, address in ((socket.AF_INET, ("127.0.0.1", 47123)), (socket.AF_UNIX, "\\0skillrun-left")):
+            s = socket.socket(family)
+            s.settimeout(5)
+            try:
+                s.connect(address)
+                print("connected", address)
+            except OSError:
+                pass
+        print("probed")
+        """)
+    after = await _run(held, make_request, probe, "listen")
+    assert after.stdout == "probed\n", after.stdout + after.stderr
+
+
+async def test_a_run_of_one_workspace_reaches_no_socket_or_process_of_another_workspaces_held_sandbox(
+    held, make_request
+):
+    await _held(held, make_request, "victim")
+    await _held(held, make_request, "spy")
+    sleep, marker = sleeper()
+    listen = _py(f"""
+        import os, socket, time
+        tcp = socket.socket(); tcp.bind(("127.0.0.1", 47124)); tcp.listen()
+        unix = socket.socket(socket.AF_UNIX); unix.bind("\\0skillrun-victim"); unix.listen()
+        open(os.environ["WORK_DIR"] + "/listening", "w").close()
+        os.execvp("sh", ["sh", "-c", {sleep!r}])
+        """)
+    victim = asyncio.create_task(_run(held, make_request, listen, "victim", timeout=60))
+    try:
+        for _ in range(3000):
+            if running_with(marker):
+                break
+            await asyncio.sleep(0.01)
+        assert running_with(marker), "the victim's run did not start"
+        probe = _py("""
+            import os, signal, socket
+            MARKER = bytes.fromhex("%s")
+            for family, address in ((socket.AF_INET, ("127.0.0.1", 47124)), (socket.AF_UNIX, "\\0skillrun-victim")):
+                s = socket.socket(family)
+                s.settimeout(5)
+                try:
+                    s.connect(address)
+                    print("connected", address)
+                except OSError:
+                    pass
+            for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+                if MARKER in open(f"/proc/{pid}/cmdline", "rb").read():
+                    print("sees", pid)
+            print("probed")
+            """ % marker.encode().hex())
+        spy = await _run(held, make_request, probe, "spy")
+        assert spy.stdout == "probed\n", spy.stdout + spy.stderr
+    finally:
+        victim.cancel()
+        await asyncio.gather(victim, return_exceptions=True)
+
+
+async def test_a_run_that_exhausts_its_memory_leaves_pid_1_and_another_tenants_next_run_working(held, make_request):
+    namespace = await _held(held, make_request, "oom")
+    spawner = held._spawners[ws("oom")]
+    hog = _py("""
+        import os
+        blocks = []
+        for _ in range(4):
+            if os.fork() == 0:
+                break
+        while True:
+            blocks.append(bytearray(16 << 20))
+        """)
+    await _run(held, make_request, hog, "oom", limits=RunLimits(memory_bytes=64 << 20), timeout=60)
+    after = await _run(held, make_request, f"{PID_NAMESPACE}; echo ok", "oom")
+    assert after.stdout == namespace + "ok\n"
+    assert held._spawners[ws("oom")] is spawner and spawner.alive
+    other = await _run(held, make_request, "echo other", "oom-other")
+    assert other.stdout == "other\n"
+
+
+async def test_the_run_folder_and_home_of_one_run_are_not_the_next_runs(held, make_request):
+    await _held(held, make_request, "home")
+    first = await _run(held, make_request, 'echo left > "$HOME/.bashrc"; echo left > "$TMPDIR/x"; echo "$HOME"',
+                       "home")
+    second = await _run(held, make_request, 'echo "$HOME"; cat "$TMPDIR/x" 2>/dev/null; ls -A "$HOME"', "home")
+    assert second.stdout.splitlines()[0] != first.stdout.strip()
+    assert "left" not in second.stdout and ".bashrc" not in second.stdout, second.stdout
+
+
+async def test_a_detached_process_does_not_survive_into_another_skills_rebuilt_held_sandbox(
+    held, make_request, library
+):
+    from tests.conftest import write_skill
+    from worker.contract import SkillRef
+
+    write_skill(library, "other", files={"scripts/x.sh": "echo other\n"})
+    await _held(held, make_request, "rebuild")
+    sleep, marker = sleeper()
+    await _run(held, make_request, f"(setsid {sleep} >/dev/null 2>&1 &); echo left", "rebuild")
+    other = SkillRef(name="other", root=str(library), path="other")
+    for _ in range(2):
+        seen = await _run(held, make_request, f"pgrep -fc {marker} || true", "rebuild", skill=other)
+        assert seen.stdout.strip() == "0", seen.stdout
+    assert wait_none_with(marker, 1.0)
