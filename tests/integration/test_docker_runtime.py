@@ -230,3 +230,20 @@ def test_a_worker_that_cannot_see_the_containers_processes_still_ends_its_runs(d
     assert seen["timed_out"] and not seen["sees_container"]
     top = docker_engine.client.api.top(seen["container"])["Processes"]
     assert not [p for p in top if "sleep 100" in " ".join(p)], top
+
+
+async def test_a_worker_reaping_idle_containers_spares_one_another_workers_run_is_in(docker_runtime_factory, docker_engine):
+    busy_worker = docker_runtime_factory(idle_seconds=0)
+    other_worker = ContainerWorkspaceRuntime(busy_worker.work_root, client=docker_engine.client, idle_seconds=0)
+    long_run = asyncio.create_task(busy_worker.run(_request("touch $WORK_DIR/started; sleep 2; echo survived",
+                                                            workspace_id="busy")))
+    for _ in range(400):
+        workspace = busy_worker.workspaces.find("busy")
+        if workspace is not None and (workspace.work_dir / "started").exists():
+            break
+        await asyncio.sleep(0.025)
+    await other_worker.run(_request("true", workspace_id="other"))  # looks for idle containers of the work root
+    assert (await long_run).stdout == "survived\n"
+    assert busy_worker.container_id("busy") is not None
+    await other_worker.run(_request("true", workspace_id="other"))  # now the busy one is idle: reaped
+    assert not docker_engine.client.containers.list(all=True, filters={"id": busy_worker.container_id("busy")})
