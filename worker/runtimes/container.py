@@ -151,7 +151,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         self.boxes = Boxes(
             lambda: self.client, BoxSettings(cpus, tmpfs_bytes, shm_bytes, idle_seconds),
             prefix="skillrun-" + hashlib.sha256(str(self.work_root.resolve()).encode()).hexdigest()[:8],
-            work_root=self.work_root, turns=workspaces.registry / "containers", used=self.images.mark_used,
+            work_root=self.work_root.resolve(), turns=workspaces.registry / "containers", used=self.images.mark_used,
         )
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # workspace → (its lock, runs holding or awaiting it)
         self._run_images: dict[str, str] = {}  # run id → the derived image it runs in (set just before it starts)
