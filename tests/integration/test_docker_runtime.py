@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
+from tests.file_server import FileServer
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
+from worker.roots import evict
 from worker.runtimes.container import RESIDENT_PROCESSES, ContainerWorkspaceRuntime
 
 pytestmark = pytest.mark.docker
@@ -247,3 +252,30 @@ async def test_a_worker_reaping_idle_containers_spares_one_another_workers_run_i
     assert busy_worker.container_id("busy") is not None
     await other_worker.run(_request("true", workspace_id="other"))  # now the busy one is idle: reaped
     assert not docker_engine.client.containers.list(all=True, filters={"id": busy_worker.container_id("busy")})
+
+
+async def test_a_url_library_a_run_uses_stays_in_the_cache_until_the_run_ends(docker_runtime_factory, shared_dir,
+                                                                              monkeypatch):
+    cache = shared_dir / "roots"
+    monkeypatch.setenv("SKILLS_CACHE_DIR", str(cache))
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        tar.add(LIBRARY / "python-math", arcname="lib/python-math")
+    digest = hashlib.sha256(archive.getvalue()).hexdigest()
+    server = FileServer().start()
+    try:
+        skill = SkillRef(name="python-math", root=server.add("/lib.tgz", archive.getvalue()), path="lib/python-math",
+                         digest=digest)
+        runtime = docker_runtime_factory()
+        run = asyncio.create_task(runtime.run(RunRequest(
+            skill=skill, workspace_id="url", command="touch $WORK_DIR/started; sleep 1; head -1 SKILL.md")))
+        for _ in range(400):
+            workspace = runtime.workspaces.find("url")
+            if workspace is not None and (workspace.work_dir / "started").exists():
+                break
+            await asyncio.sleep(0.025)
+        assert evict(cache, 1) == []  # past any bound, the entry the run holds stays
+        assert (await run).stdout == "---\n"
+        assert evict(cache, 1) == [digest]  # once the run has ended, it can go
+    finally:
+        server.stop()
