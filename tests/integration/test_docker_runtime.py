@@ -279,3 +279,20 @@ async def test_a_url_library_a_run_uses_stays_in_the_cache_until_the_run_ends(do
         assert evict(cache, 1) == [digest]  # once the run has ended, it can go
     finally:
         server.stop()
+
+
+async def test_the_name_held_by_an_earlier_versions_container_is_taken_over_and_a_strangers_is_refused(
+        docker_runtime_factory, docker_engine):
+    runtime = docker_runtime_factory()
+    root = str(runtime.work_root.resolve())
+    earlier = docker_engine.client.containers.run(  # as made before containers had the image's label
+        runtime.image, ["sleep", "infinity"], name=runtime.boxes.name("old", runtime.image), detach=True,
+        labels={"skillrun.workspace": "old", "skillrun.work_root": root})
+    assert (await runtime.run(_request("true", workspace_id="old"))).exit_code == 0
+    assert runtime.container_id("old") != earlier.id
+    assert not docker_engine.client.containers.list(all=True, filters={"id": earlier.id})
+    docker_engine.client.containers.run(runtime.image, ["sleep", "infinity"], detach=True,
+                                        name=runtime.boxes.name("taken", runtime.image),
+                                        labels={"skillrun.work_root": root})
+    with pytest.raises(RuntimeUnavailableError, match="taken by a container that is not this workspace's"):
+        await runtime.run(_request("true", workspace_id="taken"))

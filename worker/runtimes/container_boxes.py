@@ -41,6 +41,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from worker.errors import RuntimeUnavailableError
 from worker.runtimes.container_host import RESIDENT_UID, HostView
 from worker.runtimes.docker_engine import map_docker_errors
 from worker.workspace import Workspace
@@ -184,34 +185,51 @@ class Boxes:
     def _create(self, workspace: Workspace, image: str, mounts: dict[str, int], network: bool,
                 limits: tuple[int, int]) -> Box:
         client = self.client()
+        name = self.name(workspace.id, image)
+        with map_docker_errors(f"starting the container of workspace {workspace.id!r}"):
+            client.images.get(image)  # never pull: a missing image is a build step, not a download
+            try:
+                container_id = self._start(workspace, image, name, mounts, network, limits)
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:
+                    raise
+                theirs = self.find((workspace.id, image))
+                if theirs is not None:
+                    return theirs  # made meanwhile by a worker that did not take turns: use it, never remove it
+                self._remove_earlier(workspace.id, name)
+                container_id = self._start(workspace, image, name, mounts, network, limits)
+            box = self._box(client.api.inspect_container(container_id), None)
+        with self._lock:
+            self._boxes[(workspace.id, image)] = box
+        self.used(image)
+        return box
+
+    def _start(self, workspace: Workspace, image: str, name: str, mounts: dict[str, int], network: bool,
+               limits: tuple[int, int]) -> str:
         volumes = {str(workspace.path): {"bind": str(workspace.path), "mode": "rw"}}
         volumes.update({folder: {"bind": folder, "mode": "ro"} for folder in mounts})
         memory, pids = limits
         settings = self.settings
         labels = dict(label.split("=", 1) for label in self._labels(workspace.id, image))
-        with map_docker_errors(f"starting the container of workspace {workspace.id!r}"):
-            client.images.get(image)  # never pull: a missing image is a build step, not a download
-            try:
-                container = client.containers.run(
-                    image, ["sleep", "infinity"], name=self.name(workspace.id, image), detach=True, init=True,
-                    labels={**labels, MOUNTS_LABEL: json.dumps(mounts)},
-                    user=f"{RESIDENT_UID}:{RESIDENT_UID}", network_mode="bridge" if network else "none",
-                    cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, ipc_mode="private",
-                    tmpfs={"/tmp": f"size={settings.tmpfs_bytes},mode=1777,nosuid,nodev"}, shm_size=settings.shm_bytes,
-                    mem_limit=memory, memswap_limit=memory, nano_cpus=int(settings.cpus * 1e9), pids_limit=pids,
-                    volumes=volumes, working_dir="/", use_config_proxy=False,
-                )
-            except docker.errors.APIError as exc:
-                theirs = self.find((workspace.id, image)) if exc.status_code == 409 else None
-                if theirs is None:
-                    raise
-                return theirs  # made meanwhile by a worker that did not take turns: use it, never remove it
-            attrs = client.api.inspect_container(container.id)
-        box = self._box(attrs, None)
-        with self._lock:
-            self._boxes[(workspace.id, image)] = box
-        self.used(image)
-        return box
+        return self.client().containers.run(
+            image, ["sleep", "infinity"], name=name, detach=True, init=True,
+            labels={**labels, MOUNTS_LABEL: json.dumps(mounts)},
+            user=f"{RESIDENT_UID}:{RESIDENT_UID}", network_mode="bridge" if network else "none",
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, ipc_mode="private",
+            tmpfs={"/tmp": f"size={settings.tmpfs_bytes},mode=1777,nosuid,nodev"}, shm_size=settings.shm_bytes,
+            mem_limit=memory, memswap_limit=memory, nano_cpus=int(settings.cpus * 1e9), pids_limit=pids,
+            volumes=volumes, working_dir="/", use_config_proxy=False,
+        ).id
+
+    def _remove_earlier(self, workspace_id: str, name: str) -> None:
+        """Remove the container holding ``name`` that the labels did not find, when it is this workspace's on this
+        work root (one an earlier version of the runtime made, without the image's label; no run of the
+        workspace is in it: the turn is held); raise the conflict for anyone else's."""
+        labels = self.client().api.inspect_container(name)["Config"]["Labels"]
+        if labels.get(LABEL) != workspace_id or labels.get(ROOT_LABEL) != str(self.work_root):
+            raise RuntimeUnavailableError(f"the container name {name!r} is taken by a container that is not this "
+                                          "workspace's; remove it")
+        self.client().api.remove_container(name, force=True)
 
     def name(self, workspace_id: str, image: str) -> str:
         """The container's name: the work root's prefix, the workspace and a hash of the image."""
