@@ -89,7 +89,8 @@ def resolve_root(
 ) -> Path:
     """The local folder for ``root``, downloading and extracting a URL root into the cache when needed.
 
-    ``allow_local=False`` refuses local paths and ``file://`` URLs (for roots a remote caller named).
+    ``allow_local=False`` refuses local paths and ``file://`` URLs (for roots a remote caller named);
+    ``cache_bytes`` bounds the cache (default ``SKILLRUN_URL_CACHE_BYTES``).
     """
     text = os.fspath(root)
     scheme = urllib.parse.urlsplit(text).scheme
