@@ -317,7 +317,8 @@ async def test_a_run_that_exhausts_its_memory_leaves_pid_1_and_another_tenants_n
         while True:
             blocks.append(bytearray(16 << 20))
         """)
-    await _run(held, make_request, hog, "oom", limits=RunLimits(memory_bytes=64 << 20), timeout=60)
+    hogged = await _run(held, make_request, hog, "oom", limits=RunLimits(memory_bytes=64 << 20), timeout=60)
+    assert hogged.oom_killed, hogged  # five processes of ~64 MB each: the group's limit holds for the run as a whole
     after = await _run(held, make_request, f"{PID_NAMESPACE}; echo ok", "oom")
     assert after.stdout == namespace + "ok\n" and not after.oom_killed
     assert held._spawners[ws("oom")] is spawner and spawner.alive
@@ -421,3 +422,59 @@ async def test_a_run_cannot_change_the_ipc_limits_the_next_run_of_its_workspace_
     after = await _run(held, make_request, f"{PID_NAMESPACE}; {IPC_SETTINGS}; ipcmk -M 8192 >/dev/null && echo made",
                        "ipcsysctl")
     assert after.stdout == namespace + before + "made\n", after.stdout + after.stderr
+
+
+async def test_a_tree_in_tmp_too_deep_to_empty_gets_the_held_sandbox_given_up_not_the_next_run_failed(
+    held, make_request
+):
+    namespace = await _held(held, make_request, "deep")
+    plant = _py("""
+        import os
+        os.chdir("/tmp")
+        for _ in range(1500):  # deeper than the spawner's recursion limit
+            os.mkdir("d")
+            os.chdir("d")
+        open("secret", "w").write("left")
+        print("planted")
+        """)
+    assert (await _run(held, make_request, plant, "deep")).stdout == "planted\n"
+    for _ in range(2):
+        after = await _run(held, make_request, f"{PID_NAMESPACE}; ls /tmp; echo end", "deep")
+        assert after.exit_code == 0 and after.stdout.splitlines()[-1] == "end", after
+        assert "\nd\n" not in after.stdout
+    assert after.stdout.splitlines()[0] != namespace.strip()  # a new held sandbox
+
+
+async def test_first_runs_of_two_workspaces_through_launchers_share_no_network_namespace(held, make_request):
+    sleep, marker = sleeper()
+    listen = _py(f"""
+        import os, socket
+        tcp = socket.socket(); tcp.bind(("127.0.0.1", 47125)); tcp.listen()
+        unix = socket.socket(socket.AF_UNIX); unix.bind("\\0skillrun-first"); unix.listen()
+        os.execvp("sh", ["sh", "-c", {sleep!r}])
+        """)
+    victim = asyncio.create_task(_run(held, make_request, listen, "first-victim", timeout=60))
+    try:
+        for _ in range(3000):
+            if running_with(marker):
+                break
+            await asyncio.sleep(0.01)
+        assert running_with(marker), "the victim's run did not start"
+        probe = _py("""
+            import socket
+            for family, address in ((socket.AF_INET, ("127.0.0.1", 47125)), (socket.AF_UNIX, "\\0skillrun-first")):
+                s = socket.socket(family)
+                s.settimeout(5)
+                try:
+                    s.connect(address)
+                    print("connected", address)
+                except OSError:
+                    pass
+            print(open("/proc/net/unix").read().count("skillrun-first"), "seen")
+            """)
+        spy = await _run(held, make_request, probe, "first-spy")
+        assert spy.stdout == "0 seen\n", spy.stdout + spy.stderr
+    finally:
+        victim.cancel()
+        await asyncio.gather(victim, return_exceptions=True)
+    assert wait_none_with(marker, 5.0)
