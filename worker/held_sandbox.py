@@ -19,7 +19,11 @@ a ready shell it forks there: a warm run costs what a run without a sandbox does
 * **The run cannot reach the spawner.** The spawner is the namespace's pid 1: the kernel delivers it no signal
   from inside the namespace but those it handles (it handles SIGCHLD alone, by reaping); it is non-dumpable, so
   no process of its user may ``ptrace`` it, read its memory or open its descriptors through ``/proc``. bwrap's
-  monitor lives outside the namespace. Its socket to the worker is its own (close-on-exec).
+  monitor lives outside the namespace. Its socket to the worker is its own (close-on-exec). What a process of
+  the same user may still set on it — resource limits (``prlimit``), niceness, CPU affinity, scheduling policy,
+  I/O priority — the next shell would inherit: the worker reads them (``ProcessSettings``) before every shell
+  and gives the held sandbox up when a run changed any; the namespace's IPC limits (``kernel.shm*``, ``msg*``,
+  ``sem``: the workspace user owns the namespace, so a run may write them) are put back by ``fresh``.
 * **The run sees its own skill.** The held sandbox shows the workspace and the folders of one spec (the skill's
   staged library folder and its dependency environment, read-only); a run whose spec differs (another skill)
   runs in a sandbox of its own, and the workspace's held sandbox is made anew for that spec.
@@ -31,8 +35,11 @@ children of the spawner's process (``host_pid``), to follow it, place it and kil
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import re
+from dataclasses import dataclass
 
 from worker.errors import SpawnerError
 from worker.seccomp import sandbox_filter
@@ -42,6 +49,29 @@ HELD_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)\s*[,}]')
 REPORT_BYTES = 4096
 
 FRESH_SOURCE = r"""
+IPC_LIMITS = ["/proc/sys/kernel/" + name for name in ("shmmax", "shmall", "shmmni", "shm_rmid_forced", "msgmax",
+              "msgmnb", "msgmni", "sem")]
+def read_limits():
+    found = {}
+    for path in IPC_LIMITS:
+        try:
+            with open(path) as f:
+                found[path] = f.read()
+        except OSError:
+            pass
+    return found
+started_limits = read_limits()
+def limits_back():
+    for path, value in started_limits.items():
+        try:
+            with open(path) as f:
+                if f.read() == value:
+                    continue
+            with open(path, "w") as f:
+                f.write(value)
+        except OSError:
+            pass
+    return read_limits() == started_limits
 def empty(path):
     try:
         if os.path.isdir(path) and not os.path.islink(path):
@@ -81,11 +111,49 @@ def fresh():
         libc.msgctl(ident, 0, None)
     for ident in ipc_ids("sem"):
         libc.semctl(ident, 0, 0)
-    return clean and not (ipc_ids("shm") or ipc_ids("msg") or ipc_ids("sem"))
+    return clean and not (ipc_ids("shm") or ipc_ids("msg") or ipc_ids("sem")) and limits_back()
 """
 """``fresh()`` in the spawner (as the workspace user, whose every file and IPC object these are; ``0`` is
 ``IPC_RMID``): whether the held sandbox is as a new one would be. The folders bwrap made in ``/tmp`` on the way to
-a folder it shows there (a workspace under ``/tmp``) stay, emptied of all else; the mount points stay whole."""
+a folder it shows there (a workspace under ``/tmp``) stay, emptied of all else; the mount points stay whole. The
+namespace's IPC limits read at the spawner's start, before any run, are written back where a run changed them."""
+
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
+"""``ioprio_get``'s system call number (no Python wrapper; ``None``: the I/O priority is not compared here)."""
+IOPRIO_WHO_PROCESS = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """What a process of the spawner's user may set on the spawner with no right to its memory, and the spawner's
+    next child would inherit: every resource limit, niceness, CPU affinity, scheduling policy and priority, and
+    I/O priority (read by root from outside the namespace)."""
+
+    limits: str
+    nice: int
+    affinity: frozenset[int]
+    policy: int
+    priority: int
+    io_priority: int
+
+    @classmethod
+    def of(cls, pid: int) -> "ProcessSettings":
+        """``pid``'s settings; ``SpawnerError`` if it is gone."""
+        try:
+            with open(f"/proc/{pid}/limits") as table:  # prlimit(2) would need CAP_SYS_RESOURCE over its namespace
+                limits = table.read()
+            io_priority = _libc.syscall(IOPRIO_GET, IOPRIO_WHO_PROCESS, pid) if IOPRIO_GET is not None else 0
+            return cls(limits, os.getpriority(os.PRIO_PROCESS, pid), frozenset(os.sched_getaffinity(pid)),
+                       os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority, io_priority)
+        except (OSError, ValueError) as exc:
+            raise SpawnerError(f"the held sandbox's spawner is gone: {exc}") from exc
+
+    def differences(self, other: "ProcessSettings") -> list[str]:
+        """The names of the settings that differ between the two."""
+        return [name for name in ("limits", "nice", "affinity", "policy", "priority", "io_priority")
+                if getattr(self, name) != getattr(other, name)]
+
 
 
 class HeldStart:
@@ -100,6 +168,15 @@ class HeldStart:
         finally:
             os.close(seccomp_w)
         self.pid = 0
+        self.settings: ProcessSettings | None = None
+
+    def changed_settings(self) -> list[str]:
+        """What a run changed of the spawner's settings its next child would inherit (``ProcessSettings``), read
+        first before any run is in the sandbox (for its first shell); ``SpawnerError`` if the spawner is gone."""
+        settings = ProcessSettings.of(self.pid)
+        if self.settings is None:
+            self.settings = settings
+        return settings.differences(self.settings)
 
     def child_fds(self) -> tuple[int, int]:
         return self.info_w, self.seccomp_r

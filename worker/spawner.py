@@ -37,11 +37,11 @@ import threading
 import time
 from pathlib import Path
 
+from worker import held_sandbox
 from worker.errors import SpawnerError
 from worker.fdwait import wait_readable
-from worker.ready_shell import READY_SHELL_LOADER, READY_TIMEOUT_SECONDS, ReadyShell
-from worker import held_sandbox
 from worker.held_sandbox import FRESH_SOURCE, HeldStart
+from worker.ready_shell import READY_SHELL_LOADER, READY_TIMEOUT_SECONDS, ReadyShell
 from worker.sandbox import SandboxSpec, find_bwrap
 
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -267,6 +267,9 @@ class Spawner:
         """Start a shell for a command not known yet: bash started now, with ``env`` in ``cwd``, waiting on its
         descriptor 3 for the script (``ReadyShell.start``). In a held sandbox, emptied of what the last run left
         first; the shell there takes a run once placed in its control group (``ReadyShell.place``)."""
+        if self._held is not None and (changed := self._held.changed_settings()):
+            self.shut()
+            raise SpawnerError(f"a run changed the held sandbox's spawner ({', '.join(changed)}); it is given up")
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         script_r, script_w = os.pipe()
