@@ -105,12 +105,13 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, 
         summary = {"run_id": run_id, "exit_code": result.exit_code}
     if ended_by(ended, held):
         remove_one_off_workspace(runtime, record.request)
-    _prune_artifacts(runtime)
+    prune_artifacts(runtime)
     return summary
 
 
-def _prune_artifacts(runtime: BaseWorkspaceRuntime) -> None:
-    """Every ``ARTIFACT_PRUNE_SECONDS`` (per process), remove artifact versions older than the artifact TTL."""
+def prune_artifacts(runtime: BaseWorkspaceRuntime) -> None:
+    """Every ``ARTIFACT_PRUNE_SECONDS`` (per process), remove artifact versions older than the artifact TTL (workers
+    after their runs; the inline dispatcher after its own)."""
     global _pruned_at
     if not isinstance(runtime, HostWorkspaceRuntime) or time.monotonic() - _pruned_at < ARTIFACT_PRUNE_SECONDS:
         return

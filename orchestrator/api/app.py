@@ -52,7 +52,7 @@ def build_services(settings: Settings) -> Services:
         runtime = create_local_workspace_runtime(
             settings.work_root, artifact_store=FileArtifactStore(settings.artifacts_dir) if settings.artifacts_dir else None
         )
-        dispatcher = InlineDispatcher({"local": runtime})
+        dispatcher = InlineDispatcher({"local": runtime}, result_ttl=settings.result_ttl_seconds)
         artifacts = runtime.artifact_store
     return Services(
         repository=repository,

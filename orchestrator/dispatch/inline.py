@@ -8,7 +8,7 @@ from typing import Any
 from orchestrator.dispatch.base import BaseDispatcher
 from worker import defaults
 from worker.contract import RunRequest, RunResult
-from worker.jobs import remove_one_off_workspace
+from worker.jobs import prune_artifacts, remove_one_off_workspace
 from worker.run_store import (
     Attempt,
     MemoryRunStore,
@@ -72,14 +72,14 @@ class InlineDispatcher(BaseDispatcher):
             result = await runtime.run(request, allow_host_paths=trusted)
         except Exception as exc:  # bad input or an unusable runtime: the run fails with the reason
             self.store.fail(request.run_id, f"{type(exc).__name__}: {exc}", held)
-            await asyncio.to_thread(remove_one_off_workspace, runtime, request)
+            await asyncio.to_thread(_clean_up, runtime, request)
             if reraise:
                 raise
             return None
         result.worker_id = self._who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
         self.store.finish(request.run_id, result, held)
-        await asyncio.to_thread(remove_one_off_workspace, runtime, request)
+        await asyncio.to_thread(_clean_up, runtime, request)
         return result
 
     async def run(self, request: RunRequest, *, trusted: bool = False) -> RunResult:
@@ -105,3 +105,9 @@ class InlineDispatcher(BaseDispatcher):
             task.cancel()
         for runtime in self._runtimes.values():
             await runtime.close()
+
+
+def _clean_up(runtime: BaseWorkspaceRuntime, request: RunRequest) -> None:
+    """What an ended run leaves: its workspace if it was the run's own, and artifacts past their TTL (in turns)."""
+    remove_one_off_workspace(runtime, request)
+    prune_artifacts(runtime)

@@ -53,3 +53,26 @@ def test_artifacts_are_kept_at_least_as_long_as_the_run_records_that_name_them()
     assert WorkerSettings(result_ttl_seconds=7 * DAY).artifacts_kept_seconds == 7 * DAY
     with pytest.raises(ValidationError, match="at least result_ttl_seconds"):
         WorkerSettings(result_ttl_seconds=3600, artifact_ttl_seconds=60)
+
+
+async def test_the_embedded_default_prunes_artifacts_after_its_runs_and_keeps_records_for_the_settings_ttl(
+    tmp_path, work_root, monkeypatch, make_request
+):
+    from orchestrator.api.app import build_services
+    from orchestrator.config import Settings
+    from worker import jobs
+
+    monkeypatch.setattr(jobs, "_pruned_at", float("-inf"))  # this process has not pruned yet
+    settings = Settings(work_root=work_root, artifacts_dir=tmp_path / "artifacts", data_dir=tmp_path / "data",
+                        result_ttl_seconds=120)
+    services = build_services(settings)
+    try:
+        assert services.dispatcher.result_ttl == 120
+        store = services.dispatcher.runtime("local").artifact_store
+        store.save_bytes("old-session", "out/a.txt", b"old", "text/plain")
+        _age(store, "old-session", "out/a.txt", 1, 2 * DAY)
+        await services.dispatcher.run(make_request("true"))
+        await services.dispatcher.drain()
+        assert store.versions("old-session", "out/a.txt") == []
+    finally:
+        await services.close()
