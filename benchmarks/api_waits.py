@@ -32,7 +32,7 @@ from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from orchestrator.documents import RedisDocuments  # noqa: E402
 from orchestrator.teams import TeamStore  # noqa: E402
 from tests.orchestrator.api_helpers import new_team  # noqa: E402
-from tests.services import RedisServer, free_port  # noqa: E402
+from tests.services import RedisServer, connections_to, free_port  # noqa: E402
 
 RUN = {"skill": "python-math", "command": "true"}
 
@@ -62,18 +62,6 @@ async def settled(pid: int, window: float = 1.0, quiet: float = 0.05) -> float:
         share = (cpu_seconds(pid) - before) / window
         if share < quiet:
             return share
-
-
-def connections_to(port: int) -> int:
-    """Established TCP connections the server on ``port`` (on this host) holds."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                    count += 1
-    return count
 
 
 async def main() -> None:

@@ -44,6 +44,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def connections_to(port: int) -> int:
+    """Established TCP connections the server on ``port`` (on this host) holds."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                count += int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01"
+    return count
+
+
 class RedisServer:
     """A private redis-server: loopback only, no persistence, its own temporary directory."""
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import uvicorn
 
 from orchestrator.api import Services, create_app
 from orchestrator.assistant import create_assistant
@@ -14,6 +19,7 @@ from orchestrator.libraries import LibraryRegistry
 from orchestrator.sessions import BaseSessionService, InMemorySessionService
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
+from tests.services import free_port
 from worker.artifacts import FileArtifactStore
 from worker.roots import FetchLimits
 
@@ -47,3 +53,21 @@ def client(services: Services, key: str | None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://t",
                              headers=headers)
+
+
+@contextlib.contextmanager
+def api_in_a_thread(services: Services) -> Iterator[str]:
+    """The app under uvicorn on loopback (real connections, so a client can leave), in a thread of this process;
+    its URL."""
+    server = uvicorn.Server(uvicorn.Config(create_app(services=services), host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the API did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)

@@ -18,17 +18,15 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-import uvicorn
 
-from orchestrator.api import Services, create_app
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.documents import RedisDocuments
 from orchestrator.teams import TeamStore
 from tests.conftest import IS_ROOT, workspace_dirs
+from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
 from tests.orchestrator.api_helpers import client as api_client
-from tests.orchestrator.api_helpers import make_services, new_team
 from tests.orchestrator.test_api_sessions import parse_sse
-from tests.services import RedisServer, free_port
+from tests.services import RedisServer, connections_to, free_port
 from worker.artifacts import FileArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,23 +189,6 @@ async def test_the_api_over_the_queue_with_a_worker_process(redis_url, work_root
     await services.close()
 
 
-@contextlib.contextmanager
-def _api_in_a_thread(services: Services):
-    """The app under uvicorn on loopback (real connections, so a client can leave), in a thread of this process."""
-    server = uvicorn.Server(uvicorn.Config(create_app(services=services), host="127.0.0.1", port=free_port(),
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive(), "the API did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-
-
 async def _until(done, seconds: float = 60.0) -> bool:
     """Whether ``done()`` holds within ``seconds`` (a bound against hanging, not a figure)."""
     deadline = time.monotonic() + seconds
@@ -226,7 +207,7 @@ async def test_open_waits_hold_no_thread_a_submission_still_answers_and_a_wait_e
     dispatcher = QueueDispatcher(redis_url)
     services = make_services(dispatcher, FileArtifactStore(shared_dir / "artifacts"), shared_dir / "data")
     key = new_team(services, "team-w")
-    with _api_in_a_thread(services) as url:
+    with api_in_a_thread(services) as url:
         limits = httpx.Limits(max_connections=waits + streams + 10)
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, limits=limits,
                                      timeout=120) as c:
@@ -318,7 +299,7 @@ async def test_sigterm_ends_the_api_at_once_answering_its_waits_and_closing_its_
         run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "true"})).json()["id"]
         waits = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(50)]
         streams = [asyncio.create_task(_read_stream(c, f"/v1/runs/{run_id}/events")) for _ in range(5)]
-        assert await _until(lambda: _connections_to(api_process.port) >= 55)
+        assert await _until(lambda: connections_to(api_process.port) >= 55)
         await asyncio.sleep(0.5)  # connected, and read: a request not yet read would be dropped, not answered
         api_process.proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
@@ -343,7 +324,7 @@ async def test_sigterm_ends_the_api_even_while_an_agent_turn_streams_its_answer(
         async with api_process.client() as c:
             assert (await c.post("/v1/sessions", json={"session_id": "stalled"})).status_code == 201
             turn = asyncio.create_task(c.post("/v1/sessions/stalled/messages", json={"text": "hi"}))
-            assert await _until(lambda: _connections_to(model.getsockname()[1]) >= 1)  # the model was asked
+            assert await _until(lambda: connections_to(model.getsockname()[1]) >= 1)  # the model was asked
             api_process.proc.send_signal(signal.SIGTERM)
             assert await asyncio.to_thread(api_process.proc.wait, 60) in (0, -signal.SIGTERM)
             with contextlib.suppress(httpx.HTTPError):
@@ -355,7 +336,7 @@ async def test_an_api_killed_under_its_waiting_callers_loses_no_run(api_process,
     async with api_process.client() as c:
         run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "echo survived"})).json()["id"]
         waits = [asyncio.create_task(c.get(f"/v1/runs/{run_id}", params={"wait": 300})) for _ in range(50)]
-        assert await _until(lambda: _connections_to(api_process.port) >= 50)
+        assert await _until(lambda: connections_to(api_process.port) >= 50)
         api_process.stop()  # SIGKILL
         outcomes = await asyncio.gather(*waits, return_exceptions=True)
     assert all(isinstance(outcome, httpx.TransportError) for outcome in outcomes), outcomes  # told, not left hanging
@@ -366,17 +347,6 @@ async def test_an_api_killed_under_its_waiting_callers_loses_no_run(api_process,
     async with api_process.client() as c:
         done = (await c.get(f"/v1/runs/{run_id}", params={"wait": 60})).json()
     assert (done["status"], done["result"]["stdout"], done["attempts"]) == ("finished", "survived\n", 1)
-
-
-def _connections_to(port: int) -> int:
-    """Established connections the server on ``port`` (on this host) holds."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                count += int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01"
-    return count
 
 
 async def _read_stream(client: httpx.AsyncClient, path: str) -> str:

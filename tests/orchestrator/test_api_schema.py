@@ -10,18 +10,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from orchestrator.api import create_app
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.documents import RedisDocuments
 from orchestrator.libraries import LibraryRegistry
-from tests.orchestrator.api_helpers import make_services, new_team
-from tests.services import free_port
+from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
 from worker.artifacts import FileArtifactStore
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
@@ -34,16 +30,8 @@ def api_url(redis_url, shared_dir):
                              shared_dir / "data", documents=RedisDocuments(redis_url))
     services.libraries = LibraryRegistry(services.teams.docs, shared_dir / "libraries")  # private URLs refused
     key = new_team(services, "team-a")
-    server = uvicorn.Server(uvicorn.Config(create_app(services=services), host="127.0.0.1", port=free_port(),
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive(), "the API did not start"
-        threading.Event().wait(0.01)
-    yield f"http://127.0.0.1:{server.config.port}", key
-    server.should_exit = True
-    thread.join(timeout=30)
+    with api_in_a_thread(services) as url:
+        yield url, key
 
 
 @pytest.mark.slow
