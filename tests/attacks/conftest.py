@@ -10,6 +10,7 @@ import pytest
 
 from tests.integration.conftest import docker_engine, docker_runtime_factory  # noqa: F401 - shared fixtures
 from worker.contract import RunRequest, SkillRef
+from worker.runtimes.local import LocalWorkspaceRuntime
 
 
 @pytest.fixture
@@ -21,3 +22,11 @@ def run_in(library):
         return RunRequest(skill=SkillRef(name="demo", root=str(library), path="demo"), command=command, **fields)
 
     return make
+
+
+@pytest.fixture
+async def held(work_root):
+    """A local runtime whose spawners start at once: every run of a workspace but its first goes into its held
+    sandbox (``tests.attacks.held``)."""
+    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
+        yield runtime

@@ -9,12 +9,12 @@ attack that succeeds is kept as a strict ``xfail`` whose reason names the hole.
 from __future__ import annotations
 
 import asyncio
-import shlex
 import textwrap
 import uuid
 
 import pytest
 
+from tests.attacks.held import PID_NAMESPACE, py, run, warm_held
 from tests.processes import running_with, sleeper, wait_none_with
 from worker.contract import RunLimits
 from worker.runtimes.local import LocalWorkspaceRuntime
@@ -22,36 +22,18 @@ from worker.runtimes.local import LocalWorkspaceRuntime
 pytestmark = pytest.mark.root
 
 SESSION = uuid.uuid4().hex[:8]
-PID_NAMESPACE = "readlink /proc/self/ns/pid"
 
 
 def ws(name: str) -> str:
     return f"heldx-{name}-{SESSION}"
 
 
-def _py(code: str) -> str:
-    return f"python3 -c {shlex.quote(textwrap.dedent(code))}"
-
-
-@pytest.fixture
-async def held(work_root):
-    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
-        yield runtime
-
-
 async def _run(runtime: LocalWorkspaceRuntime, make_request, command: str, name: str, **fields):
-    result = await runtime.run(make_request(command, workspace_id=ws(name), **fields))
-    await runtime.idle()
-    return result
+    return await run(runtime, make_request, command, ws(name), **fields)
 
 
 async def _held(runtime: LocalWorkspaceRuntime, make_request, name: str) -> str:
-    """Warm the workspace up and return its held sandbox's PID namespace (the same for two runs in a row)."""
-    await _run(runtime, make_request, "true", name)
-    first = (await _run(runtime, make_request, PID_NAMESPACE, name)).stdout
-    second = (await _run(runtime, make_request, PID_NAMESPACE, name)).stdout
-    assert first == second and first.startswith("pid:["), (first, second)
-    return first
+    return await warm_held(runtime, make_request, ws(name))
 
 
 LIMITS = "echo $(ulimit -n) $(ulimit -f) $(ulimit -t) $(ulimit -c) $(ulimit -u) $(ulimit -s) $(ulimit -d)"
@@ -61,7 +43,7 @@ async def test_a_run_cannot_lower_the_resource_limits_the_spawner_hands_the_next
     namespace = await _held(held, make_request, "rlimit")
     before = (await _run(held, make_request, LIMITS, "rlimit")).stdout
     # limits the run's own ulimit line does not set: the next run silently gets a tiny stack and data segment
-    attack = _py("""
+    attack = py("""
         import resource
         for limit, value in ((resource.RLIMIT_STACK, 256 << 10), (resource.RLIMIT_DATA, 128 << 20)):
             try:
@@ -79,7 +61,7 @@ async def test_a_run_cannot_lower_the_resource_limits_the_spawner_hands_the_next
 
 async def test_a_run_cannot_make_every_later_run_of_its_workspace_fail(held, make_request):
     await _held(held, make_request, "brick")
-    attack = _py("""
+    attack = py("""
         import resource
         resource.prlimit(1, resource.RLIMIT_CPU, (100, 100))
         print("lowered")
@@ -94,7 +76,7 @@ async def test_a_run_cannot_renice_or_pin_the_spawner_for_the_next_run(held, mak
     namespace = await _held(held, make_request, "nice")
     look = f"{PID_NAMESPACE}; nice; taskset -p $$ | sed 's/.*: //'; ionice -p $$; chrt -p $$ | head -1 | sed 's/.*: //'"
     before = (await _run(held, make_request, look, "nice")).stdout
-    attack = _py("""
+    attack = py("""
         import os
         for name, call in (("nice", lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),
                            ("affinity", lambda: os.sched_setaffinity(1, {0})),
@@ -116,7 +98,7 @@ async def test_a_run_cannot_renice_or_pin_the_spawner_for_the_next_run(held, mak
 async def test_a_run_that_leaves_the_spawner_no_descriptors_gets_the_held_sandbox_remade(held, make_request):
     namespace = await _held(held, make_request, "nofile")
     before = (await _run(held, make_request, LIMITS, "nofile")).stdout
-    attack = _py("""
+    attack = py("""
         import resource
         resource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))
         print("lowered")
@@ -145,7 +127,7 @@ async def test_a_run_cannot_kill_pid_1_or_the_next_run_with_kill_minus_one_or_st
 
 async def test_a_run_that_floods_pid_1_with_sigchld_and_orphans_zombies_does_not_hang_the_next(held, make_request):
     namespace = await _held(held, make_request, "zombies")
-    attack = _py("""
+    attack = py("""
         import os, signal, time
         # children that exit and are never reaped (zombies), then a parent gone: all are handed to pid 1
         for _ in range(30):
@@ -163,7 +145,7 @@ async def test_a_run_that_floods_pid_1_with_sigchld_and_orphans_zombies_does_not
         """)
     result = await _run(held, make_request, attack, "zombies", limits=RunLimits(processes=200), timeout=60)
     assert result.stdout == "sent True\n", result.stdout + result.stderr
-    look = _py("""
+    look = py("""
         import os
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
@@ -188,7 +170,7 @@ async def test_a_fork_bomb_left_running_at_the_end_of_a_run_is_gone_before_the_n
 
 async def test_a_run_finds_no_control_group_file_system_to_move_itself_out_of_its_group(held, make_request):
     await _held(held, make_request, "cgroupfs")
-    attack = _py("""
+    attack = py("""
         import os
         found = [line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup" in line]
         print("cgroup mounts", len(found))
@@ -230,7 +212,7 @@ async def test_files_planted_beside_the_mount_points_in_tmp_are_gone_for_the_nex
 
 async def test_a_listener_left_on_loopback_or_an_abstract_socket_is_gone_for_the_next_run(held, make_request):
     await _held(held, make_request, "listen")
-    listen = _py("""
+    listen = py("""
         import os, socket
         tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind(("127.0.0.1", 47123)); tcp.listen()
@@ -242,7 +224,7 @@ async def test_a_listener_left_on_loopback_or_an_abstract_socket_is_gone_for_the
         print("listening")
         """)
     assert (await _run(held, make_request, listen, "listen")).stdout == "listening\n"
-    probe = _py("""
+    probe = py("""
         import socket
         for family, address in ((socket.AF_INET, ("127.0.0.1", 47123)), (socket.AF_UNIX, "\\0skillrun-left")):
             s = socket.socket(family)
@@ -264,7 +246,7 @@ async def test_a_run_of_one_workspace_reaches_no_socket_or_process_of_another_wo
     await _held(held, make_request, "victim")
     await _held(held, make_request, "spy")
     sleep, marker = sleeper()
-    listen = _py(f"""
+    listen = py(f"""
         import os, socket, time
         tcp = socket.socket(); tcp.bind(("127.0.0.1", 47124)); tcp.listen()
         unix = socket.socket(socket.AF_UNIX); unix.bind("\\0skillrun-victim"); unix.listen()
@@ -278,7 +260,7 @@ async def test_a_run_of_one_workspace_reaches_no_socket_or_process_of_another_wo
                 break
             await asyncio.sleep(0.01)
         assert running_with(marker), "the victim's run did not start"
-        probe = _py("""
+        probe = py("""
             import os, signal, socket
             MARKER = bytes.fromhex("%s")
             for family, address in ((socket.AF_INET, ("127.0.0.1", 47124)), (socket.AF_UNIX, "\\0skillrun-victim")):
@@ -304,7 +286,7 @@ async def test_a_run_of_one_workspace_reaches_no_socket_or_process_of_another_wo
 async def test_a_run_that_exhausts_its_memory_leaves_pid_1_and_another_tenants_next_run_working(held, make_request):
     namespace = await _held(held, make_request, "oom")
     spawner = held._spawners[ws("oom")]
-    hog = _py("""
+    hog = py("""
         import os
         blocks = []
         for _ in range(4):
@@ -382,7 +364,7 @@ async def test_a_run_cannot_change_the_held_sandboxs_hostname_for_the_next(held,
     namespace = await _held(held, make_request, "uts")
     look = f"{PID_NAMESPACE}; hostname"
     before = (await _run(held, make_request, look, "uts")).stdout
-    attack = _py("""
+    attack = py("""
         import socket
         try:
             socket.sethostname("poisoned")
@@ -402,7 +384,7 @@ IPC_SETTINGS = "cat /proc/sys/kernel/shmmax /proc/sys/kernel/shmmni /proc/sys/ke
 async def test_a_run_cannot_change_the_ipc_limits_the_next_run_of_its_workspace_gets(held, make_request):
     namespace = await _held(held, make_request, "ipcsysctl")
     before = (await _run(held, make_request, IPC_SETTINGS, "ipcsysctl")).stdout
-    attack = _py("""
+    attack = py("""
         for name, value in (("shmmax", "4096"), ("shmmni", "0"), ("msgmax", "1"), ("msgmnb", "1")):
             try:
                 with open("/proc/sys/kernel/" + name, "w") as setting:
@@ -423,7 +405,7 @@ async def test_a_tree_in_tmp_too_deep_to_empty_gets_the_held_sandbox_given_up_no
     held, make_request
 ):
     namespace = await _held(held, make_request, "deep")
-    plant = _py("""
+    plant = py("""
         import os
         os.chdir("/tmp")
         for _ in range(1500):  # deeper than the spawner's recursion limit
@@ -442,7 +424,7 @@ async def test_a_tree_in_tmp_too_deep_to_empty_gets_the_held_sandbox_given_up_no
 
 async def test_first_runs_of_two_workspaces_through_launchers_share_no_network_namespace(held, make_request):
     sleep, marker = sleeper()
-    listen = _py(f"""
+    listen = py(f"""
         import os, socket
         tcp = socket.socket(); tcp.bind(("127.0.0.1", 47125)); tcp.listen()
         unix = socket.socket(socket.AF_UNIX); unix.bind("\\0skillrun-first"); unix.listen()
@@ -455,7 +437,7 @@ async def test_first_runs_of_two_workspaces_through_launchers_share_no_network_n
                 break
             await asyncio.sleep(0.01)
         assert running_with(marker), "the victim's run did not start"
-        probe = _py("""
+        probe = py("""
             import socket
             for family, address in ((socket.AF_INET, ("127.0.0.1", 47125)), (socket.AF_UNIX, "\\0skillrun-first")):
                 s = socket.socket(family)

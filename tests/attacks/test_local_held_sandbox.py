@@ -9,12 +9,11 @@ The runtime starts its spawner eagerly, so every run but the first goes through 
 from __future__ import annotations
 
 import asyncio
-import shlex
-import textwrap
 import uuid
 
 import pytest
 
+from tests.attacks.held import PID_NAMESPACE, py, run, warm_held
 from tests.conftest import write_skill
 from tests.processes import running_with, sleeper, wait_none_with
 from worker.contract import RunLimits, SkillRef
@@ -23,42 +22,24 @@ from worker.runtimes.local import LocalWorkspaceRuntime
 pytestmark = pytest.mark.root
 
 SESSION = uuid.uuid4().hex[:8]
-PID_NAMESPACE = "readlink /proc/self/ns/pid"
 
 
 def ws(name: str) -> str:
     return f"held-{name}-{SESSION}"
 
 
-def _py(code: str) -> str:
-    return f"python3 -c {shlex.quote(textwrap.dedent(code))}"
-
-
-@pytest.fixture
-async def held(work_root):
-    async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
-        yield runtime
-
-
 async def _run(runtime: LocalWorkspaceRuntime, make_request, command: str, name: str, **fields):
-    result = await runtime.run(make_request(command, workspace_id=ws(name), **fields))
-    await runtime.idle()
-    return result
+    return await run(runtime, make_request, command, ws(name), **fields)
 
 
 async def _held(runtime: LocalWorkspaceRuntime, make_request, name: str) -> str:
-    """Warm the workspace up and return its held sandbox's PID namespace (the same for two runs in a row)."""
-    await _run(runtime, make_request, "true", name)
-    first = (await _run(runtime, make_request, PID_NAMESPACE, name)).stdout
-    second = (await _run(runtime, make_request, PID_NAMESPACE, name)).stdout
-    assert first == second and first.startswith("pid:["), (first, second)
-    return first
+    return await warm_held(runtime, make_request, ws(name))
 
 
 async def test_a_run_cannot_signal_trace_or_read_the_spawner_that_is_its_pid_1(held, make_request):
     namespace = await _held(held, make_request, "pid1")
     spawner = held._spawners[ws("pid1")]
-    attack = _py("""
+    attack = py("""
         import ctypes, os, signal
         libc = ctypes.CDLL(None, use_errno=True)
         for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGSTOP, signal.SIGSEGV, signal.SIGUSR1):
@@ -98,7 +79,7 @@ async def test_a_runs_detached_processes_are_gone_before_the_next_run_of_its_wor
 
 async def test_a_run_sees_no_process_of_another_run_or_shell_in_its_held_sandbox(held, make_request):
     await _held(held, make_request, "alone")
-    look = _py("""
+    look = py("""
         import os
         me = open("/proc/self/cgroup").read()
         for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
@@ -137,7 +118,7 @@ async def test_files_and_ipc_objects_a_run_leaves_are_gone_for_the_next_run(held
              "echo secret > /dev/shm/s; ln -s /etc/passwd /tmp/link; mkfifo /tmp/fifo; "
              "ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && ipcmk -S 1 >/dev/null && echo planted")
     assert (await _run(held, make_request, plant, "tmp")).stdout == "planted\n"
-    look = _py("""
+    look = py("""
         import os
         mounts = [line.split()[4] for line in open("/proc/self/mountinfo")]
         for top in ("/tmp", "/dev/shm"):
@@ -155,7 +136,7 @@ async def test_files_and_ipc_objects_a_run_leaves_are_gone_for_the_next_run(held
 
 async def test_a_run_cannot_open_a_posix_message_queue_the_next_run_would_find(held, make_request):
     await _held(held, make_request, "mq")
-    result = await _run(held, make_request, _py("""
+    result = await _run(held, make_request, py("""
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         print(libc.mq_open(b"/left", 0o100 | 0o2, 0o600, None), ctypes.get_errno())
@@ -165,7 +146,7 @@ async def test_a_run_cannot_open_a_posix_message_queue_the_next_run_would_find(h
 
 async def test_a_run_in_the_held_sandbox_is_held_to_its_own_limits(held, make_request):
     await _held(held, make_request, "limits")
-    fork = _py("""
+    fork = py("""
         import os, time
         n = 0
         try:
