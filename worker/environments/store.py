@@ -43,6 +43,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
@@ -383,7 +384,8 @@ def _older(entry: os.DirEntry, cutoff: float) -> bool:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write ``path`` through a temporary file of this writer's own (processes and threads may write one at once)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     temporary.write_text(text)
     os.chmod(temporary, 0o644)
     os.replace(temporary, path)
