@@ -16,6 +16,7 @@ import pytest
 
 from tests.attacks.held import PID_NAMESPACE, py, run, warm_held
 from tests.processes import running_with, sleeper, wait_none_with
+from tests.services import unavailable
 from worker.contract import RunLimits
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -203,7 +204,7 @@ async def test_files_planted_beside_the_mount_points_in_tmp_are_gone_for_the_nex
         """)
     planted = await _run(held, make_request, plant, "beside")
     if planted.stdout.strip() == "not-under-tmp":
-        pytest.skip("the workspace is not shown under /tmp here")
+        unavailable("these attacks need the tests' work root under /tmp (the workspace is not shown there here)")
     assert planted.stdout == "planted\n", planted.stdout + planted.stderr
     look = 'find /tmp -name "planted*" -o -name hidden 2>/dev/null; echo done'
     after = await _run(held, make_request, look, "beside")
@@ -352,7 +353,7 @@ async def test_a_run_that_breaks_the_folders_above_its_workspace_in_tmp_leaves_t
               f'*) echo not-under-tmp; exit 0;; esac; {change} && echo changed')
     done = await _run(held, make_request, attack, "above")
     if done.stdout.strip() == "not-under-tmp":
-        pytest.skip("the workspace is not shown under /tmp here")
+        unavailable("these attacks need the tests' work root under /tmp (the workspace is not shown there here)")
     assert done.stdout == "changed\n", done.stdout + done.stderr
     for _ in range(2):
         after = await _run(held, make_request, 'echo ok; ls "$WORK_DIR" >/dev/null && echo listed; ls /tmp', "above")
