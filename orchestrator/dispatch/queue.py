@@ -173,6 +173,7 @@ class QueueDispatcher(BaseDispatcher):
             return await asyncio.to_thread(count)
 
     async def close(self) -> None:
+        self.reader.stop()
         for task in self._background.values():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -176,9 +176,6 @@ def _burst(url: str, env: dict[str, str], runtime: str) -> None:
 
 
 @pytest.mark.timeout(300)
-# Quarantined: in two full-suite runs under load (of ~8) this test hung with the API's event loop idle and no worker
-# running; alone it passes every time. Its cause is not found yet: one rerun keeps CI honest about a real failure.
-@pytest.mark.flaky(reruns=1)
 async def test_registration_in_queue_mode_has_a_docker_worker_prepare_the_docker_environments(
     redis_url: str, queue_env: dict[str, str], shared_dir: Path, derived_images
 ):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from rq.job import Job, JobStatus
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
@@ -321,6 +322,28 @@ async def test_the_sweep_trims_rqs_registry_of_finished_jobs(redis_url):
     await dispatcher.sweep_lost()
     assert [j.decode() for j in dispatcher.redis.zrange(registry.key, 0, -1)] == ["kept-1"]
     await dispatcher.close()
+
+
+async def test_closing_ends_the_change_subscription_even_when_redis_swallows_the_cancel(redis_url, monkeypatch):
+    # redis-py takes a cancel that lands as a pub/sub read's own timeout expires for that timeout and returns None
+    # (seen hanging close() in CI): every read here behaves so, and close() must still end the listener.
+    swallowed = []
+
+    async def get_message(self, ignore_subscribe_messages=False, timeout=0.0):
+        try:
+            return await original(self, ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout)
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()
+            swallowed.append(True)
+            return None
+
+    original = aioredis.client.PubSub.get_message
+    monkeypatch.setattr(aioredis.client.PubSub, "get_message", get_message)
+    dispatcher = QueueDispatcher(redis_url)
+    with dispatcher.watch("some-run") as changed:
+        await asyncio.wait_for(changed.wait(), 10)  # set once subscribed
+    await asyncio.wait_for(dispatcher.close(), 10)
+    assert swallowed == [True] and dispatcher._background["listen"].done()
 
 
 async def test_a_cancel_racing_the_finish_loses_neither(redis_url, repo):

@@ -74,6 +74,8 @@ class AsyncRunReader:
         self.redis = connection
         self.waiters = waiters
         self.keys = keys or RunKeys()
+        self.stopping = False
+        """Set by ``stop``: ``listen`` returns at its next turn."""
 
     async def get_beating(self, run_id: str) -> tuple[RunRecord | None, bool]:
         """The record and whether its worker's heartbeat is there, in one round trip."""
@@ -108,15 +110,15 @@ class AsyncRunReader:
         return await self.redis.get(key) == holder.encode()
 
     async def listen(self) -> None:
-        """Wake the waiters of each run the store announces a change of; runs until cancelled. While Redis is away
-        it subscribes again every ``RECONNECT_SECONDS`` and, each time, wakes every waiter (changes may have been
-        missed)."""
-        while True:
+        """Wake the waiters of each run the store announces a change of; runs until ``stop`` (or cancelled). While
+        Redis is away it subscribes again every ``RECONNECT_SECONDS`` and, each time, wakes every waiter (changes may
+        have been missed)."""
+        while not self.stopping:
             try:
                 async with self.redis.pubsub() as pubsub:
                     await pubsub.subscribe(self.keys.changes)
                     self.waiters.notify_all()
-                    while True:
+                    while not self.stopping:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=LISTEN_POLL_SECONDS)
                         if message is not None and message["type"] == "message":
                             self.waiters.notify(message["data"].split(b" ", 1)[0].decode())
@@ -124,6 +126,11 @@ class AsyncRunReader:
                 logger.warning("run changes subscription lost (%s); subscribing again", exc)
                 self.waiters.notify_all()
                 await asyncio.sleep(RECONNECT_SECONDS)
+
+    def stop(self) -> None:
+        """End ``listen``. Cancelling it alone is not enough: a cancel that lands as its read's own timeout expires
+        is taken by redis-py for that timeout (the read returns ``None``), and the loop would read on forever."""
+        self.stopping = True
 
     async def ping(self) -> None:
         await self.redis.ping()
