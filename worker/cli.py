@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from worker.contract import RuntimeName
+from worker.runtime_name import RuntimeName
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

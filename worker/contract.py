@@ -10,12 +10,12 @@ from __future__ import annotations
 import base64
 import re
 import uuid
-from enum import Enum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, field_validator, model_validator
 
 from worker import defaults
+from worker.runtime_name import RuntimeName
 
 WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SKILL_NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
@@ -38,14 +38,6 @@ Base64Bytes = Annotated[
     PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
 ]
 """Bytes in Python, a base64 string in JSON."""
-
-
-class RuntimeName(str, Enum):
-    """Where a run executes."""
-
-    LOCAL = "local"
-    DOCKER = "docker"
-    CUBE = "cube"
 
 
 class SkillRef(BaseModel):

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.archives import ArchiveLimits, extract_tar, extract_zip
-from worker.config import get_worker_settings
 from worker.errors import SkillRootError, UnsafeArchiveError
 
 READY_FILE = ".ready"
@@ -131,6 +130,8 @@ def fetch_url_root(
 ) -> Path:
     """The cached, extracted folder of an http(s) URL root: the pinned digest's, else the URL's latest (downloaded
     when the cache has no intact entry for it; the cache is then brought within ``cache_bytes``)."""
+    from worker.config import get_worker_settings  # here: a listing of local roots never reads the worker's settings
+
     limits = limits or FetchLimits()
     bound = get_worker_settings().url_cache_bytes if cache_bytes is None else cache_bytes
     if bound <= 0:

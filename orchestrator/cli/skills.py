@@ -24,15 +24,9 @@ if TYPE_CHECKING:
 def list_skills(args: argparse.Namespace) -> int:
     """Every skill, or with ``--search`` the matching ones best first. Parsed summaries are kept between runs
     (``<data_dir>/skill-summaries/``), so only the SKILL.md files changed since the last listing are parsed."""
-    repo = _listing_repository(args)
-    if args.search is not None:
-        if not args.search.strip():
-            raise UsageError("--search needs a query: describe the task in a few words")
-        index = repo.index()
-        summaries = [hit.summary for hit in index.search(args.search, len(index))]
-    else:
-        summaries = repo.summaries()
-    problems = repo.problems()
+    if args.search is not None and not args.search.strip():
+        raise UsageError("--search needs a query: describe the task in a few words")
+    summaries, problems = _listing_repository(args).listing(args.search)
     if args.json:
         print_json(
             {

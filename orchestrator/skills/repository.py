@@ -12,7 +12,9 @@ without parsing everything again.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -37,11 +39,11 @@ from orchestrator.skills.skill import (
     validate_summary,
 )
 from orchestrator.skills.summary_cache import SummaryCache
-from worker.contract import SkillRef
 from worker.errors import SkillRootError
 from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root, split_pin
 
 if TYPE_CHECKING:
+    from worker.contract import SkillRef
     from worker.runtimes.base import BaseWorkspaceRuntime
 
 MAX_DEPTH = 4
@@ -62,8 +64,12 @@ class SkillProblem:
 @dataclass
 class _Entry:
     summary: SkillSummary
-    skill_dir: Path
+    folder: str  # a string: a Path per skill costs a listing of 2,000 skills more than its walk
     root: Path
+
+    @property
+    def skill_dir(self) -> Path:
+        return Path(self.folder)
 
 
 Stamp = tuple[int, int]  # (mtime_ns, size) of a SKILL.md
@@ -79,7 +85,7 @@ class _Scan:
     skill_files: dict[str, Stamp] = field(default_factory=dict)  # every SKILL.md seen → its stamp
     parsed: dict[str, tuple[Stamp, SkillSummary]] = field(default_factory=dict)  # usable SKILL.md → summary
     _summaries: list[SkillSummary] | None = None
-    _index: SkillIndex | None = None
+    search_index: SkillIndex | None = None  # built on first use (or read back from a summary cache)
 
     def summaries(self) -> list[SkillSummary]:
         if self._summaries is None:
@@ -87,9 +93,9 @@ class _Scan:
         return self._summaries
 
     def index(self) -> SkillIndex:
-        if self._index is None:
-            self._index = SkillIndex(self.summaries())
-        return self._index
+        if self.search_index is None:
+            self.search_index = SkillIndex(self.summaries())
+        return self.search_index
 
 
 class BaseSkillRepository(ABC):
@@ -162,10 +168,22 @@ class FsSkillRepository(BaseSkillRepository):
         return list(self._current().summaries())
 
     def index(self) -> SkillIndex:
-        return self._current().index()
+        return self._index_of(self._current())
+
+    def _index_of(self, scan: _Scan) -> SkillIndex:
+        return scan.index()
 
     def problems(self) -> list[SkillProblem]:
         return list(self._current().problems)
+
+    def listing(self, query: str | None = None) -> tuple[list[SkillSummary], list[SkillProblem]]:
+        """Every skill sorted by name (or, with ``query``, the matching ones best first) and the problems, from
+        one look at the roots."""
+        scan = self._current()
+        if query is None:
+            return list(scan.summaries()), list(scan.problems)
+        index = self._index_of(scan)
+        return [hit.summary for hit in index.search(query, len(index))], list(scan.problems)
 
     def _entry(self, name: str) -> _Entry:
         scan = self._current()
@@ -183,6 +201,8 @@ class FsSkillRepository(BaseSkillRepository):
 
     def skill_ref(self, name: str) -> SkillRef:
         """A URL root is referred to by its URL and archive digest, so a worker elsewhere fetches the same bytes."""
+        from worker.contract import SkillRef  # here: listing skills does not load the run contract
+
         entry = self._entry(name)
         url, digest = self._origins.get(entry.root, (str(entry.root), None))
         return SkillRef(name=name, root=url, digest=digest, path=entry.skill_dir.relative_to(entry.root).as_posix())
@@ -191,12 +211,8 @@ class FsSkillRepository(BaseSkillRepository):
         """Walk the roots; a SKILL.md whose stamp is in ``previous`` is not parsed again."""
         scan = _Scan()
         for root in self.roots:
-            for skill_dir in self._skill_dirs(root, scan):
-                skill_file = os.path.join(skill_dir, SKILL_FILE)
-                try:
-                    info = os.stat(skill_file)
-                except OSError:
-                    continue
+            for folder, info in self._skill_dirs(root, scan):
+                skill_file = os.path.join(folder, SKILL_FILE)
                 stamp = scan.skill_files[skill_file] = (info.st_mtime_ns, info.st_size)
                 known = previous.get(skill_file) if previous else None
                 try:
@@ -210,29 +226,37 @@ class FsSkillRepository(BaseSkillRepository):
                     scan.problems.append(
                         SkillProblem(
                             skill_file, "name",
-                            f"{summary.name!r} is already declared by {other.skill_dir / SKILL_FILE}; this one is ignored",
+                            f"{summary.name!r} is already declared by {os.path.join(other.folder, SKILL_FILE)}; this one is ignored",
                         )
                     )
                     continue
-                scan.entries[summary.name] = _Entry(summary, skill_dir, root)
+                scan.entries[summary.name] = _Entry(summary, folder, root)
         return scan
 
     @staticmethod
-    def _skill_dirs(root: Path, scan: _Scan) -> list[Path]:
-        found: list[Path] = []
+    def _skill_dirs(root: Path, scan: _Scan) -> list[tuple[str, os.stat_result]]:
+        """Every skill folder under ``root`` with its ``SKILL.md``'s stat: a folder that has one is not listed (one
+        stat), only the others are (to go deeper)."""
+        found: list[tuple[str, os.stat_result]] = []
 
         def walk(folder: str, depth: int) -> None:  # paths as strings: a Path per folder costs more than the walk
             try:
                 scan.folders[folder] = os.stat(folder).st_mtime_ns
+            except OSError as exc:
+                scan.problems.append(SkillProblem(folder, "folder", f"cannot be read: {exc.strerror}"))
+                return
+            with contextlib.suppress(OSError):
+                info = os.stat(os.path.join(folder, SKILL_FILE))
+                if stat.S_ISREG(info.st_mode):
+                    found.append((folder, info))
+                    return
+            if depth >= MAX_DEPTH:
+                return
+            try:
                 with os.scandir(folder) as listing:
                     entries = sorted(listing, key=lambda e: e.name)
             except OSError as exc:
                 scan.problems.append(SkillProblem(folder, "folder", f"cannot be read: {exc.strerror}"))
-                return
-            if any(e.name == SKILL_FILE and e.is_file() for e in entries):
-                found.append(Path(folder))
-                return
-            if depth >= MAX_DEPTH:
                 return
             for entry in entries:
                 if entry.is_dir() and not entry.name.startswith("."):
@@ -280,6 +304,11 @@ class CachedSkillRepository(FsSkillRepository):
         if self._summary_cache is not None and scan.parsed != previous:
             self._summary_cache.save(scan.parsed)
         return scan
+
+    def _index_of(self, scan: _Scan) -> SkillIndex:
+        if scan.search_index is None and self._summary_cache is not None:
+            scan.search_index = self._summary_cache.index(scan.summaries())
+        return scan.index()
 
     def _fresh(self, scan: _Scan) -> bool:
         """Whether ``scan`` is still current. The watch starts on the first reuse of a scan (a one-shot command

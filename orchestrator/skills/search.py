@@ -95,6 +95,25 @@ class SkillIndex:
                 weight = self._idf[term] * tf * (K1 + 1) / (tf + norm)
                 self._postings.setdefault(term, []).append((position, weight))
 
+    def dump(self) -> dict:
+        """What ``restore`` needs to rebuild this index without reading the summaries again (JSON-ready)."""
+        return {"idf": self._idf, "postings": self._postings}
+
+    @classmethod
+    def restore(cls, summaries: Sequence[SkillSummary], state: dict) -> SkillIndex:
+        """The index of ``summaries`` from a ``dump`` of it; ``ValueError`` when ``state`` does not fit them."""
+        index = cls.__new__(cls)
+        index.summaries = list(summaries)
+        index._positions = {s.name: position for position, s in enumerate(index.summaries)}
+        idf, postings = state["idf"], state["postings"]
+        count = len(index.summaries)
+        if not (isinstance(idf, dict) and isinstance(postings, dict) and postings.keys() <= idf.keys()):
+            raise ValueError("not an index dump")
+        if not all(0 <= position < count for entries in postings.values() for position, _ in entries):
+            raise ValueError("an index dump of another library")
+        index._idf, index._postings = idf, postings
+        return index
+
     def __len__(self) -> int:
         return len(self.summaries)
 

@@ -20,8 +20,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from orchestrator.errors import SkillValidationError
 
 SKILL_FILE = "SKILL.md"
@@ -33,7 +31,6 @@ NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _TOOLS_HEADER = re.compile(r"^\s*(?:#{1,6}\s*)?\**Tools\**:?\**\s*$", re.IGNORECASE)
 _LIST_ITEM = re.compile(r"^\s*[-*+]\s+(.*)$")
 _TOOL_NAME = re.compile(r"^`?([A-Za-z_][\w.-]*)`?")
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when PyYAML was built with it
 
 
 @dataclass(frozen=True)
@@ -84,6 +81,8 @@ class Skill:
 
 def split_front_matter(text: str, path: str) -> tuple[dict, str]:
     """Return (front matter mapping, body) of a ``SKILL.md`` text."""
+    import yaml  # here: a listing from kept summaries parses nothing and need not load it
+
     text = text.removeprefix("\ufeff")
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].strip() != "---":
@@ -95,7 +94,8 @@ def split_front_matter(text: str, path: str) -> tuple[dict, str]:
     else:
         raise SkillValidationError(path, "front matter", "the front matter has no closing '---' line")
     try:
-        data = yaml.load(header, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
+        # libyaml's parser when PyYAML was built with it
+        data = yaml.load(header, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 2})" if mark is not None else ""

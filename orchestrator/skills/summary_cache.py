@@ -2,18 +2,22 @@
 
 The command line starts a new process per command, so ``skillrun skills list`` would parse every ``SKILL.md`` of a
 library each time (most of its time on 2,000 skills). The cache maps each ``SKILL.md`` path to the modification
-time and size it had when parsed and the summary parsed from it; a file whose stamp differs is parsed again. The
-file is replaced atomically, and an unreadable or foreign cache is ignored (and rewritten), never an error.
+time and size it had when parsed and the summary parsed from it; a file whose stamp differs is parsed again.
+``--search`` would likewise index the whole library each time: the search index is kept in a second file with the
+digest of the summaries it was built from, and read back only for the same summaries. Files are replaced
+atomically, and an unreadable or foreign one is ignored (and rewritten), never an error.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator.skills.search import SkillIndex
 from orchestrator.skills.skill import SkillSummary
 
 FORMAT = 1
@@ -41,18 +45,36 @@ class SummaryCache:
 
     def save(self, parsed: Parsed) -> None:
         """Write ``parsed``; a cache that cannot be written only costs the next process its speed."""
-        data = {
+        self._write(self.path, {
             "format": FORMAT,
             "skills": {file: [stamp[0], stamp[1], s.name, s.description] for file, (stamp, s) in parsed.items()},
-        }
+        })
+
+    def index(self, summaries: list[SkillSummary]) -> SkillIndex:
+        """The search index of ``summaries``: read back when the kept one was built from the same summaries, else
+        built and kept."""
+        path = self.path.with_suffix(".index.json")
+        digest = hashlib.sha256("\0".join(f"{s.name}\0{s.description}" for s in summaries).encode()).hexdigest()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".summaries-")
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("format") == FORMAT and data.get("digest") == digest:
+                return SkillIndex.restore(summaries, data["index"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            pass
+        index = SkillIndex(summaries)
+        self._write(path, {"format": FORMAT, "digest": digest, "index": index.dump()})
+        return index
+
+    @staticmethod
+    def _write(path: Path, data: dict) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".summaries-")
         except OSError:
             return
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 json.dump(data, out)
-            os.replace(temporary, self.path)
+            os.replace(temporary, path)
         except OSError:
             Path(temporary).unlink(missing_ok=True)

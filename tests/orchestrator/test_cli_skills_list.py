@@ -11,6 +11,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.config import get_settings
 from orchestrator.skills import repository as repository_module
+from orchestrator.skills.search import SkillIndex
 from tests.conftest import write_skill
 
 
@@ -78,3 +79,48 @@ def test_an_empty_search_is_a_usage_error(tmp_path, data_dir, capsys):
     write_skill(tmp_path / "library", "alpha")
     assert main(["skills", "list", "--skills-root", str(tmp_path / "library"), "--search", " "]) == 2
     assert "--search needs a query" in capsys.readouterr().err
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list:
+    calls = []
+    real = SkillIndex.__init__
+    monkeypatch.setattr(SkillIndex, "__init__", lambda self, summaries: calls.append(len(summaries)) or real(self, summaries))
+    return calls
+
+
+def _search(capsys, library, query: str) -> list[str]:
+    return [s["name"] for s in _list(capsys, "--skills-root", str(library), "--search", query)["skills"]]
+
+
+def test_a_second_search_reads_the_kept_index_until_a_description_changes(tmp_path, data_dir, builds, capsys):
+    library = tmp_path / "library"
+    for name in ("pdf-merge", "csv-to-pdf", "mailer"):
+        write_skill(library, name)
+    assert _search(capsys, library, "merge PDF") == ["pdf-merge", "csv-to-pdf"]
+    assert _search(capsys, library, "merge PDF") == ["pdf-merge", "csv-to-pdf"]
+    assert builds == [3]
+    skill_file = library / "mailer" / "SKILL.md"
+    skill_file.write_text("---\nname: mailer\ndescription: Merge PDF files into mail merges.\n---\n")
+    later = time.time() + 2
+    os.utime(skill_file, (later, later))
+    assert "mailer" in _search(capsys, library, "merge PDF")
+    assert builds == [3, 3]
+
+
+@pytest.mark.parametrize("dump", ["{not json", '{"format": 1, "digest": "x", "index": {}}', "OF_ANOTHER_LIBRARY"])
+def test_a_kept_index_that_is_corrupt_or_of_another_library_is_rebuilt(tmp_path, data_dir, builds, capsys, dump):
+    library = tmp_path / "library"
+    for name in ("pdf-merge", "csv-to-pdf", "mailer"):
+        write_skill(library, name)
+    _search(capsys, library, "merge PDF")
+    (index_file,) = (data_dir / "skill-summaries").glob("*.index.json")
+    if dump == "OF_ANOTHER_LIBRARY":  # the right digest, postings pointing past the library's skills
+        kept = json.loads(index_file.read_text())
+        kept["index"]["postings"] = {term: [[99, 1.0]] for term in kept["index"]["postings"]}
+        dump = json.dumps(kept)
+    index_file.write_text(dump)
+    assert _search(capsys, library, "merge PDF") == ["pdf-merge", "csv-to-pdf"]
+    assert builds == [3, 3]
+    assert _search(capsys, library, "merge PDF") == ["pdf-merge", "csv-to-pdf"]
+    assert builds == [3, 3]
