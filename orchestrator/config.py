@@ -18,6 +18,8 @@ DEFAULT_OVERVIEW_MAX_CHARS = 8000  # characters of skill lines; past this the ov
 DEFAULT_OVERVIEW_SKILLS = 15  # skills described in a cut overview
 DEFAULT_OVERVIEW_NAMES = 45  # further skills named (without description) in a cut overview
 DEFAULT_SEARCH_PAGE_SIZE = 10  # skills per skill_search page
+DEFAULT_WORKSPACE_IDLE_SECONDS = 24 * 3600
+DEFAULT_MAX_WORKSPACES_PER_TEAM = 100
 LoadModeName = Literal["once", "turn", "session"]
 
 
@@ -51,6 +53,18 @@ class Settings(BaseSettings):
     app_name: str = Field(default="skillrun", description="The app name sessions are filed under.")
     max_attempts: int = Field(default=run_defaults.MAX_ATTEMPTS, ge=1, description="Tries of a run whose worker was lost.")
     result_ttl_seconds: int = Field(default=run_defaults.RESULT_TTL_SECONDS, gt=0, description="How long run records are kept.")
+    workspace_idle_seconds: float = Field(
+        default=DEFAULT_WORKSPACE_IDLE_SECONDS, gt=0, allow_inf_nan=False,
+        description="A kept workspace no run has used for this long is removed (folder, user id, spawner, container, "
+                    "sandbox), on a worker of its runtime.",
+    )
+    max_workspaces_per_team: int = Field(
+        default=DEFAULT_MAX_WORKSPACES_PER_TEAM, gt=0,
+        description="Kept workspaces a team may have at once; a run that would make one more is refused (409).",
+    )
+    api_url: str = Field(default="http://127.0.0.1:8000", description="The API the command line's API commands "
+                                                                       "(skillrun workspaces) talk to.")
+    api_key: str | None = Field(default=None, repr=False, description="The team key those commands send.")
     max_steps: int = Field(default=25, gt=0, description="Model calls per message before the agent stops.")
     skill_overview_max_chars: int = Field(
         default=DEFAULT_OVERVIEW_MAX_CHARS, ge=0,

@@ -6,7 +6,9 @@ add processes or machines (``docker compose up --scale worker=N``) to scale out.
 
 Workers of the runtimes that build skills' dependency environments on their host (local, docker) also take the jobs
 that prepare a new library version's environments for their runtime (``skillrun:<runtime>:environments``,
-``worker.jobs.prepare_environments``), after the runs waiting on their own queue.
+``worker.jobs.prepare_environments``), after the runs waiting on their own queue. Every worker takes the removals
+of its runtime's kept workspaces (``skillrun:<runtime>:workspaces``, ``worker.jobs.remove_kept_workspace``) after
+its runs.
 """
 
 from __future__ import annotations
@@ -39,10 +41,15 @@ def environments_queue_name(runtime: str) -> str:
     return f"{QUEUE_PREFIX}:{runtime}:environments"
 
 
+def workspaces_queue_name(runtime: str) -> str:
+    """The queue of jobs removing ``runtime``'s kept workspaces."""
+    return f"{QUEUE_PREFIX}:{runtime}:workspaces"
+
+
 def consumed_queues(runtime: str) -> list[str]:
     """The queues a worker of ``runtime`` takes jobs from, in order: its runs first."""
     extra = [environments_queue_name(runtime)] if runtime in BUILDING_RUNTIMES else []
-    return [queue_name(runtime), *extra]
+    return [queue_name(runtime), workspaces_queue_name(runtime), *extra]
 
 
 def serve_worker(args: argparse.Namespace) -> int:

@@ -10,6 +10,10 @@ survive from job to job.
 environments for one runtime (``local`` or ``docker``) through that runtime (``prepare_environment``: sandboxed, into
 the store runs use; on Docker also the derived images of skills' Debian packages), for the API's library
 registration. Workers of that runtime take it from its environments queue (``worker.consumer``).
+
+``remove_kept_workspace(workspace_id)`` removes a kept workspace the API marked removing (idle, deleted, its session
+deleted) on a worker of its runtime — folder, user id, spawner, container, sandbox — and forgets its registry entry
+(``worker.run_store.workspaces``); workers take it from their runtime's workspaces queue.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
-from worker.errors import WorkerError
-from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RunRecord
+from worker.errors import WorkerError, WorkspaceError
+from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspaces, RunRecord
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 from worker.runtimes.host import HostWorkspaceRuntime
@@ -104,7 +108,7 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, 
         ended = store.finish(run_id, result, held)
         summary = {"run_id": run_id, "exit_code": result.exit_code}
     if ended_by(ended, held):
-        remove_one_off_workspace(runtime, record.request)
+        _event_loop().run_until_complete(remove_one_off_workspace(runtime, record.request))
     prune_artifacts(runtime)
     return summary
 
@@ -127,19 +131,41 @@ def ended_by(record: RunRecord | None, held: Attempt) -> bool:
     return record is not None and record.status.done and record.attempts == held.number
 
 
-def remove_one_off_workspace(runtime: BaseWorkspaceRuntime, request: RunRequest) -> None:
-    """Once a run's result is stored, remove its workspace (folder, user id, spawner, container) unless the request
-    keeps it (``keep_workspace``: a named workspace is kept by default). Output files travel in the result and
-    artifacts live in the artifact store, so neither goes with it. The Cube runtime has no ``remove_workspace``:
-    its sandboxes end when idle."""
-    if request.keep_workspace or not isinstance(runtime, HostWorkspaceRuntime):
+async def remove_one_off_workspace(runtime: BaseWorkspaceRuntime, request: RunRequest) -> None:
+    """Once a run's result is stored, remove its workspace unless the request keeps it (``keep_workspace``: a named
+    workspace is kept by default). Output files travel in the result and artifacts live in the artifact store, so
+    neither goes with it."""
+    if request.keep_workspace:
         return
     try:
-        runtime.remove_workspace(request.workspace_id)
+        await runtime.end_workspace(request.workspace_id)
     except WorkerError as exc:  # never made (the run failed before), or not removable: it is logged, not fatal
         logger.info("workspace %s of run %s was not removed: %s", request.workspace_id, request.run_id, exc)
     except OSError:
         logger.warning("removing workspace %s of run %s failed", request.workspace_id, request.run_id, exc_info=True)
+
+
+def remove_kept_workspace(workspace_id: str) -> dict[str, str]:
+    """The RQ job removing a kept workspace the API marked removing, on a worker of its runtime; its entry is
+    forgotten once it is gone (a workspace not on this worker's disk or service is gone already). A failure leaves
+    the entry marked: idle removal asks again later."""
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("remove_kept_workspace runs inside an RQ job")
+    registry = RedisRunStore(job.connection).workspaces
+    return _event_loop().run_until_complete(remove_marked_workspace(registry, workspace_id))
+
+
+async def remove_marked_workspace(registry: RedisWorkspaces, workspace_id: str) -> dict[str, str]:
+    entry = await asyncio.to_thread(registry.get, workspace_id)
+    if entry is None or entry.state != "removing":
+        return {"workspace_id": workspace_id, "skipped": "not marked removing (gone, or in use again)"}
+    try:
+        await runtime_for(entry.runtime.value).end_workspace(workspace_id)
+    except WorkspaceError as exc:
+        logger.info("workspace %s was gone already: %s", workspace_id, exc)
+    await asyncio.to_thread(registry.forget, workspace_id)
+    return {"workspace_id": workspace_id, "removed": entry.runtime.value}
 
 
 def _beat(store: BaseRunStore, run_id: str, held: Attempt, runtime: BaseWorkspaceRuntime, stop: threading.Event) -> None:

@@ -9,16 +9,17 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from orchestrator.api.limits import BodyLimitMiddleware
-from orchestrator.api.responses import error_responses, install_error_handlers
-from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills
+from orchestrator.api.responses import error_response, error_responses, install_error_handlers
+from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills, workspaces
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.config import Settings, get_settings, libraries_dir
-from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher
+from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher, WorkspaceConflictError
 from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
 from orchestrator.libraries import LibraryRegistry
 from orchestrator.skills import create_default_skill_repository
@@ -45,14 +46,18 @@ def build_services(settings: Settings) -> Services:
     dispatcher: BaseDispatcher
     if settings.redis_url:
         dispatcher = QueueDispatcher(
-            settings.redis_url, max_attempts=settings.max_attempts, result_ttl=settings.result_ttl_seconds
+            settings.redis_url, max_attempts=settings.max_attempts, result_ttl=settings.result_ttl_seconds,
+            workspace_limit=settings.max_workspaces_per_team, workspace_idle_seconds=settings.workspace_idle_seconds,
         )
         artifacts = FileArtifactStore(settings.artifacts_dir or default_work_root() / REGISTRY_DIR / "artifacts")
     else:
         runtime = create_local_workspace_runtime(
             settings.work_root, artifact_store=FileArtifactStore(settings.artifacts_dir) if settings.artifacts_dir else None
         )
-        dispatcher = InlineDispatcher({"local": runtime}, result_ttl=settings.result_ttl_seconds)
+        dispatcher = InlineDispatcher(
+            {"local": runtime}, result_ttl=settings.result_ttl_seconds, workspace_limit=settings.max_workspaces_per_team,
+            workspace_idle_seconds=settings.workspace_idle_seconds,
+        )
         artifacts = runtime.artifact_store
     return Services(
         repository=repository,
@@ -113,18 +118,33 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         responses=error_responses(503),
     )
     app.state.services = services
-    for module in (health, metrics, libraries, skills, runs, sessions):
+    for module in (health, metrics, libraries, skills, runs, sessions, workspaces):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware)
     install_error_handlers(app)
+    app.add_exception_handler(WorkspaceConflictError, _workspace_conflict)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = declare_ceilings(FastAPI.openapi(app))
+            app.openapi_schema = declare_workspace_refusals(declare_ceilings(FastAPI.openapi(app)))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+async def _workspace_conflict(request: Request, exc: WorkspaceConflictError) -> JSONResponse:
+    """A run its kept workspace refuses (the team's limit, being removed, another runtime): 409 saying what to do."""
+    return error_response(409, str(exc))
+
+
+def declare_workspace_refusals(document: dict[str, Any]) -> dict[str, Any]:
+    """A submitted run's 409 also covers its kept workspace refusing it (``WorkspaceConflictError``)."""
+    conflict = document["paths"]["/v1/runs"]["post"]["responses"]["409"]
+    conflict["description"] += (" Or its kept workspace cannot take it: the team keeps SKILLRUN_MAX_WORKSPACES_PER_TEAM "
+                                "workspaces (remove one first), the workspace is being removed, or it lives on another "
+                                "runtime.")
+    return document
 
 
 def declare_ceilings(document: dict[str, Any]) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSc
 from orchestrator.events import Event
 from orchestrator.libraries import LIBRARY_NAME
 from worker import defaults
-from worker.contract import SKILL_NAME_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
-from worker.run_store import RunRecord, RunStatus
+from worker.contract import SKILL_NAME_PATTERN, WORKSPACE_ID_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
+from worker.run_store import RunRecord, RunStatus, WorkspaceEntry
 from worker.validation import (
     ALLOWED_ENV_NAME, ENV_NAME, INPUT_NAME_PATTERN, MAX_COMMAND_CHARS, MAX_ENV_NAME_CHARS, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_INPUTS,
     MAX_OUTPUT_PATTERNS, MAX_PATH_CHARS,
@@ -18,6 +18,7 @@ from worker.validation import (
 
 SESSION_ID = r"^[A-Za-z0-9._-]{1,64}$"
 RUN_ID = r"^[A-Za-z0-9_-]{1,64}$"
+WORKSPACE_ID = WORKSPACE_ID_PATTERN.pattern
 MAX_MESSAGE_CHARS = 100_000
 MAX_URL_CHARS = 2048
 BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
@@ -186,6 +187,34 @@ class RunPublic(BaseModel):
 class RunsPublic(BaseModel):
     data: list[RunPublic]
     count: int
+
+
+class WorkspacePublic(BaseModel):
+    """A kept workspace of the team: its work/ and out/ persist across the runs that name it."""
+
+    id: str = Field(description="As runs name it: <team>.<the workspace_id runs were given>.")
+    runtime: RuntimeName = Field(description="Where it lives; its runs run there.")
+    state: Literal["kept", "removing"] = Field(description="removing: a worker of its runtime is removing it "
+                                                           "(new runs of it are refused meanwhile).")
+    created_at: float
+    last_used_at: float = Field(description="When a run of it was last accepted or ended.")
+    removed_when_idle_at: float | None = Field(
+        description="When it is removed unless a run uses it first (SKILLRUN_WORKSPACE_IDLE_SECONDS after its last "
+                    "use); null while runs are in it.")
+    runs: list[str] = Field(description="Runs queued or running in it.")
+
+    @classmethod
+    def of(cls, entry: WorkspaceEntry, idle_seconds: float | None) -> "WorkspacePublic":
+        idle = None if entry.runs or idle_seconds is None else entry.last_used_at + idle_seconds
+        return cls(id=entry.id, runtime=entry.runtime, state=entry.state, created_at=entry.created_at,
+                   last_used_at=entry.last_used_at, removed_when_idle_at=idle, runs=entry.runs)
+
+
+class WorkspacesPublic(BaseModel):
+    data: list[WorkspacePublic] = Field(description="Oldest first.")
+    count: int = Field(description="Workspaces on this page.")
+    total: int = Field(description="Workspaces the team keeps.")
+    next_offset: int | None = Field(description="The offset of the next page; null on the last.")
 
 
 class LibraryCreate(BaseModel):

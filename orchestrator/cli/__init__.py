@@ -145,6 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
     key_revoke.add_argument("key_id")
     key_revoke.set_defaults(handler="orchestrator.cli.teams:revoke_key")
 
+    api = argparse.ArgumentParser(add_help=False, parents=[plain])
+    api.add_argument("--api", metavar="URL", help="the API (default $SKILLRUN_API_URL, else http://127.0.0.1:8000)")
+    api.add_argument("--key", metavar="KEY", help="the team's API key (default $SKILLRUN_API_KEY)")
+    workspaces = commands.add_parser("workspaces", help="a team's kept workspaces (through the API)")
+    workspace_commands = workspaces.add_subparsers(title="workspaces commands")
+    workspace_commands.add_parser("list", parents=[api], help="the team's kept workspaces: runtime, last use, runs") \
+        .set_defaults(handler="orchestrator.cli.workspaces:list_workspaces")
+    workspace_remove = workspace_commands.add_parser("rm", parents=[api], help="remove a kept workspace and its files")
+    workspace_remove.add_argument("id", help="the workspace's id as listed (<team>.<workspace_id>)")
+    workspace_remove.set_defaults(handler="orchestrator.cli.workspaces:remove_workspace")
+
     worker = commands.add_parser("worker", help="execute queued runs (needs Redis)")
     add_worker_arguments(worker)
     worker.set_defaults(handler="worker.consumer:serve_worker")

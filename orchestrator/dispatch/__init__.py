@@ -5,8 +5,8 @@ queue changes one object, not its callers: ``InlineDispatcher`` (the embedded de
 ``QueueDispatcher`` (Redis and workers, ``queue``); what they share, waiting included, is in ``base``.
 """
 
-from orchestrator.dispatch.base import BaseDispatcher, redis_errors
+from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkspaceConflictError, redis_errors
 from orchestrator.dispatch.inline import InlineDispatcher
 from orchestrator.dispatch.queue import QueueDispatcher
 
-__all__ = ["BaseDispatcher", "InlineDispatcher", "QueueDispatcher", "redis_errors"]
+__all__ = ["BaseDispatcher", "InlineDispatcher", "QueueDispatcher", "Removal", "WorkspaceConflictError", "redis_errors"]

@@ -5,6 +5,11 @@ A wait or an event stream registers with the dispatcher's ``RunWaiters`` and sle
 then looks. A waiter also looks now and then (``LOOK_SECONDS``, spread out) in case a change was missed. A record
 that vanished while it was followed is ``RunLostError`` (lost, not unknown); Redis unreachable is
 ``UnavailableError`` (with a ``retry_after``), which a wait rides out for ``OUTAGE_GRACE_SECONDS``.
+
+Kept workspaces (the store's registry, ``worker.run_store.workspaces``) are listed and removed here too: a removal
+marks the workspace removing (``WorkspaceConflictError`` while a run is in it), then the dispatcher removes it where
+it lives (in process, or through a worker of its runtime); idle removal does the same for every workspace unused for
+``workspace_idle_seconds``.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import contextlib
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Literal, TypeVar
 
 import redis
 
-from orchestrator.errors import DispatchError, RunLostError, UnavailableError
+from orchestrator.errors import DispatchError, OrchestratorError, RunLostError, UnavailableError
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.run_store import (
@@ -28,6 +34,8 @@ from worker.run_store import (
     RunRecord,
     RunStatus,
     RunWaiters,
+    WorkspaceEntry,
+    WorkspaceRefusedError,
 )
 
 LOOK_SECONDS = 30.0
@@ -38,6 +46,27 @@ OUTAGE_GRACE_SECONDS = 10.0
 OUTAGE_RETRY_SECONDS = 1.0
 RETRY_AFTER_SECONDS = 5
 """What callers are told to wait before trying again while Redis is away."""
+
+IDLE_BATCH = 100
+"""Idle workspaces one look removes at most."""
+Removal = Literal["removed", "removing"]
+"""What became of a workspace asked to go: removed now, or handed to a worker of its runtime."""
+T = TypeVar("T")
+
+
+class WorkspaceConflictError(OrchestratorError):
+    """A kept workspace cannot be used or removed now (runs are in it, its owner's limit, being removed); the
+    message says what to do."""
+
+
+@contextlib.contextmanager
+def workspace_refusals() -> Iterator[None]:
+    """The store's refusals of a workspace as ``WorkspaceConflictError``."""
+    try:
+        yield
+    except WorkspaceRefusedError as exc:
+        raise WorkspaceConflictError(str(exc)) from exc
+
 
 def _look_after() -> float:
     return random.uniform(LOOK_SECONDS / 2, LOOK_SECONDS)
@@ -61,6 +90,8 @@ class BaseDispatcher(ABC):
     """How long ended runs' records are kept (``None``: as long as the store lives)."""
     stopping = False
     """Set by ``stop_waiting``: waits answer at once, followers end."""
+    workspace_idle_seconds: float | None = None
+    """Kept workspaces unused this long are removed (``None``: never; a command line's dispatcher)."""
 
     @abstractmethod
     async def submit(
@@ -90,6 +121,44 @@ class BaseDispatcher(ABC):
 
     async def ping(self) -> None:
         """Raise ``UnavailableError`` when the run store cannot be reached."""
+
+    async def _registry(self, call: Callable[..., T], *args: object) -> T:
+        """A call on the kept workspaces' registry (blocking: Redis), in a thread."""
+        with redis_errors(), workspace_refusals():
+            return await asyncio.to_thread(call, *args)
+
+    async def list_workspaces(self, owner: str, offset: int = 0, limit: int = 100) -> tuple[list[WorkspaceEntry], int]:
+        """``owner``'s kept workspaces, oldest first, from ``offset``; and how many it has."""
+        return await self._registry(self.store.workspaces.list, owner, offset, limit)
+
+    async def get_workspace(self, workspace_id: str) -> WorkspaceEntry | None:
+        return await self._registry(self.store.workspaces.get, workspace_id)
+
+    async def remove_workspace(self, workspace_id: str, *, idle_before: float | None = None) -> Removal | None:
+        """Remove a kept workspace (``None``: there is none, or it was used since ``idle_before``);
+        ``WorkspaceConflictError`` while runs are queued or running in it."""
+        entry = await self._registry(self.store.workspaces.mark_removing, workspace_id, idle_before)
+        return None if entry is None else await self._remove_marked(entry)
+
+    @abstractmethod
+    async def _remove_marked(self, entry: WorkspaceEntry) -> Removal:
+        """Remove a workspace marked removing, where it lives; its entry is forgotten once it is gone."""
+
+    async def expire_idle_workspaces(self) -> int:
+        """Remove up to ``IDLE_BATCH`` kept workspaces unused for ``workspace_idle_seconds``; how many went (or
+        were handed to a worker)."""
+        if self.workspace_idle_seconds is None:
+            return 0
+        before = self.store.workspaces.clock() - self.workspace_idle_seconds
+        removed = 0
+        for workspace_id in await self._registry(self.store.workspaces.idle, before, IDLE_BATCH):
+            with contextlib.suppress(WorkspaceConflictError):  # a run is in it: not idle
+                removed += await self.remove_workspace(workspace_id, idle_before=before) is not None
+        return removed
+
+    def idle_look_seconds(self) -> float:
+        """How often idle workspaces are looked for: a tenth of the idle time, at most every minute."""
+        return min((self.workspace_idle_seconds or 600.0) / 10, 60.0)
 
     def start(self) -> None:
         """Begin the background work (a queue dispatcher's change subscription and lost-run sweep), in the running

@@ -1,13 +1,17 @@
-"""``InlineDispatcher``: the embedded default — runs execute in this process, records live in memory."""
+"""``InlineDispatcher``: the embedded default — runs execute in this process, records live in memory, and so does
+the registry of kept workspaces, whose idle ones a background task removes in this process."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from typing import Any
 
-from orchestrator.dispatch.base import BaseDispatcher
+from orchestrator.dispatch.base import BaseDispatcher, Removal, workspace_refusals
 from worker import defaults
 from worker.contract import RunRequest, RunResult
+from worker.errors import WorkspaceError
 from worker.jobs import prune_artifacts, remove_one_off_workspace
 from worker.run_store import (
     Attempt,
@@ -16,9 +20,12 @@ from worker.run_store import (
     RunRecord,
     RunStatus,
     RunWaiters,
+    WorkspaceEntry,
 )
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
+
+logger = logging.getLogger(__name__)
 
 
 class InlineDispatcher(BaseDispatcher):
@@ -30,14 +37,20 @@ class InlineDispatcher(BaseDispatcher):
         runtime_options: dict[str, dict[str, Any]] | None = None,
         *,
         result_ttl: int = defaults.RESULT_TTL_SECONDS,
+        workspace_limit: int | None = None,
+        workspace_idle_seconds: float | None = None,
     ) -> None:
-        """Ended runs' records (results and their output files with them) are kept ``result_ttl`` seconds."""
+        """Ended runs' records (results and their output files with them) are kept ``result_ttl`` seconds; an owner
+        keeps ``workspace_limit`` workspaces at most, each removed once unused for ``workspace_idle_seconds``."""
         self._runtimes: dict[str, BaseWorkspaceRuntime] = dict(runtimes or {})
         self._options = runtime_options or {}
         self.waiters = RunWaiters()
         self.result_ttl = result_ttl
-        self.store = MemoryRunStore(on_change=self.waiters.notify_threadsafe, result_ttl=result_ttl)
+        self.workspace_idle_seconds = workspace_idle_seconds
+        self.store = MemoryRunStore(on_change=self.waiters.notify_threadsafe, result_ttl=result_ttl,
+                                    workspace_limit=workspace_limit)
         self._tasks: dict[str, asyncio.Task] = {}
+        self._expiring: asyncio.Task | None = None
         self._who = worker_id()
 
     def runtime(self, name: str) -> BaseWorkspaceRuntime:
@@ -55,7 +68,8 @@ class InlineDispatcher(BaseDispatcher):
         self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
     ) -> RunRecord:
         runtime = self.runtime(request.runtime.value)
-        record = self.store.create(request, owner)
+        with workspace_refusals():
+            record = self.store.create(request, owner)
         task = asyncio.create_task(self._execute(runtime, request, trusted))
         self._tasks[request.run_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(request.run_id, None))
@@ -72,20 +86,21 @@ class InlineDispatcher(BaseDispatcher):
             result = await runtime.run(request, allow_host_paths=trusted)
         except Exception as exc:  # bad input or an unusable runtime: the run fails with the reason
             self.store.fail(request.run_id, f"{type(exc).__name__}: {exc}", held)
-            await asyncio.to_thread(_clean_up, runtime, request)
+            await _clean_up(runtime, request)
             if reraise:
                 raise
             return None
         result.worker_id = self._who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
         self.store.finish(request.run_id, result, held)
-        await asyncio.to_thread(_clean_up, runtime, request)
+        await _clean_up(runtime, request)
         return result
 
     async def run(self, request: RunRequest, *, trusted: bool = False) -> RunResult:
         """In process there is nothing to wait for: run at once; bad input raises as it is."""
         runtime = self.runtime(request.runtime.value)
-        self.store.create(request)
+        with workspace_refusals():
+            self.store.create(request)
         result = await self._execute(runtime, request, trusted, reraise=True)
         assert result is not None  # a new record is always queued, so it starts
         return result
@@ -96,18 +111,43 @@ class InlineDispatcher(BaseDispatcher):
             self.runtime(record.request.runtime.value).cancel(run_id)
         return record
 
+    async def _remove_marked(self, entry: WorkspaceEntry) -> Removal:
+        try:
+            await self.runtime(entry.runtime.value).end_workspace(entry.id)
+        except WorkspaceError as exc:  # not on this host (removed from outside): gone already
+            logger.info("workspace %s was gone already: %s", entry.id, exc)
+        self.store.workspaces.forget(entry.id)
+        return "removed"
+
+    def start(self) -> None:
+        """Begin looking for idle workspaces now and then (with ``workspace_idle_seconds``)."""
+        if self.workspace_idle_seconds is not None and (self._expiring is None or self._expiring.done()):
+            self._expiring = asyncio.create_task(self._expire_forever(), name="skillrun-idle-workspaces")
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.idle_look_seconds())
+            try:
+                await self.expire_idle_workspaces()
+            except Exception:  # a runtime that cannot remove now (a Cube service away): tried again next time
+                logger.warning("removing idle workspaces failed", exc_info=True)
+
     async def drain(self) -> None:
         """Wait until every run submitted so far has ended, its one-off workspace removed."""
         await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
     async def close(self) -> None:
+        if self._expiring is not None:
+            self._expiring.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiring
         for task in list(self._tasks.values()):
             task.cancel()
         for runtime in self._runtimes.values():
             await runtime.close()
 
 
-def _clean_up(runtime: BaseWorkspaceRuntime, request: RunRequest) -> None:
+async def _clean_up(runtime: BaseWorkspaceRuntime, request: RunRequest) -> None:
     """What an ended run leaves: its workspace if it was the run's own, and artifacts past their TTL (in turns)."""
-    remove_one_off_workspace(runtime, request)
-    prune_artifacts(runtime)
+    await remove_one_off_workspace(runtime, request)
+    await asyncio.to_thread(prune_artifacts, runtime)

@@ -6,27 +6,34 @@ events say which. The sweep finds such runs every ``SWEEP_SECONDS`` — the star
 in one process at a time (a lease) — and its change wakes the run's waiters (the same process trims RQ's registries of
 finished jobs); when the change subscription drops
 (Redis went away) every waiter looks again.
+
+A kept workspace lives on the workers of its runtime: its removal (asked for, or idle — looked for after each sweep,
+in one process at a time) is a job on that runtime's workspaces queue (``skillrun:<runtime>:workspaces``,
+``worker.jobs.remove_kept_workspace``), and the workspace is listed ``removing`` until a worker has removed it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import uuid
 
 import redis
 import redis.asyncio as aioredis
 from rq import Queue
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.job import Job, JobStatus
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
-from orchestrator.dispatch.base import BaseDispatcher, redis_errors
+from orchestrator.dispatch.base import BaseDispatcher, Removal, redis_errors, workspace_refusals
 from orchestrator.errors import DispatchError
 from worker import defaults
-from worker.consumer import queue_name
+from worker.consumer import queue_name, workspaces_queue_name
 from worker.contract import RunRequest, RuntimeName
-from worker.jobs import execute_run
+from worker.jobs import execute_run, remove_kept_workspace
 from worker.run_store import (
     AsyncRunReader,
     RedisRunStore,
@@ -34,6 +41,7 @@ from worker.run_store import (
     RunRecord,
     RunStatus,
     RunWaiters,
+    WorkspaceEntry,
 )
 from worker.runtimes import RUNTIME_CLASSES
 from worker.runtimes.base import worker_id
@@ -50,17 +58,23 @@ SWEEP_LIMIT = 1000
 """Started runs the lost-run sweep looks at in one go (oldest first)."""
 SWEEP_LEASE_SECONDS = 5.0
 """How long one API process holds the sweep: the others skip it meanwhile."""
+REMOVAL_JOB_SECONDS = 300
+"""Longest a worker may take to remove one workspace."""
 
 
 class QueueDispatcher(BaseDispatcher):
     """Runs through Redis and RQ: ``skillrun worker`` processes execute them."""
 
     def __init__(
-        self, redis_url: str, *, max_attempts: int = defaults.MAX_ATTEMPTS, result_ttl: int = defaults.RESULT_TTL_SECONDS
+        self, redis_url: str, *, max_attempts: int = defaults.MAX_ATTEMPTS, result_ttl: int = defaults.RESULT_TTL_SECONDS,
+        workspace_limit: int | None = None, workspace_idle_seconds: float | None = None,
     ) -> None:
+        """An owner keeps ``workspace_limit`` workspaces at most, each removed once unused for
+        ``workspace_idle_seconds``."""
         timeouts = {"socket_connect_timeout": CONNECT_TIMEOUT_SECONDS, "socket_timeout": SOCKET_TIMEOUT_SECONDS}
         self.redis = redis.Redis.from_url(redis_url, **timeouts)
-        self.store = RedisRunStore(self.redis, result_ttl=result_ttl)
+        self.store = RedisRunStore(self.redis, result_ttl=result_ttl, workspace_limit=workspace_limit)
+        self.workspace_idle_seconds = workspace_idle_seconds
         self.waiters = RunWaiters()
         pool = aioredis.BlockingConnectionPool.from_url(  # a burst of looks waits for a connection, opens no more
             redis_url, max_connections=ASYNC_CONNECTIONS, timeout=SOCKET_TIMEOUT_SECONDS, **timeouts)
@@ -81,7 +95,7 @@ class QueueDispatcher(BaseDispatcher):
         if request.runtime.value not in RUNTIME_CLASSES:
             raise DispatchError(f"runtime {request.runtime.value!r} is not available in this installation "
                                 f"(available: {', '.join(sorted(RUNTIME_CLASSES))})")
-        with redis_errors():
+        with redis_errors(), workspace_refusals():
             return await asyncio.to_thread(self._submit, request, priority, owner)
 
     def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:
@@ -162,8 +176,37 @@ class QueueDispatcher(BaseDispatcher):
             await asyncio.sleep(SWEEP_SECONDS)
             try:
                 await self.sweep_lost()
+                await self.expire_idle_workspaces()
             except Exception:  # Redis away for a moment: try again at the next sweep
-                logger.warning("sweeping lost runs failed", exc_info=True)
+                logger.warning("sweeping lost runs or idle workspaces failed", exc_info=True)
+
+    async def expire_idle_workspaces(self) -> int:
+        """As every dispatcher does, in one API process at a time (a lease)."""
+        with redis_errors():
+            if not await self.reader.take_lease("workspaces", self._holder, SWEEP_LEASE_SECONDS):
+                return 0
+        return await super().expire_idle_workspaces()
+
+    async def _remove_marked(self, entry: WorkspaceEntry) -> Removal:
+        with redis_errors():
+            await asyncio.to_thread(self._enqueue_removal, entry)
+        return "removing"
+
+    def _enqueue_removal(self, entry: WorkspaceEntry) -> None:
+        """One removal job per workspace at a time (its id is the workspace's); one that ended is replaced."""
+        queue = Queue(workspaces_queue_name(entry.runtime.value), connection=self.redis, serializer=JSONSerializer)
+        job_id = f"workspace-{hashlib.sha256(entry.id.encode()).hexdigest()[:32]}"
+        for _ in range(2):
+            try:
+                queue.enqueue_call(remove_kept_workspace, args=(entry.id,), job_id=job_id, timeout=REMOVAL_JOB_SECONDS,
+                                   result_ttl=0, failure_ttl=REMOVAL_JOB_SECONDS, unique=True)
+                return
+            except DuplicateJobError:
+                with contextlib.suppress(NoSuchJobError):
+                    job = Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer)
+                    if job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.STARTED):
+                        return
+                    job.delete()
 
     async def queue_depths(self) -> dict[str, int]:
         def count() -> dict[str, int]:

@@ -4,7 +4,8 @@
 * ``base`` — the store's contract and changes of state, and ``MemoryRunStore`` (the embedded default);
 * ``redis_store`` — ``RedisRunStore`` (API processes and queue workers) and its key layout;
 * ``fencing`` — the attempt a worker holds, which every change it makes must show;
-* ``watch`` — waiting for runs on async I/O (the API's side).
+* ``watch`` — waiting for runs on async I/O (the API's side);
+* ``workspaces`` — the registry of kept workspaces (owner, runtime, created, last used, runs in them).
 """
 
 from worker.run_store.base import BaseRunStore, MemoryRunStore
@@ -20,6 +21,13 @@ from worker.run_store.records import (
 )
 from worker.run_store.redis_store import RedisRunStore, RunKeys
 from worker.run_store.watch import AsyncRunReader, RunWaiters
+from worker.run_store.workspaces import (
+    MemoryWorkspaces,
+    RedisWorkspaces,
+    WorkspaceEntry,
+    WorkspaceKeys,
+    WorkspaceRefusedError,
+)
 
 __all__ = [
     "DURATION_BUCKETS_SECONDS",
@@ -28,12 +36,17 @@ __all__ = [
     "Attempt",
     "BaseRunStore",
     "MemoryRunStore",
+    "MemoryWorkspaces",
     "Mutation",
     "RedisRunStore",
+    "RedisWorkspaces",
     "RunEvent",
     "RunKeys",
     "RunRecord",
     "RunStatus",
     "RunWaiters",
+    "WorkspaceEntry",
+    "WorkspaceKeys",
+    "WorkspaceRefusedError",
     "duration_bucket",
 ]

@@ -12,18 +12,27 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.contract import RunRequest, RunResult
 from worker.run_store.fencing import Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
+from worker.run_store.workspaces import MemoryWorkspaces
+
+if TYPE_CHECKING:
+    from worker.run_store.workspaces import RedisWorkspaces
 
 TRIM_BATCH = 100
 """Expired runs one write removes at most (from a store's records, or from each Redis index it touches)."""
 
 
 class BaseRunStore(ABC):
-    """Blocking by design (Redis calls); async readers use ``worker.run_store.watch``."""
+    """Blocking by design (Redis calls); async readers use ``worker.run_store.watch``. A run that keeps its
+    workspace claims it in ``workspaces`` when it is created and releases it when it ends
+    (``worker.run_store.workspaces``)."""
+
+    workspaces: MemoryWorkspaces | RedisWorkspaces
+    """The registry of kept workspaces, next to the records."""
 
     @abstractmethod
     def create(self, request: RunRequest, owner: str | None = None) -> RunRecord: ...
@@ -150,11 +159,11 @@ class MemoryRunStore(BaseRunStore):
     """Records in this process (the embedded default). ``on_change(run_id)`` is called after every change, from
     whichever thread made it (the dispatcher wakes its waiters with it). An ended run's record and events are kept
     ``result_ttl`` seconds (``None``: as long as the store lives); each new run drops up to ``TRIM_BATCH`` expired
-    ones, oldest first."""
+    ones, oldest first. ``workspace_limit``: kept workspaces an owner may have at once."""
 
     def __init__(
         self, on_change: Callable[[str], None] | None = None, *, result_ttl: float | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, workspace_limit: int | None = None,
     ) -> None:
         self._records: dict[str, RunRecord] = {}
         self._events: dict[str, list[RunEvent]] = {}
@@ -163,6 +172,7 @@ class MemoryRunStore(BaseRunStore):
         self.on_change = on_change
         self.result_ttl = result_ttl
         self.clock = clock
+        self.workspaces = MemoryWorkspaces(limit=workspace_limit, clock=clock)
 
     def _trim(self) -> None:
         """Forget up to ``TRIM_BATCH`` runs that ended more than ``result_ttl`` ago (under the lock)."""
@@ -186,6 +196,8 @@ class MemoryRunStore(BaseRunStore):
             self._trim()
             if record.id in self._records:
                 raise ValueError(f"run {record.id!r} already exists")
+            if request.keep_workspace:
+                self.workspaces.claim(request, owner)
             self._records[record.id] = record.model_copy(deep=True)
             self._events[record.id] = [RunEvent(type="queued")]
         self._changed(record.id)
@@ -209,6 +221,8 @@ class MemoryRunStore(BaseRunStore):
             self._events.setdefault(run_id, []).append(event)
             if record.status.done and not stored.status.done:
                 self._ended.append((self.clock(), run_id))
+                if record.request.keep_workspace:
+                    self.workspaces.release(record.request.workspace_id, run_id)
         self._changed(run_id)
         return record
 

@@ -9,6 +9,9 @@ runs: what the lost-run sweep reads) and the counts ``<prefix>:stats``. Every ch
 Retention: an ended run's record and events expire ``result_ttl`` seconds after it ended. ``<prefix>:expiring``
 holds the ended runs by that time (``"<id> <owner>"``), and every run that ends takes up to ``TRIM_BATCH`` runs
 whose time has passed out of the indexes, so they hold what is kept and no more (``TRIM_EXPIRED``).
+
+Kept workspaces are registered next to the records (``worker.run_store.workspaces``): a run claims its workspace
+when it is reserved (refused: its record goes again) and releases it in the transaction that ends it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from worker.contract import RunRequest
 from worker.run_store.base import TRIM_BATCH, BaseRunStore
 from worker.run_store.fencing import RENEW_IF_HELD, Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
+from worker.run_store.workspaces import RedisWorkspaces, WorkspaceRefusedError
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,9 @@ class RedisRunStore(BaseRunStore):
         result_ttl: int = defaults.RESULT_TTL_SECONDS,
         heartbeat_ttl: int = defaults.HEARTBEAT_TTL_SECONDS,
         clock: Callable[[], float] = time.time,
+        workspace_limit: int | None = None,
     ) -> None:
+        """``workspace_limit``: kept workspaces an owner may have at once."""
         self.redis = connection
         self.clock = clock
         self.keys = RunKeys(prefix)
@@ -97,6 +103,7 @@ class RedisRunStore(BaseRunStore):
         self.heartbeat_ttl = heartbeat_ttl
         self._renew = connection.register_script(RENEW_IF_HELD)
         self._trim = connection.register_script(TRIM_EXPIRED)
+        self.workspaces = RedisWorkspaces(connection, self.keys.record(""), limit=workspace_limit, clock=clock)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "RedisRunStore":
@@ -110,7 +117,8 @@ class RedisRunStore(BaseRunStore):
         return record
 
     def reserve(self, request: RunRequest, owner: str | None = None) -> RunRecord:
-        """Store a new run's record (refused if the id was ever used); ``announce`` then makes it known."""
+        """Store a new run's record (refused if the id was ever used) and claim its kept workspace (refused:
+        ``WorkspaceRefusedError``, the record is gone again); ``announce`` then makes it known."""
         record = RunRecord(id=request.run_id, request=request, owner=owner)
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.record(record.id), record.model_dump_json(), nx=True)
@@ -118,6 +126,12 @@ class RedisRunStore(BaseRunStore):
             created, had_events = pipe.execute()
         if not created or had_events:
             raise ValueError(f"run {record.id!r} already exists")
+        if request.keep_workspace:
+            try:
+                self.workspaces.claim(request, owner)
+            except (WorkspaceRefusedError, redis.RedisError):
+                self.redis.delete(self.keys.record(record.id))
+                raise
         return record
 
     def announce(self, pipe: redis.client.Pipeline, record: RunRecord) -> None:
@@ -179,6 +193,8 @@ class RedisRunStore(BaseRunStore):
         if ttl:
             pipe.expire(self.keys.part(record.id, "events"), ttl)
             self._expire_from_indexes(pipe, record, ttl)
+        if record.status.done and not previous.done and record.request.keep_workspace:
+            self.workspaces.release(pipe, record.request.workspace_id, record.id)
 
     def _expire_from_indexes(self, pipe: redis.client.Pipeline, record: RunRecord, ttl: int) -> None:
         """Note when the ended ``record`` expires, and take the runs expired by now out of the indexes."""

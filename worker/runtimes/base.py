@@ -15,8 +15,8 @@ from typing import Any, BinaryIO
 
 from worker import defaults
 from worker.collect import Collection
-from worker.contract import InputFile, RunRequest, RunResult, RunTimings, RuntimeName
-from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
+from worker.contract import InputFile, RunRequest, RunResult, RuntimeName, RunTimings
+from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
 from worker.process import ProcessOutcome
 
 
@@ -118,6 +118,11 @@ class BaseWorkspaceRuntime(ABC):
     def cancel(self, run_id: str) -> bool:
         """Stop a run in progress here; ``False`` if it is not running here."""
         return False
+
+    async def end_workspace(self, workspace_id: str) -> None:
+        """Remove a workspace and everything in it, from async code (each runtime's ``remove_workspace``);
+        ``WorkspaceError`` when there is none here."""
+        raise WorkspaceError(f"the {self.name.value} runtime cannot remove workspaces")
 
     async def close(self) -> None:
         """Release what the runtime holds (containers, sandboxes, connections)."""

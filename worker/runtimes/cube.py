@@ -14,7 +14,7 @@ its dependency environment, made once per sandbox outside every workspace (``cub
 Sandboxes: ``CubeCodeExecutor`` holds one (created, or connected by ``sandbox_id``) and runs code in it; a
 runtime built on an executor runs every workspace in that sandbox, next to the executor's own code. A runtime
 built without one gives each workspace its own sandbox, found again by metadata (from any worker or a later
-CLI call), reused across the workspace's runs and killed when the workspace is closed or has been idle for
+CLI call), reused across the workspace's runs and killed when the workspace is removed or has been idle for
 ``idle_seconds`` (or, with no process left to notice, at the service's ``sandbox_timeout``).
 """
 
@@ -308,8 +308,10 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
                 if executor is not None:
                     await executor.close()
 
-    async def close_workspace(self, workspace_id: str) -> None:
-        """Close a workspace: its own sandbox is killed; in a shared sandbox its folder is removed."""
+    async def remove_workspace(self, workspace_id: str) -> None:
+        """Remove a workspace and everything in it: its own sandbox is killed (found by metadata when this process
+        does not hold it); in a shared sandbox its folder is removed. What this runtime remembers of it goes too."""
+        self._opening.pop(workspace_id, None)
         if self.executor is not None:
             path = self.workspace_path(workspace_id)
             done = await self.executor.run_script(f"rm -rf -- {shlex.quote(path)}", timeout=60, user="root")
@@ -325,9 +327,16 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         if executor is not None:
             await executor.close()
 
+    async def end_workspace(self, workspace_id: str) -> None:
+        await self.remove_workspace(workspace_id)
+
+    async def close_workspace(self, workspace_id: str) -> None:
+        """Close a workspace: the same as ``remove_workspace`` (its sandbox, or its folder in a shared one, goes)."""
+        await self.remove_workspace(workspace_id)
+
     async def close(self) -> None:
         """Stop runs in progress and finish clean-up. Workspace sandboxes stay up for the next process that serves
-        their workspaces (they are found by metadata); they end when idle here, by ``close_workspace``, or at
+        their workspaces (they are found by metadata); they end when idle here, by ``remove_workspace``, or at
         the service's sandbox timeout."""
         with self._lock:
             running = list(self._cancels.values())

@@ -287,6 +287,9 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         self._forget_workspace(workspace)
         self.workspaces.remove(workspace_id)
 
+    async def end_workspace(self, workspace_id: str) -> None:
+        await asyncio.to_thread(self.remove_workspace, workspace_id)
+
 
 @dataclass(frozen=True)
 class _Prepared:

@@ -32,9 +32,9 @@ from worker.process import (
     run_process,
     ulimit_prefix,
 )
+from worker.ready_shell import ReadyShell
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
-from worker.ready_shell import ReadyShell
 from worker.sandbox import SandboxSpec, find_bwrap
 from worker.spawner import Spawner, spawner_python
 from worker.staging import BaseSkillStager
@@ -342,7 +342,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         stopped: list[Spawner] = []
         with self._lock:
             spawner = self._spawners.get(workspace.id)
-            if spawner is not None and (not spawner.alive or spawner.sandbox != sandbox):
+            if spawner is not None and (not spawner.alive or spawner.sandbox != sandbox or spawner.uid != workspace.uid):
                 stopped.append(self._spawners.pop(workspace.id))
                 spawner = None
             if spawner is None and self.spawner_mode == "auto" and not self._reused(workspace.id):

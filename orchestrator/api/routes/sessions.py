@@ -1,4 +1,5 @@
-"""Sessions: create one, read its events and state, post a message and stream the agent's answer (SSE).
+"""Sessions: create one, read its events and state, post a message and stream the agent's answer (SSE), delete one
+(its workspace goes with it).
 
 The stream's events, each ``event: <kind>`` with a JSON ``data`` line:
 ``text_delta`` / ``thought_delta`` (partial text), ``tool_call_delta`` (a streaming tool's argument delta),
@@ -10,16 +11,18 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, HTTPException, Path, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Response, status
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.responses import error_responses
+from orchestrator.api.responses import ErrorPublic, error_responses
+from orchestrator.api.routes.workspaces import remove
 from orchestrator.api.schemas import SESSION_ID, MessageCreate, SessionCreate, SessionPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.models.constants import TOOL_STREAMING_ARGS
+from orchestrator.skills.tools import workspace_id_for
 from orchestrator.teams import Team
 from orchestrator.types import Content, Part
 
@@ -52,6 +55,26 @@ async def get_session(
     if session is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
     return SessionPublic(**session.model_dump())
+
+
+@router.delete(
+    "/{session_id}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response,
+    responses={**error_responses(404), 409: {"model": ErrorPublic, "description": "Runs of the session are queued or "
+                                                                                   "running in its workspace."}},
+)
+async def delete_session(
+    session_id: str = SessionId, team: Team = Depends(current_team), services: Services = Depends(get_services)
+) -> Response:
+    """Delete a session and its workspace (removed now, or by a worker of its runtime); refused while its runs are
+    queued or running."""
+    session = await services.session_service.get_session(app_name=services.app_name, user_id=team.id, session_id=session_id)
+    if session is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
+    workspace = await services.dispatcher.get_workspace(workspace_id_for(team.id, session_id))
+    if workspace is not None:
+        await remove(services, workspace)
+    await services.session_service.delete_session(app_name=services.app_name, user_id=team.id, session_id=session_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post(
