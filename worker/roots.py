@@ -20,7 +20,8 @@ least recently used entries (by the time of ``.ready``, touched at each use) are
 An entry in use is never removed: a user (``root_in_use``, held for a run) holds a shared ``flock`` on its
 ``.ready``; eviction takes an exclusive one without waiting and, when it gets it, renames the entry away before
 deleting it (a user that locked it meanwhile sees the rename and fetches again). While every other entry is in
-use the cache stays over its bound.
+use the cache stays over its bound. Leftovers of a process killed mid-fetch or mid-eviction (``tmp-*`` folders and
+record files untouched for ``LEFTOVER_SECONDS``) are removed by the next eviction.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from worker.archives import ArchiveLimits, extract_tar, extract_zip
 from worker.errors import SkillRootError, UnsafeArchiveError
 
 READY_FILE = ".ready"
+LEFTOVER_SECONDS = 3600.0
+"""A ``tmp-*`` entry of the cache untouched this long belongs to no live fetch (a download is capped at minutes)."""
 URLS_DIR = "urls"
 HOLD_ATTEMPTS = 3
 """How often ``root_in_use`` fetches an entry again that was evicted between its resolution and its lock."""
@@ -185,7 +188,9 @@ def root_in_use(
 
 def evict(cache: Path, bound: int, *, keep: str | None = None) -> list[str]:
     """Remove the least recently used entries of ``cache`` until their total size is within ``bound`` bytes,
-    never ``keep`` nor one in use; forget the URLs whose latest entry is gone. Returns the digests removed."""
+    never ``keep`` nor one in use; forget the URLs whose latest entry is gone; remove leftovers of killed
+    processes. Returns the digests removed."""
+    _remove_leftovers(cache)
     entries = []
     for entry in os.scandir(cache):
         if _DIGEST.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
@@ -288,6 +293,19 @@ def _record(cache: Path, url: str, digest: str) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"url": url, "sha256": digest}, f)
     os.replace(aside, records / hashlib.sha256(url.encode()).hexdigest())
+
+
+def _remove_leftovers(cache: Path) -> None:
+    stale = time.time() - LEFTOVER_SECONDS
+    for folder in (cache, cache / URLS_DIR):
+        with contextlib.suppress(FileNotFoundError), os.scandir(folder) as listing:
+            for entry in listing:
+                with contextlib.suppress(OSError):
+                    if entry.name.startswith("tmp-") and entry.stat(follow_symlinks=False).st_mtime < stale:
+                        if entry.is_dir(follow_symlinks=False):
+                            shutil.rmtree(entry.path, ignore_errors=True)
+                        else:
+                            os.unlink(entry.path)
 
 
 def _touch(entry: Path) -> None:

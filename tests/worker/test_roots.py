@@ -20,7 +20,16 @@ from worker.archives import ArchiveLimits
 from worker.config import WorkerSettings
 from worker.contract import RunRequest
 from worker.errors import SkillRootError, UnsafeArchiveError
-from worker.roots import READY_FILE, URLS_DIR, FetchLimits, evict, fetch_url_root, resolve_root, root_in_use
+from worker.roots import (
+    LEFTOVER_SECONDS,
+    READY_FILE,
+    URLS_DIR,
+    FetchLimits,
+    evict,
+    fetch_url_root,
+    resolve_root,
+    root_in_use,
+)
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 SKILL_MD = b"---\nname: remote-skill\ndescription: Fetched from a URL.\n---\nDo remote things.\n"
@@ -400,6 +409,24 @@ def test_an_entry_in_use_survives_eviction(server, cache):
         assert (held / "lib/remote-skill/SKILL.md").is_file()
     assert evict(cache, 1) == [held.name]
     assert entries(cache) == []
+
+
+def test_leftovers_of_a_killed_fetch_are_removed_by_the_next_eviction_and_live_ones_kept(server, cache):
+    url = server.add("/lib.tgz", library_version(1, 1000))
+    fetch_url_root(url, cache_dir=cache)
+    old = time.time() - LEFTOVER_SECONDS - 60
+    leftovers = [cache / "tmp-skill-root-dead", cache / "tmp-evicted-dead", cache / URLS_DIR / "tmp-dead"]
+    leftovers[0].mkdir()
+    (leftovers[0] / "download").write_bytes(b"half")
+    leftovers[1].mkdir()
+    leftovers[2].write_text("{}")
+    live = cache / "tmp-skill-root-live"
+    live.mkdir()
+    for path in leftovers:
+        os.utime(path, (old, old))
+    evict(cache, 10**9)
+    assert [path.exists() for path in leftovers] == [False, False, False]
+    assert live.is_dir() and len(entries(cache)) == 2  # the fetched entry and the live fetch
 
 
 def test_a_cache_bound_that_is_not_positive_is_refused_clearly(server, cache, monkeypatch):
