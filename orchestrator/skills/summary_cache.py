@@ -5,15 +5,19 @@ library each time (most of its time on 2,000 skills). The cache maps each ``SKIL
 time and size it had when parsed and the summary parsed from it; a file whose stamp differs is parsed again.
 ``--search`` would likewise index the whole library each time: the search index is kept in a second file with the
 digest of the summaries it was built from, and read back only for the same summaries. Files are replaced
-atomically, and an unreadable or foreign one is ignored (and rewritten), never an error.
+atomically, and an unreadable or foreign one is ignored (and rewritten), never an error. A folder of caches keeps
+the ``MAX_CACHES`` most recently used sets of roots: saving one removes the others (and temporary files of killed
+writers older than ``LEFTOVER_SECONDS``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,6 +25,9 @@ from orchestrator.skills.search import SkillIndex
 from orchestrator.skills.skill import SkillSummary
 
 FORMAT = 1
+MAX_CACHES = 64
+LEFTOVER_SECONDS = 3600.0
+TEMPORARY_PREFIX = ".summaries-"
 Stamp = tuple[int, int]
 Parsed = Mapping[str, tuple[Stamp, SkillSummary]]
 
@@ -36,6 +43,7 @@ class SummaryCache:
             data = json.loads(self.path.read_text(encoding="utf-8"))
             if data.get("format") != FORMAT:
                 return {}
+            os.utime(self.path)  # used now: the least recently used caches go first
             return {
                 file: ((int(mtime), int(size)), SkillSummary(name=str(name), description=str(description)))
                 for file, (mtime, size, name, description) in data["skills"].items()
@@ -49,6 +57,25 @@ class SummaryCache:
             "format": FORMAT,
             "skills": {file: [stamp[0], stamp[1], s.name, s.description] for file, (stamp, s) in parsed.items()},
         })
+        self._prune()
+
+    def _prune(self) -> None:
+        """Keep the ``MAX_CACHES`` most recently used caches of the folder (each its summaries and its index)."""
+        folder, used, stale = self.path.parent, [], time.time() - LEFTOVER_SECONDS
+        try:
+            with os.scandir(folder) as listing:
+                for entry in listing:
+                    with contextlib.suppress(OSError):
+                        if entry.name.startswith(TEMPORARY_PREFIX) and entry.stat().st_mtime < stale:
+                            os.unlink(entry.path)
+                        elif entry.name.endswith(".json") and not entry.name.endswith(".index.json"):
+                            used.append((entry.stat().st_mtime_ns, entry.name.removesuffix(".json")))
+        except OSError:
+            return
+        for _, key in sorted(used, reverse=True)[MAX_CACHES:]:
+            for name in (f"{key}.json", f"{key}.index.json"):
+                with contextlib.suppress(OSError):
+                    os.unlink(folder / name)
 
     def index(self, summaries: list[SkillSummary]) -> SkillIndex:
         """The search index of ``summaries``: read back when the kept one was built from the same summaries, else
@@ -69,7 +96,7 @@ class SummaryCache:
     def _write(path: Path, data: dict) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".summaries-")
+            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=TEMPORARY_PREFIX)
         except OSError:
             return
         try:

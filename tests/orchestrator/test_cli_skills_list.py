@@ -12,6 +12,8 @@ from orchestrator.cli import main
 from orchestrator.config import get_settings
 from orchestrator.skills import repository as repository_module
 from orchestrator.skills.search import SkillIndex
+from orchestrator.skills.skill import SkillSummary
+from orchestrator.skills.summary_cache import MAX_CACHES, TEMPORARY_PREFIX, SummaryCache
 from tests.conftest import write_skill
 
 
@@ -124,3 +126,25 @@ def test_a_kept_index_that_is_corrupt_or_of_another_library_is_rebuilt(tmp_path,
     assert builds == [3, 3]
     assert _search(capsys, library, "merge PDF") == ["pdf-merge", "csv-to-pdf"]
     assert builds == [3, 3]
+
+
+def test_a_folder_of_summary_caches_keeps_the_most_recently_used_and_drops_dead_temporary_files(tmp_path):
+    folder = tmp_path / "skill-summaries"
+    summary = SkillSummary(name="alpha", description="A.")
+    caches = [SummaryCache(folder / f"{n:03d}.json") for n in range(MAX_CACHES + 5)]
+    for n, cache in enumerate(caches[:MAX_CACHES]):
+        cache.save({f"/lib{n}/alpha/SKILL.md": ((n, 1), summary)})
+        cache.index([summary])
+        os.utime(cache.path, (1000 + n, 1000 + n))  # saved in this order, a second apart
+    assert caches[0].load()  # used again: now the most recently used
+    dead, live = folder / f"{TEMPORARY_PREFIX}dead", folder / f"{TEMPORARY_PREFIX}live"
+    dead.write_text("{")
+    live.write_text("{")
+    os.utime(dead, (1, 1))
+    for n, cache in enumerate(caches[MAX_CACHES:], start=MAX_CACHES):
+        cache.save({f"/lib{n}/alpha/SKILL.md": ((n, 1), summary)})
+    kept = sorted(p.name for p in folder.glob("*.json") if not p.name.endswith(".index.json"))
+    assert len(kept) == MAX_CACHES and "000.json" in kept and f"{MAX_CACHES + 4:03d}.json" in kept
+    assert [n for n in range(1, 7) if f"{n:03d}.json" in kept] == [6]
+    assert not (folder / "001.index.json").exists() and (folder / "006.index.json").exists()
+    assert not dead.exists() and live.exists()
