@@ -13,6 +13,7 @@ import uvicorn
 
 from orchestrator.api import Services, create_app
 from orchestrator.assistant import create_assistant
+from orchestrator.cli.serve import server_config
 from orchestrator.config import Settings
 from orchestrator.documents import FileDocuments
 from orchestrator.libraries import LibraryRegistry
@@ -59,8 +60,7 @@ def client(services: Services, key: str | None) -> httpx.AsyncClient:
 def api_in_a_thread(services: Services) -> Iterator[str]:
     """The app under uvicorn on loopback (real connections, so a client can leave), in a thread of this process;
     its URL."""
-    server = uvicorn.Server(uvicorn.Config(create_app(services=services), host="127.0.0.1", port=free_port(),
-                                           log_level="warning"))
+    server = uvicorn.Server(server_config(create_app(services=services), "127.0.0.1", free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
