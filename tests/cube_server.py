@@ -393,7 +393,9 @@ class _ProcessService:
         transport = sandbox.processes.get(pid)
         if transport is None:
             raise ConnectError(Code.NOT_FOUND, f"process with pid {pid} not found")
-        sig = signal.SIGKILL if request.signal == process_pb.Signal.SIGNAL_SIGKILL else signal.SIGTERM
+        # The proto's SIGNAL_SIGKILL is 9, as in POSIX (the SDK's enum member is named SIGKILL or SIGNAL_SIGKILL
+        # depending on its version).
+        sig = signal.SIGKILL if getattr(request.signal, "value", request.signal) == signal.SIGKILL.value else signal.SIGTERM
         transport.send_signal(sig)
         return process_pb.SendSignalResponse()
 

@@ -58,8 +58,9 @@ def cube_standin() -> CubeStandIn:
 
 
 @pytest.fixture
-def cube_runtime_factory(cube_standin, shared_dir):
-    """Cube runtimes on the stand-in, each with its own remote root; sandboxes a test leaves are killed afterwards."""
+async def cube_runtime_factory(cube_standin, shared_dir):
+    """Cube runtimes on the stand-in, each with its own remote root; closed on the test's own loop afterwards (their
+    clean-up in the sandbox done), and sandboxes a test leaves are killed."""
     made: list[CubeWorkspaceRuntime] = []
     before = set(cube_standin.sandboxes)
 
@@ -75,6 +76,8 @@ def cube_runtime_factory(cube_standin, shared_dir):
 
     make.made = made
     yield make
+    for runtime in made:
+        await runtime.close()
     for sandbox_id in set(cube_standin.sandboxes) - before:
         cube_standin.forget(sandbox_id)
 
