@@ -32,8 +32,8 @@ from worker.workspace import Workspace, reachable_by_others, remove_tree
 
 SKILL_FILE = "SKILL.md"
 SETTLED_NS = 1_000_000_000
-MAX_REMEMBERED_SIGNATURES = 4096
-"""Staged skills a stager remembers (workspaces come and go: one-off runs make one each)."""
+MAX_REMEMBERED_WORKSPACES = 4096
+"""Workspaces whose staged skills a stager remembers (a removed workspace is forgotten at once)."""
 LOCK_STRIPES = 64
 """Locks that serialise staging into one workspace, shared by workspaces by hash (not one kept per workspace)."""
 """A folder listed this long after its last change keeps its listing while its mtime stays: any later change
@@ -67,7 +67,7 @@ class BaseSkillStager(ABC):
     kind: str = "base"
 
     def __init__(self) -> None:
-        self._signatures: OrderedDict[tuple[Path, str], str] = OrderedDict()
+        self._signatures: OrderedDict[str, dict[str, str]] = OrderedDict()  # workspace path → skill → signature
         self._signatures_lock = threading.Lock()
         self._sources: dict[tuple[str, str], Path] = {}
         self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
@@ -89,29 +89,37 @@ class BaseSkillStager(ABC):
         except FileNotFoundError as exc:
             self._sources.pop((skill.root, skill.path), None)
             raise StagingError(f"skill {skill.name!r}: {source} is gone from its skills root") from exc
-        key = (workspace.path, skill.name)
-        if self._signatures.get(key) == signature and target.is_dir():
+        if self._remembered(workspace, skill) == signature and target.is_dir():
             return target
         meta = workspace.read_metadata()
         staged = meta.setdefault("staged", {})
         if staged.get(skill.name, {}).get("signature") == signature and target.is_dir():
-            self._remember(key, signature)
+            self._remember(workspace, skill, signature)
             return target
         self._build(workspace, source, target)
         signature = self._signature(source)  # the build may have chosen how the folder is to be checked
         staged[skill.name] = {"source": str(source), "stager": self.kind, "signature": signature}
         workspace.write_metadata(meta)
-        self._remember(key, signature)
+        self._remember(workspace, skill, signature)
         return target
 
-    def _remember(self, key: tuple[Path, str], signature: str) -> None:
-        """Note what is staged where, for the ``MAX_REMEMBERED_SIGNATURES`` latest (a forgotten one is read back
+    def _remembered(self, workspace: Workspace, skill: SkillRef) -> str | None:
+        return self._signatures.get(str(workspace.path), {}).get(skill.name)
+
+    def _remember(self, workspace: Workspace, skill: SkillRef, signature: str) -> None:
+        """Note what is staged where, for the ``MAX_REMEMBERED_WORKSPACES`` latest (a forgotten one is read back
         from the workspace's metadata)."""
+        key = str(workspace.path)
         with self._signatures_lock:
-            self._signatures[key] = signature
+            self._signatures.setdefault(key, {})[skill.name] = signature
             self._signatures.move_to_end(key)
-            while len(self._signatures) > MAX_REMEMBERED_SIGNATURES:
+            while len(self._signatures) > MAX_REMEMBERED_WORKSPACES:
                 self._signatures.popitem(last=False)
+
+    def forget(self, workspace: Workspace) -> None:
+        """Forget what was staged into ``workspace`` (it is being removed)."""
+        with self._signatures_lock:
+            self._signatures.pop(str(workspace.path), None)
 
     def current(self, workspace: Workspace, skill: SkillRef) -> Path | None:
         """The staged folder of ``skill`` when this stager staged it into ``workspace`` and it is unchanged since;
@@ -123,7 +131,7 @@ class BaseSkillStager(ABC):
             signature = self._signature(source)
         except FileNotFoundError:
             return None
-        if self._signatures.get((workspace.path, skill.name)) != signature:
+        if self._remembered(workspace, skill) != signature:
             return None
         target = workspace.skills_dir / skill.name
         return target if os.path.isdir(target) else None

@@ -285,6 +285,9 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         if workspace is None:
             raise WorkspaceError(f"no workspace {workspace_id!r}")
         self._forget_workspace(workspace)
+        with self._lock:
+            self._seen.pop(workspace_id, None)
+        self.stager.forget(workspace)
         self.workspaces.remove(workspace_id)
 
     async def end_workspace(self, workspace_id: str) -> None:
