@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,15 +29,19 @@ import docker.errors
 import httpx
 import pytest
 import redis
-from testcontainers.core.config import testcontainers_config
-from testcontainers.core.container import DockerContainer
-from testcontainers.core.network import Network
 
 from orchestrator.documents import RedisDocuments
 from orchestrator.teams import TeamStore
 from tests.integration.conftest import docker_engine  # noqa: F401 - the same session-wide engine
 from tests.orchestrator.api_helpers import new_team
 from tests.services import BASE_IMAGE, DockerEngine, free_port, unavailable
+
+try:
+    from testcontainers.core.config import testcontainers_config
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.network import Network
+except ImportError:  # bash .ci/setup --test installs it (the test extra)
+    testcontainers_config = DockerContainer = Network = None
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "skills"
@@ -48,7 +51,13 @@ LABEL = "skillrun.chaos"
 HEARTBEAT_TTL_SECONDS = 4
 """The workers' heartbeat TTL here: a killed worker's run is found lost within seconds (the sweep runs every 5 s)."""
 
-testcontainers_config.ryuk_disabled = True  # the reaper's image needs a registry; fixtures clean up instead
+if testcontainers_config is not None:
+    testcontainers_config.ryuk_disabled = True  # the reaper's image needs a registry; fixtures clean up instead
+
+
+def need_testcontainers() -> None:
+    if DockerContainer is None:
+        unavailable("testcontainers is not installed: run 'bash .ci/setup --test' (or pip install -e '.[test]')")
 
 
 async def until(done: Callable[[], object], seconds: float = 60.0, what: str = "the condition",
@@ -75,6 +84,7 @@ async def until(done: Callable[[], object], seconds: float = 60.0, what: str = "
 @pytest.fixture(scope="session")
 def redis_image(docker_engine: DockerEngine) -> str:  # noqa: F811 - the imported fixture
     """``skillrun/chaos-redis:<digest>``, built once per machine (the digest covers the Dockerfile and the base)."""
+    need_testcontainers()
     client = docker_engine.client
     dockerfile = (REPO / "images" / "redis" / "Dockerfile").read_bytes()
     base = client.images.get(BASE_IMAGE)
@@ -178,6 +188,7 @@ def redis_containers(redis_image, request):
 @pytest.fixture
 def chaos_network(docker_engine, request):  # noqa: F811 - the imported fixture
     """A Docker network of this test's own (testcontainers), removed after it with whatever is still on it."""
+    need_testcontainers()
     network = Network(docker_network_kw={"labels": {LABEL: request.node.name}}).create()
     yield network
     with contextlib.suppress(docker.errors.APIError):
@@ -187,6 +198,21 @@ def chaos_network(docker_engine, request):  # noqa: F811 - the imported fixture
             with contextlib.suppress(docker.errors.APIError):
                 held.disconnect(container_id, force=True)
         network.remove()
+
+
+def worker_container(network: Network, redis_address: str, work_root: Path, artifacts: Path, name: str):  # noqa: ANN201
+    """A queue worker in the ``skillrun/worker`` image (a testcontainers ``DockerContainer``, not started) running
+    this checkout's ``worker/`` (mounted over the image's copy), as compose runs it, with its own work root and the
+    shared artifact store at the host's paths."""
+    need_testcontainers()
+    mounts = [(str(REPO / "worker"), "/opt/skillrun/app/worker", "ro"), (str(LIBRARY), str(LIBRARY), "ro"),
+              (str(work_root), str(work_root), "rw"), (str(artifacts), str(artifacts), "rw")]
+    container = DockerContainer("skillrun/worker:latest", volumes=mounts).with_network(network)
+    container.with_envs(SKILLRUN_REDIS_URL=f"redis://{redis_address}:6379/0", SKILLRUN_WORK_ROOT=str(work_root),
+                        SKILLRUN_ARTIFACTS_DIR=str(artifacts), SKILLRUN_HEARTBEAT_TTL_SECONDS=str(HEARTBEAT_TTL_SECONDS),
+                        PYTHONDONTWRITEBYTECODE="1")
+    return container.with_kwargs(init=True, cap_add=["SYS_ADMIN"], labels={LABEL: name},
+                                 security_opt=["seccomp=unconfined", "apparmor=unconfined"])
 
 
 # --- processes ------------------------------------------------------------------------------------------------------
@@ -295,7 +321,3 @@ def api_processes(shared_dir):
     yield make
     for api in made:
         api.kill()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -12,17 +12,15 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
-from pathlib import Path
 
 import docker.errors
 import pytest
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
-from testcontainers.core.container import DockerContainer
 
 from orchestrator.dispatch import QueueDispatcher
 from tests.chaos import ledger
-from tests.chaos.conftest import HEARTBEAT_TTL_SECONDS, LABEL, REPO, until
+from tests.chaos.conftest import until, worker_container
 from worker.artifacts import FileArtifactStore
 from worker.run_store import RunStatus
 
@@ -88,19 +86,6 @@ async def test_workers_sigkilled_during_50_runs_lose_none_and_double_none(redis_
 
 # --- a worker partitioned from Redis --------------------------------------------------------------------------------
 
-def _worker_container(network, redis_address: str, work_root: Path, artifacts: Path, name: str) -> DockerContainer:
-    """A queue worker in the ``skillrun/worker`` image running this checkout's ``worker/`` (mounted over the image's
-    copy), as compose runs it, with its own work root and the shared artifact store at the host's paths."""
-    mounts = [(str(REPO / "worker"), "/opt/skillrun/app/worker", "ro"), (str(ledger.LIBRARY), str(ledger.LIBRARY), "ro"),
-              (str(work_root), str(work_root), "rw"), (str(artifacts), str(artifacts), "rw")]
-    container = DockerContainer("skillrun/worker:latest", volumes=mounts).with_network(network)
-    container.with_envs(SKILLRUN_REDIS_URL=f"redis://{redis_address}:6379/0", SKILLRUN_WORK_ROOT=str(work_root),
-                        SKILLRUN_ARTIFACTS_DIR=str(artifacts), SKILLRUN_HEARTBEAT_TTL_SECONDS=str(HEARTBEAT_TTL_SECONDS),
-                        PYTHONDONTWRITEBYTECODE="1")
-    return container.with_kwargs(init=True, cap_add=["SYS_ADMIN"], labels={LABEL: name},
-                                 security_opt=["seccomp=unconfined", "apparmor=unconfined"])
-
-
 @pytest.mark.docker
 async def test_a_worker_partitioned_mid_run_and_healed_after_its_run_was_retried_elsewhere_overwrites_nothing(
         docker_engine, chaos_network, redis_containers, workers, work_root, shared_dir, request):
@@ -108,7 +93,7 @@ async def test_a_worker_partitioned_mid_run_and_healed_after_its_run_was_retried
     far_root, artifacts = shared_dir / "container-work", shared_dir / "artifacts"
     far_root.mkdir(mode=0o755)
     artifacts.mkdir(mode=0o755)
-    far = _worker_container(chaos_network, server.address_on(chaos_network), far_root, artifacts, request.node.name)
+    far = worker_container(chaos_network, server.address_on(chaos_network), far_root, artifacts, request.node.name)
     dispatcher = QueueDispatcher(server.url(), max_attempts=2)
     dispatcher.start()  # its lost-run sweep
     far.start()
