@@ -39,7 +39,7 @@ class FileArtifactStore:
         self.max_bytes = max_bytes
 
     def _name_dir(self, scope: str, name: str) -> Path:
-        if not WORKSPACE_ID_PATTERN.match(scope):
+        if not WORKSPACE_ID_PATTERN.fullmatch(scope):
             raise ArtifactError(f"invalid artifact scope {scope!r}")
         if not name or "\0" in name or len(name) > 1024:
             raise ArtifactError(f"invalid artifact name {name!r}")
@@ -100,7 +100,7 @@ class FileArtifactStore:
     def list(self, scope: str) -> list[ArtifactFile]:
         """The latest version of every artifact in ``scope``."""
         scope_dir = self.root / scope
-        if not WORKSPACE_ID_PATTERN.match(scope) or not scope_dir.is_dir():
+        if not WORKSPACE_ID_PATTERN.fullmatch(scope) or not scope_dir.is_dir():
             return []
         latest = []
         for folder in sorted(scope_dir.iterdir()):

@@ -7,8 +7,8 @@ add processes or machines (``docker compose up --scale worker=N``) to scale out.
 Workers of the runtimes that build skills' dependency environments on their host (local, docker) also take the jobs
 that prepare a new library version's environments for their runtime (``skillrun:<runtime>:environments``,
 ``worker.jobs.prepare_environments``), after the runs waiting on their own queue. Every worker takes the removals
-of its runtime's kept workspaces (``skillrun:<runtime>:workspaces``, ``worker.jobs.remove_kept_workspace``) after
-its runs.
+of its runtime's kept workspaces (``skillrun:<runtime>:workspaces``, ``worker.jobs.remove_kept_workspace``) before
+its runs: one team's queued runs never hold back another's removal.
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ def workspaces_queue_name(runtime: str) -> str:
 
 
 def consumed_queues(runtime: str) -> list[str]:
-    """The queues a worker of ``runtime`` takes jobs from, in order: its runs first."""
+    """The queues a worker of ``runtime`` takes jobs from, in order: workspace removals (quick, and never held back
+    by another team's queued runs), its runs, then environment builds."""
     extra = [environments_queue_name(runtime)] if runtime in BUILDING_RUNTIMES else []
-    return [queue_name(runtime), workspaces_queue_name(runtime), *extra]
+    return [workspaces_queue_name(runtime), queue_name(runtime), *extra]
 
 
 def serve_worker(args: argparse.Namespace) -> int:

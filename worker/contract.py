@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 from worker import defaults
 from worker.runtime_name import RuntimeName
 
+# Also JSON-schema patterns (where "$" is the end); in Python, use fullmatch: match would let a final newline in
 WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SKILL_NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -53,7 +54,7 @@ class SkillRef(BaseModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        if not SKILL_NAME_PATTERN.match(value) or len(value) > 64:
+        if not SKILL_NAME_PATTERN.fullmatch(value) or len(value) > 64:
             raise ValueError("skill name must be lowercase letters, digits and hyphens, at most 64 characters")
         return value
 
@@ -130,7 +131,7 @@ class RunRequest(BaseModel):
     @field_validator("workspace_id")
     @classmethod
     def _valid_workspace_id(cls, value: str) -> str:
-        if not WORKSPACE_ID_PATTERN.match(value):
+        if not WORKSPACE_ID_PATTERN.fullmatch(value):
             raise ValueError("workspace id must be 1-64 characters of letters, digits, '.', '_' or '-'")
         return value
 

@@ -20,7 +20,6 @@ cannot read another workspace.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -34,7 +33,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from worker import defaults
 from worker.contract import WORKSPACE_ID_PATTERN
 from worker.errors import WorkspaceError
 from worker.user_ids import UserIdRegistry
@@ -146,7 +144,7 @@ class WorkspaceManager:
 
     def acquire(self, workspace_id: str) -> Workspace:
         """Return the workspace of ``workspace_id``, creating it on first use."""
-        if not WORKSPACE_ID_PATTERN.match(workspace_id):
+        if not WORKSPACE_ID_PATTERN.fullmatch(workspace_id):
             raise WorkspaceError(f"invalid workspace id {workspace_id!r}: use 1-64 letters, digits, '.', '_' or '-'")
         known = self._known.get(workspace_id)
         if known is not None and os.path.isdir(known.path):
@@ -162,7 +160,7 @@ class WorkspaceManager:
 
     def find(self, workspace_id: str) -> Workspace | None:
         """The existing workspace of ``workspace_id``, or ``None``."""
-        if not WORKSPACE_ID_PATTERN.match(workspace_id) or not self.registry.is_dir():
+        if not WORKSPACE_ID_PATTERN.fullmatch(workspace_id) or not self.registry.is_dir():
             return None
         return self._find(workspace_id)
 
@@ -172,9 +170,9 @@ class WorkspaceManager:
         self._known.pop(workspace_id, None)
         if workspace is None:
             return
-        (self.registry / "workspaces" / workspace_id).unlink(missing_ok=True)
         self._unmount_disk(workspace.path)
-        remove_tree(workspace.path)
+        remove_tree(workspace.path)  # first: a workspace that could not be removed stays findable, to try again
+        (self.registry / "workspaces" / workspace_id).unlink(missing_ok=True)
         if workspace.uid is not None and self.isolate_users:
             self.user_ids.release(workspace.uid, workspace.path)
 
@@ -350,21 +348,42 @@ class WorkspaceManager:
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a directory tree, including read-only parts a stager left behind."""
+    """Remove a directory tree, including read-only parts a stager left behind, never following a link out of it.
+    A tree too deep for ``shutil.rmtree`` (it recurses once per level: a run's ``mkdir -p d/d/...`` 1,500 deep made
+    its workspace unremovable) is handed to coreutils' ``rm``, which walks any depth. ``WorkspaceError`` when it
+    cannot be removed."""
+
+    top = os.path.abspath(path)
 
     def _retry_writable(func, target, exc_info):  # noqa: ANN001 - shutil's callback signature
-        parent = os.path.dirname(target)
+        """A read-only folder inside the tree is made writable and the step tried again; a part removed meanwhile
+        (a concurrent removal) is done; nothing outside the tree is ever changed."""
+        error, parent = exc_info[1], os.path.dirname(target)
+        if isinstance(error, FileNotFoundError):
+            return
+        if not isinstance(error, PermissionError) or not (parent == top or parent.startswith(top + os.sep)):
+            raise error
         try:
             os.chmod(parent, 0o700)
             func(target)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:
-                raise
+        except FileNotFoundError:
+            pass
 
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
-    elif path.exists():
+        return
+    if not path.exists():
+        return
+    try:
         shutil.rmtree(path, onerror=_retry_writable)
+    except (RecursionError, OSError):
+        for command in (["rm", "-rf", "--one-file-system", "--", str(path)], ["chmod", "-R", "u+rwx", "--", str(path)],
+                        ["rm", "-rf", "--one-file-system", "--", str(path)]):
+            if not os.path.lexists(path):
+                return
+            subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        if os.path.lexists(path):
+            raise WorkspaceError(f"{path} could not be removed") from None
 
 
 def reachable_by_others(path: Path) -> bool:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import urllib.parse
 
 import httpx
 
 from orchestrator.cli import UsageError
 from orchestrator.cli.output import print_json, table
 from orchestrator.config import get_settings
+from worker.contract import WORKSPACE_ID_PATTERN
 
 PAGE = 1000
 REQUEST_TIMEOUT_SECONDS = 60.0
@@ -74,8 +76,11 @@ def list_workspaces(args: argparse.Namespace) -> int:
 
 
 def remove_workspace(args: argparse.Namespace) -> int:
+    if not WORKSPACE_ID_PATTERN.fullmatch(args.id):
+        raise UsageError(f"{args.id!r} is not a workspace id (as listed: <team>.<workspace_id>; see: skillrun "
+                         "workspaces list)")
     with _client(args) as client:
-        response = _call(client, "DELETE", f"/v1/workspaces/{args.id}")
+        response = _call(client, "DELETE", f"/v1/workspaces/{urllib.parse.quote(args.id, safe='')}")
     if response.status_code == 404:
         raise UsageError(f"{_detail(response)} (see: skillrun workspaces list)")
     if response.status_code not in (202, 204):

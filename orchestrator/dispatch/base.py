@@ -230,9 +230,9 @@ class BaseDispatcher(ABC):
             depths[record.request.runtime.value] = depths.get(record.request.runtime.value, 0) + 1
         return depths
 
-    async def run(self, request: RunRequest, *, trusted: bool = False) -> RunResult:
-        """Submit ``request`` and return its result once done."""
-        record = await self.submit(request, trusted=trusted)
+    async def run(self, request: RunRequest, *, trusted: bool = False, owner: str | None = None) -> RunResult:
+        """Submit ``request`` (for ``owner``, see ``submit``) and return its result once done."""
+        record = await self.submit(request, trusted=trusted, owner=owner)
         while not record.status.done:
             record = await self.wait(record.id, request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS)
             if record is None:

@@ -70,6 +70,7 @@ class InlineDispatcher(BaseDispatcher):
         runtime = self.runtime(request.runtime.value)
         with workspace_refusals():
             record = self.store.create(request, owner)
+        request = record.request  # as accepted (a run naming a kept workspace joins it)
         task = asyncio.create_task(self._execute(runtime, request, trusted))
         self._tasks[request.run_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(request.run_id, None))
@@ -96,11 +97,11 @@ class InlineDispatcher(BaseDispatcher):
         await _clean_up(runtime, request)
         return result
 
-    async def run(self, request: RunRequest, *, trusted: bool = False) -> RunResult:
+    async def run(self, request: RunRequest, *, trusted: bool = False, owner: str | None = None) -> RunResult:
         """In process there is nothing to wait for: run at once; bad input raises as it is."""
         runtime = self.runtime(request.runtime.value)
         with workspace_refusals():
-            self.store.create(request)
+            request = self.store.create(request, owner).request  # as accepted (see submit)
         result = await self._execute(runtime, request, trusted, reraise=True)
         assert result is not None  # a new record is always queued, so it starts
         return result

@@ -191,7 +191,8 @@ async def test_another_team_deleting_a_guessed_session_id_leaves_the_sessions_wo
             assert (await b.delete(f"/v1/workspaces/{workspace}")).status_code == 404
         assert names(work_root) == sorted(["team-a.chat-1", hashed])
         assert (await a.get("/v1/sessions/chat-1")).status_code == 200
-        assert [w["id"] for w in (await a.get("/v1/workspaces")).json()["data"]] == ["team-a.chat-1"]
+        listed = sorted(w["id"] for w in (await a.get("/v1/workspaces")).json()["data"])
+        assert listed == sorted(["team-a.chat-1", hashed])  # the hashed one is A's too: its runs name their owner
         assert (await a.delete(f"/v1/sessions/{long_session}")).status_code == 204  # its owner still can
         assert names(work_root) == ["team-a.chat-1"]
     await services.close()
@@ -201,12 +202,6 @@ async def test_another_team_deleting_a_guessed_session_id_leaves_the_sessions_wo
 # The per-team limit
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an agent session whose <team>.<session> is longer than a workspace id gets a hashed workspace id "
-    "('s' + sha256), from which workspace_owner() finds no team: the entry's owner is None, so "
-    "MemoryWorkspaces/RedisWorkspaces.claim skip the per-team limit (the Lua CLAIM too: ARGV[2] == '') and the "
-    "workspace is never listed; one team keeps any number of workspaces (each a folder and a sandbox user id) "
-    "until idle removal"))
 async def test_sessions_with_long_ids_cannot_keep_workspaces_past_the_team_limit(model_server, work_root):  # noqa: F811
     sessions = [f"{n}" * 60 for n in range(3)]
     for _ in sessions:
@@ -262,10 +257,6 @@ async def test_concurrent_submissions_on_every_runtime_cannot_pass_the_team_limi
 # Runs and removals of one workspace
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a run that names a kept workspace with keep_workspace: false is never claimed in the registry, yet runs in that "
-    "workspace; when it ends, remove_one_off_workspace() removes the kept workspace (folder, user id: "
-    "kill_user_processes kills the kept run still running in it) though the registry holds a running run there"))
 async def test_a_one_off_run_naming_a_kept_workspace_does_not_remove_it_under_a_running_run(embedded, work_root):
     async with api(embedded, new_team(embedded, "team-a")) as a:
         kept = await run(a, "w1", "sleep 60", wait=False)
@@ -283,9 +274,6 @@ async def _no_task(services, run_id: str) -> bool:
     return run_id not in services.dispatcher._tasks
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a run naming a kept workspace with keep_workspace: false is not one of the registry's runs of it, so "
-    "DELETE /v1/workspaces/{id} answers 204 (not 409) and removes the workspace under the running run"))
 async def test_a_workspace_is_not_removed_under_a_running_one_off_run_that_names_it(embedded, work_root):
     async with api(embedded, new_team(embedded, "team-a")) as a:
         await run(a, "w1")
@@ -379,7 +367,7 @@ async def test_a_removal_leaves_no_registry_key_job_user_id_or_folder(redis_url,
 
         await eventually(all_gone, "a worker never removed team-a's workspaces")
         keys = sorted(key.decode() for key in connection.keys("skillrun:workspace*"))
-        assert keys == ["skillrun:workspace:idle", "skillrun:workspace:owner:team-b", "skillrun:workspace:team-b.w1"]
+        assert keys == ["skillrun:workspace:id:team-b.w1", "skillrun:workspace:idle", "skillrun:workspace:owner:team-b"]
         assert [m.decode() for m in connection.zrange("skillrun:workspace:idle", 0, -1)] == ["team-b.w1"]
         assert connection.keys("rq:job:workspace-*") == []
         assert names(work_root) == ["team-b.w1"]
@@ -406,7 +394,7 @@ async def test_a_crafted_removal_job_cannot_reach_paths_outside_the_work_root(re
     queue = Queue(workspaces_queue_name("local"), connection=connection, serializer=JSONSerializer)
     jobs = []
     for workspace_id in evil:
-        connection.hset(f"skillrun:workspace:{workspace_id}", mapping={
+        connection.hset(f"skillrun:workspace:id:{workspace_id}", mapping={
             "id": workspace_id, "owner": "team-a", "runtime": "local", "created_at": time.time(),
             "last_used_at": time.time(), "state": "removing"})
         jobs.append(queue.enqueue_call(remove_kept_workspace, args=(workspace_id,), result_ttl=60, failure_ttl=60).id)
@@ -446,10 +434,6 @@ async def test_removal_does_not_follow_links_a_run_planted_out_of_its_workspace(
     assert workspace_dirs(work_root) == [] and held_user_ids(embedded, work_root) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a run nests 1,500 folders in its workspace; removal (WorkspaceManager.remove -> remove_tree -> Python 3.11's "
-    "recursive shutil.rmtree) raises RecursionError, which no one catches: DELETE /v1/workspaces/{id} answers 500, "
-    "and the index link is unlinked before the tree, so the folder and its sandbox user id are held for good"))
 async def test_a_run_cannot_make_its_workspace_unremovable_with_a_deep_folder_tree(deep_trees, embedded, work_root):
     async with api(embedded, new_team(embedded, "team-a")) as a:
         await run(a, "deep", DEEP_TREE)
@@ -458,10 +442,6 @@ async def test_a_run_cannot_make_its_workspace_unremovable_with_a_deep_folder_tr
         assert workspace_dirs(work_root) == [] and held_user_ids(embedded, work_root) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a one-off run (no workspace_id) nests 1,500 folders; its clean-up (remove_one_off_workspace -> recursive "
-    "shutil.rmtree) raises RecursionError: the folder and the sandbox user id stay for good, so any tenant can "
-    "exhaust the host's 30,000 user ids (issue #13's failure) with ordinary runs"))
 async def test_a_one_off_run_cannot_keep_its_workspace_and_user_id_with_a_deep_folder_tree(deep_trees, embedded,
                                                                                           work_root):
     async with api(embedded, new_team(embedded, "team-a")) as a:
@@ -470,11 +450,6 @@ async def test_a_one_off_run_cannot_keep_its_workspace_and_user_id_with_a_deep_f
         assert workspace_dirs(work_root) == [] and held_user_ids(embedded, work_root) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "on a worker the removal job of a workspace holding a 1,500-deep folder tree fails with RecursionError "
-    "(recursive shutil.rmtree) after WorkspaceManager.remove unlinked its index link: the entry stays 'removing' "
-    "(its runs refused, its limit slot used) until idle removal asks again 5 minutes later, when the workspace is "
-    "'gone already' and the entry is forgotten, while its folder and sandbox user id stay on the host for good"))
 async def test_a_run_cannot_make_its_workspace_unremovable_on_a_worker_with_a_deep_folder_tree(
     deep_trees, redis_url, shared_dir, workers, work_root
 ):
@@ -501,10 +476,6 @@ async def test_a_run_cannot_make_its_workspace_unremovable_on_a_worker_with_a_de
     await services.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a worker takes its runtime's removal jobs (skillrun:<runtime>:workspaces) only when its run queue is empty, so "
-    "another team that keeps runs queued holds a removal back: the workspace stays 'removing' (its runs refused "
-    "with 409, its slot counted in its team's limit) for as long as that team likes"))
 async def test_another_teams_queued_runs_do_not_hold_up_a_removal(redis_url, shared_dir, workers):
     workers.start()
     services = make_services(QueueDispatcher(redis_url), FileArtifactStore(shared_dir / "artifacts"),
@@ -560,10 +531,6 @@ def cli(*args: str, url: str, key: str) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=HANG_GUARD)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "skillrun workspaces rm puts its argument into the URL unchecked (f'/v1/workspaces/{args.id}'), and httpx "
-    "resolves dot segments: 'rm ../sessions/keep-me' sends DELETE /v1/sessions/keep-me and deletes a session (and "
-    "its workspace) instead of refusing an id that is no workspace id"))
 def test_the_cli_cannot_be_steered_by_a_workspace_id_to_another_endpoint(embedded):
     key = new_team(embedded, "team-a")
     with api_in_a_thread(embedded) as url, httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"},

@@ -90,7 +90,7 @@ async def test_a_removal_asked_through_the_api_is_done_by_a_worker_and_refused_w
         names = sorted(p.name.split("_")[1] for p in workspace_dirs(work_root))
         assert names == (["team-b.w1"] if again.status_code == 409 else ["team-a.w1", "team-b.w1"])
         assert len(held_user_ids(work_root)) == (len(names) if IS_ROOT else 0)
-        assert "skillrun:workspace:team-b.w1" in workspace_keys(redis_url)
+        assert "skillrun:workspace:id:team-b.w1" in workspace_keys(redis_url)
 
 
 async def _status_is(api, run_id: str, status: str) -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from worker.contract import RunRequest, RunResult
 from worker.run_store.fencing import Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
-from worker.run_store.workspaces import MemoryWorkspaces
+from worker.run_store.workspaces import MemoryWorkspaces, joining
 
 if TYPE_CHECKING:
     from worker.run_store.workspaces import RedisWorkspaces
@@ -191,8 +191,9 @@ class MemoryRunStore(BaseRunStore):
             self.on_change(run_id)
 
     def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
-        record = RunRecord(id=request.run_id, request=request, owner=owner)
         with self._lock:
+            request = joining(self.workspaces, request)
+            record = RunRecord(id=request.run_id, request=request, owner=owner)
             self._trim()
             if record.id in self._records:
                 raise ValueError(f"run {record.id!r} already exists")

@@ -28,7 +28,7 @@ from worker.contract import RunRequest
 from worker.run_store.base import TRIM_BATCH, BaseRunStore
 from worker.run_store.fencing import RENEW_IF_HELD, Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
-from worker.run_store.workspaces import RedisWorkspaces, WorkspaceRefusedError
+from worker.run_store.workspaces import RedisWorkspaces, WorkspaceRefusedError, joining
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,7 @@ class RedisRunStore(BaseRunStore):
     def reserve(self, request: RunRequest, owner: str | None = None) -> RunRecord:
         """Store a new run's record (refused if the id was ever used) and claim its kept workspace (refused:
         ``WorkspaceRefusedError``, the record is gone again); ``announce`` then makes it known."""
+        request = joining(self.workspaces, request)
         record = RunRecord(id=request.run_id, request=request, owner=owner)
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.record(record.id), record.model_dump_json(), nx=True)

@@ -11,7 +11,7 @@ A workspace's owner is its run's owner; a run without one (an agent session's to
 scope its id names, ``<scope>.<name>`` (the API names every workspace ``<team>.<id>``).
 
 Entries live where the run records live: ``MemoryWorkspaces`` in the embedded default's process, ``RedisWorkspaces``
-in Redis — one hash per workspace (``skillrun:workspace:<id>``: the entry, and a ``run:<run id>`` field per run in
+in Redis — one hash per workspace (``skillrun:workspace:id:<id>``: the entry, and a ``run:<run id>`` field per run in
 it), the index of every entry by the time it is next looked at for idleness (``skillrun:workspace:idle``: its last
 use; during a removal, when to try again) and one per owner by creation (``skillrun:workspace:owner:<owner>``). All
 three go with the workspace, so the registry holds what exists and no more.
@@ -57,6 +57,15 @@ def workspace_owner(request: RunRequest, owner: str | None) -> str | None:
         return owner
     match = SCOPE.match(request.workspace_id)
     return match.group(1) if match else None
+
+
+def joining(registry: MemoryWorkspaces | RedisWorkspaces, request: RunRequest) -> RunRequest:
+    """``request`` as the run of a kept workspace it names: whatever its ``keep_workspace``, a run in a kept
+    workspace is one of its runs (claimed, so neither a removal nor the limit overlooks it) and its end never
+    removes the workspace under the others'."""
+    if request.keep_workspace or registry.get(request.workspace_id) is None:
+        return request
+    return request.model_copy(update={"keep_workspace": True})
 
 
 def limit_message(owner: str, limit: int) -> str:
@@ -169,7 +178,7 @@ class WorkspaceKeys:
     prefix: str = "skillrun:workspace"
 
     def entry(self, workspace_id: str) -> str:
-        return f"{self.prefix}:{workspace_id}"
+        return f"{self.prefix}:id:{workspace_id}"  # a namespace of its own: a workspace may be called "idle"
 
     @property
     def idle(self) -> str:

@@ -48,7 +48,7 @@ def workspace_id_for(user_id: str, session_id: str) -> str:
     """A session's workspace id: ``<user>.<session>`` when that is a valid workspace id, else its hash, so two
     users' sessions of the same id never share a workspace."""
     candidate = f"{user_id}.{session_id}"
-    if WORKSPACE_ID_PATTERN.match(candidate):
+    if WORKSPACE_ID_PATTERN.fullmatch(candidate):
         return candidate
     return "s" + hashlib.sha256(candidate.encode()).hexdigest()[:40]
 
@@ -304,7 +304,8 @@ class SkillToolSet(BaseToolSet):
                 skill=ref, command=command, output_files=output_files or [], env=env or {},
                 workspace_id=workspace_id_for(tool_context.session.user_id, tool_context.session.id), **fields,
             )
-            result = await self.dispatcher.run(request)
+            # The session's user owns the run and its workspace (the team, through the API), whatever its id
+            result = await self.dispatcher.run(request, owner=tool_context.session.user_id)
         except (SkillError, WorkerError) as exc:
             return {"error": str(exc)}
         except ValidationError as exc:
