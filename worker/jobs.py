@@ -22,6 +22,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -46,6 +47,10 @@ PREPARE_BEAT_KEY = "skillrun:prepare-beat:{}"
 WAITING = "waiting its turn"
 
 ARTIFACT_PRUNE_SECONDS = 300.0
+STORE_OUTAGE_SECONDS = 600.0
+"""How long a worker holds a run's ending (result or failure) while Redis is away, trying again every
+``STORE_RETRY_SECONDS``: an outage costs no result and no worker (a late ending is fenced like any other)."""
+STORE_RETRY_SECONDS = 1.0
 """How often a worker process removes artifact versions past their retention."""
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -100,17 +105,32 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, 
         stop.set()
         beat.join()
     if isinstance(result, Exception):
-        ended = store.fail(run_id, f"{type(result).__name__}: {result}", held)
+        error = f"{type(result).__name__}: {result}"
+        ended = _through_outage(run_id, lambda: store.fail(run_id, error, held))
         summary: dict[str, Any] = {"run_id": run_id, "failed": str(result)}
     else:
         result.worker_id = who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
-        ended = store.finish(run_id, result, held)
+        ended = _through_outage(run_id, lambda: store.finish(run_id, result, held))
         summary = {"run_id": run_id, "exit_code": result.exit_code}
     if ended_by(ended, held):
         _event_loop().run_until_complete(remove_one_off_workspace(runtime, record.request))
     prune_artifacts(runtime)
     return summary
+
+
+def _through_outage(run_id: str, end: Callable[[], RunRecord | None]) -> RunRecord | None:
+    """``end()`` (storing a run's ending), tried again while Redis is away, for up to ``STORE_OUTAGE_SECONDS``."""
+    give_up = time.monotonic() + STORE_OUTAGE_SECONDS
+    while True:
+        try:
+            return end()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if time.monotonic() >= give_up:
+                raise
+            logger.warning("run %s ended but Redis is away (%s); storing its ending again in %s s", run_id, exc,
+                           STORE_RETRY_SECONDS)
+            time.sleep(STORE_RETRY_SECONDS)
 
 
 def prune_artifacts(runtime: BaseWorkspaceRuntime) -> None:

@@ -62,10 +62,6 @@ async def test_redis_sigkilled_with_100_runs_queued_comes_back_from_its_append_o
     await dispatcher.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: a worker whose run ends while Redis is away exits (RunStore.finish raises ConnectionError out of "
-    "execute_stored_run; RQ's failure handling then raises again and SimpleWorker.work() ends the process, exit "
-    "code 1), so after Redis is back no worker is left to run anything (compose.yaml restarts none)"))
 async def test_a_worker_whose_run_ends_while_redis_is_away_serves_on_once_it_is_back(redis_containers, workers, work_root):
     server = redis_containers(persistent=True)
     dispatcher = QueueDispatcher(server.url(), max_attempts=3)
