@@ -172,8 +172,11 @@ class QueueDispatcher(BaseDispatcher):
             FinishedJobRegistry(queue=self.queue(runtime.value)).cleanup()
 
     async def _sweep_forever(self) -> None:
-        while True:
+        # Ends on close()'s flag, not only its cancel: a cancel can be taken for a Redis call's own timeout and lost
+        while not self.reader.stopping:
             await asyncio.sleep(SWEEP_SECONDS)
+            if self.reader.stopping:
+                return
             try:
                 await self.sweep_lost()
                 await self.expire_idle_workspaces()
