@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 
 def alive(pid: int) -> bool:
@@ -56,3 +60,41 @@ def running_with(argument: str) -> list[int]:
 def wait_none_with(argument: str, seconds: float = 5.0) -> bool:
     """Whether every process with ``argument`` on its command line is gone within ``seconds``."""
     return _within(seconds, lambda: not running_with(argument))
+
+
+class WorkerProcesses:
+    """``python -m worker`` processes of one test (on ``url``, or the one each start names), SIGKILLed at its end if
+    still running."""
+
+    def __init__(self, env: dict[str, str], url: str | None = None) -> None:
+        self.env = {**os.environ, **env}
+        self.url = url
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, url: str | None = None) -> subprocess.Popen:
+        command = [sys.executable, "-m", "worker", "--redis-url", url or self.url]
+        proc = subprocess.Popen(command, env=self.env, cwd=Path(__file__).resolve().parents[1])
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def running(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def describe(self) -> str:
+        """Each worker's pid, exit code and processes (for a failure's message)."""
+        told = []
+        for proc in self.procs:
+            children = subprocess.run(["ps", "-o", "pid,stat,etime,args", "--ppid", str(proc.pid)], capture_output=True,
+                                      text=True).stdout.strip().splitlines()[1:]
+            told.append(f"worker {proc.pid} exit {proc.poll()} children {[c[:120] for c in children]}")
+        return "; ".join(told)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()

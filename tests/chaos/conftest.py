@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from orchestrator.documents import RedisDocuments
 from orchestrator.teams import TeamStore
 from tests.integration.conftest import docker_engine  # noqa: F401 - the same session-wide engine
 from tests.orchestrator.api_helpers import new_team
+from tests.processes import WorkerProcesses
 from tests.services import BASE_IMAGE, DockerEngine, free_port, unavailable
 
 try:
@@ -223,44 +223,9 @@ def worker_env(work_root: Path, shared_dir: Path) -> dict[str, str]:
             "SKILLRUN_HEARTBEAT_TTL_SECONDS": str(HEARTBEAT_TTL_SECONDS)}
 
 
-class Workers:
-    """``python -m worker`` processes of one test, each SIGKILLed at its end if still running."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = {**os.environ, **env}
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, url: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", url], env=self.env, cwd=REPO)
-        self.procs.append(proc)
-        return proc
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-
-    def running(self) -> list[subprocess.Popen]:
-        return [p for p in self.procs if p.poll() is None]
-
-    def describe(self) -> str:
-        """Each worker's pid, exit code and processes (for a failure's message)."""
-        told = []
-        for proc in self.procs:
-            children = subprocess.run(["ps", "-o", "pid,stat,etime,args", "--ppid", str(proc.pid)], capture_output=True,
-                                      text=True).stdout.strip().splitlines()[1:]
-            told.append(f"worker {proc.pid} exit {proc.poll()} children {[c[:120] for c in children]}")
-        return "; ".join(told)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def workers(worker_env):
-    group = Workers(worker_env)
+    group = WorkerProcesses(worker_env)
     yield group
     group.stop()
 

@@ -24,7 +24,7 @@ from orchestrator.dispatch import queue as dispatch_queue
 from orchestrator.skills import create_default_skill_repository
 from tests.conftest import workspace_dirs
 from tests.integration.conftest import cube_remote_root
-from tests.processes import running_with, sleeper, wait_none_with
+from tests.processes import WorkerProcesses, running_with, sleeper, wait_none_with
 from tests.services import RedisServer
 from worker import defaults, jobs
 from worker.config import get_worker_settings
@@ -55,29 +55,9 @@ def worker_env(work_root, shared_dir, monkeypatch):
     jobs._runtimes.clear()
 
 
-class Workers:
-    """Worker processes started for one test, always stopped at its end."""
-
-    def __init__(self, url: str, env: dict[str, str]) -> None:
-        self.url = url
-        self.env = {**os.environ, **env}
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, *extra: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", self.url, *extra], env=self.env, cwd=REPO)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def workers(redis_url, worker_env):
-    group = Workers(redis_url, worker_env)
+    group = WorkerProcesses(worker_env, redis_url)
     yield group
     group.stop()
 
@@ -203,7 +183,7 @@ async def test_cancelling_a_queued_run_means_it_never_starts(redis_url, worker_e
 
 
 async def _lose_a_started_run(
-    workers: Workers, dispatcher: QueueDispatcher, request: RunRequest, command_began: Callable[[], bool] | None = None
+    workers: WorkerProcesses, dispatcher: QueueDispatcher, request: RunRequest, command_began: Callable[[], bool] | None = None
 ) -> str:
     """Submit ``request``, let a worker start it (and its command get as far as ``command_began`` says), then
     SIGKILL that worker; return the run id."""
