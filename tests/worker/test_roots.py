@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import hashlib
 import io
@@ -18,7 +19,7 @@ from orchestrator.skills import create_default_skill_repository
 from tests.file_server import FileServer
 from worker.archives import ArchiveLimits
 from worker.config import WorkerSettings
-from worker.contract import RunRequest
+from worker.contract import RunRequest, SkillRef
 from worker.errors import SkillRootError, UnsafeArchiveError
 from worker.roots import (
     LEFTOVER_SECONDS,
@@ -347,6 +348,26 @@ async def test_a_url_root_serves_the_repository_and_runs_through_a_worker(server
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("hi\n---\nname: remote-skill")
     assert server.hits["/team-lib.tar.gz"] == 1
+
+
+async def test_a_url_library_a_local_run_uses_stays_in_the_cache_until_the_run_ends(server, cache, monkeypatch,
+                                                                                    work_root):
+    monkeypatch.setenv("SKILLS_CACHE_DIR", str(cache))
+    data = library_tar()
+    digest = hashlib.sha256(data).hexdigest()
+    ref = SkillRef(name="remote-skill", root=server.add("/held.tar.gz", data), path="lib/remote-skill", digest=digest)
+    async with LocalWorkspaceRuntime(work_root) as runtime:
+        run = asyncio.create_task(runtime.run(RunRequest(
+            skill=ref, workspace_id="url", command="touch $WORK_DIR/started; sleep 1; head -1 SKILL.md")))
+        for _ in range(400):
+            workspace = runtime.workspaces.find("url")
+            if workspace is not None and (workspace.work_dir / "started").exists():
+                break
+            await asyncio.sleep(0.025)
+        assert evict(cache, 1) == []  # past any bound, the entry the run holds (its skill links into it) stays
+        result = await run
+        assert (result.exit_code, result.stdout) == (0, "---\n"), result.stderr
+        assert evict(cache, 1) == [digest]  # once the run has ended, it can go
 
 
 def test_a_sha256_pinned_in_the_url_fragment_is_checked_before_extraction(server, cache):

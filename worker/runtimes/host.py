@@ -13,9 +13,10 @@ import os
 import shutil
 import threading
 import time
+import urllib.parse
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from worker.environments import EnvironmentInfo, EnvironmentStatus, SkillEnviron
 from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.process import ProcessOutcome
+from worker.roots import root_in_use
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
 from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
@@ -75,12 +77,24 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         cancel = Cancellation()
         self._cancels[request.run_id] = cancel
         try:
-            result = await self._run(request, cancel)
+            async with self._holding_root(request):
+                result = await self._run(request, cancel)
         finally:
             self._cancels.pop(request.run_id, None)
         # Once the result is on its way: the housekeeping thread, woken by the job, contends for the interpreter.
         asyncio.get_running_loop().call_soon(self._prepare_next_run, request.workspace_id)
         return result
+
+    @contextlib.asynccontextmanager
+    async def _holding_root(self, request: RunRequest) -> AsyncIterator[None]:
+        """A URL library root stays in the cache for the whole run (its staged skill links into it): the eviction
+        of a bounded cache passes over it (``worker.roots.root_in_use``)."""
+        if urllib.parse.urlsplit(request.skill.root).scheme not in ("http", "https"):
+            yield
+            return
+        with contextlib.ExitStack() as held:
+            await asyncio.to_thread(held.enter_context, root_in_use(request.skill.root, expected_sha256=request.skill.digest))
+            yield
 
     async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
         started = time.monotonic()
