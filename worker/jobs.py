@@ -34,7 +34,7 @@ from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
 from worker.errors import WorkerError, WorkspaceError
-from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspaces, RunRecord
+from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspaces, RunRecord, RunStatus
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 from worker.runtimes.host import HostWorkspaceRuntime
@@ -163,6 +163,20 @@ async def remove_one_off_workspace(runtime: BaseWorkspaceRuntime, request: RunRe
         logger.info("workspace %s of run %s was not removed: %s", request.workspace_id, request.run_id, exc)
     except OSError:
         logger.warning("removing workspace %s of run %s failed", request.workspace_id, request.run_id, exc_info=True)
+
+
+def remove_lost_runs_workspace(run_id: str) -> dict[str, str]:
+    """The RQ job removing the one-off workspace of a run the lost-run sweep failed (no attempt ended it on a
+    worker), on a worker of its runtime; the record says which workspace, and only a failed one-off run's goes."""
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("remove_lost_runs_workspace runs inside an RQ job")
+    record = RedisRunStore(job.connection).get(run_id)
+    if record is None or record.status != RunStatus.FAILED or record.request.keep_workspace:
+        return {"run_id": run_id, "skipped": "not a failed run's own workspace"}
+    runtime = runtime_for(record.request.runtime.value)
+    _event_loop().run_until_complete(remove_one_off_workspace(runtime, record.request))
+    return {"run_id": run_id, "removed": record.request.workspace_id}
 
 
 def remove_kept_workspace(workspace_id: str) -> dict[str, str]:

@@ -33,7 +33,7 @@ from orchestrator.errors import DispatchError
 from worker import defaults
 from worker.consumer import queue_name, workspaces_queue_name
 from worker.contract import RunRequest, RuntimeName
-from worker.jobs import execute_run, remove_kept_workspace
+from worker.jobs import execute_run, remove_kept_workspace, remove_lost_runs_workspace
 from worker.run_store import (
     AsyncRunReader,
     RedisRunStore,
@@ -146,6 +146,12 @@ class QueueDispatcher(BaseDispatcher):
             record, requeue = self.store.requeue_lost(run_id, self.max_attempts)
             if requeue and record is not None:
                 self._enqueue(record, priority=True)
+            elif record is not None and record.status == RunStatus.FAILED and not record.request.keep_workspace:
+                # No attempt ended it on a worker: one of its runtime's workers removes its own workspace
+                Queue(workspaces_queue_name(record.request.runtime.value), connection=self.redis,
+                      serializer=JSONSerializer).enqueue_call(
+                    remove_lost_runs_workspace, args=(record.id,), job_id=f"lost-{record.id}",
+                    timeout=REMOVAL_JOB_SECONDS, result_ttl=0, failure_ttl=REMOVAL_JOB_SECONDS)
             return record
 
         with redis_errors():

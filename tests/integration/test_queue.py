@@ -220,13 +220,21 @@ async def test_a_worker_killed_mid_run_gets_the_run_retried_and_the_caller_can_t
     await dispatcher.close()
 
 
-async def test_a_run_out_of_attempts_fails_with_the_reason(redis_url, workers, repo):
+async def test_a_run_out_of_attempts_fails_with_the_reason_and_a_worker_removes_its_workspace(
+    redis_url, workers, repo, work_root
+):
     dispatcher = QueueDispatcher(redis_url, max_attempts=1)
     run_id = await _lose_a_started_run(
         workers, dispatcher, RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120))
     done = await dispatcher.wait(run_id, 60)
     assert done.status == RunStatus.FAILED
     assert "stopped beating" in done.error
+    assert len(workspace_dirs(work_root)) == 1  # the one-off workspace no attempt ended
+    workers.start()
+    deadline = time.monotonic() + 60  # a hang guard
+    while workspace_dirs(work_root):
+        assert time.monotonic() < deadline, "no worker removed the failed run's own workspace"
+        await asyncio.sleep(0.1)
     await dispatcher.close()
 
 
