@@ -38,10 +38,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import uvicorn
-from e2b.envd.process import process_connect, process_pb
-from protobuf import Oneof
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from e2b.envd.process import process_connect, process_pb
+from protobuf import Oneof
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse

@@ -12,8 +12,16 @@ from worker import defaults
 from worker.contract import SKILL_NAME_PATTERN, WORKSPACE_ID_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
 from worker.run_store import RunRecord, RunStatus, WorkspaceEntry
 from worker.validation import (
-    ALLOWED_ENV_NAME, ENV_NAME, INPUT_NAME_PATTERN, MAX_COMMAND_CHARS, MAX_ENV_NAME_CHARS, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_INPUTS,
-    MAX_OUTPUT_PATTERNS, MAX_PATH_CHARS,
+    ALLOWED_ENV_NAME,
+    ENV_NAME,
+    INPUT_NAME_PATTERN,
+    MAX_COMMAND_CHARS,
+    MAX_ENV_NAME_CHARS,
+    MAX_ENV_VALUE_CHARS,
+    MAX_ENV_VARS,
+    MAX_INPUTS,
+    MAX_OUTPUT_PATTERNS,
+    MAX_PATH_CHARS,
 )
 
 SESSION_ID = r"^[A-Za-z0-9._-]{1,64}$"
