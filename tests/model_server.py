@@ -7,7 +7,7 @@ what the model was sent. A script item is a dict:
 * ``text``: the answer text (streamed in a few pieces)
 * ``reasoning``: reasoning text, sent as ``reasoning_content`` deltas
 * ``tool_calls``: ``[{"name", "arguments": dict or raw str, "id"?}]``; streamed arguments come in ``chunk``-sized pieces
-* ``status``: answer with this HTTP error status instead
+* ``status``: answer with this HTTP error status instead (``headers``: with these headers)
 * ``usage``: ``{"prompt_tokens", "completion_tokens"}``
 
 or a callable taking the request body and returning such a dict.
@@ -50,15 +50,18 @@ class ScriptedModelServer:
                 item = server.script.popleft() if server.script else {"status": 500, "text": "script exhausted"}
                 reply = item(body) if callable(item) else item
                 if "status" in reply:
-                    self._json(reply["status"], {"error": {"message": reply.get("text", "scripted failure"), "type": "server_error"}})
+                    self._json(reply["status"], {"error": {"message": reply.get("text", "scripted failure"), "type": "server_error"}},
+                               reply.get("headers", {}))
                 elif body.get("stream"):
                     self._stream(body, reply)
                 else:
                     self._json(200, server.completion(body, reply))
 
-            def _json(self, status: int, payload: dict[str, Any]) -> None:
+            def _json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

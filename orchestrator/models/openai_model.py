@@ -2,14 +2,17 @@
 
 Streams text, reasoning (``reasoning_content``, where the endpoint sends it, as thought parts) and tool calls
 (parallel calls included); argument deltas of streaming tools are passed on as they arrive. 429, 5xx, timeouts
-and dropped connections are retried with exponential backoff as long as nothing of the answer was passed on yet.
+and dropped connections are retried with exponential backoff (or after the answer's ``Retry-After``, when longer)
+as long as nothing of the answer was passed on yet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,12 +21,14 @@ import openai
 
 from orchestrator.errors import ModelError
 from orchestrator.events import Usage
-from orchestrator.models.base import LlmRequest, LlmResponse, LLMModel
+from orchestrator.models.base import LLMModel, LlmRequest, LlmResponse
 from orchestrator.models.constants import TOOL_STREAMING_ARGS
 from orchestrator.types import Content, FunctionCall, Part
 
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_RETRY_BACKOFF_SECONDS = 0.5
+MAX_RETRY_AFTER_SECONDS = 60.0
+"""The longest an endpoint's ``Retry-After`` is waited for before a retry (a longer one fails the call now)."""
 DEFAULT_TIMEOUT_SECONDS = 120.0
 RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError, openai.APITimeoutError)
 
@@ -69,7 +74,11 @@ class OpenAIModel(LLMModel):
             except RETRYABLE as exc:
                 if yielded or attempt >= self.max_retries:
                     raise ModelError(f"model endpoint failed after {attempt + 1} attempt(s): {_describe(exc)}") from exc
-                await asyncio.sleep(self.retry_backoff * (2**attempt))
+                asked = _retry_after(exc)
+                if asked is not None and asked > MAX_RETRY_AFTER_SECONDS:
+                    raise ModelError(f"model endpoint asks to retry after {asked:.0f} s (more than "
+                                     f"{MAX_RETRY_AFTER_SECONDS:.0f}): {_describe(exc)}") from exc
+                await asyncio.sleep(max(self.retry_backoff * (2**attempt), asked or 0.0))
                 attempt += 1
             except openai.APIError as exc:
                 raise ModelError(f"model endpoint refused the request: {_describe(exc)}") from exc
@@ -192,6 +201,22 @@ def _usage(raw: Any) -> Usage | None:
     return Usage(
         prompt_tokens=raw.prompt_tokens or 0, completion_tokens=raw.completion_tokens or 0, total_tokens=raw.total_tokens or 0
     )
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """The seconds a 429 or 503 answer's ``Retry-After`` asks for (seconds or an HTTP date), if it says."""
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
 
 
 def _describe(exc: Exception) -> str:

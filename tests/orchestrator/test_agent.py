@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
+
+import pytest
 
 from orchestrator.agents import LlmAgent
-from orchestrator.models import constants
+from orchestrator.models import constants, openai_model
 from orchestrator.runners import Runner
 from orchestrator.sessions import InMemorySessionService
 from orchestrator.tools import AgentTool, BaseTool, BaseToolSet, FunctionTool, StreamingFunctionTool
@@ -113,6 +116,32 @@ async def test_an_endpoint_that_keeps_failing_ends_with_a_clear_error_event(mode
     assert events[-1].error_code == "model_error"
     assert "after 4 attempt(s)" in events[-1].error_message
     assert "500" in events[-1].error_message
+
+
+@pytest.fixture
+def slept(monkeypatch) -> list[float]:
+    """The pauses the model takes between attempts (taken as no pause at all)."""
+    pauses: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+
+    monkeypatch.setattr(openai_model, "asyncio", SimpleNamespace(sleep=sleep))
+    return pauses
+
+
+async def test_a_429_is_retried_after_the_pause_its_retry_after_asks(model_server, model, slept):
+    model_server.add({"status": 429, "headers": {"Retry-After": "7"}}, {"status": 503}, {"text": "recovered"})
+    _, events = await _run(LlmAgent(name="a", model=model), "q")
+    assert events[-1].content.text == "recovered"
+    assert slept == [7.0, model.retry_backoff * 2]  # the asked pause, then the backoff's own
+
+
+async def test_a_retry_after_longer_than_a_minute_fails_the_call_with_what_was_asked(model_server, model, slept):
+    model_server.add({"status": 429, "headers": {"Retry-After": "3600"}}, {"text": "never"})
+    _, events = await _run(LlmAgent(name="a", model=model), "q")
+    assert len(model_server.requests) == 1 and slept == []
+    assert events[-1].error_code == "model_error" and "retry after 3600 s" in events[-1].error_message
 
 
 async def test_a_401_is_not_retried(model_server, model):
