@@ -58,9 +58,8 @@ def cube_standin() -> CubeStandIn:
 
 
 @pytest.fixture
-async def cube_runtime_factory(cube_standin, shared_dir):
-    """Cube runtimes on the stand-in, each with its own remote root; closed on the test's own loop afterwards (their
-    clean-up in the sandbox done), and sandboxes a test leaves are killed."""
+def cube_runtime_factory(cube_standin, shared_dir):
+    """Cube runtimes on the stand-in, each with its own remote root; sandboxes a test leaves are killed afterwards."""
     made: list[CubeWorkspaceRuntime] = []
     before = set(cube_standin.sandboxes)
 
@@ -76,8 +75,6 @@ async def cube_runtime_factory(cube_standin, shared_dir):
 
     make.made = made
     yield make
-    for runtime in made:
-        await runtime.close()
     for sandbox_id in set(cube_standin.sandboxes) - before:
         cube_standin.forget(sandbox_id)
 

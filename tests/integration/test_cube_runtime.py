@@ -24,6 +24,13 @@ LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
 
 
+@pytest.fixture
+async def cube_runtime_factory(cube_runtime_factory):
+    """The shared factory, whose runtimes are closed on this test's loop (their clean-up in the sandbox done)."""
+    yield cube_runtime_factory
+    for runtime in cube_runtime_factory.made:
+        await runtime.close()
+
 
 def running(marker: str) -> list[int]:
     """Processes on this machine (where the stand-in runs sandbox commands) whose command line holds ``marker``."""

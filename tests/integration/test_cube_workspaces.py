@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchestrator.code_executors.cube import CubeCodeExecutor
 from orchestrator.dispatch import InlineDispatcher
 from tests.integration.conftest import cube_config
@@ -13,6 +15,13 @@ from worker.runtimes.cube import CubeWorkspaceRuntime
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
+
+
+@pytest.fixture
+async def cube_runtime_factory(cube_runtime_factory):
+    yield cube_runtime_factory
+    for runtime in cube_runtime_factory.made:
+        await runtime.close()
 
 
 async def test_a_workspaces_own_sandbox_is_killed_by_whichever_process_removes_it(
