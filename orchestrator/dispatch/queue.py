@@ -7,6 +7,12 @@ in one process at a time (a lease) — and its change wakes the run's waiters (t
 finished jobs); when the change subscription drops
 (Redis went away) every waiter looks again.
 
+A worker killed after taking a run's job off the queue and before starting the run leaves the run queued with its job
+in no list (RQ pops it; a started-job registry entry of a dead worker expires into RQ's failed jobs). The same sweep
+looks at the runs queued for ``STRANDED_SECONDS`` or more: one whose job is neither waiting in its queue nor held by a
+worker, seen so in two sweeps at least ``STRANDED_SECONDS`` apart, gets its job back at the front of the queue (event
+``requeued``). A job that only looked lost is harmless twice: a run starts once (``store.start``).
+
 A kept workspace lives on the workers of its runtime: its removal (asked for, or idle — looked for after each sweep,
 in one process at a time) is a job on that runtime's workspaces queue (``skillrun:<runtime>:workspaces``,
 ``worker.jobs.remove_kept_workspace``), and the workspace is listed ``removing`` until a worker has removed it.
@@ -18,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 import uuid
 
 import redis
@@ -25,7 +32,7 @@ import redis.asyncio as aioredis
 from rq import Queue
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
-from rq.registry import FinishedJobRegistry
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch.base import BaseDispatcher, Removal, redis_errors, workspace_refusals
@@ -60,6 +67,18 @@ SWEEP_LEASE_SECONDS = 5.0
 """How long one API process holds the sweep: the others skip it meanwhile."""
 REMOVAL_JOB_SECONDS = 300
 """Longest a worker may take to remove one workspace."""
+STRANDED_SECONDS = 30.0
+"""How long a queued run's job must be missing (and the run queued before) until the sweep puts it back."""
+STRANDED_MARK = "skillrun:stranded:{}"
+"""When the sweep first saw a job missing (by job id; expires after ``STRANDED_MARK_SECONDS``)."""
+STRANDED_MARK_SECONDS = 3600
+WAITING_PAGE = 5000
+"""Job ids read from a queue per round trip when the sweep looks which are waiting."""
+
+
+def job_id_of(record: RunRecord) -> str:
+    """The RQ job id of a queued run's next attempt."""
+    return f"{record.id}-{record.attempts + 1}"
 
 
 class QueueDispatcher(BaseDispatcher):
@@ -109,7 +128,7 @@ class QueueDispatcher(BaseDispatcher):
     def _enqueue(self, record: RunRecord, priority: bool = False, pipe: redis.client.Pipeline | None = None) -> None:
         self.queue(record.request.runtime.value).enqueue_call(
             execute_run, args=(record.id,),
-            job_id=f"{record.id}-{record.attempts + 1}",
+            job_id=job_id_of(record),
             timeout=int(record.request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS),
             result_ttl=defaults.JOB_RESULT_TTL_SECONDS, failure_ttl=self.result_ttl, at_front=priority,
             pipeline=pipe,
@@ -165,6 +184,7 @@ class QueueDispatcher(BaseDispatcher):
                 return 0
             silent = await self.reader.silent_runs(SWEEP_LIMIT)
             await asyncio.to_thread(self._trim_finished_jobs)
+            await asyncio.to_thread(self.requeue_stranded)
         recovered = 0
         for run_id in silent:
             record = await self._recover(run_id)
@@ -176,6 +196,59 @@ class QueueDispatcher(BaseDispatcher):
         minutes, so the registries grew with every run meanwhile)."""
         for runtime in RuntimeName:
             FinishedJobRegistry(queue=self.queue(runtime.value)).cleanup()
+
+    def requeue_stranded(self) -> list[str]:
+        """Put back the jobs of queued runs that nothing holds (see the module); return those runs' ids."""
+        now = time.time()
+        stale = self.store.waiting_since(now - STRANDED_SECONDS, SWEEP_LIMIT)
+        requeued = []
+        for runtime in {record.request.runtime.value for record in stale}:
+            queue = self.queue(runtime)
+            held, expired = self._started_job_ids(queue, now)
+            waiting = self._waiting_job_ids(queue)
+            for record in (r for r in stale if r.request.runtime.value == runtime):
+                job_id = job_id_of(record)
+                mark = STRANDED_MARK.format(job_id)
+                if job_id in held or job_id in waiting or self.redis.set(mark, now, nx=True, ex=STRANDED_MARK_SECONDS):
+                    continue  # held, or first seen missing: a worker may be about to start it
+                if now - float(self.redis.get(mark) or now) < STRANDED_SECONDS:
+                    continue
+                back = self.store.requeue_stranded(record.id, "its job was lost: the worker that took it stopped "
+                                                               "before starting it")
+                if back is not None:  # out of where RQ left the dead worker's job, first
+                    FailedJobRegistry(queue=queue).remove(job_id)
+                    if expired.get(job_id):
+                        self.redis.zrem(StartedJobRegistry(queue=queue).key, *expired[job_id])
+                    self._enqueue(back, priority=True)
+                    requeued.append(back.id)
+                self.redis.delete(mark)
+        return requeued
+
+    def _started_job_ids(self, queue: Queue, now: float) -> tuple[set[str], dict[str, list[bytes]]]:
+        """The jobs a live worker holds, and the registry entries of the ones whose worker stopped renewing them
+        (by job id). RQ's cleanup fails the expired jobs that had started; one whose worker died before its work
+        horse started it stays in the registry, expired, for good."""
+        registry = StartedJobRegistry(queue=queue)
+        registry.cleanup()
+        held: set[str] = set()
+        expired: dict[str, list[bytes]] = {}
+        for entry, expires in self.redis.zrange(registry.key, 0, -1, withscores=True):
+            job_id = registry.parse_job_id(entry.decode())
+            if expires > now:
+                held.add(job_id)
+            else:
+                expired.setdefault(job_id, []).append(entry)
+        return held, expired
+
+    def _waiting_job_ids(self, queue: Queue) -> set[str]:
+        ids: set[str] = set()
+        start = 0
+        while True:
+            page = self.redis.lrange(queue.key, start, start + WAITING_PAGE - 1)
+            ids.update(job_id.decode() for job_id in page)
+            if len(page) < WAITING_PAGE:
+                return ids
+            start += WAITING_PAGE
 
     async def _sweep_forever(self) -> None:
         # Ends on close()'s flag, not only its cancel: a cancel can be taken for a Redis call's own timeout and lost

@@ -151,6 +151,16 @@ class BaseRunStore(ABC):
 
         return self.update(run_id, mutate), requeued
 
+    def requeue_stranded(self, run_id: str, reason: str) -> RunRecord | None:
+        """A queued run whose job was lost before any worker started it goes back to the queue (event
+        ``requeued`` with ``reason``); ``None`` when it is no longer queued."""
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            return RunEvent(type="requeued", data={"reason": reason}) if record.status == RunStatus.QUEUED else None
+
+        record = self.update(run_id, mutate)
+        return record if record is not None and record.status == RunStatus.QUEUED else None
+
     def close(self) -> None:
         """Release connections."""
 

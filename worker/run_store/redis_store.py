@@ -3,7 +3,8 @@
 Keys (``RunKeys``): ``<prefix>:<id>`` (the record as JSON), ``<prefix>:<id>:events`` (a stream),
 ``<prefix>:<id>:heartbeat`` (expires when the worker stops beating), ``<prefix>:<id>:attempt`` (the fencing token
 of the started attempt), the indexes ``<prefix>:index`` (and one per owner), ``<prefix>:running`` (the started
-runs: what the lost-run sweep reads) and the counts ``<prefix>:stats``. Every change is published on
+runs: what the lost-run sweep reads), ``<prefix>:waiting`` (the queued runs, by when they last entered the queue: what
+the stranded-job sweep reads) and the counts ``<prefix>:stats``. Every change is published on
 ``<prefix>:changes`` (``"<id> <event type>"``) for the API's waiters (``worker.run_store.watch``).
 
 Retention: an ended run's record and events expire ``result_ttl`` seconds after it ended. ``<prefix>:expiring``
@@ -46,6 +47,10 @@ class RunKeys:
     @property
     def running(self) -> str:
         return f"{self.prefix}:running"
+
+    @property
+    def waiting(self) -> str:
+        return f"{self.prefix}:waiting"
 
     @property
     def changes(self) -> str:
@@ -141,6 +146,7 @@ class RedisRunStore(BaseRunStore):
         pipe.zadd(self.keys.index(), {record.id: record.created_at})
         if record.owner is not None:
             pipe.zadd(self.keys.index(record.owner), {record.id: record.created_at})
+        pipe.zadd(self.keys.waiting, {record.id: record.created_at})
         pipe.hincrby(self.keys.stats, f"status:{RunStatus.QUEUED.value}", 1)
         pipe.xadd(self.keys.part(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
 
@@ -181,6 +187,10 @@ class RedisRunStore(BaseRunStore):
         elif previous == RunStatus.STARTED and not started:  # retried or ended: no attempt holds it any more
             pipe.delete(self.keys.part(record.id, "attempt"), self.keys.part(record.id, "heartbeat"))
             pipe.zrem(self.keys.running, record.id)
+        if record.status == RunStatus.QUEUED:  # (back) in the queue: from now on
+            pipe.zadd(self.keys.waiting, {record.id: self.clock()})
+        elif previous == RunStatus.QUEUED:
+            pipe.zrem(self.keys.waiting, record.id)
         pipe.set(self.keys.record(record.id), record.model_dump_json(), ex=ttl)
         pipe.xadd(self.keys.part(record.id, "events"), {"event": event.model_dump_json()})
         pipe.publish(self.keys.changes, f"{record.id} {event.type}")
@@ -203,6 +213,16 @@ class RedisRunStore(BaseRunStore):
         pipe.zadd(self.keys.expiring, {f"{record.id} {record.owner or ''}": now + ttl})
         self._trim(keys=[self.keys.expiring, self.keys.index()], args=[now, TRIM_BATCH, self.keys.index("")],
                    client=pipe)
+
+    def waiting_since(self, before: float, limit: int) -> list[RunRecord]:
+        """Up to ``limit`` queued runs that entered the queue before ``before`` (oldest first)."""
+        ids = [i.decode() for i in self.redis.zrangebyscore(self.keys.waiting, "-inf", before, start=0, num=limit)]
+        raws = self.redis.mget([self.keys.record(i) for i in ids]) if ids else []
+        gone = [run_id for run_id, raw in zip(ids, raws) if not raw]
+        if gone:  # a record removed by hand (or a flushed Redis): nothing waits any more
+            self.redis.zrem(self.keys.waiting, *gone)
+        records = [RunRecord.model_validate_json(raw) for raw in raws if raw]
+        return [record for record in records if record.status == RunStatus.QUEUED]
 
     def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
         entries = self.redis.xrange(self.keys.part(run_id, "events"))
