@@ -21,13 +21,12 @@ An entry in use is never removed: a user (``root_in_use``, held for a run) holds
 ``.ready``; eviction takes an exclusive one without waiting and, when it gets it, renames the entry away before
 deleting it (a user that locked it meanwhile sees the rename and fetches again). While every other entry is in
 use the cache stays over its bound. Leftovers of a process killed mid-fetch or mid-eviction (``tmp-*`` folders and
-record files untouched for ``LEFTOVER_SECONDS``) are removed by the next eviction.
+record files untouched for ``LEFTOVER_SECONDS``) are removed by the next eviction (``worker.root_cache``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -42,14 +41,10 @@ from pathlib import Path
 
 from worker.archives import ArchiveLimits, extract_tar, extract_zip
 from worker.errors import SkillRootError, UnsafeArchiveError
+from worker.root_cache import READY_FILE, evict, hold, intact, latest, record, touch
 
-READY_FILE = ".ready"
-LEFTOVER_SECONDS = 3600.0
-"""A ``tmp-*`` entry of the cache untouched this long belongs to no live fetch (a download is capped at minutes)."""
-URLS_DIR = "urls"
 HOLD_ATTEMPTS = 3
 """How often ``root_in_use`` fetches an entry again that was evicted between its resolution and its lock."""
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 _ARCHIVE_SUFFIXES = {".tar.gz": "tar", ".tgz": "tar", ".tar": "tar", ".zip": "zip"}
 
 
@@ -141,9 +136,9 @@ def fetch_url_root(
         raise SkillRootError(f"the URL-root cache bound must be a positive number of bytes, not {bound}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    wanted = expected_sha256.lower() if expected_sha256 is not None else _latest(cache, url)
-    if wanted is not None and (cached := _cached(cache / wanted, wanted)) is not None:
-        _touch(cached)
+    wanted = expected_sha256.lower() if expected_sha256 is not None else latest(cache, url)
+    if wanted is not None and (cached := intact(cache / wanted, wanted)) is not None:
+        touch(cached)
         return cached
     work = Path(tempfile.mkdtemp(prefix="tmp-skill-root-", dir=cache))
     try:
@@ -154,7 +149,7 @@ def fetch_url_root(
         final = _extract_and_place(work, download, content_type, cache / digest, url, digest, limits.archive)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _record(cache, url, digest)
+    record(cache, url, digest)
     evict(cache, bound, keep=digest)
     return final
 
@@ -174,7 +169,7 @@ def root_in_use(
         return
     for _ in range(HOLD_ATTEMPTS):
         folder = resolve_root(root, expected_sha256=expected_sha256, cache_dir=cache_dir, cache_bytes=cache_bytes)
-        fd = _hold(folder)
+        fd = hold(folder)
         if fd is not None:
             break
     else:
@@ -184,33 +179,6 @@ def root_in_use(
         yield folder
     finally:
         os.close(fd)  # releases the lock
-
-
-def evict(cache: Path, bound: int, *, keep: str | None = None) -> list[str]:
-    """Remove the least recently used entries of ``cache`` until their total size is within ``bound`` bytes,
-    never ``keep`` nor one in use; forget the URLs whose latest entry is gone; remove leftovers of killed
-    processes. Returns the digests removed."""
-    _remove_leftovers(cache)
-    entries = []
-    for entry in os.scandir(cache):
-        if _DIGEST.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
-            with contextlib.suppress(OSError):
-                entries.append((os.stat(os.path.join(entry.path, READY_FILE)).st_mtime_ns, entry.name))
-    sizes = {name: _size(cache / name) for _, name in entries}
-    total = sum(sizes.values())
-    removed = []
-    for _, name in sorted(entries):
-        if total <= bound:
-            break
-        if name != keep and _remove_unless_used(cache, name):
-            total -= sizes[name]
-            removed.append(name)
-    kept = set(sizes) - set(removed)
-    with contextlib.suppress(FileNotFoundError):
-        for record in os.scandir(cache / URLS_DIR):
-            if _DIGEST.fullmatch(record.name) and _read_json(Path(record.path)).get("sha256") not in kept:
-                Path(record.path).unlink(missing_ok=True)
-    return removed
 
 
 def download_archive(url: str, target: Path, limits: FetchLimits | None = None) -> tuple[str, str]:
@@ -233,7 +201,7 @@ def install_archive(
     sha = digest.hexdigest()
     into.mkdir(parents=True, exist_ok=True)
     final = into / sha
-    if _cached(final, sha) is not None:
+    if intact(final, sha) is not None:
         return final, sha
     shutil.rmtree(final, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix="tmp-skill-root-", dir=into))
@@ -259,119 +227,12 @@ def _extract_and_place(
             os.rename(root, final)
             return final
         except OSError:
-            winner = _cached(final, digest)
+            winner = intact(final, digest)
             if winner is not None:
-                _touch(winner)
+                touch(winner)
                 return winner
             shutil.rmtree(final, ignore_errors=True)
     raise SkillRootError(f"{source}: could not place the cache entry at {final}")
-
-
-def cached_sha256(folder: Path) -> str | None:
-    """The sha256 of the archive a cache entry was extracted from."""
-    return _read_json(folder / READY_FILE).get("sha256")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _latest(cache: Path, url: str) -> str | None:
-    """The digest ``url`` last downloaded to, as recorded in the cache."""
-    return _read_json(cache / URLS_DIR / hashlib.sha256(url.encode()).hexdigest()).get("sha256")
-
-
-def _record(cache: Path, url: str, digest: str) -> None:
-    """Record ``digest`` as ``url``'s latest (written aside and renamed: a reader sees the old or the new)."""
-    records = cache / URLS_DIR
-    records.mkdir(exist_ok=True)
-    fd, aside = tempfile.mkstemp(prefix="tmp-", dir=records)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"url": url, "sha256": digest}, f)
-    os.replace(aside, records / hashlib.sha256(url.encode()).hexdigest())
-
-
-def _remove_leftovers(cache: Path) -> None:
-    stale = time.time() - LEFTOVER_SECONDS
-    for folder in (cache, cache / URLS_DIR):
-        with contextlib.suppress(FileNotFoundError), os.scandir(folder) as listing:
-            for entry in listing:
-                with contextlib.suppress(OSError):
-                    if entry.name.startswith("tmp-") and entry.stat(follow_symlinks=False).st_mtime < stale:
-                        if entry.is_dir(follow_symlinks=False):
-                            shutil.rmtree(entry.path, ignore_errors=True)
-                        else:
-                            os.unlink(entry.path)
-
-
-def _touch(entry: Path) -> None:
-    """Mark an entry used now (eviction goes by the time of its ``.ready``)."""
-    with contextlib.suppress(OSError):
-        os.utime(entry / READY_FILE)
-
-
-def _size(entry: Path) -> int:
-    """The bytes an entry holds (recorded when it was placed)."""
-    size = _read_json(entry / READY_FILE).get("bytes")
-    if isinstance(size, int):
-        return size
-    return sum(os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(entry) for name in names)
-
-
-def _hold(entry: Path) -> int | None:
-    """A shared lock on the entry's ``.ready`` (its descriptor), or ``None`` when the entry was evicted before the
-    lock was had (eviction renames it away while holding the lock exclusively)."""
-    try:
-        fd = os.open(entry / READY_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    try:
-        now = os.stat(entry / READY_FILE)
-        held = os.fstat(fd)
-        if (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
-            _touch(entry)
-            return fd
-    except FileNotFoundError:
-        pass
-    os.close(fd)
-    return None
-
-
-def _remove_unless_used(cache: Path, name: str) -> bool:
-    """Remove the entry ``name`` unless a user holds it: renamed away under an exclusive lock (taken without
-    waiting), then deleted."""
-    try:
-        fd = os.open(cache / name / READY_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        doomed = Path(tempfile.mkdtemp(prefix="tmp-evicted-", dir=cache))
-        try:
-            os.rename(cache / name, doomed / "root")
-        except OSError:
-            shutil.rmtree(doomed, ignore_errors=True)
-            return False
-    finally:
-        os.close(fd)
-    shutil.rmtree(doomed, ignore_errors=True)
-    return True
-
-
-def _cached(final: Path, expected_sha256: str | None) -> Path | None:
-    if not (final / READY_FILE).is_file():
-        return None
-    if expected_sha256 is not None and cached_sha256(final) != expected_sha256.lower():
-        return None
-    return final
 
 
 def _unpack(url: str, download: Path, content_type: str, root: Path, limits: ArchiveLimits) -> None:

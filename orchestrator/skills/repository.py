@@ -40,7 +40,8 @@ from orchestrator.skills.skill import (
 )
 from orchestrator.skills.summary_cache import SummaryCache
 from worker.errors import SkillRootError
-from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root, split_pin
+from worker.root_cache import cached_sha256
+from worker.roots import FetchLimits, is_url, resolve_root, split_pin
 
 if TYPE_CHECKING:
     from worker.contract import SkillRef

@@ -16,7 +16,7 @@ import pytest
 from tests.file_server import FileServer
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
-from worker.roots import evict
+from worker.root_cache import evict
 from worker.runtimes.container import RESIDENT_PROCESSES, ContainerWorkspaceRuntime
 
 pytestmark = pytest.mark.docker

@@ -21,16 +21,8 @@ from worker.archives import ArchiveLimits
 from worker.config import WorkerSettings
 from worker.contract import RunRequest, SkillRef
 from worker.errors import SkillRootError, UnsafeArchiveError
-from worker.roots import (
-    LEFTOVER_SECONDS,
-    READY_FILE,
-    URLS_DIR,
-    FetchLimits,
-    evict,
-    fetch_url_root,
-    resolve_root,
-    root_in_use,
-)
+from worker.root_cache import LEFTOVER_SECONDS, READY_FILE, URLS_DIR, evict
+from worker.roots import FetchLimits, fetch_url_root, resolve_root, root_in_use
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 SKILL_MD = b"---\nname: remote-skill\ndescription: Fetched from a URL.\n---\nDo remote things.\n"
