@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults as run_defaults
@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     api_url: str = Field(default="http://127.0.0.1:8000", description="The API the command line's API commands "
                                                                        "(skillrun workspaces) talk to.")
     api_key: str | None = Field(default=None, repr=False, description="The team key those commands send.")
+    worker_token: SecretStr | None = Field(
+        default=None, description="The secret workers show to fetch library archives from the API "
+                                  "(GET /v1/worker/libraries/<sha256>); unset, that route is off. At least 24 characters.",
+    )
     max_steps: int = Field(default=25, gt=0, description="Model calls per message before the agent stops.")
     skill_overview_max_chars: int = Field(
         default=DEFAULT_OVERVIEW_MAX_CHARS, ge=0,
@@ -88,6 +92,13 @@ class Settings(BaseSettings):
                     "(local, docker): those this deployment runs skills on. With Redis, each goes to that runtime's "
                     "workers (skillrun:<runtime>:environments).",
     )
+
+    @field_validator("worker_token")
+    @classmethod
+    def _strong_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 24:
+            raise ValueError("the worker token must be at least 24 characters (for example: openssl rand -hex 32)")
+        return value
 
     @field_validator("prepare_runtimes")
     @classmethod

@@ -1,13 +1,17 @@
 """Team skill libraries: named, versioned sets of skills, each version pinned by its archive's sha256.
 
 A version comes from a URL (fetched with the limits of ``worker.roots``) or an uploaded archive; it is extracted
-once, safely, into ``<libraries dir>/<sha256>/`` (content-addressed, immutable, shared by every worker through the
-same volume). Each library has a current version; a team's runs and agents see its libraries' current versions.
+once, safely, into ``<libraries dir>/<sha256>/`` (content-addressed, immutable) and its archive is kept as
+``<libraries dir>/archives/<sha256>``: a worker that shares the folder reads it, one on another host fetches the
+archive by its digest (``GET /v1/worker/libraries/<sha256>``, ``worker.library_fetch``). Each library has a current
+version; a team's runs and agents see its libraries' current versions.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -18,9 +22,11 @@ from orchestrator.documents import BaseDocuments
 from orchestrator.errors import OrchestratorError, SkillError
 from orchestrator.skills.repository import FsSkillRepository
 from worker.errors import SkillRootError
+from worker.root_cache import DIGEST
 from worker.roots import FetchLimits, download_archive, install_archive
 
 LIBRARY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+ARCHIVES_DIR = "archives"
 
 
 class LibraryError(OrchestratorError):
@@ -70,6 +76,11 @@ class LibraryRegistry:
     def root(self, version: LibraryVersion) -> Path:
         return self.dir / version.sha256
 
+    def archive(self, sha256: str) -> Path | None:
+        """The kept archive of the version whose archive has digest ``sha256``, if there is one."""
+        path = self.dir / ARCHIVES_DIR / sha256
+        return path if DIGEST.fullmatch(sha256) and path.is_file() else None
+
     def current_roots(self, team_id: str) -> list[Path]:
         """The folders of the team's libraries' current versions."""
         return [self.root(v) for lib in self.list(team_id) if (v := lib.version()) is not None]
@@ -116,6 +127,7 @@ class LibraryRegistry:
             raise LibraryError(f"{source}: {exc}") from exc
         if not skills:
             raise LibraryError(f"{source}: no usable skill in the archive")
+        self._keep_archive(archive, sha)
         library = self.get(team_id, name) or Library(team_id=team_id, name=name)
         existing = next((v for v in library.versions if v.sha256 == sha), None)
         if existing is None:
@@ -125,3 +137,18 @@ class LibraryRegistry:
         library.current = existing.version
         self.docs.put("libraries", self._doc_id(team_id, name), library.model_dump())
         return library
+
+    def _keep_archive(self, archive: Path, sha: str) -> None:
+        """Keep the archive under its digest (copied aside and renamed into place: a reader sees all of it or none)."""
+        kept = self.dir / ARCHIVES_DIR
+        kept.mkdir(parents=True, exist_ok=True)
+        if (kept / sha).is_file():
+            return
+        fd, aside = tempfile.mkstemp(prefix="tmp-", dir=kept)
+        try:
+            with os.fdopen(fd, "wb") as out, open(archive, "rb") as source:
+                shutil.copyfileobj(source, out, 1024 * 1024)
+            os.replace(aside, kept / sha)
+        except BaseException:
+            Path(aside).unlink(missing_ok=True)
+            raise

@@ -18,6 +18,8 @@ class FileServer:
     def __init__(self) -> None:
         self.routes: dict[str, tuple[int, Body, dict[str, str]]] = {}
         self.hits: dict[str, int] = {}
+        self.headers: dict[str, list[dict[str, str]]] = {}
+        """The headers of each request, by path."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -26,6 +28,7 @@ class FileServer:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 server.hits[self.path] = server.hits.get(self.path, 0) + 1
+                server.headers.setdefault(self.path, []).append(dict(self.headers.items()))
                 status, body, headers = server.routes.get(self.path, (404, b"not found", {}))
                 self.send_response(status)
                 for key, value in headers.items():

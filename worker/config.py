@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults
@@ -89,6 +89,19 @@ class WorkerSettings(BaseSettings):
     env_max_bytes: int = Field(default=1024**3, gt=0, description="The largest an environment may grow, bytes.")
     env_build_memory_bytes: int = Field(
         default=4 * 1024**3, gt=0, description="Memory an environment build may use (its control group's limit)."
+    )
+    api_url: str | None = Field(
+        default=None, pattern=r"^https?://",
+        description="The API, for a worker on a host without the API's libraries folder: the library versions its "
+                    "runs need are fetched from the API by sha256 (with worker_token) into the URL-root cache.",
+    )
+    worker_token: SecretStr | None = Field(
+        default=None, description="The secret a worker shows the API to fetch library archives (the API's own "
+                                  "SKILLRUN_WORKER_TOKEN).",
+    )
+    library_fetch_seconds: float = Field(
+        default=300.0, gt=0, allow_inf_nan=False, description="The longest fetching one library archive from the API "
+                                                              "may take.",
     )
     heartbeat_ttl_seconds: int = Field(
         default=defaults.HEARTBEAT_TTL_SECONDS, ge=2, description="Silence after which a started run's worker is lost."

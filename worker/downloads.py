@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,13 +22,16 @@ if TYPE_CHECKING:
     from worker.roots import FetchLimits
 
 
-def download(url: str, target: Path, limits: FetchLimits) -> tuple[str, str]:
-    """Stream ``url`` into ``target`` within the limits; return (sha256, content type)."""
+def download(
+    url: str, target: Path, limits: FetchLimits, headers: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """Stream ``url`` into ``target`` within the limits; return (sha256, content type). ``headers`` (a credential)
+    go only to ``url``'s own origin: a redirect elsewhere does not get them."""
     digest = hashlib.sha256()
     deadline = time.monotonic() + limits.download_seconds
     timeout = httpx.Timeout(limits.download_seconds, connect=limits.connect_seconds)
     try:
-        with httpx.Client(timeout=timeout) as client, contextlib.closing(_get(client, url, limits)) as response:
+        with httpx.Client(timeout=timeout) as client, contextlib.closing(_get(client, url, limits, headers or {})) as response:
             if response.status_code != 200:
                 raise SkillRootError(f"{url}: the server answered HTTP {response.status_code}")
             declared = response.headers.get("content-length")
@@ -50,11 +54,12 @@ def download(url: str, target: Path, limits: FetchLimits) -> tuple[str, str]:
         raise SkillRootError(f"{url}: {type(exc).__name__}: {exc}") from exc
 
 
-def _get(client: httpx.Client, url: str, limits: FetchLimits) -> httpx.Response:
+def _get(client: httpx.Client, url: str, limits: FetchLimits, headers: Mapping[str, str]) -> httpx.Response:
     """``GET url`` as a stream, following redirects here rather than in httpx, so each hop goes through ``_send``."""
-    target = httpx.URL(url)
+    target = origin = httpx.URL(url)
     for _ in range(limits.max_redirects + 1):
-        response = _send(client, target, limits)
+        same_origin = (target.scheme, target.host, target.port) == (origin.scheme, origin.host, origin.port)
+        response = _send(client, target, limits, headers if same_origin else {})
         if not response.is_redirect:
             return response
         response.close()
@@ -62,7 +67,7 @@ def _get(client: httpx.Client, url: str, limits: FetchLimits) -> httpx.Response:
     raise SkillRootError(f"{url}: more than {limits.max_redirects} redirects")
 
 
-def _send(client: httpx.Client, url: httpx.URL, limits: FetchLimits) -> httpx.Response:
+def _send(client: httpx.Client, url: httpx.URL, limits: FetchLimits, headers: Mapping[str, str]) -> httpx.Response:
     """Send one hop. Without ``allow_private_addresses`` the host is resolved once, every address it has is vetted
     (``worker.addresses``), and the request is sent to a vetted address itself: the IP goes in the request URL,
     the name in the ``Host`` header and as the TLS server name (so certificates are still checked against the name).
@@ -70,7 +75,7 @@ def _send(client: httpx.Client, url: httpx.URL, limits: FetchLimits) -> httpx.Re
     if url.scheme not in ("http", "https"):
         raise SkillRootError(f"{url}: only http and https URLs can be fetched")
     if limits.allow_private_addresses:
-        return client.send(client.build_request("GET", url), stream=True)
+        return client.send(client.build_request("GET", url, headers=headers), stream=True)
     host = url.raw_host.decode("ascii")
     try:
         addresses = public_addresses(host, url.port or (443 if url.scheme == "https" else 80))
@@ -79,7 +84,7 @@ def _send(client: httpx.Client, url: httpx.URL, limits: FetchLimits) -> httpx.Re
     extensions = {"sni_hostname": host} if url.scheme == "https" else {}
     failure: httpx.ConnectError | None = None
     for address in addresses:  # in the resolver's order, as a connection to the name would try them
-        request = client.build_request("GET", url.copy_with(host=address), headers={"Host": url.netloc.decode("ascii")},
+        request = client.build_request("GET", url.copy_with(host=address), headers={**headers, "Host": url.netloc.decode("ascii")},
                                        extensions=extensions)
         try:
             return client.send(request, stream=True)

@@ -214,9 +214,12 @@ def _beat(store: BaseRunStore, run_id: str, held: Attempt, runtime: BaseWorkspac
             runtime.cancel(run_id)
 
 
-def prepare_environments(root: str, skills: list[list[str]], runtime: str = RuntimeName.LOCAL.value) -> dict[str, str]:
-    """Prepare the environments of the skills ``[name, path]`` of the library version at ``root`` for ``runtime``,
-    one after another, through this worker's runtime of that kind; return each skill's state.
+def prepare_environments(
+    root: str, skills: list[list[str]], runtime: str = RuntimeName.LOCAL.value, digest: str | None = None,
+) -> dict[str, str]:
+    """Prepare the environments of the skills ``[name, path]`` of the library version at ``root`` (its archive's
+    sha256 ``digest``: fetched from the API where the folder is not on this worker, ``worker.library_fetch``) for
+    ``runtime``, one after another, through this worker's runtime of that kind; return each skill's state.
 
     The job's ``meta`` tells the API how far it got: ``pending`` maps each skill not done yet to its latest step,
     ``errors`` a skill this worker could not prepare at all to why (a build's own failure is in the store). A
@@ -239,7 +242,8 @@ def prepare_environments(root: str, skills: list[list[str]], runtime: str = Runt
         if not isinstance(host, HostWorkspaceRuntime):
             raise WorkerError(f"the {runtime} runtime does not prepare environments ahead of runs")
         for name, path in skills:
-            states[name] = _event_loop().run_until_complete(_prepare_one(job, host, root, name, path))
+            skill = SkillRef(name=name, root=root, path=path, digest=digest)
+            states[name] = _event_loop().run_until_complete(_prepare_one(job, host, skill))
             del job.meta["pending"][name]
             job.save_meta()
     finally:
@@ -249,21 +253,21 @@ def prepare_environments(root: str, skills: list[list[str]], runtime: str = Runt
     return states
 
 
-async def _prepare_one(job: Job, runtime: HostWorkspaceRuntime, root: str, name: str, path: str) -> str:
+async def _prepare_one(job: Job, runtime: HostWorkspaceRuntime, skill: SkillRef) -> str:
     """One skill's environment, its progress saved in the job's ``meta`` as it goes."""
 
     def progress(message: str) -> None:
-        job.meta["pending"][name] = message
+        job.meta["pending"][skill.name] = message
         job.save_meta()
 
     progress("starting")
     try:
-        real_root, skill_dir = await asyncio.to_thread(resolve_skill_paths, SkillRef(name=name, root=root, path=path))
-        status = await runtime.prepare_environment(skill_dir, real_root, name, progress)
-    except WorkerError as exc:  # the folder is not on this worker, or the builder cannot start: say why
-        job.meta["errors"][name] = f"the worker could not prepare it: {exc}"
+        real_root, skill_dir = await asyncio.to_thread(resolve_skill_paths, skill)
+        status = await runtime.prepare_environment(skill_dir, real_root, skill.name, progress)
+    except WorkerError as exc:  # the library cannot be had here, or the builder cannot start: say why
+        job.meta["errors"][skill.name] = f"the worker could not prepare it: {exc}"
         return "failed"
-    job.meta["errors"].pop(name, None)
+    job.meta["errors"].pop(skill.name, None)
     return status.state
 
 

@@ -49,8 +49,9 @@ def evict(cache: Path, bound: int, *, keep: str | None = None) -> list[str]:
 
 
 def cached_sha256(folder: Path) -> str | None:
-    """The sha256 of the archive a cache entry was extracted from."""
-    return read_json(folder / READY_FILE).get("sha256")
+    """The sha256 of the archive a cache entry (or a library version's folder) was extracted from."""
+    digest = read_json(folder / READY_FILE).get("sha256")
+    return digest if isinstance(digest, str) and DIGEST.fullmatch(digest) else None
 
 
 def read_json(path: Path) -> dict:

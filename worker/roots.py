@@ -35,7 +35,7 @@ import shutil
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,11 +83,12 @@ def resolve_root(
     expected_sha256: str | None = None,
     allow_local: bool = True,
     cache_bytes: int | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Path:
     """The local folder for ``root``, downloading and extracting a URL root into the cache when needed.
 
     ``allow_local=False`` refuses local paths and ``file://`` URLs (for roots a remote caller named);
-    ``cache_bytes`` bounds the cache (default ``SKILLRUN_URL_CACHE_BYTES``).
+    ``cache_bytes`` bounds the cache (default ``SKILLRUN_URL_CACHE_BYTES``); ``headers`` go with a download.
     """
     text = os.fspath(root)
     scheme = urllib.parse.urlsplit(text).scheme
@@ -96,7 +97,7 @@ def resolve_root(
         if pinned and expected_sha256 and pinned != expected_sha256.lower():
             raise SkillRootError(f"{text}: pinned to {pinned} but {expected_sha256} was expected")
         return fetch_url_root(url, cache_dir=cache_dir, limits=limits, expected_sha256=expected_sha256 or pinned,
-                              cache_bytes=cache_bytes)
+                              cache_bytes=cache_bytes, headers=headers)
     if not allow_local:
         raise SkillRootError(f"skills root {text!r}: only http(s) URLs are allowed here")
     path = Path(urllib.parse.unquote(urllib.parse.urlsplit(text).path)) if scheme == "file" else Path(text)
@@ -125,6 +126,7 @@ def fetch_url_root(
     limits: FetchLimits | None = None,
     expected_sha256: str | None = None,
     cache_bytes: int | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Path:
     """The cached, extracted folder of an http(s) URL root: the pinned digest's, else the URL's latest (downloaded
     when the cache has no intact entry for it; the cache is then brought within ``cache_bytes``)."""
@@ -143,7 +145,7 @@ def fetch_url_root(
     work = Path(tempfile.mkdtemp(prefix="tmp-skill-root-", dir=cache))
     try:
         download = work / "download"
-        digest, content_type = download_archive(url, download, limits)
+        digest, content_type = download_archive(url, download, limits, headers)
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise SkillRootError(f"{url}: sha256 is {digest}, expected {expected_sha256}")
         final = _extract_and_place(work, download, content_type, cache / digest, url, digest, limits.archive)
@@ -161,6 +163,8 @@ def root_in_use(
     expected_sha256: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
+    limits: FetchLimits | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Iterator[Path]:
     """The local folder of ``root`` (``resolve_root``); a URL root's cache entry is kept from eviction until the
     block ends (a shared lock on its ``.ready``)."""
@@ -168,7 +172,8 @@ def root_in_use(
         yield resolve_root(root)
         return
     for _ in range(HOLD_ATTEMPTS):
-        folder = resolve_root(root, expected_sha256=expected_sha256, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        folder = resolve_root(root, expected_sha256=expected_sha256, cache_dir=cache_dir, cache_bytes=cache_bytes,
+                              limits=limits, headers=headers)
         fd = hold(folder)
         if fd is not None:
             break
@@ -181,12 +186,15 @@ def root_in_use(
         os.close(fd)  # releases the lock
 
 
-def download_archive(url: str, target: Path, limits: FetchLimits | None = None) -> tuple[str, str]:
-    """Download ``url`` into ``target`` within the limits; return (sha256, content type)."""
+def download_archive(
+    url: str, target: Path, limits: FetchLimits | None = None, headers: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """Download ``url`` into ``target`` within the limits (``headers`` to its origin only); return (sha256, content
+    type)."""
     # httpx is a third of a command's start-up: it is loaded when a URL is fetched, not by every import of roots
     from worker.downloads import download
 
-    return download(url, target, limits or FetchLimits())
+    return download(url, target, limits or FetchLimits(), headers)
 
 
 def install_archive(

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from worker.contract import SkillRef
 from worker.errors import StagingError
-from worker.roots import is_url, resolve_root
+from worker.library_fetch import locate
+from worker.roots import is_url
 from worker.workspace import Workspace, reachable_by_others, remove_tree
 
 SKILL_FILE = "SKILL.md"
@@ -49,7 +50,8 @@ def resolve_skill_source(skill: SkillRef) -> Path:
 
 def resolve_skill_paths(skill: SkillRef) -> tuple[Path, Path]:
     """The real folders of ``skill``'s library root and of the skill inside it (see ``resolve_skill_source``)."""
-    root = resolve_root(skill.root, expected_sha256=skill.digest) if is_url(skill.root) else Path(skill.root)
+    located = locate(skill)
+    root = located.resolve() if is_url(located.root) else Path(located.root)
     if not root.is_dir():
         raise StagingError(f"skills root {skill.root!r} is not a directory")
     real_root = root.resolve()

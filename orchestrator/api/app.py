@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from orchestrator.api.limits import BodyLimitMiddleware
 from orchestrator.api.responses import error_response, error_responses, install_error_handlers
-from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills, workspaces
+from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills, worker_libraries, workspaces
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.code_executors import create_local_workspace_runtime
@@ -70,6 +70,7 @@ def build_services(settings: Settings) -> Services:
         libraries=LibraryRegistry(
             documents, libraries_dir(settings), FetchLimits(allow_private_addresses=settings.allow_private_library_urls)
         ),
+        worker_token=settings.worker_token,
     )
 
 
@@ -118,7 +119,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         responses=error_responses(503),
     )
     app.state.services = services
-    for module in (health, metrics, libraries, skills, runs, sessions, workspaces):
+    for module in (health, metrics, libraries, skills, runs, sessions, workspaces, worker_libraries):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware)
     install_error_handlers(app)

@@ -61,6 +61,7 @@ from worker.environments import (
 from worker.environments.images import bundle_digest, image_status, image_tag
 from worker.errors import DependencyError, WorkerError
 from worker.jobs import PREPARE_BEAT_KEY, WAITING, prepare_environments
+from worker.root_cache import cached_sha256
 from worker.runtimes.host import HostWorkspaceRuntime
 from worker.staging import resolve_skill_paths
 from worker.workspace import REGISTRY_DIR, default_work_root
@@ -299,7 +300,8 @@ class QueuedEnvironments(LibraryEnvironments):
         for _ in range(2):  # a finished job of the same version is removed once, then replaced
             try:
                 self.queues[runtime].enqueue_call(
-                    prepare_environments, args=(str(root), [[s.name, s.path] for s in skills], runtime),
+                    prepare_environments,
+                    args=(str(root), [[s.name, s.path] for s in skills], runtime, cached_sha256(root)),
                     job_id=self.job_id(runtime, root), timeout=int(timeout), result_ttl=JOB_RECORD_SECONDS,
                     failure_ttl=JOB_RECORD_SECONDS, meta={"pending": {s.name: WAITING_FOR_WORKER for s in skills},
                                                           "errors": {}},

@@ -23,6 +23,7 @@ from orchestrator.errors import RunLostError, UnavailableError
 _DESCRIPTIONS = {
     400: "The body could not be parsed.",
     401: "A missing, wrong or revoked API key.",
+    403: "The route is turned off in this installation; the message says how to turn it on.",
     404: "No such object (or another team's).",
     409: "The object already exists.",
     413: "The body is larger than this route accepts.",

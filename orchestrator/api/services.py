@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from pydantic import SecretStr
 
 from orchestrator.agents.base import BaseAgent
 from orchestrator.api.environments import LibraryEnvironments, environments_for
@@ -33,6 +34,8 @@ class Services:
     libraries: LibraryRegistry
     environments: LibraryEnvironments | None = None
     """Skills' dependency environments and who builds them; by default as the dispatcher runs (``environments_for``)."""
+    worker_token: SecretStr | None = None
+    """What workers show to fetch library archives (``/v1/worker/…``); ``None`` turns those routes off."""
     _repositories: dict[tuple[str, ...], BaseSkillRepository] = field(default_factory=dict)
     _agents: dict[int, BaseAgent] = field(default_factory=dict)
 

@@ -160,6 +160,8 @@ class FsSkillRepository(BaseSkillRepository):
                     path = resolve_root(text).resolve()
                 except SkillRootError as exc:
                     raise SkillsRootNotFoundError(text) from exc
+                if (sha := cached_sha256(path)) is not None:  # a library version: a worker elsewhere fetches it
+                    self._origins[path] = (str(path), sha)
             self.roots.append(path)
 
     def _current(self) -> _Scan:
@@ -201,7 +203,8 @@ class FsSkillRepository(BaseSkillRepository):
         return load_skill(entry.skill_dir, entry.root)
 
     def skill_ref(self, name: str) -> SkillRef:
-        """A URL root is referred to by its URL and archive digest, so a worker elsewhere fetches the same bytes."""
+        """A URL root is referred to by its URL and archive digest, so a worker elsewhere fetches the same bytes; a
+        library version's folder by its path and archive digest (``worker.library_fetch``)."""
         from worker.contract import SkillRef  # here: listing skills does not load the run contract
 
         entry = self._entry(name)

@@ -19,7 +19,7 @@ run has its container to itself, and the workers of one work root share one cont
 found by its labels and made at most once. When a run ends — finished, failed, timed out or cancelled — every
 process it started is killed through the engine and the scratch folders are emptied (``container_host``), and
 each run gets its own limits (the container's are updated when they differ). A URL library root is held in the
-cache for the run (``worker.roots.root_in_use``). Containers idle longer than ``idle_seconds`` are removed (the
+cache for the run (``worker.library_fetch.skill_root_in_use``). Containers idle longer than ``idle_seconds`` are removed (the
 workspace stays on the host). A run cancelled while another worker's run of its workspace holds the turn ends
 when that run has.
 
@@ -50,8 +50,8 @@ from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatu
 from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
 from worker.errors import EnvironmentBuildError, InvalidRunRequestError
+from worker.library_fetch import skill_root_in_use
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
-from worker.roots import root_in_use
 from worker.runtimes.base import command_environment
 from worker.runtimes.container_boxes import Box, Boxes, BoxSettings
 from worker.runtimes.container_builds import DockerTargets, docker_environments
@@ -262,7 +262,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     ) -> ProcessOutcome:
         """In the workspace's turn, ``docker exec`` the command in its container of ``image`` (which mounts
         ``environment``), follow it, end the run (blocking: the Docker SDK is synchronous)."""
-        with self.boxes.turn(workspace.id), root_in_use(request.skill.root, expected_sha256=request.skill.digest) as root:
+        with self.boxes.turn(workspace.id), skill_root_in_use(request.skill) as root:
             return self._exec_in_turn(workspace, image, environment, root, request, cwd, env, cancel)
 
     def _exec_in_turn(

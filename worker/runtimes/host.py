@@ -13,7 +13,6 @@ import os
 import shutil
 import threading
 import time
-import urllib.parse
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -29,8 +28,8 @@ from worker.contract import InputFile, RunRequest, RunResult, SkillRef
 from worker.environments import EnvironmentInfo, EnvironmentStatus, SkillEnvironments
 from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
+from worker.library_fetch import locate, skill_root_in_use
 from worker.process import ProcessOutcome
-from worker.roots import root_in_use
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
 from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
@@ -87,13 +86,13 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
 
     @contextlib.asynccontextmanager
     async def _holding_root(self, request: RunRequest) -> AsyncIterator[None]:
-        """A URL library root stays in the cache for the whole run (its staged skill links into it): the eviction
-        of a bounded cache passes over it (``worker.roots.root_in_use``)."""
-        if urllib.parse.urlsplit(request.skill.root).scheme not in ("http", "https"):
+        """A library root fetched into the URL-root cache stays there for the whole run (its staged skill links
+        into it): the eviction of a bounded cache passes over it (``worker.library_fetch.skill_root_in_use``)."""
+        if not locate(request.skill).remote:
             yield
             return
         with contextlib.ExitStack() as held:
-            await asyncio.to_thread(held.enter_context, root_in_use(request.skill.root, expected_sha256=request.skill.digest))
+            await asyncio.to_thread(held.enter_context, skill_root_in_use(request.skill))
             yield
 
     async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
