@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults as run_defaults
+from worker.artifacts.location import BlobUrl
 
 DEFAULT_SKILLS_ROOT = "./skills"
 PREPARABLE_RUNTIMES = ("local", "docker")
@@ -27,7 +28,8 @@ class Settings(BaseSettings):
     """Everything the orchestrator reads from its environment. An empty variable means unset (Compose passes one it
     was not given as empty): its default applies, never an empty path or URL."""
 
-    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore", env_ignore_empty=True)
+    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore", env_ignore_empty=True,
+                                      hide_input_in_errors=True)  # a refused value may hold a secret
 
     skills_root: str = Field(
         default=DEFAULT_SKILLS_ROOT,
@@ -36,6 +38,11 @@ class Settings(BaseSettings):
     )
     work_root: Path | None = Field(default=None, description="Where workspaces are created (default: the temp dir).")
     artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored (default: under work_root).")
+    blob_url: BlobUrl | None = Field(
+        default=None, description="The artifact store, instead of artifacts_dir: file:///path, or s3://bucket/prefix "
+                                  "(?endpoint=http://host:port for MinIO and other S3-protocol servers; credentials "
+                                  "from boto3's chain, such as AWS_ACCESS_KEY_ID). The workers' must be the same.",
+    )
     data_dir: Path = Field(
         default_factory=lambda: Path.home() / ".local" / "share" / "skillrun",
         description="Where the embedded default keeps sessions.",

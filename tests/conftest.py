@@ -17,9 +17,11 @@ import pytest
 import redis
 
 from orchestrator.dispatch import InlineDispatcher
+from tests.artifact_stores import CREDENTIALS, S3Server
 from tests.orchestrator.api_helpers import make_services
 from tests.package_index import PackageIndex, wheel
 from tests.services import RedisServer, unavailable
+from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.contract import RunRequest, SkillRef
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.workspace import remove_tree
@@ -144,3 +146,29 @@ def redis_url(redis_server: RedisServer) -> str:
     client.flushdb()
     client.close()
     return url
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> S3Server:
+    """moto's S3 emulator for the session, with test credentials in the environment for boto3's chain."""
+    server = S3Server()
+    saved = {name: os.environ.get(name) for name in CREDENTIALS}
+    os.environ.update(CREDENTIALS)
+    yield server
+    server.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(params=["file", "s3"])
+def artifact_store(request: pytest.FixtureRequest, tmp_path: Path) -> BaseArtifactStore:
+    """Each artifact store: a folder, and a new bucket of the S3 emulator."""
+    if request.param == "file":
+        yield FileArtifactStore(tmp_path / "artifacts")
+        return
+    store = request.getfixturevalue("s3_server").store()
+    yield store
+    S3Server.empty(store)

@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults
+from worker.artifacts.location import BlobUrl
 
 MAX_CPU_SECONDS = 24 * 3600
 """Default operator ceiling on a run's ``limits.cpu_seconds``."""
@@ -33,11 +34,17 @@ class WorkerSettings(BaseSettings):
     ``worker.validation.validate_request`` in workers and, before queueing, in the API). An empty variable means
     unset, as for the orchestrator's settings."""
 
-    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore", env_ignore_empty=True)
+    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore", env_ignore_empty=True,
+                                      hide_input_in_errors=True)  # a refused value may hold a secret
 
     redis_url: str | None = Field(default=None, description="The Redis the run queue lives in.")
     work_root: Path | None = Field(default=None, description="Where workspaces are created; shared by all workers.")
     artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored; shared by all workers.")
+    blob_url: BlobUrl | None = Field(
+        default=None, description="The artifact store, instead of artifacts_dir: file:///path, or s3://bucket/prefix "
+                                  "(?endpoint=http://host:port for MinIO and other S3-protocol servers; credentials "
+                                  "from boto3's chain, such as AWS_ACCESS_KEY_ID). The API's must be the same.",
+    )
     result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0,
                                     description="How long run records (results, output files) are kept after the run.")
     artifact_ttl_seconds: int | None = Field(

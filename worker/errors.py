@@ -14,6 +14,7 @@ Every error the worker raises descends from one root::
     ├── CgroupError              a run's control group could not be made or used
     ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
     ├── ArtifactError            an artifact cannot be stored or read
+    │   └── BlobStoreError       the blob store (S3) refused a request or could not be reached
     └── SkillRootError           a skills root URL cannot be fetched (also a RuntimeError, as the guide says)
         └── UnsafeArchiveError   an archive breaks a path rule or a limit; nothing of it is kept
 
@@ -63,6 +64,11 @@ class RuntimeUnavailableError(WorkerError):
 
 class ArtifactError(WorkerError):
     """An artifact cannot be stored or read."""
+
+
+class BlobStoreError(ArtifactError):
+    """The blob store refused a request (its code and message) or could not be reached; nothing half-written of the
+    artifact is listed or served."""
 
 
 class SkillRootError(WorkerError, RuntimeError):

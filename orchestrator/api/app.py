@@ -24,7 +24,7 @@ from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
 from orchestrator.libraries import LibraryRegistry
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import FileArtifactStore, create_artifact_store
 from worker.config import get_worker_settings
 from worker.roots import FetchLimits
 from worker.validation import run_ceilings
@@ -40,20 +40,20 @@ def create_documents(settings: Settings) -> BaseDocuments:
 
 def build_services(settings: Settings) -> Services:
     """With ``SKILLRUN_REDIS_URL`` runs go onto the queue for ``skillrun worker`` processes and sessions live in
-    Redis; without it (the embedded default) runs execute in this process and sessions are files."""
+    Redis; without it (the embedded default) runs execute in this process and sessions are files. Artifacts are
+    served from the store ``SKILLRUN_BLOB_URL`` or ``SKILLRUN_ARTIFACTS_DIR`` names (the workers' own)."""
     repository = create_default_skill_repository(settings.skills_roots(), use_cached_repository=True)
     documents = create_documents(settings)
+    configured = create_artifact_store(settings.blob_url, settings.artifacts_dir)
     dispatcher: BaseDispatcher
     if settings.redis_url:
         dispatcher = QueueDispatcher(
             settings.redis_url, max_attempts=settings.max_attempts, result_ttl=settings.result_ttl_seconds,
             workspace_limit=settings.max_workspaces_per_team, workspace_idle_seconds=settings.workspace_idle_seconds,
         )
-        artifacts = FileArtifactStore(settings.artifacts_dir or default_work_root() / REGISTRY_DIR / "artifacts")
+        artifacts = configured or FileArtifactStore(default_work_root() / REGISTRY_DIR / "artifacts")
     else:
-        runtime = create_local_workspace_runtime(
-            settings.work_root, artifact_store=FileArtifactStore(settings.artifacts_dir) if settings.artifacts_dir else None
-        )
+        runtime = create_local_workspace_runtime(settings.work_root, artifact_store=configured)
         dispatcher = InlineDispatcher(
             {"local": runtime}, result_ttl=settings.result_ttl_seconds, workspace_limit=settings.max_workspaces_per_team,
             workspace_idle_seconds=settings.workspace_idle_seconds,

@@ -16,7 +16,7 @@ from orchestrator.runners import Runner
 from orchestrator.sessions import BaseSessionService
 from orchestrator.skills import BaseSkillRepository, CachedSkillRepository
 from orchestrator.teams import Team, TeamStore
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore
 
 AgentFactory = Callable[[BaseSkillRepository], BaseAgent]
 
@@ -29,7 +29,7 @@ class Services:
     session_service: BaseSessionService
     agent_factory: AgentFactory
     app_name: str
-    artifact_store: FileArtifactStore
+    artifact_store: BaseArtifactStore
     teams: TeamStore
     libraries: LibraryRegistry
     environments: LibraryEnvironments | None = None

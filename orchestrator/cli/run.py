@@ -13,7 +13,7 @@ from orchestrator.cli.common import repository
 from orchestrator.cli.output import print_json, size, table, write
 from orchestrator.config import get_settings
 from orchestrator.dispatch import InlineDispatcher
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import create_artifact_store
 from worker.contract import InputFile, RunRequest, RunResult
 from worker.environments import SkillEnvironments
 from worker.process import TIMEOUT_EXIT_CODE
@@ -47,10 +47,8 @@ def run_skill(args: argparse.Namespace) -> int:
         fields["timeout"] = args.timeout
     request = RunRequest(runtime=args.runtime, **fields)
     settings = get_settings()
-    options: dict = {"work_root": args.work_root or settings.work_root}
-    if settings.artifacts_dir:
-        options["artifact_store"] = FileArtifactStore(settings.artifacts_dir)
-    runtime = resolve_runtime(args.runtime, **options)
+    runtime = resolve_runtime(args.runtime, work_root=args.work_root or settings.work_root,
+                              artifact_store=create_artifact_store(settings.blob_url, settings.artifacts_dir))
     result = asyncio.run(_dispatch(InlineDispatcher({args.runtime: runtime}), request, quiet=args.json))
     if args.json:
         print_json(result.model_dump(mode="json"))

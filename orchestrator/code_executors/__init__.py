@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore
 from worker.contract import RuntimeName
 from worker.runtimes import BaseWorkspaceRuntime, LocalWorkspaceRuntime
 from worker.runtimes.base import resolve_runtime
@@ -18,7 +18,7 @@ def create_local_workspace_runtime(
     work_root: str | os.PathLike[str] | None = None,
     *,
     stager: BaseSkillStager | None = None,
-    artifact_store: FileArtifactStore | None = None,
+    artifact_store: BaseArtifactStore | None = None,
     isolate_users: bool | None = None,
 ) -> LocalWorkspaceRuntime:
     """A runtime that runs skill commands as local processes; workspaces go under ``work_root`` (default: /tmp)."""
@@ -29,7 +29,7 @@ def create_container_workspace_runtime(
     work_root: str | os.PathLike[str] | None = None,
     *,
     stager: BaseSkillStager | None = None,
-    artifact_store: FileArtifactStore | None = None,
+    artifact_store: BaseArtifactStore | None = None,
     **options: object,
 ) -> BaseWorkspaceRuntime:
     """A runtime that runs skill commands in a hardened Docker container per workspace (``pip install '.[docker]'``);

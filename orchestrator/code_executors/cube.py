@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.errors import RuntimeUnavailableError
 
@@ -26,7 +26,7 @@ def create_cube_workspace_runtime(
     workspace_cfg: CubeWorkspaceConfig | None = None,
     config: CubeCodeExecutorConfig | None = None,
     work_root: str | os.PathLike[str] | None = None,
-    artifact_store: FileArtifactStore | None = None,
+    artifact_store: BaseArtifactStore | None = None,
 ) -> CubeWorkspaceRuntime:
     """A runtime that runs skill commands in Cube sandboxes: in ``executor``'s sandbox (shared with the executor's
     own code), or, without one, in a sandbox per workspace made from ``config`` (default: the environment)."""

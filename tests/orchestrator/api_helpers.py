@@ -21,13 +21,13 @@ from orchestrator.sessions import BaseSessionService, InMemorySessionService
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from tests.services import free_port
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore
 from worker.roots import FetchLimits
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 
 
-def make_services(dispatcher, artifact_store: FileArtifactStore, data_dir: Path, *, model_url: str = "http://127.0.0.1:9/v1",
+def make_services(dispatcher, artifact_store: BaseArtifactStore, data_dir: Path, *, model_url: str = "http://127.0.0.1:9/v1",
                   session_service: BaseSessionService | None = None, documents=None) -> Services:
     settings = Settings(model="m", openai_api_key="k", openai_base_url=model_url)
     documents = documents or FileDocuments(data_dir / "registry")

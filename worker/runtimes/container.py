@@ -43,7 +43,7 @@ import docker
 import docker.errors
 
 from worker import defaults
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
 from worker.contract import RunRequest, RuntimeName
 from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatus
@@ -123,7 +123,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         shm_bytes: int = DEFAULT_SHM_BYTES,
         idle_seconds: float = DEFAULT_IDLE_SECONDS,
         stager: BaseSkillStager | None = None,
-        artifact_store: FileArtifactStore | None = None,
+        artifact_store: BaseArtifactStore | None = None,
         client: docker.DockerClient | None = None,
         disk_bytes: int | None = None,
         build_settings: BuildSettings | None = None,

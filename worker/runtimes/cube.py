@@ -36,7 +36,7 @@ from e2b import AsyncSandbox, SandboxQuery
 from e2b.exceptions import NotFoundException, SandboxNotRunningException
 
 from worker import defaults
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.contract import RunRequest, RunResult, RuntimeName
@@ -79,7 +79,7 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
         config: CubeCodeExecutorConfig | None = None,
         workspace_cfg: CubeWorkspaceConfig | None = None,
         work_root: str | os.PathLike[str] | None = None,
-        artifact_store: FileArtifactStore | None = None,
+        artifact_store: BaseArtifactStore | None = None,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
         disk_bytes: int | None = None,
         environment_builder: EnvironmentBuilder | None = None,

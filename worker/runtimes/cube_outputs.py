@@ -22,7 +22,7 @@ from pathlib import Path
 from e2b.exceptions import FileNotFoundException
 
 from worker import defaults
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore
 from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.config import CubeCodeExecutorConfig
 from worker.contract import RunRequest
@@ -56,7 +56,7 @@ class CubeOutputs:
         self,
         config: CubeCodeExecutorConfig,
         local_root: Path,
-        artifact_store: FileArtifactStore,
+        artifact_store: BaseArtifactStore,
         in_background: Callable[[Coroutine], None],
     ) -> None:
         """Mirrors are made under ``local_root``; ``in_background`` runs clean-up in a sandbox off the run's path."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker import defaults
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.contract import InputFile, RunRequest, RunResult, SkillRef
@@ -50,7 +50,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         *,
         environments: SkillEnvironments,
         stager: BaseSkillStager | None = None,
-        artifact_store: FileArtifactStore | None = None,
+        artifact_store: BaseArtifactStore | None = None,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
     ) -> None:
         """``environments`` gives skills their dependency environments (built for where this runtime runs)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from worker import defaults
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, RunCgroup
 from worker.contract import RunRequest, RuntimeName
@@ -58,7 +58,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         work_root: str | os.PathLike[str] | None = None,
         *,
         stager: BaseSkillStager | None = None,
-        artifact_store: FileArtifactStore | None = None,
+        artifact_store: BaseArtifactStore | None = None,
         isolate_users: bool | None = None,
         sandbox_path: str = defaults.SANDBOX_PATH,
         input_file_bytes: int = defaults.INPUT_FILE_BYTES,
