@@ -30,10 +30,10 @@ from rq import get_current_job
 from rq.job import Job
 
 from worker import defaults
-from worker.artifacts import FileArtifactStore
+from worker.artifacts import create_artifact_store
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
-from worker.errors import WorkerError, WorkspaceError
+from worker.errors import ArtifactError, WorkerError, WorkspaceError
 from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspaces, RunRecord, RunStatus
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
@@ -72,8 +72,7 @@ def runtime_for(name: str) -> BaseWorkspaceRuntime:
         options: dict[str, Any] = {"work_root": settings.work_root, "disk_bytes": settings.workspace_disk_bytes}
         if name in (RuntimeName.LOCAL, RuntimeName.DOCKER):
             options |= {"cpus": settings.run_cpus, "tmpfs_bytes": settings.run_tmpfs_bytes}
-        if settings.artifacts_dir is not None:
-            options["artifact_store"] = FileArtifactStore(settings.artifacts_dir)
+        options["artifact_store"] = create_artifact_store(settings.blob_url, settings.artifacts_dir)
         _runtimes[name] = resolve_runtime(name, **options)
     return _runtimes[name]
 
@@ -142,7 +141,7 @@ def prune_artifacts(runtime: BaseWorkspaceRuntime) -> None:
     _pruned_at = time.monotonic()
     try:
         runtime.artifact_store.prune(time.time() - get_worker_settings().artifacts_kept_seconds)
-    except OSError:
+    except (OSError, ArtifactError):  # the store (a folder, a bucket) is away: the next prune takes what this left
         logger.warning("pruning artifacts failed; trying again later", exc_info=True)
 
 
