@@ -1,8 +1,10 @@
 """The queue consumer behind ``skillrun worker`` (also ``python -m worker``): consume runs from Redis, execute them.
 
 Each worker process is an RQ ``SimpleWorker`` (jobs run in the worker process itself, so workspace spawners and
-caches survive between jobs) listening on ``skillrun:<runtime>``. ``--concurrency N`` starts N such processes;
-add processes or machines (``docker compose up --scale worker=N``) to scale out.
+caches survive between jobs) listening on ``skillrun:<runtime>`` and on its node's queue (``worker.nodes``: the
+workers of one work root; the runs of the kept workspaces that live there), and beating for its node.
+``--concurrency N`` starts N such processes; add processes or machines (``docker compose up --scale worker=N``) to
+scale out.
 
 Workers of the runtimes that build skills' dependency environments on their host (local, docker) also take the jobs
 that prepare a new library version's environments for their runtime (``skillrun:<runtime>:environments``,
@@ -26,6 +28,8 @@ from rq.serializers import JSONSerializer
 
 from worker.config import get_worker_settings
 from worker.contract import RuntimeName
+from worker.jobs import this_node
+from worker.nodes import NodeBeat, node_queue_name
 
 QUEUE_PREFIX = "skillrun"
 BUILDING_RUNTIMES = (RuntimeName.LOCAL.value, RuntimeName.DOCKER.value)
@@ -46,11 +50,12 @@ def workspaces_queue_name(runtime: str) -> str:
     return f"{QUEUE_PREFIX}:{runtime}:workspaces"
 
 
-def consumed_queues(runtime: str) -> list[str]:
-    """The queues a worker of ``runtime`` takes jobs from, in order: workspace removals (quick, and never held back
-    by another team's queued runs), its runs, then environment builds."""
+def consumed_queues(runtime: str, node: str) -> list[str]:
+    """The queues a worker of ``runtime`` on ``node`` takes jobs from, in order: workspace removals (quick, and never
+    held back by another team's queued runs), its node's (the runs and removals of the kept workspaces that live
+    there), the runtime's runs, then environment builds."""
     extra = [environments_queue_name(runtime)] if runtime in BUILDING_RUNTIMES else []
-    return [workspaces_queue_name(runtime), queue_name(runtime), *extra]
+    return [workspaces_queue_name(runtime), node_queue_name(runtime, node), queue_name(runtime), *extra]
 
 
 def serve_worker(args: argparse.Namespace) -> int:
@@ -74,14 +79,17 @@ def serve_worker(args: argparse.Namespace) -> int:
 
     if children:
         signal.signal(signal.SIGTERM, forward)
+    beat = None
     try:
         connection = redis.Redis.from_url(url)
-        worker = SimpleWorker(
-            consumed_queues(args.runtime), connection=connection, serializer=JSONSerializer,
-            name=f"{socket.gethostname()}-{os.getpid()}",
-        )
+        node, name = this_node(), f"{socket.gethostname()}-{os.getpid()}"
+        beat = NodeBeat(connection, args.runtime, node, name).start()
+        worker = SimpleWorker(consumed_queues(args.runtime, node), connection=connection, serializer=JSONSerializer,
+                              name=name)
         worker.work(burst=args.burst, logging_level="WARNING")
     finally:
+        if beat is not None:
+            beat.stop()
         for child in children:
             if child.poll() is None:
                 child.terminate()

@@ -19,6 +19,7 @@ deleted) on a worker of its runtime — folder, user id, spawner, container, san
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -26,19 +27,22 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from rq import get_current_job
+from rq import Queue, get_current_job
 from rq.job import Job
+from rq.serializers import JSONSerializer
 
 from worker import defaults
 from worker.artifacts import create_artifact_store
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
 from worker.errors import ArtifactError, WorkerError, WorkspaceError
+from worker.nodes import node_id, node_queue_name
 from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspaces, RunRecord, RunStatus
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 from worker.runtimes.host import HostWorkspaceRuntime
 from worker.staging import resolve_skill_paths
+from worker.workspace import default_work_root
 
 logger = logging.getLogger(__name__)
 
@@ -77,18 +81,35 @@ def runtime_for(name: str) -> BaseWorkspaceRuntime:
     return _runtimes[name]
 
 
-def execute_run(run_id: str) -> dict[str, Any]:
-    """Run the stored request ``run_id``; return a short summary (the result itself goes to the run store)."""
+def execute_run(run_id: str, workspace_id: str | None = None) -> dict[str, Any]:
+    """Run the stored request ``run_id`` (in the kept workspace ``workspace_id``, if it names one); return a short
+    summary (the result itself goes to the run store). A kept workspace not placed yet is placed on this worker's
+    node; a run of one placed on another node (two runs of a new workspace taken by two nodes at once) is forwarded
+    to that node's queue."""
     job = get_current_job()
     if job is None:
         raise RuntimeError("execute_run runs inside an RQ job; call execute_stored_run directly otherwise")
     settings = get_worker_settings()
     store = RedisRunStore(job.connection, result_ttl=settings.result_ttl_seconds, heartbeat_ttl=settings.heartbeat_ttl_seconds)
-    return execute_stored_run(store, run_id, worker_id())
+    node = this_node()
+    if workspace_id is not None and (placed := store.workspaces.place(workspace_id, node)) not in (None, node):
+        runtime = job.origin.split(":")[1]  # skillrun:<runtime>[:node:<node>]
+        queue = Queue(node_queue_name(runtime, placed), connection=job.connection, serializer=JSONSerializer)
+        queue.enqueue_call(execute_run, args=(run_id, workspace_id), job_id=job.id.removesuffix("-f") + "-f",
+                           timeout=job.timeout, result_ttl=defaults.JOB_RESULT_TTL_SECONDS,
+                           failure_ttl=settings.result_ttl_seconds, at_front=True)
+        return {"run_id": run_id, "forwarded": f"its workspace lives on node {placed}"}
+    return execute_stored_run(store, run_id, worker_id(), node)
 
 
-def execute_stored_run(store: BaseRunStore, run_id: str, who: str) -> dict[str, Any]:
-    record = store.start(run_id, who)
+@functools.cache
+def this_node() -> str:
+    """This worker's node: its work root's (``worker.nodes``)."""
+    return node_id(get_worker_settings().work_root or default_work_root())
+
+
+def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | None = None) -> dict[str, Any]:
+    record = store.start(run_id, who, node)
     if record is None:
         return {"run_id": run_id, "skipped": "not queued (cancelled or already taken)"}
     runtime = runtime_for(record.request.runtime.value)

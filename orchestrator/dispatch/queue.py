@@ -7,15 +7,14 @@ in one process at a time (a lease) — and its change wakes the run's waiters (t
 finished jobs); when the change subscription drops
 (Redis went away) every waiter looks again.
 
-A worker killed after taking a run's job off the queue and before starting the run leaves the run queued with its job
-in no list (RQ pops it; a started-job registry entry of a dead worker expires into RQ's failed jobs). The same sweep
-looks at the runs queued for ``STRANDED_SECONDS`` or more: one whose job is neither waiting in its queue nor held by a
-worker, seen so in two sweeps at least ``STRANDED_SECONDS`` apart, gets its job back at the front of the queue (event
-``requeued``). A job that only looked lost is harmless twice: a run starts once (``store.start``).
+The same sweep puts back the jobs of queued runs that a dying worker took and never started
+(``orchestrator.dispatch.stranded``). Runs of a kept workspace go to the queue of the node it lives on
+(``orchestrator.dispatch.placement``).
 
-A kept workspace lives on the workers of its runtime: its removal (asked for, or idle — looked for after each sweep,
-in one process at a time) is a job on that runtime's workspaces queue (``skillrun:<runtime>:workspaces``,
-``worker.jobs.remove_kept_workspace``), and the workspace is listed ``removing`` until a worker has removed it.
+A kept workspace lives on the workers of its node: its removal (asked for, or idle — looked for after each sweep,
+in one process at a time) is a job on that node's queue (on the runtime's workspaces queue,
+``skillrun:<runtime>:workspaces``, while it was never placed; ``worker.jobs.remove_kept_workspace``), and the
+workspace is listed ``removing`` until a worker has removed it. Gone nodes are forgotten after a week.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import time
 import uuid
 
 import redis
@@ -32,15 +30,18 @@ import redis.asyncio as aioredis
 from rq import Queue
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
-from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch.base import BaseDispatcher, Removal, redis_errors, workspace_refusals
+from orchestrator.dispatch.placement import Placement
+from orchestrator.dispatch.stranded import StrandedRuns, job_id_of
 from orchestrator.errors import DispatchError
 from worker import defaults
 from worker.consumer import queue_name, workspaces_queue_name
 from worker.contract import RunRequest, RuntimeName
 from worker.jobs import execute_run, remove_kept_workspace, remove_lost_runs_workspace
+from worker.nodes import node_queue_name
 from worker.run_store import (
     AsyncRunReader,
     RedisRunStore,
@@ -67,18 +68,6 @@ SWEEP_LEASE_SECONDS = 5.0
 """How long one API process holds the sweep: the others skip it meanwhile."""
 REMOVAL_JOB_SECONDS = 300
 """Longest a worker may take to remove one workspace."""
-STRANDED_SECONDS = 30.0
-"""How long a queued run's job must be missing (and the run queued before) until the sweep puts it back."""
-STRANDED_MARK = "skillrun:stranded:{}"
-"""When the sweep first saw a job missing (by job id; expires after ``STRANDED_MARK_SECONDS``)."""
-STRANDED_MARK_SECONDS = 3600
-WAITING_PAGE = 5000
-"""Job ids read from a queue per round trip when the sweep looks which are waiting."""
-
-
-def job_id_of(record: RunRecord) -> str:
-    """The RQ job id of a queued run's next attempt."""
-    return f"{record.id}-{record.attempts + 1}"
 
 
 class QueueDispatcher(BaseDispatcher):
@@ -102,6 +91,8 @@ class QueueDispatcher(BaseDispatcher):
         self.result_ttl = result_ttl
         self._background: dict[str, asyncio.Task] = {}
         self._holder = f"{worker_id()}:{uuid.uuid4().hex[:8]}"
+        self.placement = Placement(self.redis, self.store.workspaces)
+        self.stranded = StrandedRuns(self.redis, self.store, self.placement, lambda record: self._enqueue(record, True))
 
     def queue(self, runtime: str) -> Queue:
         return Queue(queue_name(runtime), connection=self.redis, serializer=JSONSerializer)
@@ -118,21 +109,28 @@ class QueueDispatcher(BaseDispatcher):
             return await asyncio.to_thread(self._submit, request, priority, owner)
 
     def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:
-        record = self.store.reserve(request, owner)
+        node = self.placement.propose(request) if request.keep_workspace else None
+        record = self.store.reserve(request, owner, node)
         with self.redis.pipeline(transaction=True) as pipe:  # enqueued and announced in one round trip
             self._enqueue(record, priority, pipe)  # first: RQ starts the transaction (MULTI) itself
             self.store.announce(pipe, record)
             pipe.execute()
         return record
 
-    def _enqueue(self, record: RunRecord, priority: bool = False, pipe: redis.client.Pipeline | None = None) -> None:
-        self.queue(record.request.runtime.value).enqueue_call(
-            execute_run, args=(record.id,),
+    def _enqueue(self, record: RunRecord, priority: bool = False, pipe: redis.client.Pipeline | None = None) -> bool:
+        """Put the run's next attempt on its queue; ``False`` (and the run failed) when it can never start there."""
+        name, lost = self.placement.queue_of(record)
+        if lost is not None and pipe is None:
+            self.store.fail_waiting(record.id, lost)
+            return False
+        Queue(name, connection=self.redis, serializer=JSONSerializer).enqueue_call(
+            execute_run, args=(record.id, record.request.workspace_id if record.request.keep_workspace else None),
             job_id=job_id_of(record),
             timeout=int(record.request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS),
             result_ttl=defaults.JOB_RESULT_TTL_SECONDS, failure_ttl=self.result_ttl, at_front=priority,
             pipeline=pipe,
         )
+        return True
 
     def start(self) -> None:
         for name, work in (("listen", self.reader.listen), ("sweep", self._sweep_forever)):
@@ -163,12 +161,13 @@ class QueueDispatcher(BaseDispatcher):
 
         def recover() -> RunRecord | None:
             record, requeue = self.store.requeue_lost(run_id, self.max_attempts)
-            if requeue and record is not None:
-                self._enqueue(record, priority=True)
-            elif record is not None and record.status == RunStatus.FAILED and not record.request.keep_workspace:
-                # No attempt ended it on a worker: one of its runtime's workers removes its own workspace
-                Queue(workspaces_queue_name(record.request.runtime.value), connection=self.redis,
-                      serializer=JSONSerializer).enqueue_call(
+            if requeue and record is not None and not self._enqueue(record, priority=True):
+                return self.store.get(run_id)  # its workspace's node is gone: failed, with why
+            if record is not None and record.status == RunStatus.FAILED and not record.request.keep_workspace:
+                # No attempt ended it on a worker: one of its node's workers removes its own workspace
+                runtime = record.request.runtime.value
+                Queue(node_queue_name(runtime, record.node) if record.node else workspaces_queue_name(runtime),
+                      connection=self.redis, serializer=JSONSerializer).enqueue_call(
                     remove_lost_runs_workspace, args=(record.id,), job_id=f"lost-{record.id}",
                     timeout=REMOVAL_JOB_SECONDS, result_ttl=0, failure_ttl=REMOVAL_JOB_SECONDS)
             return record
@@ -192,63 +191,19 @@ class QueueDispatcher(BaseDispatcher):
         return recovered
 
     def _trim_finished_jobs(self) -> None:
-        """Take the jobs whose summary expired out of RQ's finished-job registries (RQ's workers do it only every 10
-        minutes, so the registries grew with every run meanwhile)."""
+        """Take the jobs whose summary expired out of RQ's finished-job registries, the shared queues' and the nodes'
+        (RQ's workers do it only every 10 minutes, so the registries grew with every run meanwhile); forget the nodes
+        gone for a week."""
         for runtime in RuntimeName:
-            FinishedJobRegistry(queue=self.queue(runtime.value)).cleanup()
+            self.placement.forget_gone(runtime.value)
+            alive, gone = self.placement.nodes(runtime.value)
+            for name in (queue_name(runtime.value), *(node_queue_name(runtime.value, n) for n in alive + gone)):
+                FinishedJobRegistry(queue=Queue(name, connection=self.redis, serializer=JSONSerializer)).cleanup()
 
     def requeue_stranded(self) -> list[str]:
-        """Put back the jobs of queued runs that nothing holds (see the module); return those runs' ids."""
-        now = time.time()
-        stale = self.store.waiting_since(now - STRANDED_SECONDS, SWEEP_LIMIT)
-        requeued = []
-        for runtime in {record.request.runtime.value for record in stale}:
-            queue = self.queue(runtime)
-            held, expired = self._started_job_ids(queue, now)
-            waiting = self._waiting_job_ids(queue)
-            for record in (r for r in stale if r.request.runtime.value == runtime):
-                job_id = job_id_of(record)
-                mark = STRANDED_MARK.format(job_id)
-                if job_id in held or job_id in waiting or self.redis.set(mark, now, nx=True, ex=STRANDED_MARK_SECONDS):
-                    continue  # held, or first seen missing: a worker may be about to start it
-                if now - float(self.redis.get(mark) or now) < STRANDED_SECONDS:
-                    continue
-                back = self.store.requeue_stranded(record.id, "its job was lost: the worker that took it stopped "
-                                                               "before starting it")
-                if back is not None:  # out of where RQ left the dead worker's job, first
-                    FailedJobRegistry(queue=queue).remove(job_id)
-                    if expired.get(job_id):
-                        self.redis.zrem(StartedJobRegistry(queue=queue).key, *expired[job_id])
-                    self._enqueue(back, priority=True)
-                    requeued.append(back.id)
-                self.redis.delete(mark)
-        return requeued
-
-    def _started_job_ids(self, queue: Queue, now: float) -> tuple[set[str], dict[str, list[bytes]]]:
-        """The jobs a live worker holds, and the registry entries of the ones whose worker stopped renewing them
-        (by job id). RQ's cleanup fails the expired jobs that had started; one whose worker died before its work
-        horse started it stays in the registry, expired, for good."""
-        registry = StartedJobRegistry(queue=queue)
-        registry.cleanup()
-        held: set[str] = set()
-        expired: dict[str, list[bytes]] = {}
-        for entry, expires in self.redis.zrange(registry.key, 0, -1, withscores=True):
-            job_id = registry.parse_job_id(entry.decode())
-            if expires > now:
-                held.add(job_id)
-            else:
-                expired.setdefault(job_id, []).append(entry)
-        return held, expired
-
-    def _waiting_job_ids(self, queue: Queue) -> set[str]:
-        ids: set[str] = set()
-        start = 0
-        while True:
-            page = self.redis.lrange(queue.key, start, start + WAITING_PAGE - 1)
-            ids.update(job_id.decode() for job_id in page)
-            if len(page) < WAITING_PAGE:
-                return ids
-            start += WAITING_PAGE
+        """Put back the jobs of queued runs that nothing holds, fail those of gone nodes (``stranded``); return the
+        runs put back."""
+        return self.stranded.sweep()
 
     async def _sweep_forever(self) -> None:
         # Ends on close()'s flag, not only its cancel: a cancel can be taken for a Redis call's own timeout and lost
@@ -271,24 +226,29 @@ class QueueDispatcher(BaseDispatcher):
 
     async def _remove_marked(self, entry: WorkspaceEntry) -> Removal:
         with redis_errors():
-            await asyncio.to_thread(self._enqueue_removal, entry)
-        return "removing"
+            return await asyncio.to_thread(self._enqueue_removal, entry)
 
-    def _enqueue_removal(self, entry: WorkspaceEntry) -> None:
-        """One removal job per workspace at a time (its id is the workspace's); one that ended is replaced."""
-        queue = Queue(workspaces_queue_name(entry.runtime.value), connection=self.redis, serializer=JSONSerializer)
+    def _enqueue_removal(self, entry: WorkspaceEntry) -> Removal:
+        """One removal job per workspace at a time (its id is the workspace's), on its node; one that ended is
+        replaced. A workspace whose node is gone went with it: its entry is forgotten."""
+        name = self.placement.removal_queue_of(entry, workspaces_queue_name(entry.runtime.value))
+        if name is None:
+            self.store.workspaces.forget(entry.id)
+            return "removed"
+        queue = Queue(name, connection=self.redis, serializer=JSONSerializer)
         job_id = f"workspace-{hashlib.sha256(entry.id.encode()).hexdigest()[:32]}"
         for _ in range(2):
             try:
                 queue.enqueue_call(remove_kept_workspace, args=(entry.id,), job_id=job_id, timeout=REMOVAL_JOB_SECONDS,
                                    result_ttl=0, failure_ttl=REMOVAL_JOB_SECONDS, unique=True)
-                return
+                return "removing"
             except DuplicateJobError:
                 with contextlib.suppress(NoSuchJobError):
                     job = Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer)
                     if job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.STARTED):
-                        return
+                        return "removing"
                     job.delete()
+        return "removing"
 
     async def queue_depths(self) -> dict[str, int]:
         def count() -> dict[str, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections import Counter
 
 import docker.errors
@@ -19,6 +20,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch import QueueDispatcher
+from orchestrator.dispatch.stranded import job_id_of
 from tests.chaos import ledger
 from tests.chaos.conftest import until, worker_container
 from worker.artifacts import FileArtifactStore
@@ -29,6 +31,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 RUNS = 50
 VICTIMS = (7, 23, 41)
 """Runs whose first attempt hangs once its command has begun: the test SIGKILLs the worker holding each."""
+
+
+def _whereabouts(dispatcher: QueueDispatcher, record) -> str:
+    """Where a queued run's job is (for a failure's message): its queue, RQ's registries, the sweep's mark."""
+    if record.status != RunStatus.QUEUED:
+        return ""
+    r, job_id = dispatcher.redis, job_id_of(record)
+    registry = [(e.decode(), round(score - time.time(), 1)) for e, score in r.zrange(
+        "rq:wip:skillrun:local", 0, -1, withscores=True) if e.decode().startswith(job_id)]
+    return (f"; job {job_id}: queue position {r.lpos('rq:queue:skillrun:local', job_id)}, status "
+            f"{r.hget(f'rq:job:{job_id}', 'status')}, started registry {registry}, failed "
+            f"{r.zscore('rq:failed:skillrun:local', job_id)}, waiting since "
+            f"{r.zscore(dispatcher.store.keys.waiting, record.id)}, mark {r.get(f'skillrun:stranded:{record.id}')}, "
+            f"now {time.time():.1f}")
 
 
 def _pid(worker_id: str | None) -> int:
@@ -65,7 +81,8 @@ async def test_workers_sigkilled_during_50_runs_lose_none_and_double_none(redis_
     for i, (tag, record) in enumerate(zip(tags, records)):
         events = [e.type for e in await dispatcher.events(record.id)]
         ran = ledger.lines(work_root, tag)
-        told = f"run {i}: {record.status.value}, attempts {record.attempts}, ran {len(ran)}x, events {events}"
+        told = (f"run {i}: {record.status.value}, attempts {record.attempts}, ran {len(ran)}x, events {events}"
+                + _whereabouts(dispatcher, record))
         assert record.status == RunStatus.FINISHED, told  # none lost, none failed
         assert record.result.stdout == f"{tag}\n" and set(ran) == {tag}, told
         assert Counter(e for e in events if e != "requeued") == Counter(

@@ -13,17 +13,17 @@ from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from orchestrator.dispatch import QueueDispatcher
-from orchestrator.dispatch import queue as dispatch_queue
-from orchestrator.dispatch.queue import job_id_of
+from orchestrator.dispatch import QueueDispatcher, stranded
+from orchestrator.dispatch.stranded import job_id_of
 from tests.integration.test_queue import burst, repo, worker_env  # noqa: F401 (fixtures)
 from worker.contract import RunRequest
+from worker.nodes import worker_beat_key
 from worker.run_store import RunStatus
 
 
 @pytest.fixture
 def no_grace(monkeypatch):
-    monkeypatch.setattr(dispatch_queue, "STRANDED_SECONDS", 0.0)
+    monkeypatch.setattr(stranded, "STRANDED_SECONDS", 0.0)
 
 
 async def _queued(dispatcher: QueueDispatcher, repo) -> str:  # noqa: F811
@@ -59,7 +59,7 @@ async def test_a_job_popped_by_a_worker_that_died_is_put_back_after_two_sighting
     assert record.status == RunStatus.FINISHED and record.result.stdout == "ran\n" and record.attempts == 1
     assert [e.type for e in await dispatcher.events(run_id)] == ["queued", "requeued", "started", "finished"]
     assert _waiting(dispatcher) == set()
-    assert dispatcher.redis.exists(dispatch_queue.STRANDED_MARK.format(job_id)) == 0
+    assert dispatcher.redis.exists(stranded.STRANDED_MARK.format(run_id)) == 0
     await dispatcher.close()
 
 
@@ -115,4 +115,24 @@ async def test_the_waiting_index_holds_the_queued_runs_only(redis_url, repo):  #
     assert _waiting(dispatcher) == {started}
     store.redis.delete(store.keys.record(started))  # a record gone by hand: the index forgets it
     assert store.waiting_since(time.time() + 1, 10) == [] and _waiting(dispatcher) == set()
+    await dispatcher.close()
+
+
+@pytest.mark.parametrize("beating", [True, False], ids=["its-worker-beats", "its-worker-is-gone"])
+async def test_a_registry_entry_counts_while_its_worker_beats(redis_url, repo, no_grace, beating):  # noqa: F811
+    """RQ's entry for a job outlives a killed worker by minutes; the worker's own beat says at once whether it is
+    there."""
+    dispatcher = QueueDispatcher(redis_url)
+    run_id = await _queued(dispatcher, repo)
+    job_id = job_id_of(dispatcher.store.get(run_id))
+    queue = dispatcher.queue("local")
+    dispatcher.redis.lrem(queue.key, 1, job_id)
+    entry = f"{job_id}:execution-1"
+    dispatcher.redis.zadd(StartedJobRegistry(queue=queue).key, {entry: time.time() + 400})
+    dispatcher.redis.hset(f"rq:execution:{entry}", mapping={"worker_name": "host-1234"})
+    if beating:
+        dispatcher.redis.set(worker_beat_key("host-1234"), "node", ex=60)
+    assert dispatcher.requeue_stranded() == []
+    assert dispatcher.requeue_stranded() == ([] if beating else [run_id])
+    assert dispatcher.redis.zcard(StartedJobRegistry(queue=queue).key) == (1 if beating else 0)
     await dispatcher.close()

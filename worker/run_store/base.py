@@ -67,15 +67,17 @@ class BaseRunStore(ABC):
         """Whether the worker of run ``run_id`` is beating."""
         return True
 
-    def start(self, run_id: str, worker_id: str) -> RunRecord | None:
-        """Mark a queued run started by ``worker_id`` (its attempt: ``Attempt.of(record)``); ``None`` when it is not
-        queued (cancelled, or taken). A store whose runs can be lost records the first heartbeat with the change."""
+    def start(self, run_id: str, worker_id: str, node: str | None = None) -> RunRecord | None:
+        """Mark a queued run started by ``worker_id`` of ``node`` (its attempt: ``Attempt.of(record)``); ``None``
+        when it is not queued (cancelled, or taken). A store whose runs can be lost records the first heartbeat
+        with the change."""
 
         def mutate(record: RunRecord) -> RunEvent | None:
             if record.status != RunStatus.QUEUED:
                 return None
             record.status = RunStatus.STARTED
             record.worker_id = worker_id
+            record.node = node
             record.attempts += 1
             record.started_at = time.time()
             return RunEvent(type="started", data={"worker_id": worker_id, "attempt": record.attempts,
@@ -150,6 +152,21 @@ class BaseRunStore(ABC):
             return RunEvent(type="failed", data={"reason": reason})
 
         return self.update(run_id, mutate), requeued
+
+    def fail_waiting(self, run_id: str, reason: str) -> RunRecord | None:
+        """A queued run that can never start (its workspace is lost) fails with ``reason``; ``None`` when it is no
+        longer queued."""
+
+        def mutate(record: RunRecord) -> RunEvent | None:
+            if record.status != RunStatus.QUEUED:
+                return None
+            record.status = RunStatus.FAILED
+            record.error = reason
+            record.finished_at = time.time()
+            return RunEvent(type="failed", data={"reason": reason})
+
+        record = self.update(run_id, mutate)
+        return record if record is not None and record.status == RunStatus.FAILED and record.error == reason else None
 
     def requeue_stranded(self, run_id: str, reason: str) -> RunRecord | None:
         """A queued run whose job was lost before any worker started it goes back to the queue (event

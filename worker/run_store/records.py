@@ -61,6 +61,8 @@ class RunRecord(BaseModel):
     result: RunResult | None = None
     error: str | None = None
     worker_id: str | None = None
+    node: str | None = None
+    """The node (work root) of the worker that started its latest attempt (queue mode)."""
     attempts: int = 0
     created_at: float = Field(default_factory=time.time)
     started_at: float | None = None

@@ -121,9 +121,10 @@ class RedisRunStore(BaseRunStore):
             pipe.execute()
         return record
 
-    def reserve(self, request: RunRequest, owner: str | None = None) -> RunRecord:
-        """Store a new run's record (refused if the id was ever used) and claim its kept workspace (refused:
-        ``WorkspaceRefusedError``, the record is gone again); ``announce`` then makes it known."""
+    def reserve(self, request: RunRequest, owner: str | None = None, node: str | None = None) -> RunRecord:
+        """Store a new run's record (refused if the id was ever used) and claim its kept workspace, placed on
+        ``node`` if it has no node yet (refused: ``WorkspaceRefusedError``, the record is gone again); ``announce``
+        then makes it known."""
         request = joining(self.workspaces, request)
         record = RunRecord(id=request.run_id, request=request, owner=owner)
         with self.redis.pipeline(transaction=True) as pipe:
@@ -134,7 +135,7 @@ class RedisRunStore(BaseRunStore):
             raise ValueError(f"run {record.id!r} already exists")
         if request.keep_workspace:
             try:
-                self.workspaces.claim(request, owner)
+                self.workspaces.claim(request, owner, node)
             except (WorkspaceRefusedError, redis.RedisError):
                 self.redis.delete(self.keys.record(record.id))
                 raise

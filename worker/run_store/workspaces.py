@@ -49,6 +49,7 @@ class WorkspaceEntry(BaseModel):
     last_used_at: float
     state: Literal["kept", "removing"] = "kept"
     runs: list[str] = Field(default_factory=list, description="Runs queued or running in it.")
+    node: str | None = Field(default=None, description="The node (work root) it lives on, once placed (queue mode).")
 
 
 def workspace_owner(request: RunRequest, owner: str | None) -> str | None:
@@ -102,9 +103,9 @@ class MemoryWorkspaces:
         self._retry_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def claim(self, request: RunRequest, owner: str | None) -> None:
-        """Note a run accepted into its kept workspace (made on first use); ``WorkspaceRefusedError`` when it may
-        not be."""
+    def claim(self, request: RunRequest, owner: str | None, node: str | None = None) -> None:
+        """Note a run accepted into its kept workspace (made on first use, placed on ``node`` when it has no node
+        yet); ``WorkspaceRefusedError`` when it may not be."""
         owner = workspace_owner(request, owner)
         now = self.clock()
         with self._lock:
@@ -123,6 +124,7 @@ class MemoryWorkspaces:
                 raise refusal(f"runtime:{entry.runtime.value}", request, owner, self.limit)
             entry.runs.append(request.run_id)
             entry.last_used_at = now
+            entry.node = entry.node or node
 
     def release(self, workspace_id: str, run_id: str) -> None:
         """A run in the workspace ended: its last use."""
@@ -211,10 +213,23 @@ else
     end
 end
 redis.call('HSET', KEYS[1], 'last_used_at', ARGV[4], 'run:' .. ARGV[5], '1')
+if ARGV[7] ~= '' then
+    redis.call('HSETNX', KEYS[1], 'node', ARGV[7])
+end
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 return 'ok'
 """
-"""``KEYS = [entry, owner index, idle index]``, ``ARGV = [id, owner or '', runtime, now, run id, limit or 0]``."""
+"""``KEYS = [entry, owner index, idle index]``, ``ARGV = [id, owner or '', runtime, now, run id, limit or 0, node or
+'']``."""
+
+PLACE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+    return false
+end
+redis.call('HSETNX', KEYS[1], 'node', ARGV[1])
+return redis.call('HGET', KEYS[1], 'node')
+"""
+"""``KEYS = [entry]``, ``ARGV = [node]``: the workspace's node, this one if it had none; nil when it is gone."""
 
 RELEASE = """
 if redis.call('HDEL', KEYS[1], 'run:' .. ARGV[2]) == 1 then
@@ -282,11 +297,13 @@ class RedisWorkspaces:
         self._release = connection.register_script(RELEASE)
         self._mark = connection.register_script(MARK_REMOVING)
         self._forget = connection.register_script(FORGET)
+        self._place = connection.register_script(PLACE)
 
-    def claim(self, request: RunRequest, owner: str | None) -> None:
+    def claim(self, request: RunRequest, owner: str | None, node: str | None = None) -> None:
         owner = workspace_owner(request, owner)
         keys = [self.keys.entry(request.workspace_id), self.keys.owner(owner or ""), self.keys.idle]
-        args = [request.workspace_id, owner or "", request.runtime.value, self.clock(), request.run_id, self.limit or 0]
+        args = [request.workspace_id, owner or "", request.runtime.value, self.clock(), request.run_id, self.limit or 0,
+                node or ""]
         said = self._claim(keys=keys, args=args).decode()
         if said != "ok":
             raise refusal(said, request, owner, self.limit)
@@ -298,6 +315,16 @@ class RedisWorkspaces:
 
     def get(self, workspace_id: str) -> WorkspaceEntry | None:
         return _entry(self.redis.hgetall(self.keys.entry(workspace_id)))
+
+    def node(self, workspace_id: str) -> str | None:
+        """The node the workspace lives on, if it was placed."""
+        node = self.redis.hget(self.keys.entry(workspace_id), "node")
+        return node.decode() if node else None
+
+    def place(self, workspace_id: str, node: str) -> str | None:
+        """Place the workspace on ``node`` unless it has a node; return its node (``None``: no such workspace)."""
+        placed = self._place(keys=[self.keys.entry(workspace_id)], args=[node])
+        return placed.decode() if placed else None
 
     def list(self, owner: str, offset: int = 0, limit: int = 100) -> tuple[list[WorkspaceEntry], int]:
         with self.redis.pipeline(transaction=False) as pipe:
@@ -333,5 +360,5 @@ def _entry(fields: dict[bytes, bytes]) -> WorkspaceEntry | None:
     return WorkspaceEntry(
         id=text["id"], owner=text["owner"] or None, runtime=RuntimeName(text["runtime"]),
         created_at=float(text["created_at"]), last_used_at=float(text.get("last_used_at", text["created_at"])),
-        state=text["state"], runs=sorted(key[4:] for key in text if key.startswith("run:")),
+        state=text["state"], runs=sorted(key[4:] for key in text if key.startswith("run:")), node=text.get("node"),
     )
