@@ -18,52 +18,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 import redis  # noqa: E402
-from rq import Worker  # noqa: E402
 
-from benchmarks.figures import scratch_dir  # noqa: E402
-from orchestrator.documents import RedisDocuments  # noqa: E402
-from orchestrator.teams import TeamStore  # noqa: E402
-from tests.orchestrator.api_helpers import new_team  # noqa: E402
-from tests.services import RedisServer, free_port  # noqa: E402
+from benchmarks.api_runs import Tally, api_client, block  # noqa: E402
+from benchmarks.stack import Stack, workers_idle  # noqa: E402
 from worker import defaults  # noqa: E402
 from worker.config import get_worker_settings  # noqa: E402
-from worker.workspace import remove_tree  # noqa: E402
 
-RUN = {"skill": "python-math", "command": "true"}
-WAIT_SECONDS = 120
 GROWTH_TARGET = 0.005
 """Largest growth per 1,000 runs after retention, as a share of the resource at the start."""
 P99_TARGET = 1.2
 RESOURCES = ("redis memory", "redis keys", "folders", "user ids")
-IDLE_WAIT_SECONDS = 30
 RETENTION_MARGIN_SECONDS = 5
-
-
-@dataclass
-class Tally:
-    latencies: list[float] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    lost: list[str] = field(default_factory=list)
-    doubled: list[str] = field(default_factory=list)
-
-
-def workers_idle(client: redis.Redis) -> None:
-    """Wait until no worker is busy (a worker removes a one-off run's workspace after storing its result)."""
-    deadline = time.monotonic() + IDLE_WAIT_SECONDS
-    while time.monotonic() < deadline and any(w.get_state() != "idle" for w in Worker.all(connection=client)):
-        time.sleep(0.05)
 
 
 def retention_horizon(result_ttl: int) -> int:
@@ -82,39 +55,6 @@ def held_user_ids(work_root: Path) -> int:
     if not registry.is_dir():
         return 0
     return sum(1 for e in registry.iterdir() if e.is_symlink() and os.readlink(e).startswith(f"{work_root}/"))
-
-
-async def one_run(client: httpx.AsyncClient, tally: Tally) -> None:
-    began = time.perf_counter()
-    submitted = await client.post("/v1/runs", json=RUN)
-    if submitted.status_code != 202:
-        tally.failed.append(f"submit {submitted.status_code}: {submitted.text[:200]}")
-        return
-    run_id = submitted.json()["id"]
-    while True:
-        answer = await client.get(f"/v1/runs/{run_id}", params={"wait": WAIT_SECONDS})
-        if answer.status_code != 200:
-            tally.lost.append(f"{run_id}: {answer.status_code} {answer.text[:200]}")
-            return
-        run = answer.json()
-        if run["status"] in ("finished", "failed", "cancelled"):
-            break
-    tally.latencies.append(time.perf_counter() - began)
-    if run["status"] != "finished" or run["result"]["exit_code"] != 0:
-        tally.failed.append(f"{run_id}: {run['status']} {run['error'] or ''}")
-    if run["attempts"] != 1:
-        tally.doubled.append(run_id)
-
-
-async def block(client: httpx.AsyncClient, runs: int, concurrency: int, tally: Tally) -> None:
-    """``runs`` runs, ``concurrency`` at a time, until every one has ended."""
-    left = iter(range(runs))
-
-    async def loop() -> None:
-        for _ in left:
-            await one_run(client, tally)
-
-    await asyncio.gather(*(loop() for _ in range(concurrency)))
 
 
 def percentile(ordered: list[float], share: float) -> float:
@@ -150,9 +90,7 @@ async def soak(args: argparse.Namespace, base_url: str, key: str, store: redis.R
     print(f"soak: {args.runs} runs, concurrency {args.concurrency}, result TTL {args.result_ttl} s, row every "
           f"{args.every} runs, sampled {args.settle} s after its block")
     print("  ".join(f"{n:>12}" for n in names), flush=True)
-    limits = httpx.Limits(max_connections=args.concurrency * 2)
-    async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, limits=limits,
-                                 timeout=WAIT_SECONDS + 30) as client:
+    async with api_client(base_url, key, args.concurrency) as client:
         done = 0
         while done < args.runs:
             size = min(args.every, args.runs - done)
@@ -226,50 +164,13 @@ def main() -> None:
     args.every = min(args.every, args.runs)
     args.settle = retention_horizon(args.result_ttl) if args.settle is None else args.settle
 
-    work = scratch_dir("skillrun-soak-")
-    work_root = work / "work"
-    work_root.mkdir(mode=0o755)
-    server = RedisServer(persistent=True)
-    redis.Redis.from_url(server.url()).config_set("appendfsync", "everysec")  # Redis's default with append-only
-    teams = TeamStore(RedisDocuments(server.url()))
-    key = new_team(SimpleNamespace(teams=teams), "soak")
-    env = {**os.environ, "SKILLRUN_REDIS_URL": server.url(), "SKILLS_ROOT": str(ROOT / "skills"),
-           "SKILLRUN_DATA_DIR": str(work / "data"), "SKILLRUN_WORK_ROOT": str(work_root),
-           "SKILLRUN_ARTIFACTS_DIR": str(work / "artifacts"), "SKILLRUN_RESULT_TTL_SECONDS": str(args.result_ttl)}
-    port = free_port()
-    quiet = {"env": env, "cwd": ROOT, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    api = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(port)], **quiet)
-    workers = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "worker"], **quiet) for _ in range(2)]
-    procs = {"api": api.pid, "worker1": workers[0].pid, "worker2": workers[1].pid, "redis": server.proc.pid}
-    ok = False
-    try:
-        wait_for_api(f"http://127.0.0.1:{port}", api)
-        store = redis.Redis.from_url(server.url())
-        ok = asyncio.run(soak(args, f"http://127.0.0.1:{port}", key, store, work_root, procs))
-        store.close()
-    finally:
-        for proc in (api, *workers):
-            proc.terminate()
-        for proc in (api, *workers):
-            proc.wait(timeout=60)
-        teams.docs.close()
-        server.stop()
-        remove_tree(work)
+    with Stack("skillrun-soak-", result_ttl=args.result_ttl) as stack:
+        base_url = stack.start_api()
+        for _ in range(2):
+            stack.start_worker()
+        with redis.Redis.from_url(stack.url) as store:
+            ok = asyncio.run(soak(args, base_url, stack.key, store, stack.work_root, stack.pids()))
     sys.exit(1 if args.check and not ok else 0)
-
-
-def wait_for_api(url: str, api: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if api.poll() is not None:
-            raise SystemExit("the API did not start")
-        time.sleep(0.1)
-    raise SystemExit("the API did not answer within 60 s")
 
 
 if __name__ == "__main__":
