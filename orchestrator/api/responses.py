@@ -29,7 +29,7 @@ _DESCRIPTIONS = {
     413: "The body is larger than this route accepts.",
     410: "The run was lost: its record vanished from the run store (Redis restarted without its data); submit it again.",
     422: "A field is missing, malformed or out of bounds; the message names it.",
-    503: "A service the API needs (Redis) cannot be reached; try again after Retry-After seconds.",
+    503: "A service the API needs (Redis, the blob store) cannot be reached; try again after Retry-After seconds.",
 }
 
 UNAVAILABLE_RETRY_AFTER_SECONDS = 5

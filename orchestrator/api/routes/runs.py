@@ -21,13 +21,13 @@ from fastapi.responses import StreamingResponse
 from orchestrator.api import run_ids
 from orchestrator.api.auth import current_team
 from orchestrator.api.environments import not_ready
-from orchestrator.api.responses import ErrorPublic, error_responses
+from orchestrator.api.responses import UNAVAILABLE_RETRY_AFTER_SECONDS, ErrorPublic, error_responses
 from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.errors import DispatchError, RunLostError, SkillNotFoundError, UnavailableError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
-from worker.errors import ArtifactError, WorkerError
+from worker.errors import ArtifactError, BlobStoreError, WorkerError
 from worker.run_store import ENDING_EVENTS, RunRecord, RunStatus
 from worker.validation import MAX_PATH_CHARS, validate_request
 
@@ -45,18 +45,17 @@ _INLINE_TYPES = {"text/plain", "text/csv", "application/json"}
 """Types a browser shows without running anything; every other type is sent as a download."""
 
 
-def _served(data: bytes, mime_type: str, name: str, headers: dict[str, str] | None = None) -> Response:
-    """A run's file for a browser: never sniffed into another type; HTML, SVG, XML, scripts and any type not
-    known to be passive are downloaded (``attachment``), never shown on the API's origin."""
+def _served_headers(mime_type: str, name: str) -> dict[str, str]:
+    """How a run's file is sent to a browser: never sniffed into another type; HTML, SVG, XML, scripts and any type
+    not known to be passive are downloaded (``attachment``), never shown on the API's origin."""
     base = mime_type.split(";")[0].strip().lower()
     passive = base in _INLINE_TYPES or (base.startswith(("image/", "audio/", "video/")) and "xml" not in base)
     filename = urllib.parse.quote(PurePosixPath(name).name or "file")
-    return Response(data, media_type=mime_type, headers={
-        **(headers or {}),
+    return {
         "X-Content-Type-Options": "nosniff",
         "Content-Security-Policy": "sandbox",
         "Content-Disposition": f"{'inline' if passive else 'attachment'}; filename*=UTF-8''{filename}",
-    })
+    }
 
 
 async def _record(services: Services, run_id: str, team: Team) -> RunRecord:
@@ -220,19 +219,25 @@ async def get_file(run_id: str = RunId, name: str = FileName, team: Team = Depen
     if found.encoding == "none":
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{name!r} was collected without content; save it as an artifact")
     data = base64.b64decode(found.content) if found.encoding == "base64" else found.content.encode()
-    return _served(data, found.mime_type, name, {"X-Skillrun-Truncated": str(found.truncated).lower()})
+    return Response(data, media_type=found.mime_type, headers={
+        "X-Skillrun-Truncated": str(found.truncated).lower(), **_served_headers(found.mime_type, name)})
 
 
-@router.get("/{run_id}/artifacts/{name:path}", response_class=Response,
+@router.get("/{run_id}/artifacts/{name:path}", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."}, **FOUND})
-async def get_artifact(run_id: str = RunId, name: str = FileName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
-    """An artifact a run saved, byte for byte, with its MIME type."""
+async def get_artifact(run_id: str = RunId, name: str = FileName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
+    """An artifact a run saved, byte for byte, with its MIME type and length, streamed from the artifact store (404
+    when the store no longer has it, 503 when the store cannot be reached)."""
     record = await _record(services, run_id, team)
     found = next((a for a in (record.result.artifact_files if record.result else []) if a.name == name), None)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} has no artifact {name!r}")
     try:
-        data = await asyncio.to_thread(services.artifact_store.load, record.request.workspace_id, name, found.version)
+        opened = await asyncio.to_thread(services.artifact_store.open, record.request.workspace_id, name, found.version)
+    except BlobStoreError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc),
+                            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)}) from exc
     except ArtifactError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-    return _served(data, found.mime_type, name)
+    return StreamingResponse(opened.chunks(), media_type=found.mime_type, headers={
+        "Content-Length": str(opened.size), **_served_headers(found.mime_type, name)})
