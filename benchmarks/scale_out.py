@@ -1,10 +1,15 @@
-"""Throughput as workers are added: 500 short runs through Redis with 1, 2 and 4 worker processes.
+"""Throughput as workers are added: 500 short runs through Redis with 1, 2 and 4 workers.
 
 For each worker count: enqueue the runs, start the workers, wait for every run, then check that none was lost
 and none ran twice (each run finished, with one attempt, exactly one ``started`` event). Prints runs per second
 and the speed-up over one worker. Starts its own redis-server on a free port.
 
-Usage: .venv/bin/python benchmarks/scale_out.py [--runs N] [--workers 1,2,4]
+``--containers``: each worker in a container of its own (the worker image, ``images/build.sh``) with no shared
+volume — as on separate machines, so each is a node of its own and a kept workspace's runs go to the node it was
+placed on. The workers start first and the runs are submitted once every node beats (placement picks among live
+nodes), so this mode's clock runs from the first submission; the processes mode's from the workers' start.
+
+Usage: .venv/bin/python benchmarks/scale_out.py [--runs N] [--workers 1,2,4] [--containers]
 """
 
 from __future__ import annotations
@@ -25,23 +30,34 @@ from orchestrator.dispatch import QueueDispatcher  # noqa: E402
 from orchestrator.skills import create_default_skill_repository  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
 from worker.contract import RunRequest  # noqa: E402
+from worker.nodes import live_nodes  # noqa: E402
 from worker.run_store import RunStatus  # noqa: E402
 
 
-async def measure(url: str, workers: int, runs: int, work: Path) -> float:
+async def measure(url: str, workers: int, runs: int, work: Path, containers: bool) -> float:
     ref = create_default_skill_repository(str(ROOT / "skills")).skill_ref("python-math")
     dispatcher = QueueDispatcher(url)
-    ids = [(await dispatcher.submit(RunRequest(skill=ref, command="echo run $RUN_DIR", workspace_id=f"w{i % 16}"))).id
-           for i in range(runs)]
-    env = {**os.environ, "SKILLRUN_WORK_ROOT": str(work)}
-    started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", url, "--burst", "--concurrency", str(workers)],
-                            env=env, cwd=ROOT)
-    for run_id in ids:
-        record = await dispatcher.wait(run_id, 300)
-        assert record is not None and record.status == RunStatus.FINISHED, f"run {run_id} lost: {record}"
-    elapsed = time.perf_counter() - started
-    proc.wait(timeout=120)
+    requests = [RunRequest(skill=ref, command="echo run $RUN_DIR", workspace_id=f"w{i % 16}") for i in range(runs)]
+    if containers:
+        stop = _worker_containers(url, workers)
+        while len(live_nodes(dispatcher.redis, "local")) < workers:
+            await asyncio.sleep(0.1)
+        started = time.perf_counter()
+        ids = [(await dispatcher.submit(request)).id for request in requests]
+    else:
+        ids = [(await dispatcher.submit(request)).id for request in requests]
+        env = {**os.environ, "SKILLRUN_WORK_ROOT": str(work)}
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", url, "--burst", "--concurrency",
+                                 str(workers)], env=env, cwd=ROOT)
+        stop = lambda: proc.wait(timeout=120)  # noqa: E731 - burst workers end once the queue is empty
+    try:
+        for run_id in ids:
+            record = await dispatcher.wait(run_id, 300)
+            assert record is not None and record.status == RunStatus.FINISHED, f"run {run_id} lost: {record}"
+        elapsed = time.perf_counter() - started
+    finally:
+        stop()
     for run_id in ids:
         record = await dispatcher.get(run_id)
         starts = [e for e in await dispatcher.events(run_id) if e.type == "started"]
@@ -50,10 +66,32 @@ async def measure(url: str, workers: int, runs: int, work: Path) -> float:
     return runs / elapsed
 
 
+def _worker_containers(url: str, count: int):
+    """``count`` worker containers on the host's network (Redis on loopback), each with only its own file system;
+    the skills folder mounted read-only at the path runs name it by. Returns what removes them."""
+    import docker
+
+    client = docker.from_env()
+    skills = str(ROOT / "skills")
+    boxes = [client.containers.run(
+        "skillrun/worker:latest", ["python", "-m", "worker", "--redis-url", url], detach=True, network_mode="host",
+        cap_add=["SYS_ADMIN"], security_opt=["seccomp=unconfined", "apparmor=unconfined"], init=True,
+        volumes={skills: {"bind": skills, "mode": "ro"}},
+        environment={"SKILLRUN_UID_REGISTRY": "/var/lib/skillrun/workspaces/.skillrun/uid-registry"},
+    ) for _ in range(count)]
+
+    def remove() -> None:
+        for box in boxes:
+            box.remove(force=True)
+
+    return remove
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--containers", action="store_true", help="each worker in a container of its own, no shared volume")
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",")]
     results = {}
@@ -61,12 +99,14 @@ async def main() -> None:
         server = RedisServer()
         work = scratch_dir("skillrun-scale-")
         try:
-            results[n] = await measure(server.url(), n, args.runs, work)
+            results[n] = await measure(server.url(), n, args.runs, work, args.containers)
             print(f"  {n} worker(s): {results[n]:.1f} runs/s", file=sys.stderr)
         finally:
             server.stop()
             subprocess.run(["rm", "-rf", str(work)], check=False)
-    print(f"{args.runs} short runs per point, none lost, none run twice; {os.cpu_count()} cores")
+    where = "workers in containers of their own, no shared volume" if args.containers else "worker processes"
+    print(f"{args.runs} short runs per point ({where}; 16 kept workspaces), none lost, none run twice; "
+          f"{os.cpu_count()} cores")
     print(f"{'workers':<8} {'runs/s':>8} {'speed-up':>9}")
     for n in counts:
         print(f"{n:<8} {results[n]:>8.1f} {results[n] / results[counts[0]]:>8.2f}x")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build every image: the base (from Debian packages unless --base names an image you have), then the sandbox,
-# the worker and the API.
+# the worker, the API and an S3-protocol server for compose's two-hosts profile.
 #
 #   images/build.sh [--base IMAGE] [--ca-bundle PATH] [--tag-prefix skillrun/]
 #
@@ -30,8 +30,8 @@ if [[ -z "$base" ]]; then
     echo "==> using the existing $base (docker rmi it to rebuild)"
   fi
 fi
-for image in sandbox worker api; do
+for image in sandbox worker api s3; do
   echo "==> building ${prefix}${image}"
   docker build --quiet --build-arg BASE="$base" -f "images/${image}/Dockerfile" -t "${prefix}${image}:latest" . >/dev/null
 done
-echo "==> built: ${prefix}sandbox:latest ${prefix}worker:latest ${prefix}api:latest (base $base)"
+echo "==> built: ${prefix}sandbox:latest ${prefix}worker:latest ${prefix}api:latest ${prefix}s3:latest (base $base)"
