@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
     ("local_run.py", ["bare", "warm", "cold", "unboxed", "cold-unbox"], []),
     ("cube_run.py", ["local run", "bare sandbox command", "cube run", "cube run + outputs"], []),
     ("skill_envs.py", ["without", "imports", "warm", "by hand", "build", "again"], ["--builds", "1"]),
+    ("blob_store.py", ["filesystem 1MiB", "s3 1MiB"], ["--sizes", "1"]),
 ])
 def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra):
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--runs", "5", *extra], cwd=REPO,

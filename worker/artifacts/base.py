@@ -47,11 +47,14 @@ class MeteredReader:
         self._digest = hashlib.sha256()
 
     def read(self, size: int | None = -1) -> bytes:
-        """Up to ``size`` bytes (fewer only at the end); all that is left when ``size`` is negative."""
-        wanted = self.limit + 1 - self.size if size is None or size < 0 else size
+        """Up to ``size`` bytes (fewer only at the end), in one read where the source allows; all that is left, in
+        chunks, when ``size`` is negative. Never more than one byte past the limit."""
+        whole = size is None or size < 0
+        wanted = self.limit + 1 - self.size if whole else min(size, self.limit + 1 - self.size)
+        step = COPY_CHUNK_BYTES if whole else wanted
         parts: list[bytes] = []
         got = 0
-        while got < wanted and (chunk := self._read_at(min(wanted - got, COPY_CHUNK_BYTES), self.size + got)):
+        while got < wanted and (chunk := self._read_at(min(wanted - got, step), self.size + got)):
             parts.append(chunk)
             got += len(chunk)
         data = b"".join(parts)
