@@ -34,7 +34,7 @@ def test_every_module_imports():
 
 def test_public_names_are_exported_and_listed():
     for package in (worker, orchestrator, importlib.import_module("orchestrator.skills"),
-                    importlib.import_module("worker.runtimes")):
+                    importlib.import_module("worker.runtimes"), importlib.import_module("worker.artifacts")):
         for name in package.__all__:
             assert hasattr(package, name), f"{package.__name__}.{name} is in __all__ but missing"
 

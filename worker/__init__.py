@@ -9,7 +9,7 @@ from __future__ import annotations
 from worker.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "worker.artifacts": ["FileArtifactStore"],
+    "worker.artifacts": ["BaseArtifactStore", "FileArtifactStore", "S3ArtifactStore"],
     "worker.contract": ["ArtifactFile", "InputFile", "OutputFile", "RunLimits", "RunRequest", "RunResult", "RunTimings",
                         "RuntimeName", "SkillRef", "SkippedFile"],
     "worker.errors": ["ArtifactError", "InvalidRunRequestError", "RuntimeUnavailableError", "StagingError",
