@@ -71,7 +71,12 @@ def _worker_containers(url: str, count: int):
     the skills folder mounted read-only at the path runs name it by. Returns what removes them."""
     import docker
 
-    client = docker.from_env()
+    try:
+        client = docker.from_env()
+        client.images.get("skillrun/worker:latest")
+    except docker.errors.DockerException as exc:
+        raise SystemExit(f"--containers needs a Docker engine and the worker image: start dockerd and run "
+                         f"images/build.sh ({exc})") from None
     skills = str(ROOT / "skills")
     boxes = [client.containers.run(
         "skillrun/worker:latest", ["python", "-m", "worker", "--redis-url", url], detach=True, network_mode="host",
@@ -82,6 +87,10 @@ def _worker_containers(url: str, count: int):
 
     def remove() -> None:
         for box in boxes:
+            box.reload()
+            if box.status != "running":  # it should not have stopped: say how it ended
+                print(f"worker container {box.short_id} {box.status}: {box.logs(tail=20).decode(errors='replace')}",
+                      file=sys.stderr)
             box.remove(force=True)
 
     return remove

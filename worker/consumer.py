@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -82,7 +83,8 @@ def serve_worker(args: argparse.Namespace) -> int:
     beat = None
     try:
         connection = redis.Redis.from_url(url)
-        node, name = this_node(), f"{socket.gethostname()}-{os.getpid()}"
+        # Unique even across containers that share a host name and number their processes alike (host network)
+        node, name = this_node(), f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         beat = NodeBeat(connection, args.runtime, node, name).start()
         worker = SimpleWorker(consumed_queues(args.runtime, node), connection=connection, serializer=JSONSerializer,
                               name=name)
