@@ -2,10 +2,12 @@
 
 Each run saves one file from an open descriptor, as output collection does (``store.save_fd``: read once from its
 start, hashed, capped, written as the next version), interleaved, each store going first in turn; every version is
-pruned again after its run; then one more save of the largest file into S3 under tracemalloc shows how much
-memory a save holds at once (a bound set by the upload's parts in memory, not by the file). The S3 server is moto's (``python -m moto.server``, in a process of its own on loopback):
-an in-process emulator that keeps objects in memory and temporary files, not S3 — the ratio shows what the S3
-protocol and boto3's managed transfer (multipart past 8 MiB) cost over a local folder, not what a network or S3 itself
+pruned again after its run. Then one more save of the largest file into S3, under tracemalloc, shows how much memory
+a save holds at once (bounded by the upload's parts in memory, not by the file's size).
+
+The S3 server is moto's (``python -m moto.server``, in a process of its own on loopback): an emulator, a Python web
+server keeping objects in memory and temporary files, not S3. The ratio shows what the S3 protocol (four requests a
+save) and boto3's managed transfer (multipart past 8 MiB) cost over a local folder, not what a network or S3 itself
 would add. The baseline is the filesystem store, measured in the same run.
 
 Usage: .venv/bin/python benchmarks/blob_store.py [--runs N] [--sizes MiB,MiB]

@@ -46,7 +46,8 @@ async def test_a_large_artifact_streams_with_its_type_and_length(runtime, shared
     with api_in_a_thread(services) as url:
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as c:
             done = await _finished(c, {
-                "skill": "python-math", "command": f"head -c {BIG} /dev/urandom > out/big.bin; echo '<b>hi</b>' > out/p.html",
+                "skill": "python-math",
+                "command": f"head -c {BIG} /dev/urandom > out/big.bin; echo '<b>hi</b>' > out/p.html",
                 "output_files": ["out/*"], "save_as_artifacts": True, "omit_inline_content": True,
             })
             saved = {a["name"]: a for a in done["result"]["artifact_files"]}
@@ -60,7 +61,8 @@ async def test_a_large_artifact_streams_with_its_type_and_length(runtime, shared
             assert digest.hexdigest() == saved["out/big.bin"]["sha256"]
             page = await c.get(f"/v1/runs/{done['id']}/artifacts/out/p.html")
             assert page.text == "<b>hi</b>\n" and page.headers["content-type"].startswith("text/html")
-            assert page.headers["content-disposition"].startswith("attachment") and page.headers["x-content-type-options"] == "nosniff"
+            assert page.headers["content-disposition"].startswith("attachment")
+            assert page.headers["x-content-type-options"] == "nosniff"
     await services.close()
 
 
@@ -79,7 +81,8 @@ async def test_the_api_sends_an_artifact_while_the_store_is_still_reading_it(run
     with api_in_a_thread(services) as url:
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as c:
             done = await _finished(c, {"skill": "python-math", "command": f"head -c {BIG} /dev/zero > out/big.bin",
-                                       "output_files": ["out/*"], "save_as_artifacts": True, "omit_inline_content": True})
+                                       "output_files": ["out/*"], "save_as_artifacts": True,
+                                       "omit_inline_content": True})
             received = 0
             async with c.stream("GET", f"/v1/runs/{done['id']}/artifacts/out/big.bin") as answer:
                 async for chunk in answer.aiter_raw():
@@ -115,8 +118,8 @@ async def test_an_artifact_the_store_never_received_is_a_clear_404(runtime, shar
                  else request.getfixturevalue("s3_server").store())
     services = make_services(InlineDispatcher({"local": runtime}), elsewhere, shared_dir / "data")
     async with api_client(services, new_team(services, "team-a")) as c:
-        done = await _finished(c, {"skill": "python-math", "command": "echo x > out/x.txt", "output_files": ["out/x.txt"],
-                                   "save_as_artifacts": True, "workspace_id": "kept"})
+        done = await _finished(c, {"skill": "python-math", "command": "echo x > out/x.txt",
+                                   "output_files": ["out/x.txt"], "save_as_artifacts": True, "workspace_id": "kept"})
         missing = await c.get(f"/v1/runs/{done['id']}/artifacts/out/x.txt")
         assert missing.status_code == 404
         assert missing.json()["detail"] == "no artifact 'out/x.txt' in 'team-a.kept'"
@@ -128,15 +131,16 @@ async def test_a_download_while_the_blob_store_is_away_is_503_with_the_reason(s3
     runtime = LocalWorkspaceRuntime(work_root, artifact_store=store)
     services = make_services(InlineDispatcher({"local": runtime}), store, shared_dir / "data")
     async with api_client(services, new_team(services, "team-a")) as c:
-        done = await _finished(c, {"skill": "python-math", "command": "echo x > out/x.txt", "output_files": ["out/x.txt"],
-                                   "save_as_artifacts": True})
+        done = await _finished(c, {"skill": "python-math", "command": "echo x > out/x.txt",
+                                   "output_files": ["out/x.txt"], "save_as_artifacts": True})
         s3_server.stop()
         try:
             away = await c.get(f"/v1/runs/{done['id']}/artifacts/out/x.txt")
         finally:
             s3_server.start()
         assert away.status_code == 503 and away.headers["retry-after"]
-        assert away.json()["detail"].startswith(f"the blob store {store.url} could not list the versions of 'out/x.txt'")
+        assert away.json()["detail"].startswith(
+            f"the blob store {store.url} could not list the versions of 'out/x.txt'")
         assert (await c.get(f"/v1/runs/{done['id']}/artifacts/out/x.txt")).text == "x\n"
     await services.close()
 
@@ -149,8 +153,9 @@ async def test_a_worker_sharing_no_folder_with_the_api_saves_artifacts_it_serves
            "SKILLRUN_ARTIFACTS_DIR": str(worker_dir)}  # the blob URL wins: this folder stays empty
     services = make_services(QueueDispatcher(redis_url), create_artifact_store(blob_url, None), shared_dir / "data")
     async with api_client(services, new_team(services, "team-q")) as c:
-        run_id = (await c.post("/v1/runs", json={"skill": "python-math", "command": "echo far > out/n.txt",
-                                                 "output_files": ["out/n.txt"], "save_as_artifacts": True})).json()["id"]
+        body = {"skill": "python-math", "command": "echo far > out/n.txt", "output_files": ["out/n.txt"],
+                "save_as_artifacts": True}
+        run_id = (await c.post("/v1/runs", json=body)).json()["id"]
         subprocess.run([sys.executable, "-m", "worker", "--redis-url", redis_url, "--burst"], env=env, cwd=REPO,
                        check=True, timeout=120)
         assert (await c.get(f"/v1/runs/{run_id}", params={"wait": 10})).json()["status"] == "finished"

@@ -18,8 +18,9 @@ from worker.errors import ArtifactError
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 DAY = 24 * 3600
-STORAGE_FULL = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>XMinioStorageFull</Code><Message>Storage backend '
-                b"has reached its minimum free drive threshold. Please delete a few objects to proceed.</Message></Error>")
+STORAGE_FULL = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>XMinioStorageFull</Code><Message>Storage '
+                b"backend has reached its minimum free drive threshold. Please delete a few objects to proceed."
+                b"</Message></Error>")
 """What MinIO answers (507) to a write when its drives are full."""
 
 
@@ -59,6 +60,7 @@ async def s3_runtime(s3_server, work_root):
 
 async def test_a_store_that_is_down_when_a_run_ends_refuses_its_artifacts_with_the_reason(
         s3_server, s3_runtime, make_request):
+    store = s3_runtime.artifact_store
     request = make_request("echo one > out/a.txt", output_files=["out/*.txt"], save_as_artifacts=True)
     s3_server.stop()
     try:
@@ -68,9 +70,9 @@ async def test_a_store_that_is_down_when_a_run_ends_refuses_its_artifacts_with_t
     assert result.exit_code == 0 and result.artifact_files == []  # the run ends as it did, its file refused
     [skipped] = result.skipped_files
     assert skipped.name == "out/a.txt"
-    assert skipped.reason.startswith(f"could not be stored as an artifact: the blob store {s3_runtime.artifact_store.url} "
-                                     "could not store artifact 'out/a.txt': Could not connect")
-    assert s3_runtime.artifact_store.list(request.workspace_id) == []
+    assert skipped.reason.startswith(f"could not be stored as an artifact: the blob store {store.url} could not store "
+                                     "artifact 'out/a.txt': Could not connect")
+    assert store.list(request.workspace_id) == []
 
 
 async def test_a_full_store_refuses_an_artifact_mid_upload_and_keeps_nothing_of_it(s3_runtime, make_request):

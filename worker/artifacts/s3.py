@@ -87,7 +87,7 @@ class S3ArtifactStore(BaseArtifactStore):
                                        ContentType="application/json")
             except BaseException:
                 with contextlib.suppress(BotoCoreError, ClientError):  # unreachable: prune finds it abandoned
-                    self._delete(keys[:2])
+                    self._delete(keys)  # meta.json too: its write may have landed with no answer
                 raise
         return artifact
 
