@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import AfterValidator
 
-from worker.artifacts.base import BaseArtifactStore
-from worker.artifacts.files import FileArtifactStore
+if TYPE_CHECKING:
+    from worker.artifacts.base import BaseArtifactStore
 
 BUCKET_PATTERN = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 USAGE = "expected file:///path or s3://bucket[/prefix][?endpoint=http(s)://host:port]"
@@ -58,6 +58,8 @@ BlobUrl = Annotated[str, AfterValidator(check_blob_url)]
 def create_artifact_store(blob_url: str | None, artifacts_dir: Path | None) -> BaseArtifactStore | None:
     """The store the settings name (``blob_url`` first); ``None`` when they name none (a runtime then keeps its own
     folder under its work root)."""
+    from worker.artifacts.files import FileArtifactStore  # here: the settings that name a store load none
+
     if blob_url is None:
         return FileArtifactStore(artifacts_dir) if artifacts_dir is not None else None
     parts = _parts(blob_url)
