@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults as run_defaults
 from worker.artifacts.location import BlobUrl
+from worker.tokens import usable_worker_token
 
 DEFAULT_SKILLS_ROOT = "./skills"
 PREPARABLE_RUNTIMES = ("local", "docker")
@@ -102,10 +103,8 @@ class Settings(BaseSettings):
 
     @field_validator("worker_token")
     @classmethod
-    def _strong_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 24:
-            raise ValueError("the worker token must be at least 24 characters (for example: openssl rand -hex 32)")
-        return value
+    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
+        return usable_worker_token(value)
 
     @field_validator("prepare_runtimes")
     @classmethod

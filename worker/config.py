@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults
 from worker.artifacts.location import BlobUrl
+from worker.tokens import usable_worker_token
 
 MAX_CPU_SECONDS = 24 * 3600
 """Default operator ceiling on a run's ``limits.cpu_seconds``."""
@@ -122,6 +123,11 @@ class WorkerSettings(BaseSettings):
         default_factory=host_memory_bytes, gt=0, description="The most memory a run may ask for (default: the host's)."
     )
     max_processes: int = Field(default=MAX_PROCESSES, gt=0, description="The most processes a run may ask for.")
+
+    @field_validator("worker_token")
+    @classmethod
+    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
+        return usable_worker_token(value)
 
     @model_validator(mode="after")
     def _artifacts_outlive_records(self) -> "WorkerSettings":

@@ -49,7 +49,8 @@ class SkillRef(BaseModel):
     name: str = Field(description="The skill's name from its SKILL.md.")
     root: str = Field(description="The library root the skill comes from: a directory, or the URL of an archive.")
     path: str = Field(default="", description="The skill's folder relative to the root; empty means the root itself.")
-    digest: str | None = Field(default=None, description="sha256 of the root's archive, when the root is a URL.")
+    digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                               description="sha256 of the root's archive (a URL root, or a library version's folder).")
 
     @field_validator("name")
     @classmethod

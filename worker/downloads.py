@@ -51,7 +51,16 @@ def download(
     except httpx.TimeoutException as exc:
         raise SkillRootError(f"{url}: timed out ({type(exc).__name__})") from exc
     except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a host name IDNA cannot encode
-        raise SkillRootError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        raise SkillRootError(f"{url}: {type(exc).__name__}: {_without(str(exc), headers)}") from None
+
+
+def _without(message: str, headers: Mapping[str, str] | None) -> str:
+    """``message`` with the values of ``headers`` (a credential) taken out: an error may quote a header it refused."""
+    for value in (headers or {}).values():
+        for secret in {value, *value.split()}:
+            if len(secret) >= 8:
+                message = message.replace(secret, "[redacted]")
+    return message
 
 
 def _get(client: httpx.Client, url: str, limits: FetchLimits, headers: Mapping[str, str]) -> httpx.Response:

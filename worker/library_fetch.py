@@ -19,6 +19,7 @@ from pathlib import Path
 
 from worker.contract import SkillRef
 from worker.errors import SkillRootError
+from worker.root_cache import DIGEST
 from worker.roots import FetchLimits, is_url, resolve_root, root_in_use
 
 LIBRARY_ROUTE = "/v1/worker/libraries/{}"
@@ -30,7 +31,7 @@ class Located:
 
     root: str
     expected_sha256: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict, repr=False)  # the worker token: never in a repr
     limits: FetchLimits | None = None
 
     @property
@@ -48,6 +49,8 @@ def locate(skill: SkillRef) -> Located:
     archive of the library version (its folder is on another host)."""
     if is_url(skill.root) or skill.digest is None or os.path.isdir(skill.root):
         return Located(skill.root, skill.digest)
+    if not DIGEST.fullmatch(skill.digest):
+        raise SkillRootError(f"skill {skill.name!r}: {skill.digest[:80]!r} is not a sha256 (64 hexadecimal digits)")
     from worker.config import get_worker_settings  # here: resolving local folders never reads the worker's settings
 
     settings = get_worker_settings()

@@ -15,6 +15,7 @@ import time
 
 import redis
 from rq import Queue
+from rq.serializers import JSONSerializer
 
 from worker.consumer import queue_name
 from worker.contract import RunRequest
@@ -81,9 +82,7 @@ class Placement:
     def forget_gone(self, runtime: str) -> int:
         """Forget the nodes silent for ``NODE_FORGET_SECONDS``: their entries and queues; how many."""
         old = [n.decode() for n in self.redis.zrangebyscore(nodes_key(runtime), "-inf", time.time() - NODE_FORGET_SECONDS)]
-        if old:
-            with self.redis.pipeline(transaction=True) as pipe:
-                pipe.zrem(nodes_key(runtime), *old)
-                pipe.delete(*(Queue.redis_queue_namespace_prefix + node_queue_name(runtime, node) for node in old))
-                pipe.execute()
+        for node in old:  # the queue with its jobs' records, then the node
+            Queue(node_queue_name(runtime, node), connection=self.redis, serializer=JSONSerializer).empty()
+            self.redis.zrem(nodes_key(runtime), node)
         return len(old)

@@ -51,6 +51,7 @@ from worker.run_store import (
     RunWaiters,
     WorkspaceEntry,
 )
+from worker.run_store.workspaces import joining
 from worker.runtimes import RUNTIME_CLASSES
 from worker.runtimes.base import worker_id
 
@@ -109,6 +110,7 @@ class QueueDispatcher(BaseDispatcher):
             return await asyncio.to_thread(self._submit, request, priority, owner)
 
     def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:
+        request = joining(self.store.workspaces, request)  # a run naming a kept workspace is one of its runs
         node = self.placement.propose(request) if request.keep_workspace else None
         record = self.store.reserve(request, owner, node)
         with self.redis.pipeline(transaction=True) as pipe:  # enqueued and announced in one round trip

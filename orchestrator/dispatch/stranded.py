@@ -13,6 +13,7 @@ harmless twice: a run starts once (``store.start``). A run waiting in the queue 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 
 import redis
 from rq import Queue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -59,8 +62,8 @@ class _Seen:
     held: set[str] = field(default_factory=set)
     expired: dict[str, list[tuple[str, bytes, str]]] = field(default_factory=dict)
     """Run id → the expired registry entries of its jobs: (registry key, entry, job id)."""
-    lost: dict[str, str] = field(default_factory=dict)
-    """Run id → the gone node whose queue it waits in."""
+    lost: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    """Run id → the gone node whose queue it waits in, and its jobs there."""
     queues: list[str] = field(default_factory=list)
     """The queues looked in."""
 
@@ -80,7 +83,9 @@ class StrandedRuns:
             seen = self._look(runtime, now)
             for record in (r for r in stale if r.request.runtime.value == runtime):
                 if record.id in seen.lost:
-                    self.store.fail_waiting(record.id, lost_reason(record.request.workspace_id, seen.lost[record.id]))
+                    node, jobs = seen.lost[record.id]
+                    self.store.fail_waiting(record.id, lost_reason(record.request.workspace_id, node))
+                    self._drop(node_queue_name(runtime, node), jobs)
                     continue
                 mark = STRANDED_MARK.format(record.id)
                 if record.id in seen.held or record.id in seen.waiting or \
@@ -101,10 +106,10 @@ class StrandedRuns:
         seen = _Seen()
         seen.queues = [queue_name(runtime), *(node_queue_name(runtime, node) for node in alive)]
         for name in seen.queues:
-            seen.waiting |= self._waiting(name)
+            seen.waiting |= set(self._waiting(name))
             self._started(Queue(name, connection=self.redis, serializer=JSONSerializer), now, seen)
         for node in gone:
-            seen.lost |= dict.fromkeys(self._waiting(node_queue_name(runtime, node)), node)
+            seen.lost |= {run: (node, jobs) for run, jobs in self._waiting(node_queue_name(runtime, node)).items()}
         return seen
 
     def _started(self, queue: Queue, now: float, seen: _Seen) -> None:
@@ -137,13 +142,23 @@ class StrandedRuns:
         for name in seen.queues:
             FailedJobRegistry(queue=Queue(name, connection=self.redis, serializer=JSONSerializer)).remove(job_id)
 
-    def _waiting(self, name: str) -> set[str]:
-        runs: set[str] = set()
+    def _waiting(self, name: str) -> dict[str, list[str]]:
+        """The runs whose jobs wait in queue ``name``, and those jobs."""
+        runs: dict[str, list[str]] = {}
         key = Queue(name, connection=self.redis, serializer=JSONSerializer).key
         start = 0
         while True:
             page = self.redis.lrange(key, start, start + WAITING_PAGE - 1)
-            runs.update(run_of(job_id.decode()) for job_id in page)
+            for job_id in page:
+                runs.setdefault(run_of(job_id.decode()), []).append(job_id.decode())
             if len(page) < WAITING_PAGE:
                 return runs
             start += WAITING_PAGE
+
+    def _drop(self, name: str, jobs: list[str]) -> None:
+        """Take the jobs of a failed run out of a gone node's queue, records and all."""
+        queue = Queue(name, connection=self.redis, serializer=JSONSerializer)
+        for job_id in jobs:
+            queue.remove(job_id)
+            with contextlib.suppress(NoSuchJobError):
+                Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer).delete()

@@ -169,6 +169,6 @@ def name_key(scope: str, name: str) -> str:
     """``<scope>/<quoted name>``, once both are known to be safe."""
     if not WORKSPACE_ID_PATTERN.fullmatch(scope):
         raise ArtifactError(f"invalid artifact scope {scope!r}")
-    if not name or "\0" in name or len(name) > 1024:
+    if not name or "\0" in name or len(name) > 1024 or name in (".", ".."):
         raise ArtifactError(f"invalid artifact name {name!r}")
     return f"{scope}/{urllib.parse.quote(name, safe='')}"

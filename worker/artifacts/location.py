@@ -40,7 +40,10 @@ def _parts(url: str) -> urllib.parse.SplitResult:
         query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
         endpoints = query.pop("endpoint", [])
         if query or len(endpoints) > 1 or not all(e.startswith(("http://", "https://")) for e in endpoints):
-            raise ValueError(f"the only query an s3 blob URL takes is one endpoint=http(s)://... ({url!r}); {USAGE}")
+            raise ValueError(f"the only query an s3 blob URL takes is one endpoint=http(s)://...; {USAGE}")
+        if any("@" in urllib.parse.urlsplit(e).netloc for e in endpoints):
+            raise ValueError("credentials do not go in the endpoint either: give them through boto3's chain "
+                             "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, an instance role)")
     else:
         raise ValueError(f"unknown blob store {parts.scheme!r}; {USAGE}")
     return parts
