@@ -32,9 +32,11 @@ import json
 import os
 import re
 import shutil
+import tarfile
 import tempfile
 import time
 import urllib.parse
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,7 +268,20 @@ def _kind(url: str, download: Path) -> str:
         return "zip"
     if head.startswith(b"\x1f\x8b") or head[257:262] == b"ustar":
         return "tar"
+    # A zip with a preamble (self-extracting) or an old V7 tar has no magic at its start; the API keeps an upload
+    # by its name's suffix, but a worker fetching it by digest (no suffix) must read it the same way
+    if zipfile.is_zipfile(download):
+        return "zip"
+    if _is_tar(download):
+        return "tar"
     return "skill-md"
+
+
+def _is_tar(path: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except (OSError, tarfile.TarError, EOFError):
+        return False
 
 
 def _single_skill_md(url: str, download: Path, content_type: str, root: Path) -> None:

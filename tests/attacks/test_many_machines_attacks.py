@@ -383,13 +383,6 @@ async def test_a_setuid_entry_is_extracted_without_its_setuid_bit(server, elsewh
     assert not mode & 0o7000 and not mode & 0o002, oct(mode)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "worker/roots.py _kind: the API extracts an upload by its filename's suffix (source 'upload:lib.zip'), a worker "
-    "by the magic bytes of <api>/v1/worker/libraries/<sha256>, which has no suffix: a zip with a preamble (a "
-    "self-extracting zip) or a V7 tar registers and runs where the libraries folder is shared, but on a remote "
-    "worker it is read as one SKILL.md and every run of it fails ('not a ... archive ... no front matter'); the "
-    "API should keep the kind with the archive (archives/<sha256>.zip, or a Content-Type/Content-Disposition the "
-    "worker honours) or the worker should probe zipfile.is_zipfile/tarfile.is_tarfile before falling back"))
 async def test_a_version_the_api_registered_is_readable_on_a_remote_worker(services, server, elsewhere):
     services.worker_token = SecretStr(TOKEN)
     inner = io.BytesIO()
