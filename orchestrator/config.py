@@ -22,6 +22,8 @@ DEFAULT_OVERVIEW_NAMES = 45  # further skills named (without description) in a c
 DEFAULT_SEARCH_PAGE_SIZE = 10  # skills per skill_search page
 DEFAULT_WORKSPACE_IDLE_SECONDS = 24 * 3600
 DEFAULT_MAX_WORKSPACES_PER_TEAM = 100
+DEFAULT_VERSIONS_KEPT = 10
+DEFAULT_MAX_LIBRARIES = 50
 LoadModeName = Literal["once", "turn", "session"]
 
 
@@ -50,6 +52,13 @@ class Settings(BaseSettings):
     )
     redis_url: str | None = Field(default=None, description="Redis for the run queue, run records, sessions, registries.")
     libraries_dir: Path | None = Field(default=None, description="Where library versions are extracted (default: data_dir/libraries).")
+    library_versions_kept: int = Field(
+        default=DEFAULT_VERSIONS_KEPT, ge=1,
+        description="Versions each library keeps (the newest, and its current one); older ones are removed.",
+    )
+    max_libraries_per_team: int = Field(
+        default=DEFAULT_MAX_LIBRARIES, ge=1, description="Libraries a team may have; one more is refused (409).",
+    )
     allow_private_library_urls: bool = Field(
         default=False, description="Let teams register library URLs on private or local addresses (trusted networks only)."
     )

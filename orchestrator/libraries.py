@@ -5,6 +5,11 @@ once, safely, into ``<libraries dir>/<sha256>/`` (content-addressed, immutable) 
 ``<libraries dir>/archives/<sha256>``: a worker that shares the folder reads it, one on another host fetches the
 archive by its digest (``GET /v1/worker/libraries/<sha256>``, ``worker.library_fetch``). Each library has a current
 version; a team's runs and agents see its libraries' current versions.
+
+Bounded: a team keeps at most ``max_libraries`` libraries (one more is refused, ``LibraryLimitError``) and each library
+its ``versions_kept`` newest versions and its current one; an older version is removed when a new one comes — its
+folder and archive too, unless another library holds the same bytes. A run already queued on a removed version fails
+saying it is gone.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from orchestrator.config import DEFAULT_MAX_LIBRARIES, DEFAULT_VERSIONS_KEPT
 from orchestrator.documents import BaseDocuments
 from orchestrator.errors import OrchestratorError, SkillError
 from orchestrator.skills.repository import FsSkillRepository
 from worker.errors import SkillRootError
 from worker.root_cache import DIGEST
 from worker.roots import FetchLimits, download_archive, install_archive
+from worker.workspace import remove_tree
 
 LIBRARY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 ARCHIVES_DIR = "archives"
@@ -31,6 +38,10 @@ ARCHIVES_DIR = "archives"
 
 class LibraryError(OrchestratorError):
     """A library cannot be registered or changed; the message says why."""
+
+
+class LibraryLimitError(LibraryError):
+    """A team has as many libraries as it may keep."""
 
 
 class LibraryVersion(BaseModel):
@@ -54,11 +65,14 @@ class Library(BaseModel):
 
 
 class LibraryRegistry:
-    def __init__(self, documents: BaseDocuments, libraries_dir: Path, limits: FetchLimits | None = None) -> None:
+    def __init__(self, documents: BaseDocuments, libraries_dir: Path, limits: FetchLimits | None = None, *,
+                 versions_kept: int = DEFAULT_VERSIONS_KEPT, max_libraries: int = DEFAULT_MAX_LIBRARIES) -> None:
         """By default URLs that lead to private or local addresses are refused (``FetchLimits``)."""
         self.docs = documents
         self.dir = Path(libraries_dir)
         self.limits = limits or FetchLimits(allow_private_addresses=False)
+        self.versions_kept = versions_kept
+        self.max_libraries = max_libraries
 
     @staticmethod
     def _doc_id(team_id: str, name: str) -> str:
@@ -88,7 +102,7 @@ class LibraryRegistry:
     def add_from_url(self, team_id: str, name: str, url: str) -> Library:
         if not url.startswith(("http://", "https://")):
             raise LibraryError(f"{url!r}: a library URL must be http(s)")
-        self._doc_id(team_id, name)
+        self._room_for(team_id, name)
         with tempfile.TemporaryDirectory(dir=self._tmp()) as tmp:
             archive = Path(tmp) / "download"
             try:
@@ -98,7 +112,7 @@ class LibraryRegistry:
             return self._add(team_id, name, archive, url, content_type)
 
     def add_from_file(self, team_id: str, name: str, archive: Path, filename: str = "upload") -> Library:
-        self._doc_id(team_id, name)
+        self._room_for(team_id, name)
         return self._add(team_id, name, archive, f"upload:{filename}", "")
 
     def set_current(self, team_id: str, name: str, number: int) -> Library:
@@ -135,8 +149,31 @@ class LibraryRegistry:
                                       size=archive.stat().st_size, skill_count=len(skills), source=source)
             library.versions.append(existing)
         library.current = existing.version
+        dropped = self._trim(library)
         self.docs.put("libraries", self._doc_id(team_id, name), library.model_dump())
+        self._remove_unheld(dropped)
         return library
+
+    def _room_for(self, team_id: str, name: str) -> None:
+        """Refuse a new library past the team's limit (a new version of one it has is always welcome)."""
+        self._doc_id(team_id, name)
+        if self.get(team_id, name) is None and len(self.list(team_id)) >= self.max_libraries:
+            raise LibraryLimitError(f"team {team_id} keeps {self.max_libraries} libraries, its limit "
+                                    "(SKILLRUN_MAX_LIBRARIES_PER_TEAM); add a version to one of them instead")
+
+    def _trim(self, library: Library) -> list[str]:
+        """Keep the ``versions_kept`` newest versions and the current one; return the digests of those dropped."""
+        ordered = sorted(library.versions, key=lambda v: v.version, reverse=True)
+        kept = [v for i, v in enumerate(ordered) if i < self.versions_kept or v.version == library.current]
+        library.versions = sorted(kept, key=lambda v: v.version)
+        return [v.sha256 for v in ordered if v not in kept]
+
+    def _remove_unheld(self, digests: list[str]) -> None:
+        """Remove the folders and archives of ``digests`` that no library holds any more."""
+        held = {v.sha256 for doc in self.docs.all("libraries") for v in Library(**doc).versions}
+        for sha in set(digests) - held:
+            remove_tree(self.dir / sha)
+            (self.dir / ARCHIVES_DIR / sha).unlink(missing_ok=True)
 
     def _keep_archive(self, archive: Path, sha: str) -> None:
         """Keep the archive under its digest (copied aside and renamed into place: a reader sees all of it or none)."""

@@ -68,7 +68,8 @@ def build_services(settings: Settings) -> Services:
         artifact_store=artifacts,
         teams=TeamStore(documents),
         libraries=LibraryRegistry(
-            documents, libraries_dir(settings), FetchLimits(allow_private_addresses=settings.allow_private_library_urls)
+            documents, libraries_dir(settings), FetchLimits(allow_private_addresses=settings.allow_private_library_urls),
+            versions_kept=settings.library_versions_kept, max_libraries=settings.max_libraries_per_team,
         ),
         worker_token=settings.worker_token,
     )

@@ -268,12 +268,6 @@ async def test_a_skill_ref_with_an_odd_digest_never_sends_the_token_off_the_libr
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "orchestrator/libraries.py _add keeps every version's extracted folder (<libraries>/<sha256>/) and, since #15, "
-    "its archive (<libraries>/archives/<sha256>) for good: no limit on a team's versions or libraries and no rule "
-    "in README's 'Retention and lifecycle' removes either, so a team uploading distinct archives (each up to "
-    "256 MiB) fills the API's volume; fix: a per-team bound (versions per library, libraries per team, or bytes) "
-    "answered 409/413, and removal of non-current versions no queued run names (folder and archive together)"))
 async def test_a_team_cannot_grow_the_api_s_library_store_without_bound(services):
     key = new_team(services, "team-a")
     uploads = 150

@@ -16,7 +16,7 @@ from orchestrator.api.schemas import (
     CurrentVersion, LibraryCreate, LibraryEnvironmentsPublic, LibraryPublic, LibraryRegistered,
 )
 from orchestrator.api.services import Services, get_services
-from orchestrator.libraries import LIBRARY_NAME, Library, LibraryError
+from orchestrator.libraries import LIBRARY_NAME, Library, LibraryError, LibraryLimitError
 from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/libraries", tags=["libraries"], responses=error_responses(401, 422))
@@ -40,19 +40,24 @@ async def _registered(services: Services, library: Library) -> LibraryRegistered
     return LibraryRegistered(**_public(library).model_dump(), environments=_environments(library, version.version, report))
 
 
-@router.post("", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413))
+def _refused(exc: LibraryError) -> HTTPException:
+    """409 for a team at its library limit, else 422 (the archive or its fetch was wrong)."""
+    return HTTPException(409 if isinstance(exc, LibraryLimitError) else 422, str(exc))
+
+
+@router.post("", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED, responses=error_responses(400, 409, 413))
 async def register_library(body: LibraryCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> LibraryRegistered:
     """Fetch the archive at ``url`` (safely, within limits) as the newest version of library ``name``; its skills'
     dependency environments start building (follow them at ``GET /v1/libraries/{name}/environments``)."""
     try:
         library = await asyncio.to_thread(services.libraries.add_from_url, team.id, body.name, body.url)
     except LibraryError as exc:
-        raise HTTPException(422, str(exc)) from exc
+        raise _refused(exc) from exc
     return await _registered(services, library)
 
 
 @router.post("/{name}/upload", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED,
-             responses=error_responses(413), openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+             responses=error_responses(409, 413), openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                                             "required": True}})
 async def upload_library(
     request: Request, name: str = LibraryName,
@@ -70,7 +75,7 @@ async def upload_library(
         try:
             library = await asyncio.to_thread(services.libraries.add_from_file, team.id, name, archive, filename)
         except LibraryError as exc:
-            raise HTTPException(422, str(exc)) from exc
+            raise _refused(exc) from exc
     return await _registered(services, library)
 
 
