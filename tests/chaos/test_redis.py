@@ -18,8 +18,8 @@ from orchestrator.documents import RedisDocuments
 from tests.chaos import ledger
 from tests.chaos.conftest import until
 from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
+from worker import nodes
 from worker.artifacts import FileArtifactStore
-from worker.consumer import queue_name
 from worker.run_store import RunStatus
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(300)]
@@ -38,8 +38,9 @@ async def test_redis_sigkilled_with_100_runs_queued_comes_back_from_its_append_o
     await until(lambda: all(ledger.lines(work_root, f"hold-{i}") for i in range(2)), 120, "both holding runs beginning")
     tags = [f"aof-{i}" for i in range(QUEUED)]
     ids = [(await dispatcher.submit(ledger.counted(tag))).id for tag in tags]
-    queue = Queue(queue_name("local"), connection=dispatcher.redis, serializer=JSONSerializer)
-    assert queue.count == QUEUED
+    node = nodes.live_nodes(dispatcher.redis, "local")[0]  # the workers share one work root: one node
+    queue = Queue(nodes.node_queue_name("local", node), connection=dispatcher.redis, serializer=JSONSerializer)
+    assert queue.count == QUEUED  # each run's own (kept) workspace was placed on that node
 
     server.kill()  # SIGKILL: no shutdown, no final write
     server.restart()

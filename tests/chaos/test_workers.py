@@ -113,7 +113,9 @@ async def test_a_worker_partitioned_mid_run_and_healed_after_its_run_was_retried
     far.start()
     network = docker_engine.client.networks.get(chaos_network.id)
     try:
-        record = await dispatcher.submit(ledger.gated("partition", output_files=["out/who.txt"], save_as_artifacts=True))
+        # A one-off run: the retry may go to any worker (a kept workspace's runs stay on its node's workers)
+        record = await dispatcher.submit(ledger.gated("partition", keep_workspace=False, output_files=["out/who.txt"],
+                                                      save_as_artifacts=True))
         await until(lambda: ledger.lines(far_root, "partition"), 120, "the container's attempt beginning",
                     lambda: far.get_wrapped_container().logs(tail=20).decode(errors="replace"))
         first = await dispatcher.get(record.id)
@@ -145,7 +147,7 @@ async def test_a_worker_partitioned_mid_run_and_healed_after_its_run_was_retried
         assert FileArtifactStore(artifacts).load("partition", saved.name, saved.version) == b"fresh\n"
 
         workers.kill(near)  # and the healed worker serves on
-        again = await dispatcher.submit(ledger.counted("after-heal"))
+        again = await dispatcher.submit(ledger.counted("after-heal").model_copy(update={"keep_workspace": False}))
         after = await dispatcher.wait(again.id, 120)
         assert after.status == RunStatus.FINISHED and after.result.stdout == "after-heal\n", after
     finally:

@@ -225,7 +225,8 @@ async def test_a_run_out_of_attempts_fails_with_the_reason_and_a_worker_removes_
 ):
     dispatcher = QueueDispatcher(redis_url, max_attempts=1)
     run_id = await _lose_a_started_run(
-        workers, dispatcher, RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120))
+        workers, dispatcher, RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120),
+        command_began=lambda: len(workspace_dirs(work_root)) == 1)  # killed once its workspace exists
     done = await dispatcher.wait(run_id, 60)
     assert done.status == RunStatus.FAILED
     assert "stopped beating" in done.error
