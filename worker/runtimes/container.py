@@ -18,9 +18,9 @@ the workers of its work root (a ``flock``, taken by the thread that runs the com
 run has its container to itself, and the workers of one work root share one container per workspace (and image),
 found by its labels and made at most once. When a run ends — finished, failed, timed out or cancelled — every
 process it started is killed through the engine and the scratch folders are emptied (``container_host``), and
-each run gets its own limits (the container's are updated when they differ). A URL library root is held in the
-cache for the run (``worker.library_fetch.skill_root_in_use``). Containers idle longer than ``idle_seconds`` are removed (the
-workspace stays on the host). A run cancelled while another worker's run of its workspace holds the turn ends
+each run gets its own limits (the container's are updated when they differ). A fetched library root stays in the
+cache for the run (held by the host runtime's ``run``). Containers idle longer than ``idle_seconds`` are removed
+(the workspace stays on the host). A run cancelled while another worker's run of its workspace holds the turn ends
 when that run has.
 
 Engine errors are translated in one place (``docker_engine.map_docker_errors``) into ``RuntimeUnavailableError``
@@ -50,7 +50,7 @@ from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatu
 from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
 from worker.errors import EnvironmentBuildError, InvalidRunRequestError
-from worker.library_fetch import skill_root_in_use
+from worker.library_fetch import locate
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
 from worker.runtimes.base import command_environment
 from worker.runtimes.container_boxes import Box, Boxes, BoxSettings
@@ -262,7 +262,8 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     ) -> ProcessOutcome:
         """In the workspace's turn, ``docker exec`` the command in its container of ``image`` (which mounts
         ``environment``), follow it, end the run (blocking: the Docker SDK is synchronous)."""
-        with self.boxes.turn(workspace.id), skill_root_in_use(request.skill) as root:
+        root = locate(request.skill).resolve()  # held in the cache for the whole run by the host runtime's run()
+        with self.boxes.turn(workspace.id):
             return self._exec_in_turn(workspace, image, environment, root, request, cwd, env, cancel)
 
     def _exec_in_turn(
