@@ -38,6 +38,7 @@ from tests.conftest import IS_ROOT
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_teams import V1, skill_md, tar_gz
+from tests.orchestrator.test_worker_libraries import TOKEN, elsewhere, server  # noqa: F401 - fixtures
 from worker import nodes
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
@@ -46,37 +47,10 @@ from worker.errors import ArtifactError
 from worker.library_fetch import LIBRARY_ROUTE, locate, skill_root_in_use
 from worker.runtimes.local import LocalWorkspaceRuntime
 
-TOKEN = "worker-token-" + "s" * 32
 SHA_V1 = hashlib.sha256(V1).hexdigest()
 AWS_SECRET = "aws-secret-" + "q" * 30
 AWS_KEY_ID = "AKIA" + "Z" * 16
 root_only = pytest.mark.skipif(not IS_ROOT, reason="needs root: commands run as per-workspace users in a sandbox")
-
-
-@pytest.fixture
-def server():
-    srv = FileServer().start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def elsewhere(shared_dir, monkeypatch):
-    """A worker on another host: its own URL-root cache; the API's address and the token given by the test."""
-    cache = shared_dir / "worker-cache"
-    monkeypatch.setenv("SKILLS_CACHE_DIR", str(cache))
-
-    def configure(api_url: str | None, token: str | None = TOKEN) -> Path:
-        for name, value in (("SKILLRUN_API_URL", api_url), ("SKILLRUN_WORKER_TOKEN", token)):
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, value)
-        get_worker_settings.cache_clear()
-        return cache
-
-    yield configure
-    get_worker_settings.cache_clear()
 
 
 def _far_ref(digest: str = SHA_V1, name: str = "team-skill") -> SkillRef:
