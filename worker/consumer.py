@@ -29,7 +29,6 @@ from rq.serializers import JSONSerializer
 
 from worker.config import get_worker_settings
 from worker.contract import RuntimeName
-from worker.jobs import this_node
 from worker.nodes import NodeBeat, node_queue_name
 
 QUEUE_PREFIX = "skillrun"
@@ -83,6 +82,8 @@ def serve_worker(args: argparse.Namespace) -> int:
     beat = None
     try:
         connection = redis.Redis.from_url(url)
+        from worker.jobs import this_node  # here: importing the runtimes as the consumer loads left a sandbox unreaped
+
         # Unique even across containers that share a host name and number their processes alike (host network)
         node, name = this_node(), f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         beat = NodeBeat(connection, args.runtime, node, name).start()

@@ -33,9 +33,10 @@ for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
         text = stat.read_text()
     except OSError:
         continue
-    print(text.split(" ", 1)[0], text.rsplit(")", 1)[1].split()[0], text[text.index("(") + 1:text.rindex(")")])
+    state, parent = text.rsplit(")", 1)[1].split()[:2]
+    print(text.split(" ", 1)[0], state, text[text.index("(") + 1:text.rindex(")")], "parent", parent)
 """
-"""Prints each process of a container: pid, state, name."""
+"""Prints each process of a container: pid, state, name, parent pid."""
 
 
 def test_compose_runs_a_sessions_runs_on_scaled_workers_sharing_its_workspace(compose):
