@@ -20,7 +20,6 @@ import hashlib
 import io
 import logging
 import os
-import shutil
 import tarfile
 import time
 import zipfile
@@ -34,11 +33,11 @@ from rq import Queue
 
 from orchestrator.api import auth
 from orchestrator.dispatch import QueueDispatcher
-from tests.conftest import IS_ROOT
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_teams import V1, skill_md, tar_gz
 from tests.orchestrator.test_worker_libraries import TOKEN, elsewhere, server  # noqa: F401 - fixtures
+from tests.services import ensure_installed
 from worker import nodes
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
@@ -50,7 +49,6 @@ from worker.runtimes.local import LocalWorkspaceRuntime
 SHA_V1 = hashlib.sha256(V1).hexdigest()
 AWS_SECRET = "aws-secret-" + "q" * 30
 AWS_KEY_ID = "AKIA" + "Z" * 16
-root_only = pytest.mark.skipif(not IS_ROOT, reason="needs root: commands run as per-workspace users in a sandbox")
 
 
 def _far_ref(digest: str = SHA_V1, name: str = "team-skill") -> SkillRef:
@@ -385,12 +383,12 @@ true
 """
 
 
-@root_only
+@pytest.mark.root
 @pytest.mark.parametrize("mode", ["direct", "spawner", "network"])
 async def test_a_command_finds_no_worker_secret_in_its_environment_or_proc(
         monkeypatch, work_root, library, mode):
-    if mode == "network" and shutil.which("slirp4netns") is None:
-        pytest.skip("slirp4netns is not installed")
+    if mode == "network":
+        ensure_installed("slirp4netns", "slirp4netns")
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     runtime = LocalWorkspaceRuntime(work_root, spawners="off" if mode == "direct" else "eager",
@@ -412,7 +410,7 @@ async def test_a_command_finds_no_worker_secret_in_its_environment_or_proc(
         assert f"{name}=" not in seen, f"{name} is set in the command's environment ({mode})"
 
 
-@root_only
+@pytest.mark.root
 async def test_a_command_can_neither_read_nor_change_the_node_id_nor_see_other_teams_artifacts(work_root, library):
     node = nodes.node_id(work_root)
     node_file = work_root / ".skillrun" / nodes.NODE_FILE
@@ -446,7 +444,7 @@ true
     assert not node_file.is_symlink()
 
 
-@root_only
+@pytest.mark.root
 async def test_a_fetched_library_shows_a_command_its_own_skill_and_not_the_cache_s_other_versions(
         server, elsewhere, shared_dir):
     """Two teams' versions sit side by side in a worker's URL-root cache; a run of team-a's sees neither team-b's
@@ -479,7 +477,7 @@ true
     assert their_sha not in seen.replace(f"{cache}/{their_sha}", ""), "the cache's listing was seen"
 
 
-@root_only
+@pytest.mark.root
 async def test_a_worker_s_command_reaches_neither_redis_nor_the_api_and_cannot_ask_for_network(
         redis_url, server, library, shared_dir, monkeypatch):
     """With workers on many machines Redis and the API listen on the network, not on loopback: a command that
