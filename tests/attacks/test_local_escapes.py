@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import ensure_installed, unavailable
 from tests.conftest import write_skill
 from tests.host_network import host_address
 from tests.processes import running_with, sleeper, wait_gone
+from tests.services import ensure_installed, unavailable
 from worker import user_network, watch
 from worker.contract import RunLimits, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, SandboxError

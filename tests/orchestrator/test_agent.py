@@ -9,14 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.agents import LlmAgent
-from orchestrator.models import constants, openai_model
+from orchestrator.context import InvocationContext
+from orchestrator.models import LlmResponse, constants, openai_model
 from orchestrator.runners import Runner
 from orchestrator.sessions import InMemorySessionService
 from orchestrator.tools import AgentTool, BaseTool, BaseToolSet, FunctionTool, StreamingFunctionTool
 from orchestrator.types import Content, Part
 from tests.orchestrator.conftest import declared_tools, tool_messages
-from orchestrator.context import InvocationContext
-from orchestrator.models import LlmResponse
 
 
 async def _run(agent, text: str, *, session_service=None, session_id: str = "s1"):

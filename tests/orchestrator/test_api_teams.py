@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import time
 import tarfile
+import time
 import zipfile
 
 import pytest

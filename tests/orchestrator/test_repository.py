@@ -9,9 +9,9 @@ import pytest
 
 from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, SkillValidationError
 from orchestrator.skills import CachedSkillRepository, FsSkillRepository, create_default_skill_repository
-from tests.conftest import write_skill
 from orchestrator.skills import repository as repository_module
 from orchestrator.skills import skill as skill_module
+from tests.conftest import write_skill
 
 
 def _bump(path):

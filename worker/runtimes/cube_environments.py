@@ -37,9 +37,9 @@ from worker.config import CubeCodeExecutorConfig
 from worker.environments import DeclarationCache, EnvironmentBuilder, EnvironmentInfo, Target
 from worker.environments.builder import MESSAGE_CHARS, environment_key, requirements_key
 from worker.environments.declarations import Declaration
+from worker.environments.manager import check_python
 from worker.environments.steps import installed_uv
 from worker.environments.store import build_lock, resolve_lock
-from worker.environments.manager import check_python
 from worker.environments.target import PROBE
 from worker.errors import DependencyError, EnvironmentBuildError, EnvironmentNotReadyError, WorkspaceError
 from worker.runtimes.cube_executor import REMOTE_TMP, CubeCodeExecutor, ScriptOutcome, sandbox_error
