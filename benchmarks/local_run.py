@@ -5,6 +5,9 @@ awaited between measurements, so a noisy machine slows all alike; the figure tha
 medians. The series:
 
 * bare       subprocess.run(["bash", "-c", cmd], capture_output=True)
+* ready bash a bash started before the measurement and waiting on its stdin, given the command and read to its end:
+             the fair baseline of a warm run, which is a ready shell too (the next one is started between
+             measurements, as the runtime starts its next ready shell in the background)
 * warm       a run in an existing workspace (skill already staged): the everyday case
 * cold       the first run of a new workspace: create + stage + run
 * shared-uid (as root only) a warm run with per-workspace users turned off, to show what that isolation costs
@@ -47,18 +50,23 @@ async def main() -> None:
     unboxed_runtime = LocalWorkspaceRuntime(work_root / "unboxed", sandbox=False) if as_root else None
     runtimes = [rt for rt in (runtime, shared_runtime, unboxed_runtime) if rt is not None]
     skill = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
-    bare, warm, cold, shared, unboxed, cold_unboxed, cold_bare = [], [], [], [], [], [], []
+    bare, ready, warm, cold, shared, unboxed, cold_unboxed, cold_bare = [], [], [], [], [], [], [], []
+    waiting = [_ready_bash()]
     try:
         for rt in runtimes:
             await rt.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
         async def run_bare() -> None:
             subprocess.run(["bash", "-c", args.command], capture_output=True)
 
+        async def run_ready() -> None:
+            shell = waiting.pop()
+            shell.communicate(args.command.encode())
+
         async def run_in(rt: LocalWorkspaceRuntime) -> None:
             result = await rt.run(RunRequest(skill=skill, command=args.command, workspace_id="warm"))
             assert result.exit_code == 0, result.stderr
 
-        series = [(bare, run_bare), (warm, lambda: run_in(runtime))]
+        series = [(bare, run_bare), (ready, run_ready), (warm, lambda: run_in(runtime))]
         if as_root:
             series += [(shared, lambda: run_in(shared_runtime)), (unboxed, lambda: run_in(unboxed_runtime))]
         for i in range(args.runs):
@@ -71,6 +79,8 @@ async def main() -> None:
                 # folder) finish, so it does not land on the next measurement.
                 for rt in runtimes:
                     await rt.idle()
+                if not waiting:
+                    waiting.append(_ready_bash())
             if (i + 1) % 50 == 0:
                 print(f"  {i + 1}/{args.runs} warm runs of each", file=sys.stderr)
         # New workspaces in a phase of their own: each leaves the kernel tearing down its network namespace for
@@ -88,20 +98,28 @@ async def main() -> None:
             if (i + 1) % 50 == 0:
                 print(f"  {i + 1}/{args.runs} cold runs", file=sys.stderr)
     finally:
+        for shell in waiting:
+            shell.kill()
+            shell.wait()
         for rt in runtimes:
             await rt.close()
         shutil.rmtree(work_root, ignore_errors=True)
 
     print(f"local runtime vs bare bash -c, {args.runs} runs each, command {args.command!r}, "
           f"{'root (per-workspace users)' if as_root else 'non-root'}")
-    print(f"{'series':<10} {'median ms':>10} {'p95 ms':>8} {'ratio (median)':>15}")
-    series = [("bare", bare, bare), ("warm", warm, bare)]
+    print(f"{'series':<10} {'median ms':>10} {'p95 ms':>8} {'ratio (median)':>15}  (warm/ready: warm against ready bash)")
+    series = [("bare", bare, bare), ("ready bash", ready, bare), ("warm", warm, bare), ("warm/ready", warm, ready)]
     series += [("shared-uid", shared, bare), ("unboxed", unboxed, bare)] if as_root else []
     series += [("bare", cold_bare, cold_bare), ("cold", cold, cold_bare)]
     series += [("cold-unbox", cold_unboxed, cold_bare)] if as_root else []
     for name, samples, baseline in series:
         (med, p95), (base, _) = summary_ms(samples), summary_ms(baseline)
         print(f"{name:<10} {med:>10.2f} {p95:>8.2f} {med / base:>15.2f}")
+
+
+def _ready_bash() -> subprocess.Popen:
+    """A bash waiting for its script on stdin, its output piped: the baseline's ready shell."""
+    return subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 if __name__ == "__main__":

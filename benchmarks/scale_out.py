@@ -9,7 +9,10 @@ volume — as on separate machines, so each is a node of its own and a kept work
 placed on. The workers start first and the runs are submitted once every node beats (placement picks among live
 nodes), so this mode's clock runs from the first submission; the processes mode's from the workers' start.
 
-Usage: .venv/bin/python benchmarks/scale_out.py [--runs N] [--workers 1,2,4] [--containers]
+``--runtime docker``: the runs execute on the Docker runtime (a container per kept workspace, reached through its
+executor; the containers are made by the first runs, which are counted).
+
+Usage: .venv/bin/python benchmarks/scale_out.py [--runs N] [--workers 1,2,4] [--containers] [--runtime docker]
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from worker.nodes import live_nodes  # noqa: E402
 from worker.run_store import RunStatus  # noqa: E402
 
 
-async def measure(url: str, workers: int, runs: int, work: Path, containers: bool) -> float:
+async def measure(url: str, workers: int, runs: int, work: Path, containers: bool, runtime: str) -> float:
     ref = create_default_skill_repository(str(ROOT / "skills")).skill_ref("python-math")
     dispatcher = QueueDispatcher(url)
-    requests = [RunRequest(skill=ref, command="echo run $RUN_DIR", workspace_id=f"w{i % 16}") for i in range(runs)]
+    requests = [RunRequest(skill=ref, command="echo run $RUN_DIR", workspace_id=f"w{i % 16}", runtime=runtime)
+                for i in range(runs)]
     if containers:
         stop = _worker_containers(url, workers)
         while len(live_nodes(dispatcher.redis, "local")) < workers:
@@ -49,7 +53,7 @@ async def measure(url: str, workers: int, runs: int, work: Path, containers: boo
         env = {**os.environ, "SKILLRUN_WORK_ROOT": str(work)}
         started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", url, "--burst", "--concurrency",
-                                 str(workers)], env=env, cwd=ROOT)
+                                 str(workers), "--runtime", runtime], env=env, cwd=ROOT)
         stop = lambda: proc.wait(timeout=120)  # noqa: E731 - burst workers end once the queue is empty
     try:
         for run_id in ids:
@@ -101,21 +105,25 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--containers", action="store_true", help="each worker in a container of its own, no shared volume")
+    parser.add_argument("--runtime", choices=["local", "docker"], default="local",
+                        help="where the runs execute (docker: each workspace's container, through its executor)")
     args = parser.parse_args()
+    if args.containers and args.runtime != "local":
+        parser.error("--containers measures the local runtime (its worker containers have no Docker engine)")
     counts = [int(n) for n in args.workers.split(",")]
     results = {}
     for n in counts:
         server = RedisServer()
         work = scratch_dir("skillrun-scale-")
         try:
-            results[n] = await measure(server.url(), n, args.runs, work, args.containers)
+            results[n] = await measure(server.url(), n, args.runs, work, args.containers, args.runtime)
             print(f"  {n} worker(s): {results[n]:.1f} runs/s", file=sys.stderr)
         finally:
             server.stop()
             subprocess.run(["rm", "-rf", str(work)], check=False)
     where = "workers in containers of their own, no shared volume" if args.containers else "worker processes"
-    print(f"{args.runs} short runs per point ({where}; 16 kept workspaces), none lost, none run twice; "
-          f"{os.cpu_count()} cores")
+    print(f"{args.runs} short runs per point on the {args.runtime} runtime ({where}; 16 kept workspaces), none lost, "
+          f"none run twice; {os.cpu_count()} cores")
     print(f"{'workers':<8} {'runs/s':>8} {'speed-up':>9}")
     for n in counts:
         print(f"{n:<8} {results[n]:>8.1f} {results[n] / results[counts[0]]:>8.2f}x")

@@ -6,6 +6,7 @@ fails under CI (``CI=true``) and is skipped elsewhere, with a message saying wha
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -104,6 +105,10 @@ class RedisServer:
 
 SANDBOX_IMAGE = "skillrun/sandbox:latest"
 BASE_IMAGE = "skillrun/base:bookworm"
+GVISOR = "runsc"
+GVISOR_ARGS = ("--network=none", "--host-uds=create")
+"""gVisor's options here: no network of its own (its netstack cannot be set up on this kind of host), and Unix
+sockets its sandboxes may create on mounted folders (the Docker runtime's executor listens on one)."""
 IMAGES = (SANDBOX_IMAGE, "skillrun/worker:latest", "skillrun/api:latest")
 
 
@@ -113,6 +118,7 @@ class DockerEngine:
 
     def __init__(self, repo_root: str) -> None:
         self._docker = docker
+        self.repo_root = repo_root
         self.started: subprocess.Popen | None = None
         self.client = self._connect() or self._start_engine()
         self._ensure_image(repo_root)
@@ -130,7 +136,10 @@ class DockerEngine:
             unavailable("no Docker engine answers: start one (sudo dockerd) or run the tests as root to start it")
         ensure_installed("dockerd", "docker.io")
         log = open(os.path.join(tempfile.gettempdir(), "skillrun-test-dockerd.log"), "ab")
-        self.started = subprocess.Popen(["dockerd"], stdout=log, stderr=log)
+        config = os.path.join(tempfile.mkdtemp(prefix="skillrun-dockerd-"), "daemon.json")
+        with open(config, "w") as f:
+            json.dump({"runtimes": {GVISOR: {"path": self._runsc(), "runtimeArgs": list(GVISOR_ARGS)}}}, f)
+        self.started = subprocess.Popen(["dockerd", "--config-file", config], stdout=log, stderr=log)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             client = self._connect()
@@ -138,6 +147,19 @@ class DockerEngine:
                 return client
             time.sleep(0.5)
         unavailable("dockerd did not come up within 60 s; see /tmp/skillrun-test-dockerd.log")
+
+    def _runsc(self) -> str:
+        """gVisor's runsc: the one ``.ci/setup --test`` put in .venv/bin (Debian 13's), else one on PATH."""
+        fetched = os.path.join(self.repo_root, ".venv", "bin", "runsc")
+        return fetched if os.access(fetched, os.X_OK) else shutil.which("runsc") or fetched
+
+    def require_runtime(self, name: str) -> None:
+        """Stop the test, saying how to register it, unless the engine has the OCI runtime ``name``."""
+        if name not in self.client.info().get("Runtimes", {}):
+            unavailable(f"the Docker engine has no {name!r} runtime: bash .ci/setup --test fetches gVisor's runsc into "
+                        f".venv/bin; register it in the engine's daemon.json as \"runtimes\": {{\"{name}\": {{\"path\": "
+                        f"\"{self._runsc()}\", \"runtimeArgs\": {json.dumps(list(GVISOR_ARGS))}}}}} and restart dockerd "
+                        "(the tests do it when they start dockerd themselves)")
 
     def _ensure_image(self, repo_root: str) -> None:
         """Build the images when one is missing or the base image's packages are not those of

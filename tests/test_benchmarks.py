@@ -8,16 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import docker_engine  # noqa: F401 - the engine the Docker benchmark needs
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(("script", "ratio_rows", "extra"), [
-    ("local_run.py", ["bare", "warm", "cold", "unboxed", "cold-unbox"], []),
+    ("local_run.py", ["bare", "ready bash", "warm", "warm/ready", "cold", "unboxed", "cold-unbox"], []),
+    pytest.param("docker_run.py", ["local (warm)", "bare docker exec/runc", "warm run/runc", "docker run/runc",
+                                   "first run/runc"], ["--cold-runs", "2", "--no-gvisor"], marks=pytest.mark.docker),
     ("cube_run.py", ["local run", "bare sandbox command", "cube run", "cube run + outputs"], []),
     ("skill_envs.py", ["without", "imports", "warm", "by hand", "build", "again"], ["--builds", "1"]),
     ("blob_store.py", ["filesystem 1MiB", "s3 1MiB"], ["--sizes", "1"]),
 ])
-def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra):
+def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra, request):
+    if script == "docker_run.py":
+        request.getfixturevalue("docker_engine")  # a running engine and the sandbox image
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--runs", "5", *extra], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -173,6 +173,12 @@ class RunTimings(BaseModel):
     exec_ms: float = 0.0
     collect_ms: float = 0.0
     total_ms: float = 0.0
+    exec_via: str = Field(
+        default="", max_length=1000,
+        description="How the command reached its sandbox where the runtime has more than one way: on Docker, "
+                    "'executor' (the container's own executor) or 'docker exec' (with the reason the executor "
+                    "was not used).",
+    )
 
 
 class RunResult(BaseModel):

@@ -65,6 +65,8 @@ class ProcessOutcome:
     lingering: bool = False
     """For a run in a held sandbox: some process of the run was still there after the grace period (the caller
     gives the held sandbox up)."""
+    via: str = ""
+    """How the command reached its sandbox, where a runtime has more than one way (``RunTimings.exec_via``)."""
 
 
 SETPRIV_HARDENING = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all")

@@ -14,8 +14,8 @@ import subprocess
 import pytest
 
 from worker.contract import RunLimits
-from worker.runtimes.container import RESIDENT_PROCESSES
-from worker.runtimes.container_host import RESIDENT_UID
+from worker.runtimes.container_host import EXECUTOR_RESIDENTS
+from worker.runtimes.container_launch import container_limits
 
 pytestmark = pytest.mark.docker
 
@@ -64,8 +64,10 @@ async def test_docker_background_child_does_not_outlive_its_run(docker_runtime_f
     assert not [p for p in _engine_side(docker_engine, container) if "sleep 1001" in p or "sleep 60" in p]
     after = await runtime.run(run_in("ps -eo uid=,args="))
     assert "sleep 1001" not in after.stdout and "sleep 60" not in after.stdout
-    others = [line for line in after.stdout.splitlines() if not line.split()[1:2] == ["ps"]]
-    assert all(line.split()[0] == str(RESIDENT_UID) for line in others), after.stdout  # init and keep-alive only
+    # Not the probe, nor its own bash (the ready shell it ran in, named by its loader).
+    others = [line for line in after.stdout.splitlines()
+              if line.split()[1:2] != ["ps"] and "__skillrun_command" not in line]
+    assert len(others) == 1 and "/.skillrun/executor.py" in others[0], after.stdout  # the executor alone
 
 
 async def test_docker_overlapping_runs_of_one_workspace_take_turns_and_end_only_their_own(docker_runtime_factory, run_in):
@@ -120,7 +122,7 @@ async def test_docker_fork_bomb_stops_at_the_pids_limit_without_harming_the_host
         assert subprocess.run(["true"]).returncode == 0  # the host still starts processes
         await asyncio.sleep(0.1)
     await task
-    assert most <= 64 + RESIDENT_PROCESSES
+    assert most <= 64 + EXECUTOR_RESIDENTS
     after = await runtime.run(run_in("ps -eo comm= > $RUN_DIR/ps; grep -c '^bash$' $RUN_DIR/ps", limits=ROOMY))
     assert after.stdout.strip() == "1"  # this run's own bash only: the bomb is gone
 
@@ -134,12 +136,13 @@ async def test_docker_a_later_run_gets_its_own_limits_in_the_same_container(dock
     tight = await runtime.run(run_in(f"{seen}; {alloc}", limits=small))
     container = runtime.container_id("attacked")
     config = docker_engine.client.api.inspect_container(container)["HostConfig"]
-    assert (config["Memory"], config["PidsLimit"]) == (128 * 1024**2, 20 + RESIDENT_PROCESSES)
-    assert tight.stdout.split() == [str(128 * 1024**2), str(20 + RESIDENT_PROCESSES)]  # what the run itself sees
+    expected = container_limits((128 * 1024**2, 20), executor=True)  # the executor's own process and memory on top
+    assert (config["Memory"], config["PidsLimit"]) == expected
+    assert tight.stdout.split() == [str(n) for n in expected]  # what the run itself sees
     roomy = await runtime.run(run_in(alloc, limits=RunLimits(memory_bytes=16 * 1024**3, processes=4096)))
     assert runtime.container_id("attacked") == container and roomy.stdout == "allocated\n"
     config = docker_engine.client.api.inspect_container(container)["HostConfig"]
-    assert (config["Memory"], config["PidsLimit"]) == (512 * 1024**2, 128 + RESIDENT_PROCESSES)
+    assert (config["Memory"], config["PidsLimit"]) == container_limits((512 * 1024**2, 128), executor=True)
 
 
 async def test_docker_runs_as_a_workspace_id_that_no_host_user_or_group_has(docker_runtime_factory, run_in):
@@ -175,12 +178,17 @@ async def test_docker_capabilities_are_dropped_and_privileges_cannot_be_gained(d
     runtime = docker_runtime_factory()
     result = await runtime.run(run_in(
         "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status; "
-        "ls /proc/1/root/ 2>&1 | tail -1; kill -9 1 2>&1 | tail -1; chown 0 $WORK_DIR 2>&1 | tail -1"))
+        "ls /proc/1/root/ 2>&1 | tail -1; cat /proc/1/environ 2>&1 | tail -1; ls /.skillrun/control 2>&1 | tail -1; "
+        "chown 0 $WORK_DIR 2>&1 | tail -1; kill -9 1; sleep 0.2"))
+    container = runtime.container_id("attacked")
     fields = dict(line.split(":\t") for line in result.stdout.splitlines()[:7])
     assert {fields[f"Cap{k}"] for k in ("Inh", "Prm", "Eff", "Bnd", "Amb")} == {"0000000000000000"}
     assert fields["NoNewPrivs"] == "1" and fields["Seccomp"] == "2"
     rest = "\n".join(result.stdout.splitlines()[7:]) + result.stderr
-    assert rest.count("Operation not permitted") + rest.count("Permission denied") >= 3
+    assert rest.count("Operation not permitted") + rest.count("Permission denied") >= 4
+    # The executor (the namespace's init, the run's own user) ignores the kill and still serves the container.
+    after = await runtime.run(run_in("true"))
+    assert after.timings.exec_via == "executor" and runtime.container_id("attacked") == container
 
 
 async def test_docker_root_file_system_is_read_only_and_only_the_workspace_and_scratch_are_writable(docker_runtime_factory, run_in):

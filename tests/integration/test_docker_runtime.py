@@ -17,7 +17,8 @@ from tests.file_server import FileServer
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
 from worker.root_cache import evict
-from worker.runtimes.container import RESIDENT_PROCESSES, ContainerWorkspaceRuntime
+from worker.runtimes.container import ContainerWorkspaceRuntime
+from worker.runtimes.container_launch import container_limits
 
 pytestmark = pytest.mark.docker
 
@@ -42,7 +43,9 @@ async def test_one_container_per_workspace_reused_and_hardened(docker_runtime_fa
     config = docker_engine.client.api.inspect_container(first)["HostConfig"]
     assert config["NetworkMode"] == "none" and config["ReadonlyRootfs"] is True
     assert config["CapDrop"] == ["ALL"] and "no-new-privileges" in config["SecurityOpt"][0]
-    assert config["Memory"] == runtime.memory_bytes and config["PidsLimit"] == runtime.pids + RESIDENT_PROCESSES
+    assert sorted(config["CapAdd"]) == ["SETGID", "SETPCAP", "SETUID"]  # the executor's, until it becomes the workspace's user
+    limits = container_limits((runtime.memory_bytes, runtime.pids), executor=True)
+    assert (config["Memory"], config["PidsLimit"]) == limits
     assert "/tmp" in config["Tmpfs"] and config["ShmSize"] == runtime.shm_bytes
     result = await runtime.run(_request("id -u; cat /proc/self/status | grep CapEff", workspace_id="a"))
     uid, caps = result.stdout.splitlines()

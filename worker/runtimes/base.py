@@ -93,7 +93,7 @@ def run_result(
         oom_killed=outcome.oom_killed,
         timings=RunTimings(
             stage_ms=_ms(staged - started), exec_ms=_ms(executed - staged),
-            collect_ms=_ms(finished - executed), total_ms=_ms(finished - started),
+            collect_ms=_ms(finished - executed), total_ms=_ms(finished - started), exec_via=outcome.via[:1000],
         ),
     )
 

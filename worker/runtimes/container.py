@@ -34,7 +34,6 @@ import contextlib
 import hashlib
 import os
 import select
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,10 +52,12 @@ from worker.errors import EnvironmentBuildError, InvalidRunRequestError
 from worker.library_fetch import locate
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
 from worker.runtimes.base import command_environment
-from worker.runtimes.container_boxes import Box, Boxes, BoxSettings
+from worker.runtimes.container_boxes import Box, Boxes
 from worker.runtimes.container_builds import DockerTargets, docker_environments
-from worker.runtimes.container_host import CLEAN_INSIDE, CLEANED, RESIDENT_PROCESSES
+from worker.runtimes.container_executor import CappedOutput, ExecutorLink, ExecutorLost, ExecutorUnavailable, Frames
+from worker.runtimes.container_host import CLEAN_INSIDE, CLEANED
 from worker.runtimes.container_images import DerivedImages
+from worker.runtimes.container_launch import BoxSettings
 from worker.runtimes.docker_engine import map_docker_errors
 from worker.runtimes.host import HostWorkspaceRuntime
 from worker.staging import BaseSkillStager, resolve_skill_paths
@@ -70,39 +71,6 @@ DEFAULT_TMPFS_BYTES = 64 * 1024 * 1024
 DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 DEFAULT_IDLE_SECONDS = 600.0
 POLL_SECONDS = 0.05
-
-
-class _Frames:
-    """The multiplexed output of an exec (8-byte frame headers), kept up to the run's caps."""
-
-    def __init__(self, request: RunRequest) -> None:
-        self.kept = {1: bytearray(), 2: bytearray()}
-        self.caps = {1: request.limits.stdout_bytes, 2: request.limits.stderr_bytes}
-        self.omitted = {1: 0, 2: 0}
-        self.pending = b""
-
-    def read(self, raw, seconds: float) -> bool:  # noqa: ANN001 - the exec's socket
-        """Take what arrives within ``seconds``; ``False`` once the output is closed."""
-        if not select.select([raw], [], [], seconds)[0]:
-            return True
-        try:
-            chunk = raw.recv(65536)
-        except BlockingIOError:
-            return True
-        if not chunk:
-            return False
-        self.pending += chunk
-        while len(self.pending) >= 8:
-            stream, size = self.pending[0], struct.unpack(">I", self.pending[4:8])[0]
-            if len(self.pending) < 8 + size:
-                break
-            payload, self.pending = self.pending[8 : 8 + size], self.pending[8 + size :]
-            target = 2 if stream == 2 else 1
-            room = self.caps[target] - len(self.kept[target])
-            if room > 0:
-                self.kept[target] += payload[:room]
-            self.omitted[target] += max(len(payload) - max(room, 0), 0)
-        return True
 
 
 class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
@@ -127,6 +95,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         client: docker.DockerClient | None = None,
         disk_bytes: int | None = None,
         build_settings: BuildSettings | None = None,
+        oci_runtime: str = "runc",
     ) -> None:
         """``memory_bytes``, ``cpus`` and ``pids`` cap every run (a request's own limits may only lower the first
         and last); ``tmpfs_bytes`` and ``shm_bytes`` size the container's ``/tmp`` and ``/dev/shm`` (memory the
@@ -149,7 +118,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         self._client = client
         self.images = DerivedImages(lambda: self.client, environments.store, environments.builder.settings)
         self.boxes = Boxes(
-            lambda: self.client, BoxSettings(cpus, tmpfs_bytes, shm_bytes, idle_seconds),
+            lambda: self.client, BoxSettings(cpus, tmpfs_bytes, shm_bytes, idle_seconds, oci_runtime),
             prefix="skillrun-" + hashlib.sha256(str(self.work_root.resolve()).encode()).hexdigest()[:8],
             work_root=self.work_root.resolve(), turns=workspaces.registry / "containers", used=self.images.mark_used,
         )
@@ -272,31 +241,81 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     ) -> ProcessOutcome:
         box = self._box(workspace, image, root, environment, request)
         script = ulimit_prefix(request.limits, dedicated_user=False) + request.command
-        api = self.client.api
         oom_before = box.host.oom_kills() if box.host else None
-        started = time.monotonic()
-        with map_docker_errors("starting the command"):
-            exec_id = api.exec_create(
-                box.id, ["/bin/bash", "-c", script], environment=env, workdir=cwd, user=self._user(workspace),
-                stdout=True, stderr=True,
-            )["Id"]
-            sock = api.exec_start(exec_id, socket=True)
-        outcome = self._follow(workspace, box, exec_id, getattr(sock, "_sock", sock), request, cancel, started)
+        problem = box.problem
+        outcome = None
+        if box.control is not None:
+            try:
+                outcome = self._through_executor(workspace, box, script, env, cwd, request, cancel)
+            except ExecutorUnavailable as exc:
+                problem = str(exc)  # the run did not start: docker exec it instead
+        if outcome is None:
+            outcome = self._through_docker_exec(workspace, box, script, env, cwd, request, cancel)
+            outcome.via = f"docker exec ({problem})" if problem else "docker exec"
         if box.host is not None and (box.host.oom_kills() or 0) > (oom_before or 0):
             outcome.oom_killed = True
-            outcome.notes.append(f"a process was killed for going past the run's memory limit ({box.limits[0]} bytes)")
+            limit = min(self.memory_bytes, request.limits.memory_bytes)
+            outcome.notes.append(f"a process was killed for going past the run's memory limit ({limit} bytes)")
         return outcome
+
+    def _through_executor(
+        self, workspace: Workspace, box: Box, script: str, env: dict[str, str], cwd: str, request: RunRequest,
+        cancel: Cancellation,
+    ) -> ProcessOutcome:
+        """Run the command through the container's executor; what the run left (by the executor's word, checked
+        from the host where it can be) is then ended through the engine."""
+        try:
+            if box.link is None:
+                box.link = ExecutorLink.connect(box.control, box.token)
+            outcome, report = box.link.run(script, env, cwd, request, cancel)
+        except ExecutorUnavailable:
+            box.forget_link()
+            raise
+        except ExecutorLost as exc:
+            self.boxes.remove((workspace.id, box.image))
+            outcome = exc.outcome
+            outcome.via = "executor"
+            return outcome
+        outcome.via = "executor"
+        if not report.clean or (box.host is not None and not box.host.left_nothing(ready_shell=report.ready)):
+            self._end_run(workspace, box)
+        return outcome
+
+    def _through_docker_exec(
+        self, workspace: Workspace, box: Box, script: str, env: dict[str, str], cwd: str, request: RunRequest,
+        cancel: Cancellation,
+    ) -> ProcessOutcome:
+        api = self.client.api
+        started = time.monotonic()
+        with map_docker_errors("starting the command"):
+            exec_id = api.exec_create(box.id, ["/bin/bash", "-c", script], environment=env, workdir=cwd, user=self.boxes.user(workspace),
+                                      stdout=True, stderr=True)["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        return self._follow(workspace, box, exec_id, getattr(sock, "_sock", sock), request, cancel, started)
 
     def _follow(
         self, workspace: Workspace, box: Box, exec_id: str, raw, request: RunRequest, cancel: Cancellation,  # noqa: ANN001
         started: float,
     ) -> ProcessOutcome:
         api = self.client.api
-        frames = _Frames(request)
+        output, frames = CappedOutput(request), Frames()
         deadline = started + request.timeout
         timed_out = cancelled = closed = False
         code = None
         next_check = started + POLL_SECONDS
+
+        def read(seconds: float) -> bool:
+            """Take what arrives within ``seconds``; ``False`` once the output is closed."""
+            if not select.select([raw], [], [], seconds)[0]:
+                return True
+            try:
+                chunk = raw.recv(65536)
+            except BlockingIOError:
+                return True
+            for stream, payload in frames.feed(chunk):
+                output.add(stream, payload)
+            return bool(chunk)
+
         raw.setblocking(False)
         try:
             while True:
@@ -316,13 +335,13 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
                     next_check = now + (POLL_SECONDS / 10 if closed else POLL_SECONDS)
                 if closed:
                     time.sleep(POLL_SECONDS / 10)
-                elif not frames.read(raw, POLL_SECONDS):
+                elif not read(POLL_SECONDS):
                     closed, next_check = True, now  # output closed: the exit is a moment away
             # The run is over, however it ended: everything it started goes, detached or not.
             self._end_run(workspace, box)
             drain_until = time.monotonic() + defaults.KILL_GRACE_SECONDS
             while not closed and time.monotonic() < drain_until:
-                closed = not frames.read(raw, POLL_SECONDS)
+                closed = not read(POLL_SECONDS)
         finally:
             raw.close()
         for _ in range(100):  # a killed command's exit is recorded a moment after the kill
@@ -335,11 +354,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
                     break
             time.sleep(POLL_SECONDS)
         exit_code = TIMEOUT_EXIT_CODE if timed_out else (code if code is not None else 128 + 9)
-        return ProcessOutcome(
-            stdout=bytes(frames.kept[1]), stderr=bytes(frames.kept[2]), stdout_omitted=frames.omitted[1],
-            stderr_omitted=frames.omitted[2], exit_code=exit_code, timed_out=timed_out, cancelled=cancelled,
-            duration_ms=int((time.monotonic() - started) * 1000), notes=[],
-        )
+        return output.outcome(exit_code=exit_code, timed_out=timed_out, cancelled=cancelled, started=started)
 
     def _end_run(self, workspace: Workspace, box: Box) -> None:
         """Kill everything the run started and empty the scratch folders, through the engine (one ``docker exec``
@@ -350,25 +365,17 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             return
         api = self.client.api
         try:
-            said = api.exec_start(api.exec_create(box.id, ["/bin/bash", "-c", CLEAN_INSIDE], user=self._user(workspace))["Id"])
+            said = api.exec_start(api.exec_create(box.id, ["/bin/bash", "-c", CLEAN_INSIDE], user=self.boxes.user(workspace))["Id"])
         except docker.errors.DockerException:
             said = b""
         if CLEANED.encode() not in said:
             self.boxes.remove((workspace.id, box.image))
 
-    @staticmethod
-    def _user(workspace: Workspace) -> str:
-        """The run's ``uid:gid``: the workspace's own ids (a root worker), else the worker's."""
-        if workspace.uid is not None:
-            return f"{workspace.uid}:{workspace.gid}"
-        return f"{os.getuid()}:{os.getgid()}"
-
     def _box(self, workspace: Workspace, image: str, root: Path, environment: Path | None, request: RunRequest) -> Box:
         """The workspace's running container of ``image``, with the run's limits, library root and environment."""
         self.boxes.reap_idle(keep=lambda workspace_id: workspace_id in self._turns)  # this one's turn is held
         folders = [str(root.resolve()), *([str(environment)] if environment is not None else [])]
-        limits = (min(self.memory_bytes, request.limits.memory_bytes),
-                  min(self.pids, request.limits.processes) + RESIDENT_PROCESSES)
+        limits = (min(self.memory_bytes, request.limits.memory_bytes), min(self.pids, request.limits.processes))
         return self.boxes.get(workspace, image, folders, bool(request.network), limits)
 
     def container_id(self, workspace_id: str, image: str | None = None) -> str | None:

@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +43,16 @@ import docker
 import docker.errors
 
 from worker.errors import RuntimeUnavailableError
-from worker.runtimes.container_host import RESIDENT_UID, HostView
+from worker.runtimes.container_executor import TOKEN_VARIABLE, ExecutorFiles, ExecutorLink
+from worker.runtimes.container_host import EXECUTOR_RESIDENTS, RESIDENT_PROCESSES, HostView
+from worker.runtimes.container_launch import (
+    EXECUTOR_LABEL,
+    NO_EXECUTOR_LABEL,
+    BoxSettings,
+    Launcher,
+    Spec,
+    container_limits,
+)
 from worker.runtimes.docker_engine import map_docker_errors
 from worker.workspace import Workspace
 
@@ -67,16 +77,22 @@ class Box:
     network: bool
     limits: tuple[int, int]  # memory bytes (swap included), processes (residents included)
     host: HostView | None  # None: the worker cannot see the container's control group (another PID namespace)
+    control: Path | None = None  # the executor's control folder; None: no executor (runs use docker exec)
+    token: bytes = b""
+    problem: str = ""  # why a container has no executor
+    link: ExecutorLink | None = None  # this worker's connection to the executor, once made
 
+    @property
+    def residents(self) -> int:
+        return EXECUTOR_RESIDENTS if self.control is not None else RESIDENT_PROCESSES
 
-@dataclass(frozen=True)
-class BoxSettings:
-    """What every container of a runtime gets (its constructor's options)."""
+    def limits_for(self, run_limits: tuple[int, int]) -> tuple[int, int]:
+        return container_limits(run_limits, executor=self.control is not None)
 
-    cpus: float
-    tmpfs_bytes: int
-    shm_bytes: int
-    idle_seconds: float
+    def forget_link(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
 
 class Boxes:
@@ -93,14 +109,19 @@ class Boxes:
         self.work_root = work_root
         self.turns = turns
         self.used = used
+        self.executors = ExecutorFiles(turns.parent)
+        self.launcher = Launcher(client, settings, self.executors)
         self._lock = threading.Lock()  # guards _boxes and _next_reap: threads of many runs use them
         self._boxes: dict[Key, Box] = {}  # the containers this runtime used (what the engine said last)
         self._next_reap = 0.0
+        self._instance = secrets.token_hex(8).encode()  # written into a turn file by each turn of this runtime
+        self._resumed: set[str] = set()  # workspaces whose last turn on this host was this runtime's
 
     @contextlib.contextmanager
     def turn(self, workspace_id: str, *, wait: bool = True) -> Iterator[bool]:
         """The workspace's turn on this host, ``True`` once held (waits for it; ``wait=False``: ``False`` at once
-        when another holds it). Its end marks the workspace used."""
+        when another holds it). Its end marks the workspace used, and by this runtime: a turn that follows one of
+        this runtime's trusts what this runtime knows of the workspace's containers without asking the engine."""
         self.turns.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.turns / workspace_id, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -109,29 +130,41 @@ class Boxes:
             except BlockingIOError:
                 yield False
                 return
+            if os.pread(fd, len(self._instance), 0) == self._instance:
+                self._resumed.add(workspace_id)
+            else:
+                self._resumed.discard(workspace_id)
             try:
                 yield True
             finally:
-                os.utime(fd)
+                os.pwrite(fd, self._instance, 0)  # also the workspace's last use (the file's time)
         finally:
             os.close(fd)  # releases the lock
 
     def get(self, workspace: Workspace, image: str, folders: list[str], network: bool,
-            limits: tuple[int, int]) -> Box:
-        """The workspace's running container of ``image`` with ``limits`` and ``folders`` mounted read-only; made
-        (or made again with ``folders`` added to what it mounted, or with the other network setting) when needed.
-        Call it in the workspace's turn."""
+            run_limits: tuple[int, int]) -> Box:
+        """The workspace's running container of ``image`` with room for ``run_limits`` (memory bytes, processes)
+        and ``folders`` mounted read-only; made (or made again with ``folders`` added to what it mounted, or with
+        the other network setting) when needed. Call it in the workspace's turn.
+
+        The engine is asked only when this runtime's last look may be out of date: a container whose executor this
+        runtime is connected to, in a workspace no other runtime had a turn in since, is as it was (had it been
+        removed or stopped, the connection would show it)."""
         key = (workspace.id, image)
         wanted = {folder: os.stat(folder).st_ino for folder in folders}
-        box = self.find(key)
+        with self._lock:
+            box = self._boxes.get(key)
+        if box is None or box.link is None or workspace.id not in self._resumed or not box.link.usable():
+            box = self.find(key)
         if box is not None:
             if all(box.mounts.get(folder) == inode for folder, inode in wanted.items()) and network == box.network:
+                limits = box.limits_for(run_limits)
                 if limits != box.limits:
                     self._update(box, limits)
                 return box
             self.remove(key)
             wanted = {**_still_there(box.mounts), **wanted}
-        return self._create(workspace, image, wanted, network, limits)
+        return self._create(workspace, image, wanted, network, run_limits)
 
     def find(self, key: Key) -> Box | None:
         """The workspace's running container of the image, as the engine describes it now (the one this runtime
@@ -168,9 +201,20 @@ class Boxes:
     @staticmethod
     def _box(attrs: dict, known: Box | None) -> Box:
         config, labels = attrs["HostConfig"], attrs["Config"]["Labels"]
-        host = known.host if known is not None and known.id == attrs["Id"] else HostView.find(attrs["Id"], attrs["State"]["Pid"])
-        return Box(attrs["Id"], labels[IMAGE_LABEL], json.loads(labels.get(MOUNTS_LABEL, "{}")),
-                   config["NetworkMode"] != "none", (config["Memory"], config["PidsLimit"]), host)
+        control = Path(labels[EXECUTOR_LABEL]) if labels.get(EXECUTOR_LABEL) else None
+        variables = dict(item.split("=", 1) for item in attrs["Config"].get("Env") or [] if "=" in item)
+        box = Box(attrs["Id"], labels[IMAGE_LABEL], json.loads(labels.get(MOUNTS_LABEL, "{}")),
+                  config["NetworkMode"] != "none", (config["Memory"], config["PidsLimit"]), None, control,
+                  variables.get(TOKEN_VARIABLE, "").encode(), labels.get(NO_EXECUTOR_LABEL, ""))
+        if known is not None and known.id == attrs["Id"]:
+            box.host = known.host
+            if known.link is not None and known.link.usable():
+                box.link = known.link
+            else:
+                known.forget_link()
+        elif config.get("Runtime", "runc") == "runc":  # gVisor's processes are not the host's
+            box.host = HostView.find(attrs["Id"], attrs["State"]["Pid"], box.residents)
+        return box
 
     def _update(self, box: Box, limits: tuple[int, int]) -> None:
         """Give the container the run's memory and process limits (the SDK's update lacks ``PidsLimit``)."""
@@ -183,13 +227,18 @@ class Boxes:
         box.limits = limits
 
     def _create(self, workspace: Workspace, image: str, mounts: dict[str, int], network: bool,
-                limits: tuple[int, int]) -> Box:
-        client = self.client()
+                run_limits: tuple[int, int]) -> Box:
         name = self.name(workspace.id, image)
+        volumes = {str(workspace.path): {"bind": str(workspace.path), "mode": "rw"}}
+        volumes.update({folder: {"bind": folder, "mode": "ro"} for folder in mounts})
+        labels = dict(label.split("=", 1) for label in self._labels(workspace.id, image))
+        spec = Spec(name, {**labels, MOUNTS_LABEL: json.dumps(mounts)}, image, self.user(workspace), volumes, network,
+                    run_limits)
+
         with map_docker_errors(f"starting the container of workspace {workspace.id!r}"):
-            client.images.get(image)  # never pull: a missing image is a build step, not a download
+            self.client().images.get(image)  # never pull: a missing image is a build step, not a download
             try:
-                container_id = self._start(workspace, image, name, mounts, network, limits)
+                container_id, link = self.launcher.start(spec)
             except docker.errors.APIError as exc:
                 if exc.status_code != 409:
                     raise
@@ -197,29 +246,20 @@ class Boxes:
                 if theirs is not None:
                     return theirs  # made meanwhile by a worker that did not take turns: use it, never remove it
                 self._remove_earlier(workspace.id, name)
-                container_id = self._start(workspace, image, name, mounts, network, limits)
-            box = self._box(client.api.inspect_container(container_id), None)
+                container_id, link = self.launcher.start(spec)
+            box = self._box(self.client().api.inspect_container(container_id), None)
+        box.link = link
         with self._lock:
             self._boxes[(workspace.id, image)] = box
         self.used(image)
         return box
 
-    def _start(self, workspace: Workspace, image: str, name: str, mounts: dict[str, int], network: bool,
-               limits: tuple[int, int]) -> str:
-        volumes = {str(workspace.path): {"bind": str(workspace.path), "mode": "rw"}}
-        volumes.update({folder: {"bind": folder, "mode": "ro"} for folder in mounts})
-        memory, pids = limits
-        settings = self.settings
-        labels = dict(label.split("=", 1) for label in self._labels(workspace.id, image))
-        return self.client().containers.run(
-            image, ["sleep", "infinity"], name=name, detach=True, init=True,
-            labels={**labels, MOUNTS_LABEL: json.dumps(mounts)},
-            user=f"{RESIDENT_UID}:{RESIDENT_UID}", network_mode="bridge" if network else "none",
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, ipc_mode="private",
-            tmpfs={"/tmp": f"size={settings.tmpfs_bytes},mode=1777,nosuid,nodev"}, shm_size=settings.shm_bytes,
-            mem_limit=memory, memswap_limit=memory, nano_cpus=int(settings.cpus * 1e9), pids_limit=pids,
-            volumes=volumes, working_dir="/", use_config_proxy=False,
-        ).id
+    @staticmethod
+    def user(workspace: Workspace) -> str:
+        """A workspace's ``uid:gid`` in its containers: its own ids (a root worker), else the worker's."""
+        if workspace.uid is not None:
+            return f"{workspace.uid}:{workspace.gid}"
+        return f"{os.getuid()}:{os.getgid()}"
 
     def _remove_earlier(self, workspace_id: str, name: str) -> None:
         """Remove the container holding ``name`` that the labels did not find, when it is this workspace's on this
@@ -241,8 +281,11 @@ class Boxes:
         with self._lock:
             box = self._boxes.pop(key, None)
         if box is not None:
+            box.forget_link()
             with contextlib.suppress(docker.errors.DockerException):
                 self.client().api.remove_container(box.id, force=True)
+            if box.control is not None:
+                self.executors.remove_control(box.control)
             self.used(box.image)
 
     def remove_workspace(self, workspace_id: str) -> None:
@@ -256,14 +299,17 @@ class Boxes:
         api = self.client().api
         with self._lock:
             for key in [key for key in self._boxes if key[0] == workspace_id]:
-                del self._boxes[key]
+                self._boxes.pop(key).forget_link()
         with map_docker_errors(f"removing the containers of workspace {workspace_id!r}"):
             found = api.containers(all=True, filters={"label": [f"{LABEL}={workspace_id}", f"{ROOT_LABEL}={self.work_root}"]})
         for container in found:
             with contextlib.suppress(docker.errors.DockerException):
                 api.remove_container(container["Id"], force=True)
-            if IMAGE_LABEL in container["Labels"]:
-                self.used(container["Labels"][IMAGE_LABEL])
+            labels = container["Labels"]
+            if labels.get(EXECUTOR_LABEL):
+                self.executors.remove_control(Path(labels[EXECUTOR_LABEL]))
+            if IMAGE_LABEL in labels:
+                self.used(labels[IMAGE_LABEL])
 
     def reap_idle(self, keep: Callable[[str], bool]) -> None:
         """Remove the work root's containers whose workspace went unused longer than ``idle_seconds``, but those
@@ -276,6 +322,7 @@ class Boxes:
             self._next_reap = now + min(self.settings.idle_seconds, REAP_INTERVAL_SECONDS)
         with map_docker_errors("looking for idle containers"):
             found = self.client().api.containers(all=True, filters={"label": f"{ROOT_LABEL}={self.work_root}"})
+        self.executors.sweep({container["Labels"].get(EXECUTOR_LABEL, "") for container in found})
         for workspace_id in {container["Labels"].get(LABEL, "") for container in found}:
             if not workspace_id or keep(workspace_id) or not self._idle(workspace_id):
                 continue

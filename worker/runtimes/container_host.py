@@ -4,9 +4,11 @@ A run ends with every process it started gone and the container's scratch file s
 ``/dev/mqueue``) empty, whatever it did to detach (``setsid``, ``nohup``, double forks, a cleared environment):
 runs of one workspace take turns in its container, across workers too (``container_boxes``), so every process of
 the run's user belongs to the run that just ended, and the residents — the init and the keep-alive, which run as
-``RESIDENT_UID``, an id no run has — are another user's. The end is one ``docker exec`` of ``CLEAN_INSIDE`` as the
-run's user: the kill happens in the container's own PID namespace through the engine, never by a host process id,
-so it is the same whether the worker runs on the host or in a container of its own.
+``RESIDENT_UID``, an id no run has — are another user's. In a container with an executor
+(``container_executor``), the executor ends the run itself; otherwise, or when the executor's end left
+something, the end is one ``docker exec`` of ``CLEAN_INSIDE`` as the run's user: the kill happens in the
+container's own PID namespace through the engine, never by a host process id, so it is the same whether the worker
+runs on the host or in a container of its own (the executor, the namespace's init, is out of the kill's reach).
 
 Where the worker shares the host's PID namespace and can read the container's control group (a worker on the
 host, as root), ``HostView`` reads — and never signals or changes anything — the group's OOM-kill count, so a
@@ -27,7 +29,9 @@ RESIDENT_UID = 65533
 """The user of the container's init and keep-alive: not a workspace's (30000–59999), so no run can signal them,
 and a run's processes are told from them by it."""
 RESIDENT_PROCESSES = 2
-"""The container's init and keep-alive, counted in its process limit besides the run's own."""
+"""The init and keep-alive of a container without an executor, counted in its process limit besides the run's."""
+EXECUTOR_RESIDENTS = 1
+"""The one process of a container with an executor (``container_executor``): the executor, its init."""
 SCRATCH_DIRS = ("tmp", "dev/shm", "dev/mqueue")
 KILL_ROUNDS = 3
 CLEANED = "skillrun-cleaned"
@@ -54,11 +58,12 @@ class HostView:
     init_pid: int
     procs: str
     oom_events: str | None
+    residents: int
 
     @classmethod
-    def find(cls, container_id: str, init_pid: int) -> "HostView | None":
-        """The view, or ``None`` when this process cannot see the container's processes and group (it runs in
-        another PID namespace, or is not root)."""
+    def find(cls, container_id: str, init_pid: int, residents: int) -> "HostView | None":
+        """The view of a container whose own processes are ``residents``, or ``None`` when this process cannot see
+        the container's processes and group (it runs in another PID namespace, or is not root)."""
         try:
             with open(f"/proc/{init_pid}/cgroup") as f:
                 lines = [line.rstrip("\n").split(":", 2) for line in f]
@@ -76,13 +81,14 @@ class HostView:
             procs, oom = f"/sys/fs/cgroup{groups['']}/cgroup.procs", f"/sys/fs/cgroup{groups['']}/memory.events"
         else:
             return None
-        view = cls(init_pid, procs, oom)
+        view = cls(init_pid, procs, oom, residents)
         return view if init_pid in group_procs(view.procs) else None
 
-    def left_nothing(self) -> bool:
-        """Whether the container holds nothing of an ended run: no process but the residents, and nothing but
-        root's at the top of its scratch folders (the folders the engine made on the way to a bind mount)."""
-        if len(group_procs(self.procs)) > RESIDENT_PROCESSES:
+    def left_nothing(self, *, ready_shell: bool = False) -> bool:
+        """Whether the container holds nothing of an ended run: no process but the residents (and the ready shell
+        its executor says it started for the next run), and nothing but root's at the top of its scratch folders
+        (the folders the engine made on the way to a bind mount)."""
+        if len(group_procs(self.procs)) > self.residents + ready_shell:
             return False
         try:
             for folder in SCRATCH_DIRS:

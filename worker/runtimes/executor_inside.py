@@ -1,0 +1,442 @@
+"""The executor inside a workspace's container: the container's first process, which starts each run's command
+for the worker and ends everything the run left. It runs with the image's own ``python3`` (standard library only,
+Python 3.8 or later) and imports nothing of Skillrun: the worker mounts this file read-only into the container.
+
+It starts as the container's root holding only ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_SETPCAP``
+(no-new-privileges), listens
+on ``<control>/sock`` (a folder of the worker's, mounted at ``/.skillrun/control``, that only the worker's user
+may enter), and then becomes the workspace's user for good, with no capability left (its bounding set emptied too). From then on it is process 1
+of the container's PID namespace, owned by the workspace's user but not dumpable: a command of the workspace can
+neither signal it (the kernel drops signals sent to a namespace's init from inside), trace it, read its memory,
+nor reach its socket. Each client proves it knows the container's token (given in the environment at start,
+unreadable once dropped) before anything else.
+
+The protocol is frames: a type byte, three zero bytes, the payload's length (32-bit big-endian), the payload. The
+worker sends ``AUTH`` (the token), then ``RUN`` (JSON: ``script`` for ``bash -c``, ``env``, ``cwd``, ``caps``:
+stdout and stderr bytes, ``scrub``: the script that empties the scratch folders) and, should it want the run to end early, ``KILL``. The executor answers ``READY`` (JSON) to ``AUTH``,
+streams the command's output as frames 1 (stdout) and 2 (stderr) up to the caps (reading and counting the rest,
+so it never stops answering), and ends each run with ``EXIT`` (JSON: ``code``, ``omitted``, ``clean``) once every
+process of the run is gone — whatever the run did to detach, ``kill(-1, SIGKILL)`` from process 1 reaches every
+process of the container but itself — and ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` hold nothing of its user.
+A run whose client goes away is ended the same way. After a run the executor starts the next one's bash
+(a *ready shell*, with this run's variables and folder, waiting for its script on stdin; ``EXIT`` says so with
+``ready``), so a run that fits skips bash's start-up. Runs of a container take turns (the worker's), so one run
+at a time: a ``RUN`` while another is under way is refused with ``ERROR``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hmac
+import json
+import os
+import selectors
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+
+STDOUT, STDERR, EXIT, READY, ERROR = 1, 2, 3, 4, 5
+AUTH, RUN, KILL = 16, 17, 18
+HEADER = struct.Struct(">B3xI")
+CONTROL = "/.skillrun/control"
+SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
+READY_VARIABLE = "__skillrun_command"
+READY_LOADER = f'unset {READY_VARIABLE}; source /dev/stdin && exec 0</dev/null && eval "${READY_VARIABLE}"'
+"""What a ready shell runs: read its script from stdin to the end (the run's own variables, and the command in a
+variable), take ``/dev/null`` as stdin like any run, then run the command at top level (as under ``bash -c``)."""
+RUN_VARIABLES = frozenset({"RUN_DIR", "HOME", "TMPDIR"})
+"""The variables that differ from one run of a workspace to the next (a ready shell gets them with its script)."""
+PR_CAPBSET_DROP = 24
+MAX_CLIENTS = 8
+MAX_FRAME = 16 * 1024 * 1024
+DRAIN_SECONDS = 2.0
+SCRUB_SECONDS = 30.0
+READ_BYTES = 65536
+
+
+class Client:
+    """A connection from the worker: frames in, frames out (blocking sends: the worker reads them as they come)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pending = b""
+        self.trusted = False
+
+    def frames(self, data: bytes):
+        """The whole frames received so far (a frame too large closes the connection)."""
+        self.pending += data
+        while len(self.pending) >= HEADER.size:
+            kind, size = HEADER.unpack_from(self.pending)
+            if size > MAX_FRAME:
+                raise ValueError("frame too large")
+            if len(self.pending) < HEADER.size + size:
+                return
+            payload = self.pending[HEADER.size : HEADER.size + size]
+            self.pending = self.pending[HEADER.size + size :]
+            yield kind, payload
+
+    def send(self, kind: int, payload: bytes = b"") -> bool:
+        try:
+            self.sock.sendall(HEADER.pack(kind, len(payload)) + payload)
+            return True
+        except OSError:
+            return False
+
+
+class Run:
+    """One command under way: its process, its output pipes and what of its output was sent."""
+
+    def __init__(self, client: Client, process: subprocess.Popen, caps: list[int], scrub: str, env: dict[str, str],
+                 cwd: str) -> None:
+        self.client = client
+        self.scrub = scrub
+        self.env = env
+        self.cwd = cwd
+        self.process = process
+        self.pipes = {process.stdout.fileno(): STDOUT, process.stderr.fileno(): STDERR}
+        self.room = {STDOUT: caps[0], STDERR: caps[1]}
+        self.omitted = {STDOUT: 0, STDERR: 0}
+        self.status: int | None = None
+        self.killed = False
+
+
+class Executor:
+    def __init__(self, token: bytes, uid: int, gid: int) -> None:
+        self.token = token
+        self.uid = uid
+        self.gid = gid
+        self.selector = selectors.DefaultSelector()
+        self.clients: list[Client] = []
+        self.run: Run | None = None
+        self.ready: tuple[subprocess.Popen, dict[str, str], str] | None = None  # bash waiting for the next run
+        self.wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wakeup_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the pipe (and no more)
+        # Every other signal keeps (or gets back) its default action, which the kernel never takes for a PID
+        # namespace's init on a signal sent from inside: a run cannot stop, interrupt or end its executor.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        self.selector.register(self.wakeup_r, selectors.EVENT_READ, "wakeup")
+
+    def listen(self) -> None:
+        """Listen on the control socket, becoming the workspace's user before or after binding it, whichever may
+        write the control folder (the worker's connections are refused until it listens)."""
+        owner = os.stat(CONTROL).st_uid
+        if owner == self.uid:
+            self.drop()
+        path = os.path.join(CONTROL, "sock")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(MAX_CLIENTS)
+        if owner != self.uid:
+            self.drop()
+        self.selector.register(server, selectors.EVENT_READ, "server")
+
+    def drop(self) -> None:
+        """Become the workspace's user for good, with no capability left to anything started from here on."""
+        if os.getuid() == self.uid:
+            return
+        drop_bounding_set()
+        os.setgroups([])
+        os.setgid(self.gid)
+        os.setuid(self.uid)  # from root to another user: every capability goes, and the process is not dumpable
+        os.umask(0o022)
+
+    def serve(self) -> None:
+        while True:
+            try:
+                self._step()
+            except Exception:  # noqa: BLE001 - a bug here must end the run, not the container
+                traceback.print_exc()
+                if self.run is not None:
+                    self._kill()
+                    self._finish()
+
+    def _step(self) -> None:
+        for key, _ in self.selector.select(timeout=None if self.run is None else 1.0):
+            if key.data == "wakeup":
+                self._drain_wakeups()
+                self._reap()
+            elif key.data == "server":
+                self._accept(key.fileobj)
+            elif isinstance(key.data, Client):
+                self._receive(key.data)
+            else:
+                self._output(key.fileobj, key.data)
+        if self.run is not None and self.run.status is not None:
+            self._finish()
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self.wakeup_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _reap(self) -> None:
+        """Collect every ended child: the run's command (its status kept) and orphans of the run."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.run is not None and pid == self.run.process.pid:
+                self.run.status = self.run.process.returncode = exit_code(status)
+
+    def _accept(self, server: socket.socket) -> None:
+        sock, _ = server.accept()
+        sock.setblocking(True)
+        if len(self.clients) >= MAX_CLIENTS:
+            idle = next((c for c in self.clients if self.run is None or c is not self.run.client), None)
+            if idle is None:
+                sock.close()
+                return
+            self._close(idle)
+        client = Client(sock)
+        self.clients.append(client)
+        self.selector.register(sock, selectors.EVENT_READ, client)
+
+    def _close(self, client: Client) -> None:
+        if client not in self.clients:
+            return
+        self.selector.unregister(client.sock)
+        client.sock.close()
+        self.clients.remove(client)
+        if self.run is not None and self.run.client is client:
+            self._kill()  # nobody follows the run any more: end it
+
+    def _receive(self, client: Client) -> None:
+        if client not in self.clients:
+            return
+        try:
+            data = client.sock.recv(READ_BYTES)
+        except OSError:
+            data = b""
+        if not data:
+            self._close(client)
+            return
+        try:
+            for kind, payload in client.frames(data):
+                self._handle(client, kind, payload)
+        except (ValueError, KeyError, TypeError) as exc:
+            client.send(ERROR, f"bad frame: {exc}".encode())
+            self._close(client)
+
+    def _handle(self, client: Client, kind: int, payload: bytes) -> None:
+        if not client.trusted:
+            if kind != AUTH or not hmac.compare_digest(payload, self.token):
+                raise ValueError("not authenticated")
+            client.trusted = True
+            client.send(READY, json.dumps({"pid": os.getpid(), "uid": os.getuid()}).encode())
+        elif kind == RUN:
+            if self.run is not None:
+                client.send(ERROR, b"a run is under way")
+                return
+            self._start(client, json.loads(payload))
+        elif kind == KILL:
+            if self.run is not None and self.run.client is client:
+                self._kill()
+
+    def _start(self, client: Client, spec: dict) -> None:
+        env = {str(k): str(v) for k, v in spec["env"].items()}
+        cwd, script = str(spec["cwd"]), str(spec["script"])
+        process = self._take_ready(env, cwd, script)
+        if process is None:
+            try:
+                process = subprocess.Popen(
+                    ["/bin/bash", "-c", script], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, close_fds=True, restore_signals=True,
+                )
+            except OSError as exc:
+                client.send(STDERR, f"cannot start the command: {exc}\n".encode())
+                report = {"code": 127, "omitted": [0, 0], "clean": self._clean(spec["scrub"]), "ready": False}
+                client.send(EXIT, json.dumps(report).encode())
+                return
+        self.run = Run(client, process, [int(cap) for cap in spec["caps"]], str(spec["scrub"]), env, cwd)
+        for fd in self.run.pipes:
+            os.set_blocking(fd, False)
+            self.selector.register(fd, selectors.EVENT_READ, self.run)
+        self._reap()  # a command that ended before its pipes were watched
+
+    def _take_ready(self, env: dict[str, str], cwd: str, script: str) -> subprocess.Popen | None:
+        """The waiting ready shell, given ``script``, when it fits the run (same folder, same variables but the
+        run's own); otherwise it is ended and ``None`` returned."""
+        ready, self.ready = self.ready, None
+        if ready is None:
+            return None
+        process, ready_env, ready_cwd = ready
+        fits = ready_cwd == cwd and without_run_variables(ready_env) == without_run_variables(env)
+        if fits and process.poll() is None:
+            exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in sorted(RUN_VARIABLES & env.keys()))
+            try:
+                process.stdin.write(f"export {exports}; SECONDS=0; {READY_VARIABLE}={shlex.quote(script)}\n".encode())
+                process.stdin.close()
+                return process
+            except OSError:
+                pass
+        with contextlib.suppress(OSError):
+            process.kill()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+        self._reap()
+        return None
+
+    def _make_ready(self, env: dict[str, str], cwd: str) -> None:
+        """Start bash for the next run, with this run's variables and folder, waiting for its script on stdin."""
+        try:
+            process = subprocess.Popen(
+                ["/bin/bash", "-c", READY_LOADER], env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, close_fds=True, restore_signals=True,
+            )
+        except OSError:
+            return
+        self.ready = (process, env, cwd)
+
+    def _output(self, fd: int, run: Run) -> None:
+        if fd not in run.pipes:
+            return
+        try:
+            chunk = os.read(fd, READ_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.selector.unregister(fd)
+            del run.pipes[fd]
+            return
+        stream = run.pipes[fd]
+        kept = chunk[: max(run.room[stream], 0)]
+        run.room[stream] -= len(kept)
+        run.omitted[stream] += len(chunk) - len(kept)
+        if kept:
+            run.client.send(stream, kept)
+
+    def _kill(self) -> None:
+        """End the run now: every process of the container but this one is killed."""
+        run = self.run
+        if run is None or run.killed:
+            return
+        run.killed = True
+        kill_all()
+        self._reap()
+        if run.status is None:
+            run.status = 128 + signal.SIGKILL  # killed before its exit was seen (it is reaped below)
+
+    def _finish(self) -> None:
+        """The run's command has ended: end every process it left, read what they wrote, empty the scratch folders,
+        report."""
+        run = self.run
+        kill_all()
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while run.pipes and time.monotonic() < deadline:
+            self._reap()
+            for fd in list(run.pipes):
+                self._output(fd, run)
+            if run.pipes:
+                time.sleep(0.001)
+        for fd in list(run.pipes):
+            self.selector.unregister(fd)
+        run.process.stdout.close()
+        run.process.stderr.close()
+        self.run = None
+        self._reap()
+        report = {"code": run.status, "omitted": [run.omitted[STDOUT], run.omitted[STDERR]],
+                  "clean": self._clean(run.scrub), "ready": True}
+        if run.client in self.clients:
+            run.client.send(EXIT, json.dumps(report).encode())
+        self._make_ready(run.env, run.cwd)  # after the report: the run does not wait for it
+
+    def _clean(self, scrub: str) -> bool:
+        """Empty the scratch folders of what the workspace's user left (``scrub``, a shell script the worker gives,
+        does it when there is anything: coreutils handle folders of any depth and mode); whether nothing of that
+        user is left at their top."""
+        if not self._left_in_scratch():
+            return True
+        try:
+            subprocess.run(["/bin/bash", "-c", scrub], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, close_fds=True,
+                           timeout=SCRUB_SECONDS)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return not self._left_in_scratch()
+
+    def _left_in_scratch(self) -> bool:
+        for folder in SCRATCH:
+            try:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        if entry.stat(follow_symlinks=False).st_uid == self.uid:
+                            return True
+            except OSError:
+                continue
+        return False
+
+
+def without_run_variables(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name not in RUN_VARIABLES}
+
+
+def drop_bounding_set() -> None:
+    """Empty the capability bounding set (``CAP_SETPCAP`` allows it), so the run's processes cannot hold one."""
+    import ctypes  # only here: the rest of the executor has no use for it
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for capability in range(last + 1):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot drop capability {capability} from the bounding set")
+
+
+def kill_all() -> None:
+    """SIGKILL every process this one may signal (all but itself: it is the namespace's init), until none is
+    left; a fork under way when a kill reaches its parent is aborted by the kernel."""
+    for _ in range(100):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                return
+            raise
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        time.sleep(0.001)
+
+
+def exit_code(status: int) -> int:
+    """A wait status as a shell reports it: the exit code, or 128 plus the signal."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def main() -> None:
+    token = os.environ.pop("SKILLRUN_EXECUTOR_TOKEN", "").encode()
+    uid, gid = (int(part) for part in sys.argv[1].split(":"))
+    if not token:
+        sys.exit("executor: no token in SKILLRUN_EXECUTOR_TOKEN")
+    executor = Executor(token, uid, gid)
+    executor.listen()
+    executor.serve()
+
+
+if __name__ == "__main__":
+    main()
