@@ -204,8 +204,9 @@ async def test_two_workers_running_one_workspace_at_once_share_its_container(doc
                                      for runtime in (first, second, first, second)))
     assert [result.exit_code for result in results] == [0] * 4, [result.stderr for result in results]
     assert len({result.stdout for result in results}) == 1  # one container, and no run saw another's in between
+    folder = first.workspaces.find("shared").path.name  # containers are labelled with their workspace's folder
     labelled = docker_engine.client.containers.list(all=True, filters={"label": [
-        "skillrun.workspace=shared", f"skillrun.work_root={first.work_root}"]})
+        f"skillrun.workspace={folder}", f"skillrun.work_root={first.work_root}"]})
     assert [c.id for c in labelled] == [first.container_id("shared")] == [second.container_id("shared")]
     assert labelled[0].id.startswith(results[0].stdout.strip())
 
@@ -220,7 +221,7 @@ async def main():
     result = await runtime.run(RunRequest(
         skill=SkillRef(name="python-math", root=sys.argv[2], path="python-math"), workspace_id="unseen", timeout=1,
         command="setsid sleep 1003 >/dev/null 2>&1 < /dev/null & sleep 1004"))
-    box = runtime.boxes.find(("unseen", runtime.image))
+    box = runtime.boxes.find((runtime.workspaces.find("unseen").path.name, runtime.image))
     print(json.dumps({"timed_out": result.timed_out, "container": box.id, "sees_container": box.host is not None}))
 
 asyncio.run(main())
@@ -288,14 +289,18 @@ async def test_the_name_held_by_an_earlier_versions_container_is_taken_over_and_
         docker_runtime_factory, docker_engine):
     runtime = docker_runtime_factory()
     root = str(runtime.work_root.resolve())
+    for workspace_id in ("old", "taken"):  # the workspaces exist; their containers do not
+        await runtime.run(_request("true", workspace_id=workspace_id))
+    runtime.remove_containers()
+    old, taken = (runtime.workspaces.find(w).path.name for w in ("old", "taken"))
     earlier = docker_engine.client.containers.run(  # as made before containers had the image's label
-        runtime.image, ["sleep", "infinity"], name=runtime.boxes.name("old", runtime.image), detach=True,
-        labels={"skillrun.workspace": "old", "skillrun.work_root": root})
+        runtime.image, ["sleep", "infinity"], name=runtime.boxes.name(old, runtime.image), detach=True,
+        labels={"skillrun.workspace": old, "skillrun.work_root": root})
     assert (await runtime.run(_request("true", workspace_id="old"))).exit_code == 0
     assert runtime.container_id("old") != earlier.id
     assert not docker_engine.client.containers.list(all=True, filters={"id": earlier.id})
     docker_engine.client.containers.run(runtime.image, ["sleep", "infinity"], detach=True,
-                                        name=runtime.boxes.name("taken", runtime.image),
+                                        name=runtime.boxes.name(taken, runtime.image),
                                         labels={"skillrun.work_root": root})
     with pytest.raises(RuntimeUnavailableError, match="taken by a container that is not this workspace's"):
         await runtime.run(_request("true", workspace_id="taken"))

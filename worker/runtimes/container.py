@@ -122,7 +122,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             prefix="skillrun-" + hashlib.sha256(str(self.work_root.resolve()).encode()).hexdigest()[:8],
             work_root=self.work_root.resolve(), turns=workspaces.registry / "containers", used=self.images.mark_used,
         )
-        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # workspace → (its lock, runs holding or awaiting it)
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # workspace folder → (its lock, runs holding or awaiting it)
         self._run_images: dict[str, str] = {}  # run id → the derived image it runs in (set just before it starts)
 
     @property
@@ -185,7 +185,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         image = self._run_images.pop(request.run_id, self.image)
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
-        release = await self._take_turn(workspace.id)
+        release = await self._take_turn(workspace.path.name)
         try:
             job = asyncio.get_running_loop().run_in_executor(
                 None, self._exec, workspace, image, environment, request, cwd, env, cancel
@@ -200,18 +200,18 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             cancel.set()  # the caller gave up: the thread following the command ends the run
             raise
 
-    async def _take_turn(self, workspace_id: str) -> Callable[[], None]:
+    async def _take_turn(self, folder: str) -> Callable[[], None]:
         """Wait until no other run of the workspace is in its container; the returned call ends this one's turn."""
-        lock, users = self._turns.get(workspace_id, (None, 0))
+        lock, users = self._turns.get(folder, (None, 0))
         lock = lock or asyncio.Lock()
-        self._turns[workspace_id] = (lock, users + 1)
+        self._turns[folder] = (lock, users + 1)
 
         def leave() -> None:
-            held, left = self._turns[workspace_id]
+            held, left = self._turns[folder]
             if left == 1:
-                del self._turns[workspace_id]
+                del self._turns[folder]
             else:
-                self._turns[workspace_id] = (held, left - 1)
+                self._turns[folder] = (held, left - 1)
 
         try:
             await lock.acquire()
@@ -232,7 +232,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         """In the workspace's turn, ``docker exec`` the command in its container of ``image`` (which mounts
         ``environment``), follow it, end the run (blocking: the Docker SDK is synchronous)."""
         root = locate(request.skill).resolve()  # held in the cache for the whole run by the host runtime's run()
-        with self.boxes.turn(workspace.id):
+        with self.boxes.turn(workspace.path.name):
             return self._exec_in_turn(workspace, image, environment, root, request, cwd, env, cancel)
 
     def _exec_in_turn(
@@ -272,7 +272,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             box.forget_link()
             raise
         except ExecutorLost as exc:
-            self.boxes.remove((workspace.id, box.image))
+            self.boxes.remove((workspace.path.name, box.image))
             outcome = exc.outcome
             outcome.via = "executor"
             return outcome
@@ -369,21 +369,22 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         except docker.errors.DockerException:
             said = b""
         if CLEANED.encode() not in said:
-            self.boxes.remove((workspace.id, box.image))
+            self.boxes.remove((workspace.path.name, box.image))
 
     def _box(self, workspace: Workspace, image: str, root: Path, environment: Path | None, request: RunRequest) -> Box:
         """The workspace's running container of ``image``, with the run's limits, library root and environment."""
-        self.boxes.reap_idle(keep=lambda workspace_id: workspace_id in self._turns)  # this one's turn is held
+        self.boxes.reap_idle(keep=lambda folder: folder in self._turns)  # this one's turn is held
         folders = [str(root.resolve()), *([str(environment)] if environment is not None else [])]
         limits = (min(self.memory_bytes, request.limits.memory_bytes), min(self.pids, request.limits.processes))
         return self.boxes.get(workspace, image, folders, bool(request.network), limits)
 
     def container_id(self, workspace_id: str, image: str | None = None) -> str | None:
         """The id of the workspace's container of ``image`` (default: the sandbox image), if it has one."""
-        return self.boxes.container_id(workspace_id, image or self.image)
+        workspace = self.workspaces.find_known(workspace_id) or self.workspaces.find(workspace_id)
+        return self.boxes.container_id(workspace.path.name, image or self.image) if workspace else None
 
     def _forget_workspace(self, workspace: Workspace) -> None:
-        self.boxes.remove_workspace(workspace.id)
+        self.boxes.remove_workspace(workspace.path.name)
 
     def remove_containers(self) -> None:
         """Remove every container this runtime used, but those another worker's run is in (the workspaces stay)."""

@@ -64,7 +64,8 @@ REAP_INTERVAL_SECONDS = 30.0
 """The longest between two looks for idle containers (a look lists the work root's containers)."""
 
 Key = tuple[str, str]
-"""A container's key: its workspace's id and its image."""
+"""A container's key: its workspace's folder name (unique on the work root, and known before the workspace has an
+id: a warm pool's container is made for a folder no workspace has taken yet) and its image."""
 
 
 @dataclass
@@ -118,12 +119,12 @@ class Boxes:
         self._resumed: set[str] = set()  # workspaces whose last turn on this host was this runtime's
 
     @contextlib.contextmanager
-    def turn(self, workspace_id: str, *, wait: bool = True) -> Iterator[bool]:
+    def turn(self, folder: str, *, wait: bool = True) -> Iterator[bool]:
         """The workspace's turn on this host, ``True`` once held (waits for it; ``wait=False``: ``False`` at once
         when another holds it). Its end marks the workspace used, and by this runtime: a turn that follows one of
         this runtime's trusts what this runtime knows of the workspace's containers without asking the engine."""
         self.turns.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.turns / workspace_id, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.turns / folder, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -131,9 +132,9 @@ class Boxes:
                 yield False
                 return
             if os.pread(fd, len(self._instance), 0) == self._instance:
-                self._resumed.add(workspace_id)
+                self._resumed.add(folder)
             else:
-                self._resumed.discard(workspace_id)
+                self._resumed.discard(folder)
             try:
                 yield True
             finally:
@@ -150,11 +151,11 @@ class Boxes:
         The engine is asked only when this runtime's last look may be out of date: a container whose executor this
         runtime is connected to, in a workspace no other runtime had a turn in since, is as it was (had it been
         removed or stopped, the connection would show it)."""
-        key = (workspace.id, image)
+        key = (workspace.path.name, image)
         wanted = {folder: os.stat(folder).st_ino for folder in folders}
         with self._lock:
             box = self._boxes.get(key)
-        if box is None or box.link is None or workspace.id not in self._resumed or not box.link.usable():
+        if box is None or box.link is None or workspace.path.name not in self._resumed or not box.link.usable():
             box = self.find(key)
         if box is not None:
             if all(box.mounts.get(folder) == inode for folder, inode in wanted.items()) and network == box.network:
@@ -195,8 +196,8 @@ class Boxes:
             self._boxes.pop(key, None)
         return None
 
-    def _labels(self, workspace_id: str, image: str) -> list[str]:
-        return [f"{LABEL}={workspace_id}", f"{ROOT_LABEL}={self.work_root}", f"{IMAGE_LABEL}={image}"]
+    def _labels(self, folder: str, image: str) -> list[str]:
+        return [f"{LABEL}={folder}", f"{ROOT_LABEL}={self.work_root}", f"{IMAGE_LABEL}={image}"]
 
     @staticmethod
     def _box(attrs: dict, known: Box | None) -> Box:
@@ -228,10 +229,10 @@ class Boxes:
 
     def _create(self, workspace: Workspace, image: str, mounts: dict[str, int], network: bool,
                 run_limits: tuple[int, int]) -> Box:
-        name = self.name(workspace.id, image)
+        name = self.name(workspace.path.name, image)
         volumes = {str(workspace.path): {"bind": str(workspace.path), "mode": "rw"}}
         volumes.update({folder: {"bind": folder, "mode": "ro"} for folder in mounts})
-        labels = dict(label.split("=", 1) for label in self._labels(workspace.id, image))
+        labels = dict(label.split("=", 1) for label in self._labels(workspace.path.name, image))
         spec = Spec(name, {**labels, MOUNTS_LABEL: json.dumps(mounts)}, image, self.user(workspace), volumes, network,
                     run_limits)
 
@@ -242,15 +243,15 @@ class Boxes:
             except docker.errors.APIError as exc:
                 if exc.status_code != 409:
                     raise
-                theirs = self.find((workspace.id, image))
+                theirs = self.find((workspace.path.name, image))
                 if theirs is not None:
                     return theirs  # made meanwhile by a worker that did not take turns: use it, never remove it
-                self._remove_earlier(workspace.id, name)
+                self._remove_earlier(workspace.path.name, name)
                 container_id, link = self.launcher.start(spec)
             box = self._box(self.client().api.inspect_container(container_id), None)
         box.link = link
         with self._lock:
-            self._boxes[(workspace.id, image)] = box
+            self._boxes[(workspace.path.name, image)] = box
         self.used(image)
         return box
 
@@ -261,19 +262,19 @@ class Boxes:
             return f"{workspace.uid}:{workspace.gid}"
         return f"{os.getuid()}:{os.getgid()}"
 
-    def _remove_earlier(self, workspace_id: str, name: str) -> None:
+    def _remove_earlier(self, folder: str, name: str) -> None:
         """Remove the container holding ``name`` that the labels did not find, when it is this workspace's on this
         work root (one an earlier version of the runtime made, without the image's label; no run of the
         workspace is in it: the turn is held); raise the conflict for anyone else's."""
         labels = self.client().api.inspect_container(name)["Config"]["Labels"]
-        if labels.get(LABEL) != workspace_id or labels.get(ROOT_LABEL) != str(self.work_root):
+        if labels.get(LABEL) != folder or labels.get(ROOT_LABEL) != str(self.work_root):
             raise RuntimeUnavailableError(f"the container name {name!r} is taken by a container that is not this "
                                           "workspace's; remove it")
         self.client().api.remove_container(name, force=True)
 
-    def name(self, workspace_id: str, image: str) -> str:
+    def name(self, folder: str, image: str) -> str:
         """The container's name: the work root's prefix, the workspace and a hash of the image."""
-        return f"{self.prefix}-{workspace_id}-{hashlib.sha256(image.encode()).hexdigest()[:12]}"
+        return f"{self.prefix}-{folder}-{hashlib.sha256(image.encode()).hexdigest()[:12]}"
 
     def remove(self, key: Key) -> None:
         """Remove one container (a new one is made for the workspace's next run of its image). Call it in the
@@ -288,20 +289,20 @@ class Boxes:
                 self.executors.remove_control(box.control)
             self.used(box.image)
 
-    def remove_workspace(self, workspace_id: str) -> None:
+    def remove_workspace(self, folder: str) -> None:
         """Remove every container of the workspace (waiting for its turn), and its turn file."""
-        with self.turn(workspace_id):
-            self._remove_all_of(workspace_id)
-            (self.turns / workspace_id).unlink(missing_ok=True)
+        with self.turn(folder):
+            self._remove_all_of(folder)
+            (self.turns / folder).unlink(missing_ok=True)
 
-    def _remove_all_of(self, workspace_id: str) -> None:
+    def _remove_all_of(self, folder: str) -> None:
         """Remove every container of the workspace on this work root, whichever worker made it (in its turn)."""
         api = self.client().api
         with self._lock:
-            for key in [key for key in self._boxes if key[0] == workspace_id]:
+            for key in [key for key in self._boxes if key[0] == folder]:
                 self._boxes.pop(key).forget_link()
-        with map_docker_errors(f"removing the containers of workspace {workspace_id!r}"):
-            found = api.containers(all=True, filters={"label": [f"{LABEL}={workspace_id}", f"{ROOT_LABEL}={self.work_root}"]})
+        with map_docker_errors(f"removing the containers of workspace {folder!r}"):
+            found = api.containers(all=True, filters={"label": [f"{LABEL}={folder}", f"{ROOT_LABEL}={self.work_root}"]})
         for container in found:
             with contextlib.suppress(docker.errors.DockerException):
                 api.remove_container(container["Id"], force=True)
@@ -323,34 +324,34 @@ class Boxes:
         with map_docker_errors("looking for idle containers"):
             found = self.client().api.containers(all=True, filters={"label": f"{ROOT_LABEL}={self.work_root}"})
         self.executors.sweep({container["Labels"].get(EXECUTOR_LABEL, "") for container in found})
-        for workspace_id in {container["Labels"].get(LABEL, "") for container in found}:
-            if not workspace_id or keep(workspace_id) or not self._idle(workspace_id):
+        for folder in {container["Labels"].get(LABEL, "") for container in found}:
+            if not folder or keep(folder) or not self._idle(folder):
                 continue
-            with self.turn(workspace_id, wait=False) as held:
-                if held and self._idle(workspace_id):
-                    self._remove_all_of(workspace_id)
+            with self.turn(folder, wait=False) as held:
+                if held and self._idle(folder):
+                    self._remove_all_of(folder)
 
-    def _idle(self, workspace_id: str) -> bool:
+    def _idle(self, folder: str) -> bool:
         try:
-            last = os.stat(self.turns / workspace_id).st_mtime
+            last = os.stat(self.turns / folder).st_mtime
         except FileNotFoundError:
             return True  # never used on this host since it was made (a worker that crashed)
         return time.time() - last > self.settings.idle_seconds
 
-    def container_id(self, workspace_id: str, image: str) -> str | None:
+    def container_id(self, folder: str, image: str) -> str | None:
         """The id of the workspace's container of ``image`` as this runtime last saw it."""
         with self._lock:
-            box = self._boxes.get((workspace_id, image))
+            box = self._boxes.get((folder, image))
         return box.id if box else None
 
     def remove_all(self) -> None:
         """Remove the containers this runtime used, but those a run (of another worker) is in."""
         with self._lock:
             workspaces = {key[0] for key in self._boxes}
-        for workspace_id in workspaces:
-            with self.turn(workspace_id, wait=False) as held:
+        for folder in workspaces:
+            with self.turn(folder, wait=False) as held:
                 if held:
-                    self._remove_all_of(workspace_id)
+                    self._remove_all_of(folder)
 
 
 def _still_there(mounts: dict[str, int]) -> dict[str, int]:
