@@ -69,6 +69,11 @@ class WorkerSettings(BaseSettings):
         default=defaults.SANDBOX_TMPFS_BYTES, ge=1024 * 1024,
         description="Size of a run's private /tmp (and, on the local runtime, /dev/shm) on the local or Docker runtime.",
     )
+    docker_oci_runtime: str = Field(
+        default="runc", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The OCI runtime the Docker runtime's containers run under: runc, or runsc for gVisor (registered "
+                    "with the engine, see the README).",
+    )
     url_cache_bytes: int = Field(
         default=DEFAULT_URL_CACHE_BYTES, gt=0,
         description="The most the cache of URL roots (SKILLS_CACHE_DIR) may hold, bytes; past it the least recently "

@@ -76,6 +76,8 @@ def runtime_for(name: str) -> BaseWorkspaceRuntime:
         options: dict[str, Any] = {"work_root": settings.work_root, "disk_bytes": settings.workspace_disk_bytes}
         if name in (RuntimeName.LOCAL, RuntimeName.DOCKER):
             options |= {"cpus": settings.run_cpus, "tmpfs_bytes": settings.run_tmpfs_bytes}
+        if name == RuntimeName.DOCKER:
+            options["oci_runtime"] = settings.docker_oci_runtime
         options["artifact_store"] = create_artifact_store(settings.blob_url, settings.artifacts_dir)
         _runtimes[name] = resolve_runtime(name, **options)
     return _runtimes[name]
