@@ -23,8 +23,8 @@ from tests.package_index import PackageIndex, wheel
 from tests.services import RedisServer, unavailable
 from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.contract import RunRequest, SkillRef
+from worker.folders import remove_tree
 from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.workspace import remove_tree
 
 IS_ROOT = os.geteuid() == 0
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 from worker.contract import SkillRef
 from worker.errors import StagingError
+from worker.folders import reachable_by_others, remove_tree
 from worker.library_fetch import locate
 from worker.roots import is_url
-from worker.workspace import Workspace, reachable_by_others, remove_tree
+from worker.workspace import Workspace
 
 SKILL_FILE = "SKILL.md"
 SETTLED_NS = 1_000_000_000

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from worker.environments.target import Target
-from worker.workspace import remove_tree
+from worker.folders import remove_tree
 
 LOCK_POLL_SECONDS = 0.2
 USE_TOUCH_SECONDS = 60.0
