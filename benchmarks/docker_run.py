@@ -10,8 +10,10 @@ and, when the engine has gVisor (``runsc``), ``bare exec`` and ``warm`` again in
 Cold (the first run of a new workspace: create the workspace, stage, start the container, run):
 * docker run  ``docker run`` of the same image and command, waited for to its end; its removal is not timed, as the
               cold run's container is removed after the measurement too (like with like)
-* cold        the first run of a new workspace
-and both again on gVisor.
+* cold        the first run of a new workspace, its container made for it
+* pool        the first run of a new workspace that takes a warm container (``pool_size=2``; the pool's refill
+              is awaited between measurements, as a model's thinking time would cover it)
+and all three again on gVisor.
 
 Needs a running Docker engine and the sandbox image (images/build.sh).
 Usage: .venv/bin/python benchmarks/docker_run.py [--runs N] [--cold-runs N] [--no-gvisor]
@@ -68,9 +70,11 @@ async def main() -> None:
     work = scratch_dir("skillrun-docker-bench-")
     local = LocalWorkspaceRuntime(work / "local")
     docker_runtimes = {name: ContainerWorkspaceRuntime(work / name, client=client, oci_runtime=name) for name in oci}
+    pooled = {name: ContainerWorkspaceRuntime(work / f"{name}-pool", client=client, oci_runtime=name, pool_size=2)
+              for name in oci}
     bare = {name: client.containers.run(DEFAULT_IMAGE, ["sleep", "infinity"], detach=True, network_mode="none",
                                         runtime=name) for name in oci}
-    everything = [local, *docker_runtimes.values()]
+    everything = [local, *docker_runtimes.values(), *pooled.values()]
 
     async def idle() -> None:
         for runtime in everything:
@@ -98,6 +102,7 @@ async def main() -> None:
         cold: dict[str, list[float]] = {}
         for name, runtime in docker_runtimes.items():
             counter = iter(range(10**6))
+            pool = pooled[name]
 
             async def docker_run(name: str = name) -> None:
                 container = client.containers.run(DEFAULT_IMAGE, ["bash", "-c", COMMAND], detach=True,
@@ -107,14 +112,25 @@ async def main() -> None:
             async def cold_run(runtime=runtime) -> None:  # noqa: ANN001
                 await run_in(runtime, f"cold-{next(counter)}")()
 
-            async def clean_up() -> None:
+            taken: list[str] = []
+
+            async def pool_run(pool=pool, taken=taken) -> None:  # noqa: ANN001
+                taken.append(f"cold-{next(counter)}")
+                await run_in(pool, taken[-1])()
+
+            async def clean_up(runtime=runtime, pool=pool, taken=taken) -> None:  # noqa: ANN001
                 for container in client.containers.list(all=True, filters={"ancestor": DEFAULT_IMAGE, "status": "exited"}):
                     container.remove(force=True)
-                for runtime in docker_runtimes.values():
-                    runtime.remove_containers()
+                runtime.remove_containers()
+                while taken:  # a taken container goes with its workspace; the warm ones stay
+                    pool.remove_workspace(taken.pop())
+                await pool.idle()
 
+            await run_in(pool, "warming")()  # the pool learns what new workspaces need, and fills
+            await pool.idle()
             cold |= {f"{key}/{name}": value for key, value in (await interleaved(
-                {"docker run": docker_run, "cold": cold_run}, args.cold_runs, clean_up, f"cold rounds ({name})")).items()}
+                {"docker run": docker_run, "cold": cold_run, "pool": pool_run}, args.cold_runs, clean_up,
+                f"cold rounds ({name})")).items()}
     finally:
         for container in bare.values():
             container.remove(force=True)
@@ -135,6 +151,8 @@ async def main() -> None:
         median, p95 = summary_ms(cold[f"cold/{name}"])
         print(f"{'docker run/' + name:<22} {base_median:>10.1f} {base_p95:>8.1f} {'':>9} {1:>9.2f}x")
         print(f"{'first run/' + name:<22} {median:>10.1f} {p95:>8.1f} {'':>9} {median / base_median:>9.2f}x")
+        median, p95 = summary_ms(cold[f"pool/{name}"])
+        print(f"{'first run, pool/' + name:<22} {median:>10.1f} {p95:>8.1f} {'':>9} {median / base_median:>9.3f}x")
 
 
 if __name__ == "__main__":

@@ -139,7 +139,11 @@ class DockerEngine:
         config = os.path.join(tempfile.mkdtemp(prefix="skillrun-dockerd-"), "daemon.json")
         with open(config, "w") as f:
             json.dump({"runtimes": {GVISOR: {"path": self._runsc(), "runtimeArgs": list(GVISOR_ARGS)}}}, f)
-        self.started = subprocess.Popen(["dockerd", "--config-file", config], stdout=log, stderr=log)
+        self._argv = ["dockerd", "--config-file", config]
+        self.started = subprocess.Popen(self._argv, stdout=log, stderr=log)
+        return self._await_engine()
+
+    def _await_engine(self):  # noqa: ANN202
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             client = self._connect()
@@ -179,6 +183,17 @@ class DockerEngine:
         args = ["bash", os.path.join(repo_root, "images", "build.sh")] + (["--ca-bundle", bundle] if os.path.exists(bundle) else [])
         if subprocess.run(args, cwd=repo_root, timeout=1200).returncode != 0:
             unavailable(f"could not build {', '.join(IMAGES)} with images/build.sh")
+
+    def restart(self) -> None:
+        """Stop the engine the tests started (its containers end, as in any restart without live restore) and
+        start it again. Stops the test, saying why, when the engine is not the tests' own."""
+        if self.started is None:
+            unavailable("restarting the Docker engine needs the one the tests start: stop the running dockerd first")
+        self.started.terminate()
+        self.started.wait(timeout=60)
+        log = open(os.path.join(tempfile.gettempdir(), "skillrun-test-dockerd.log"), "ab")
+        self.started = subprocess.Popen(self._argv, stdout=log, stderr=log)
+        self._await_engine().close()  # the tests' client (and the runtimes holding it) reconnect by themselves
 
     def stop(self) -> None:
         self.client.close()

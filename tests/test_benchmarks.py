@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(("script", "ratio_rows", "extra"), [
     ("local_run.py", ["bare", "ready bash", "warm", "warm/ready", "cold", "unboxed", "cold-unbox"], []),
     pytest.param("docker_run.py", ["local (warm)", "bare docker exec/runc", "warm run/runc", "docker run/runc",
-                                   "first run/runc"], ["--cold-runs", "2", "--no-gvisor"], marks=pytest.mark.docker),
+                                   "first run/runc", "first run, pool/runc"], ["--cold-runs", "2", "--no-gvisor"],
+                 marks=pytest.mark.docker),
     ("cube_run.py", ["local run", "bare sandbox command", "cube run", "cube run + outputs"], []),
     ("skill_envs.py", ["without", "imports", "warm", "by hand", "build", "again"], ["--builds", "1"]),
     ("blob_store.py", ["filesystem 1MiB", "s3 1MiB"], ["--sizes", "1"]),

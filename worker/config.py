@@ -74,6 +74,10 @@ class WorkerSettings(BaseSettings):
         description="The OCI runtime the Docker runtime's containers run under: runc, or runsc for gVisor (registered "
                     "with the engine, see the README).",
     )
+    docker_pool_size: int = Field(
+        default=2, ge=0, le=64,
+        description="Warm containers the Docker runtime keeps ready for new workspaces (0: none).",
+    )
     url_cache_bytes: int = Field(
         default=DEFAULT_URL_CACHE_BYTES, gt=0,
         description="The most the cache of URL roots (SKILLS_CACHE_DIR) may hold, bytes; past it the least recently "

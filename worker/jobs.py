@@ -77,7 +77,7 @@ def runtime_for(name: str) -> BaseWorkspaceRuntime:
         if name in (RuntimeName.LOCAL, RuntimeName.DOCKER):
             options |= {"cpus": settings.run_cpus, "tmpfs_bytes": settings.run_tmpfs_bytes}
         if name == RuntimeName.DOCKER:
-            options["oci_runtime"] = settings.docker_oci_runtime
+            options |= {"oci_runtime": settings.docker_oci_runtime, "pool_size": settings.docker_pool_size}
         options["artifact_store"] = create_artifact_store(settings.blob_url, settings.artifacts_dir)
         _runtimes[name] = resolve_runtime(name, **options)
     return _runtimes[name]

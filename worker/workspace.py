@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import stat
 import subprocess
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from worker.contract import WORKSPACE_ID_PATTERN
 from worker.errors import WorkspaceError
+from worker.folders import reachable_by_others, remove_tree
 from worker.user_ids import UserIdRegistry
 
 METADATA_FILE = "metadata.json"
@@ -111,6 +111,10 @@ def default_work_root() -> Path:
     return Path(tempfile.gettempdir())
 
 
+RESERVED_PREFIX = "ws_reserved_"
+"""The start of a reserved folder's name (``WorkspaceManager.reserve``)."""
+
+
 class WorkspaceManager:
     """Creates, finds and removes workspaces under one work root."""
 
@@ -142,17 +146,43 @@ class WorkspaceManager:
     def registry(self) -> Path:
         return self.work_root / REGISTRY_DIR
 
-    def acquire(self, workspace_id: str) -> Workspace:
-        """Return the workspace of ``workspace_id``, creating it on first use."""
+    def acquire(self, workspace_id: str, *, reserved: Workspace | None = None) -> Workspace:
+        """Return the workspace of ``workspace_id``, creating it on first use — in the ``reserved`` folder, if
+        given (``reserve``; when the workspace exists already the reservation is left as it was)."""
         if not WORKSPACE_ID_PATTERN.fullmatch(workspace_id):
             raise WorkspaceError(f"invalid workspace id {workspace_id!r}: use 1-64 letters, digits, '.', '_' or '-'")
         known = self._known.get(workspace_id)
         if known is not None and os.path.isdir(known.path):
             return known
         self._ensure_registry()
-        workspace = self._find(workspace_id) or self._create(workspace_id)
+        workspace = self._find(workspace_id) or self._create(workspace_id, reserved)
         self._known[workspace_id] = workspace
         return workspace
+
+    def reserve(self) -> Workspace:
+        """An empty folder (with its disk and user id) for a workspace that has no id yet, such as one a warm
+        container is made for; ``acquire(..., reserved=)`` lays a workspace out in it, ``release`` gives an
+        unused one back. Its name starts with ``RESERVED_PREFIX``."""
+        self._ensure_registry()
+        path = self.work_root / f"{RESERVED_PREFIX}{os.urandom(6).hex()}_{time.time_ns()}"
+        path.mkdir(mode=0o700)
+        uid = gid = None
+        try:
+            if self.disk_bytes is not None:
+                self._mount_disk(path)
+            if self.isolate_users:
+                uid = gid = self.user_ids.allocate(path, int.from_bytes(os.urandom(4), "big") % self.user_ids.count)
+            elif self.fixed_uid is not None:
+                uid = gid = self.fixed_uid
+        except BaseException:
+            self._discard(path, uid)
+            raise
+        return Workspace(id="", path=path, uid=uid, gid=gid)
+
+    def release(self, reserved: Workspace) -> None:
+        """Give back a reservation no workspace took: its folder, disk and user id."""
+        if not (reserved.path / METADATA_FILE).exists():
+            self._discard(reserved.path, reserved.uid)
 
     def find_known(self, workspace_id: str) -> Workspace | None:
         """The workspace of ``workspace_id`` if this manager has used it (no disk access)."""
@@ -262,18 +292,22 @@ class WorkspaceManager:
                                  "of this host holds; remove one of them")
         return Workspace(id=workspace_id, path=path, uid=uid, gid=meta.get("gid"))
 
-    def _create(self, workspace_id: str) -> Workspace:
-        name = f"ws_{workspace_id}_{time.time_ns()}"
-        path = self.work_root / name
-        path.mkdir(mode=0o700)
-        uid = gid = None
+    def _create(self, workspace_id: str, reserved: Workspace | None = None) -> Workspace:
+        if reserved is not None:
+            path, uid, gid = reserved.path, reserved.uid, reserved.gid
+            name = path.name
+        else:
+            name = f"ws_{workspace_id}_{time.time_ns()}"
+            path = self.work_root / name
+            path.mkdir(mode=0o700)
+            uid = gid = None
         try:
-            if self.disk_bytes is not None:
+            if reserved is None and self.disk_bytes is not None:
                 self._mount_disk(path)
-            if self.isolate_users:
+            if reserved is None and self.isolate_users:
                 start = int.from_bytes(hashlib.sha256(workspace_id.encode()).digest()[:8], "big")
                 uid = gid = self.user_ids.allocate(path, start % self.user_ids.count)
-            elif self.fixed_uid is not None:
+            elif reserved is None and self.fixed_uid is not None:
                 uid = gid = self.fixed_uid
             workspace = Workspace(id=workspace_id, path=path, uid=uid, gid=gid)
             self._lay_out(workspace)
@@ -345,48 +379,3 @@ class WorkspaceManager:
             # root owns the workspace root and skills/; the workspace's group may enter, nobody else.
             os.chown(workspace.path, 0, workspace.gid)
             os.chmod(workspace.path, 0o750)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a directory tree, including read-only parts a stager left behind, never following a link out of it.
-    A tree too deep for ``shutil.rmtree`` (it recurses once per level: a run's ``mkdir -p d/d/...`` 1,500 deep made
-    its workspace unremovable) is handed to coreutils' ``rm``, which walks any depth. ``WorkspaceError`` when it
-    cannot be removed."""
-
-    top = os.path.abspath(path)
-
-    def _retry_writable(func, target, exc_info):  # noqa: ANN001 - shutil's callback signature
-        """A read-only folder inside the tree is made writable and the step tried again; a part removed meanwhile
-        (a concurrent removal) is done; nothing outside the tree is ever changed."""
-        error, parent = exc_info[1], os.path.dirname(target)
-        if isinstance(error, FileNotFoundError):
-            return
-        if not isinstance(error, PermissionError) or not (parent == top or parent.startswith(top + os.sep)):
-            raise error
-        try:
-            os.chmod(parent, 0o700)
-            func(target)
-        except FileNotFoundError:
-            pass
-
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-        return
-    if not path.exists():
-        return
-    try:
-        shutil.rmtree(path, onerror=_retry_writable)
-    except (RecursionError, OSError):
-        for command in (["rm", "-rf", "--one-file-system", "--", str(path)], ["chmod", "-R", "u+rwx", "--", str(path)],
-                        ["rm", "-rf", "--one-file-system", "--", str(path)]):
-            if not os.path.lexists(path):
-                return
-            subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, check=False)
-        if os.path.lexists(path):
-            raise WorkspaceError(f"{path} could not be removed") from None
-
-
-def reachable_by_others(path: Path) -> bool:
-    """Whether a user other than the owner may pass through every folder down to ``path``."""
-    path = Path(path).resolve()
-    return all(os.stat(folder).st_mode & stat.S_IXOTH for folder in [path, *path.parents])

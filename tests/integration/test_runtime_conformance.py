@@ -1,6 +1,6 @@
 """One behaviour, every runtime: the same skill and commands give the same layout, variables, outputs, timeouts
-and refusals on the local runtime, in Docker containers (runc and gVisor, through the container's executor) and in
-Cube sandboxes (against the E2B stand-in)."""
+and refusals on the local runtime, in Docker containers (runc and gVisor, through the container's executor, with
+and without the warm pool) and in Cube sandboxes (against the E2B stand-in)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,18 @@ PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker),
+                        pytest.param("docker-pool", marks=pytest.mark.docker),
                         pytest.param("docker-gvisor", marks=pytest.mark.docker), "cube"])
 async def any_runtime(request, work_root):
     if request.param == "local":
         runtime = LocalWorkspaceRuntime(work_root / "local")
+    elif request.param == "docker-pool":  # every workspace but the first starts in a warm container
+        runtime = request.getfixturevalue("docker_runtime_factory")(pool_size=2)
+        await runtime.run(RunRequest(skill=SKILL, workspace_id="warming", command="true"))
+        await runtime.idle()
     elif request.param == "docker-gvisor":
         request.getfixturevalue("docker_engine").require_runtime(GVISOR)
-        runtime = request.getfixturevalue("docker_runtime_factory")(oci_runtime=GVISOR)
+        runtime = request.getfixturevalue("docker_runtime_factory")(oci_runtime=GVISOR, pool_size=1)
     else:
         runtime = request.getfixturevalue(f"{request.param}_runtime_factory")()
     yield runtime

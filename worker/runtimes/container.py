@@ -1,27 +1,30 @@
-"""The Docker runtime: a container per workspace (and image), reused across the workspace's runs (``docker exec``
-per run).
+"""The Docker runtime: a container per workspace (and image), reused across the workspace's runs, which reach it
+through the container's executor (``container_executor``; ``docker exec`` where a container has none:
+``container_exec``).
 
-Hardened by default (``container_boxes``): no network unless a request asks and the operator allows it, every
+Hardened by default (``container_launch``): no network unless a request asks and the operator allows it, every
 capability dropped, no-new-privileges, a read-only root, private size-capped ``/tmp`` and ``/dev/shm``, memory,
-CPU and process limits, an init that reaps orphans. Commands run as the workspace's own user id (allocated from
-30000–59999 when the worker is root, never a host user's), the init and keep-alive as another (``RESIDENT_UID``).
-Only this workspace is mounted writable, at the same path as on the host (so the six variables mean the same
-inside); the library roots its skills come from and the dependency environments they use are mounted read-only.
+CPU and process limits, the OCI runtime the operator chose (runc, or gVisor's runsc). Commands run as the
+workspace's own user id (allocated from 30000–59999 when the worker is root, never a host user's). Only this
+workspace is mounted writable, at the same path as on the host (so the six variables mean the same inside); the
+library roots its skills come from and the dependency environments they use are mounted read-only. With
+``pool_size`` a warm pool (``container_pool``) keeps containers made ahead for new workspaces.
 
 A skill's dependencies: its Python environment is built for the sandbox image's ``python3``, each step in a
 throwaway container (``container_builds``), and is mounted read-only at the same path inside as on the host
-(``VIRTUAL_ENV`` and ``PATH`` name it) into the containers of workspaces that run the skill; its Debian packages are in a derived image built once per set (``container_images``), whose
-container for the workspace the run then uses. A run waits for either to be built unless it says not to.
+(``VIRTUAL_ENV`` and ``PATH`` name it) into the containers of workspaces that run the skill; its Debian packages
+are in a derived image built once per set (``container_images``), whose container for the workspace the run then
+uses. A run waits for either to be built unless it says not to.
 
 Runs of one workspace take turns — in this worker (an ``asyncio`` lock, so one thread at most waits), and across
 the workers of its work root (a ``flock``, taken by the thread that runs the command: ``container_boxes``) — so a
 run has its container to itself, and the workers of one work root share one container per workspace (and image),
 found by its labels and made at most once. When a run ends — finished, failed, timed out or cancelled — every
-process it started is killed through the engine and the scratch folders are emptied (``container_host``), and
-each run gets its own limits (the container's are updated when they differ). A fetched library root stays in the
-cache for the run (held by the host runtime's ``run``). Containers idle longer than ``idle_seconds`` are removed
-(the workspace stays on the host). A run cancelled while another worker's run of its workspace holds the turn ends
-when that run has.
+process it started is killed and the scratch folders are emptied (by the executor, checked from the host where
+the worker can: ``container_host``), and each run gets its own limits (the container's are updated when they
+differ). A fetched library root stays in the cache for the run (held by the host runtime's ``run``). Containers
+idle longer than ``idle_seconds`` are removed (the workspace stays on the host). A run cancelled while another
+worker's run of its workspace holds the turn ends when that run has.
 
 Engine errors are translated in one place (``docker_engine.map_docker_errors``) into ``RuntimeUnavailableError``
 carrying the engine's reason.
@@ -30,34 +33,31 @@ carrying the engine's reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
-import select
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import docker
-import docker.errors
 
 from worker import defaults
 from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
-from worker.contract import RunRequest, RuntimeName
+from worker.contract import RunRequest, RunResult, RuntimeName
 from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatus
 from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
 from worker.errors import EnvironmentBuildError, InvalidRunRequestError
 from worker.library_fetch import locate
-from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome, ulimit_prefix
+from worker.process import ProcessOutcome, ulimit_prefix
 from worker.runtimes.base import command_environment
 from worker.runtimes.container_boxes import Box, Boxes
 from worker.runtimes.container_builds import DockerTargets, docker_environments
-from worker.runtimes.container_executor import CappedOutput, ExecutorLink, ExecutorLost, ExecutorUnavailable, Frames
-from worker.runtimes.container_host import CLEAN_INSIDE, CLEANED
+from worker.runtimes.container_exec import docker_exec_run, scrub_through_engine
+from worker.runtimes.container_executor import ExecutorLink, ExecutorLost, ExecutorUnavailable
 from worker.runtimes.container_images import DerivedImages
 from worker.runtimes.container_launch import BoxSettings
+from worker.runtimes.container_pool import WarmPool
 from worker.runtimes.docker_engine import map_docker_errors
 from worker.runtimes.host import HostWorkspaceRuntime
 from worker.staging import BaseSkillStager, resolve_skill_paths
@@ -70,7 +70,6 @@ DEFAULT_PIDS = 256
 DEFAULT_TMPFS_BYTES = 64 * 1024 * 1024
 DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 DEFAULT_IDLE_SECONDS = 600.0
-POLL_SECONDS = 0.05
 
 
 class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
@@ -96,6 +95,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         disk_bytes: int | None = None,
         build_settings: BuildSettings | None = None,
         oci_runtime: str = "runc",
+        pool_size: int = 0,
     ) -> None:
         """``memory_bytes``, ``cpus`` and ``pids`` cap every run (a request's own limits may only lower the first
         and last); ``tmpfs_bytes`` and ``shm_bytes`` size the container's ``/tmp`` and ``/dev/shm`` (memory the
@@ -121,7 +121,10 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             lambda: self.client, BoxSettings(cpus, tmpfs_bytes, shm_bytes, idle_seconds, oci_runtime),
             prefix="skillrun-" + hashlib.sha256(str(self.work_root.resolve()).encode()).hexdigest()[:8],
             work_root=self.work_root.resolve(), turns=workspaces.registry / "containers", used=self.images.mark_used,
+            release=workspaces.release,
         )
+        self.pool = WarmPool(pool_size, self.boxes, workspaces, lambda: (self.memory_bytes, self.pids),
+                             max_age=idle_seconds / 2) if pool_size > 0 else None
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # workspace folder → (its lock, runs holding or awaiting it)
         self._run_images: dict[str, str] = {}  # run id → the derived image it runs in (set just before it starts)
 
@@ -177,6 +180,23 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         if status.state == "invalid" or not status.declaration.debian:
             return status
         return status.with_image(self.images.status(self.targets().image, status.declaration.debian))
+
+    def _acquire(self, request: RunRequest) -> Workspace:
+        """A new workspace takes a warm container that fits its first run, when the pool has one: it is laid out
+        in the container's reserved folder (blocking)."""
+        if self.pool is None or request.network or self.workspaces.find(request.workspace_id) is not None:
+            return super()._acquire(request)
+        warm = self.pool.take((self.image, (str(locate(request.skill).resolve()),)))
+        if warm is None:
+            return super()._acquire(request)
+        try:
+            workspace = self.workspaces.acquire(request.workspace_id, reserved=warm.folder)
+        except BaseException:
+            self.pool.discard(warm)
+            raise
+        if workspace.path != warm.folder.path:  # another worker made the workspace meanwhile
+            self.pool.discard(warm)
+        return workspace
 
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
@@ -285,76 +305,8 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         self, workspace: Workspace, box: Box, script: str, env: dict[str, str], cwd: str, request: RunRequest,
         cancel: Cancellation,
     ) -> ProcessOutcome:
-        api = self.client.api
-        started = time.monotonic()
-        with map_docker_errors("starting the command"):
-            exec_id = api.exec_create(box.id, ["/bin/bash", "-c", script], environment=env, workdir=cwd, user=self.boxes.user(workspace),
-                                      stdout=True, stderr=True)["Id"]
-            sock = api.exec_start(exec_id, socket=True)
-        return self._follow(workspace, box, exec_id, getattr(sock, "_sock", sock), request, cancel, started)
-
-    def _follow(
-        self, workspace: Workspace, box: Box, exec_id: str, raw, request: RunRequest, cancel: Cancellation,  # noqa: ANN001
-        started: float,
-    ) -> ProcessOutcome:
-        api = self.client.api
-        output, frames = CappedOutput(request), Frames()
-        deadline = started + request.timeout
-        timed_out = cancelled = closed = False
-        code = None
-        next_check = started + POLL_SECONDS
-
-        def read(seconds: float) -> bool:
-            """Take what arrives within ``seconds``; ``False`` once the output is closed."""
-            if not select.select([raw], [], [], seconds)[0]:
-                return True
-            try:
-                chunk = raw.recv(65536)
-            except BlockingIOError:
-                return True
-            for stream, payload in frames.feed(chunk):
-                output.add(stream, payload)
-            return bool(chunk)
-
-        raw.setblocking(False)
-        try:
-            while True:
-                now = time.monotonic()
-                if cancel.is_set():
-                    cancelled = True
-                    break
-                if now >= deadline:
-                    timed_out = True
-                    break
-                if now >= next_check:
-                    with map_docker_errors("following the command"):
-                        info = api.exec_inspect(exec_id)
-                    if not info["Running"]:
-                        code = info.get("ExitCode")
-                        break
-                    next_check = now + (POLL_SECONDS / 10 if closed else POLL_SECONDS)
-                if closed:
-                    time.sleep(POLL_SECONDS / 10)
-                elif not read(POLL_SECONDS):
-                    closed, next_check = True, now  # output closed: the exit is a moment away
-            # The run is over, however it ended: everything it started goes, detached or not.
-            self._end_run(workspace, box)
-            drain_until = time.monotonic() + defaults.KILL_GRACE_SECONDS
-            while not closed and time.monotonic() < drain_until:
-                closed = not read(POLL_SECONDS)
-        finally:
-            raw.close()
-        for _ in range(100):  # a killed command's exit is recorded a moment after the kill
-            if code is not None:
-                break
-            with contextlib.suppress(docker.errors.DockerException):
-                info = api.exec_inspect(exec_id)
-                if not info["Running"]:
-                    code = info.get("ExitCode")
-                    break
-            time.sleep(POLL_SECONDS)
-        exit_code = TIMEOUT_EXIT_CODE if timed_out else (code if code is not None else 128 + 9)
-        return output.outcome(exit_code=exit_code, timed_out=timed_out, cancelled=cancelled, started=started)
+        return docker_exec_run(self.client.api, box.id, self.boxes.user(workspace), script, env, cwd, request, cancel,
+                               end_run=lambda: self._end_run(workspace, box))
 
     def _end_run(self, workspace: Workspace, box: Box) -> None:
         """Kill everything the run started and empty the scratch folders, through the engine (one ``docker exec``
@@ -363,17 +315,13 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         run gets a new one)."""
         if box.host is not None and box.host.left_nothing():
             return
-        api = self.client.api
-        try:
-            said = api.exec_start(api.exec_create(box.id, ["/bin/bash", "-c", CLEAN_INSIDE], user=self.boxes.user(workspace))["Id"])
-        except docker.errors.DockerException:
-            said = b""
-        if CLEANED.encode() not in said:
+        if not scrub_through_engine(self.client.api, box.id, self.boxes.user(workspace)):
             self.boxes.remove((workspace.path.name, box.image))
 
     def _box(self, workspace: Workspace, image: str, root: Path, environment: Path | None, request: RunRequest) -> Box:
         """The workspace's running container of ``image``, with the run's limits, library root and environment."""
-        self.boxes.reap_idle(keep=lambda folder: folder in self._turns)  # this one's turn is held
+        # This run's turn is held; warm containers not taken yet are the pool's.
+        self.boxes.reap_idle(keep=lambda folder: folder in self._turns or (self.pool is not None and self.pool.holds(folder)))
         folders = [str(root.resolve()), *([str(environment)] if environment is not None else [])]
         limits = (min(self.memory_bytes, request.limits.memory_bytes), min(self.pids, request.limits.processes))
         return self.boxes.get(workspace, image, folders, bool(request.network), limits)
@@ -390,6 +338,19 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         """Remove every container this runtime used, but those another worker's run is in (the workspaces stay)."""
         self.boxes.remove_all()
 
+    async def run(self, request: RunRequest, *, allow_host_paths: bool = False) -> RunResult:
+        if self.pool is not None:
+            self.pool.start(asyncio.get_running_loop())  # it refills on the loop the runs come on
+        return await super().run(request, allow_host_paths=allow_host_paths)
+
+    async def idle(self) -> None:
+        """Wait until background work is done: spare run folders, and the warm pool's refill."""
+        await super().idle()
+        if self.pool is not None:
+            await self.pool.wait_filled()
+
     async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
         await super().close()
         await asyncio.to_thread(self.remove_containers)

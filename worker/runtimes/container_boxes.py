@@ -54,12 +54,14 @@ from worker.runtimes.container_launch import (
     container_limits,
 )
 from worker.runtimes.docker_engine import map_docker_errors
-from worker.workspace import Workspace
+from worker.workspace import METADATA_FILE, Workspace
 
 LABEL = "skillrun.workspace"
 ROOT_LABEL = "skillrun.work_root"
 IMAGE_LABEL = "skillrun.image"
 MOUNTS_LABEL = "skillrun.mounts"
+WARM_LABEL = "skillrun.warm"
+"""On a warm pool's container: the user id of its reserved folder."""
 REAP_INTERVAL_SECONDS = 30.0
 """The longest between two looks for idle containers (a look lists the work root's containers)."""
 
@@ -100,16 +102,19 @@ class Boxes:
     """The containers of a work root's workspaces, keyed by workspace and image (see the module's description).
 
     ``turns`` is the folder of the workspaces' turn files; ``used`` hears of an image whenever a container of it
-    is made or removed (derived images' last use)."""
+    is made or removed (derived images' last use); ``release`` gives back the reserved folder of a warm container
+    no workspace took."""
 
     def __init__(self, client: Callable[[], docker.DockerClient], settings: BoxSettings, *, prefix: str,
-                 work_root: Path, turns: Path, used: Callable[[str], None]) -> None:
+                 work_root: Path, turns: Path, used: Callable[[str], None],
+                 release: Callable[[Workspace], None]) -> None:
         self.client = client
         self.settings = settings
         self.prefix = prefix
         self.work_root = work_root
         self.turns = turns
         self.used = used
+        self.release = release
         self.executors = ExecutorFiles(turns.parent)
         self.launcher = Launcher(client, settings, self.executors)
         self._lock = threading.Lock()  # guards _boxes and _next_reap: threads of many runs use them
@@ -227,12 +232,19 @@ class Boxes:
             api._raise_for_status(response)
         box.limits = limits
 
+    def make_warm(self, reserved: Workspace, image: str, mounts: dict[str, int], run_limits: tuple[int, int]) -> Box:
+        """A container for the reserved folder of a workspace not named yet (``container_pool``); labelled as
+        warm, with the folder's user id, so any worker's idle reaper can tell it and give the folder back."""
+        with self.turn(reserved.path.name):
+            return self._create(reserved, image, mounts, False, run_limits,
+                                extra={WARM_LABEL: str(reserved.uid if reserved.uid is not None else "")})
+
     def _create(self, workspace: Workspace, image: str, mounts: dict[str, int], network: bool,
-                run_limits: tuple[int, int]) -> Box:
+                run_limits: tuple[int, int], *, extra: dict[str, str] | None = None) -> Box:
         name = self.name(workspace.path.name, image)
         volumes = {str(workspace.path): {"bind": str(workspace.path), "mode": "rw"}}
         volumes.update({folder: {"bind": folder, "mode": "ro"} for folder in mounts})
-        labels = dict(label.split("=", 1) for label in self._labels(workspace.path.name, image))
+        labels = dict(label.split("=", 1) for label in self._labels(workspace.path.name, image)) | (extra or {})
         spec = Spec(name, {**labels, MOUNTS_LABEL: json.dumps(mounts)}, image, self.user(workspace), volumes, network,
                     run_limits)
 
@@ -325,11 +337,28 @@ class Boxes:
             found = self.client().api.containers(all=True, filters={"label": f"{ROOT_LABEL}={self.work_root}"})
         self.executors.sweep({container["Labels"].get(EXECUTOR_LABEL, "") for container in found})
         for folder in {container["Labels"].get(LABEL, "") for container in found}:
-            if not folder or keep(folder) or not self._idle(folder):
+            if not folder or keep(folder):
                 continue
-            with self.turn(folder, wait=False) as held:
-                if held and self._idle(folder):
-                    self._remove_all_of(folder)
+            warm = next((c for c in found if c["Labels"].get(LABEL) == folder and WARM_LABEL in c["Labels"]), None)
+            if warm is not None and not (self.work_root / folder / METADATA_FILE).exists():
+                self._reap_warm(folder, warm)  # made for a workspace that never came
+            elif self._idle(folder):
+                with self.turn(folder, wait=False) as held:
+                    if held and self._idle(folder):
+                        self._remove_all_of(folder)
+
+    def _reap_warm(self, folder: str, container: dict) -> None:
+        """Remove a warm container no workspace took, older than the idle time (its pool, which renews what it
+        holds sooner, is gone), and give its reserved folder back."""
+        if time.time() - container["Created"] <= self.settings.idle_seconds:
+            return
+        with self.turn(folder, wait=False) as held:
+            if held and not (self.work_root / folder / METADATA_FILE).exists():
+                self._remove_all_of(folder)
+                uid = container["Labels"][WARM_LABEL]
+                self.release(Workspace(id="", path=self.work_root / folder, uid=int(uid) if uid else None,
+                                       gid=int(uid) if uid else None))
+                (self.turns / folder).unlink(missing_ok=True)
 
     def _idle(self, folder: str) -> bool:
         try:

@@ -151,12 +151,16 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     def _prepare(self, request: RunRequest) -> "_Prepared":
         """Make the workspace on first use, stage the skill, make a run folder, write the inputs (blocking)."""
         self._note_use(request.workspace_id)
-        workspace = self.workspaces.acquire(request.workspace_id)
+        workspace = self._acquire(request)
         skill_dir = self.stager.stage(workspace, request.skill)
         prepared = self._prepared(request, workspace, skill_dir, self.workspaces.new_run_dir(workspace))
         for item in request.inputs:
             self._write_input(workspace, item)
         return prepared
+
+    def _acquire(self, request: RunRequest) -> Workspace:
+        """The run's workspace, made on its first run (blocking)."""
+        return self.workspaces.acquire(request.workspace_id)
 
     def _prepare_quickly(self, request: RunRequest) -> "_Prepared | None":
         """Prepare the run with metadata system calls only, so on the event loop, when that is all it takes: its

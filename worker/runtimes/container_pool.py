@@ -1,0 +1,170 @@
+"""The Docker runtime's warm pool: containers made ahead, so the first run of a new workspace does not wait for
+``docker run``.
+
+A warm container is an ordinary workspace container (hardened, its executor listening as the workspace's user)
+made for a *reserved* folder — an empty folder of the work root with its own user id
+(``WorkspaceManager.reserve``) — before any workspace has taken it. A new workspace whose first run fits a warm
+container takes it: the workspace is laid out in that folder (``acquire(..., reserved=)``), and the container,
+found by the folder's name like any other, is the workspace's from then on. A warm container is made for one
+*template* — its image and the library roots it mounts, those of the last new workspace that asked — and taken
+only by a workspace whose first run needs exactly that, so it never shows a workspace a library its runs do not
+use; the pool fills for the last template asked for, making room by dropping the oldest of others. Until it is taken nothing runs in it but its executor, and its folder is empty; it serves one workspace
+and goes with it.
+
+The pool holds at most ``size`` containers (a container holds its executor, ~10 MB, and the engine's share), is
+refilled in the background after each take, and drops what it holds after ``max_age`` seconds (the idle reaper of
+every worker removes warm containers older than the idle time whose worker is gone), when their container has
+ended (an engine restart: the pool is filled again), and at ``close``. ``size`` 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from worker.errors import RuntimeUnavailableError
+from worker.runtimes.container_boxes import Box, Boxes
+from worker.workspace import Workspace, WorkspaceManager
+
+Template = tuple[str, tuple[str, ...]]
+"""What a warm container is made for: its image and the library roots it mounts (read-only)."""
+
+
+@dataclass
+class Warm:
+    """A warm container and the reserved folder it was made for."""
+
+    template: Template
+    folder: Workspace
+    box: Box
+    made: float = field(default_factory=time.monotonic)
+
+
+class WarmPool:
+    """Warm containers of one runtime (see the module's description). ``take`` may be called from any thread;
+    the pool refills itself on the event loop it was made on, making each container in a thread."""
+
+    def __init__(self, size: int, boxes: Boxes, workspaces: WorkspaceManager, run_limits: Callable[[], tuple[int, int]],
+                 *, max_age: float) -> None:
+        self.size = size
+        self.boxes = boxes
+        self.workspaces = workspaces
+        self.run_limits = run_limits
+        self.max_age = max_age
+        self._lock = threading.Lock()  # guards _warm and _template: runs' threads take, the loop fills
+        self._warm: list[Warm] = []
+        self._template: Template | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._filling: asyncio.Task | None = None
+        self.problem = ""  # why the last fill failed, if it did
+
+    def take(self, template: Template) -> Warm | None:
+        """A warm container made for ``template`` whose executor still answers, if the pool has one; the pool is
+        refilled for ``template`` either way (call ``adopted`` or ``discard`` with what it returns)."""
+        dead = []
+        taken = None
+        with self._lock:
+            self._template = template
+            for warm in list(self._warm):
+                if warm.template != template:
+                    continue
+                self._warm.remove(warm)
+                if warm.box.link is not None and warm.box.link.usable():
+                    taken = warm
+                    break
+                dead.append(warm)  # its container ended (the engine restarted): the pool is filled again
+        for warm in dead:
+            self.discard(warm)
+        self._kick()
+        return taken
+
+    def holds(self, folder: str) -> bool:
+        """Whether ``folder`` is a warm container's, not taken yet (the idle reaper leaves it)."""
+        with self._lock:
+            return any(warm.folder.path.name == folder for warm in self._warm)
+
+    def discard(self, warm: Warm) -> None:
+        """Remove a warm container and give its reserved folder back (blocking)."""
+        with contextlib.suppress(RuntimeUnavailableError):
+            self.boxes.remove((warm.folder.path.name, warm.template[0]))
+        self.workspaces.release(warm.folder)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Refill on ``loop`` from now on (the runtime's first run tells it its loop)."""
+        self._loop = loop
+
+    def _kick(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._fill_soon)
+
+    def _fill_soon(self) -> None:
+        if self._filling is None or self._filling.done():
+            self._filling = asyncio.get_running_loop().create_task(self._fill())
+
+    async def _fill(self) -> None:
+        """Make warm containers until the pool holds ``size`` for the current template, dropping those past
+        ``max_age`` first, and then, for room, the oldest of other templates."""
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                template = self._template
+                old = [warm for warm in self._warm if now - warm.made > self.max_age]
+                others = [warm for warm in self._warm if warm not in old and warm.template != template]
+                missing = self.size - sum(1 for warm in self._warm if warm not in old and warm.template == template)
+                crowded = len(self._warm) - len(old) + min(missing, 1) - self.size
+                old += others[: max(crowded, 0)]
+                self._warm = [warm for warm in self._warm if warm not in old]
+            for warm in old:
+                await asyncio.to_thread(self.discard, warm)
+            if template is None or missing <= 0:
+                return
+            try:
+                warm = await asyncio.to_thread(self._make, template)
+            except Exception as exc:  # noqa: BLE001 - a pool that cannot fill leaves runs to make their own
+                self.problem = str(exc)
+                return
+            self.problem = ""
+            with self._lock:
+                self._warm.append(warm)
+
+    def _make(self, template: Template) -> Warm:
+        image, roots = template
+        folder = self.workspaces.reserve()
+        try:
+            mounts = {root: _inode(root) for root in roots}
+            box = self.boxes.make_warm(folder, image, mounts, self.run_limits())
+        except BaseException:
+            self.workspaces.release(folder)
+            raise
+        return Warm(template, folder, box)
+
+    async def wait_filled(self) -> None:
+        """Wait until the pool's refill (if any) is done."""
+        await asyncio.sleep(0)
+        while self._filling is not None and not self._filling.done():
+            await asyncio.shield(self._filling)
+
+    async def close(self) -> None:
+        """Stop refilling and remove every warm container not taken."""
+        if self._filling is not None:
+            self._filling.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._filling
+        with self._lock:
+            warm, self._warm, self._template = self._warm, [], None
+        for item in warm:
+            await asyncio.to_thread(self.discard, item)
+
+
+def _inode(folder: str) -> int:
+    return os.stat(folder).st_ino
+
+
+__all__ = ["Template", "Warm", "WarmPool"]
