@@ -182,12 +182,7 @@ else:
 """
 
 
-@pytest.mark.parametrize("oci_runtime", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=(
-        "System V IPC objects (message queues, shared memory, semaphores) of the container's private IPC namespace "
-        "outlive the run: neither the executor's scrub nor HostView.left_nothing nor CLEAN_INSIDE removes them, so a "
-        "run hands data (and pinned memory) to the next run of its workspace")))
-    for name in OCI_RUNTIMES])
+@pytest.mark.parametrize("oci_runtime", OCI_RUNTIMES)
 async def test_docker_system_v_ipc_objects_of_a_run_are_not_left_for_the_next_run(
         docker_runtime_factory, docker_engine, run_in, oci_runtime):
     runtime = _runtime(docker_runtime_factory, docker_engine, oci_runtime)
@@ -203,10 +198,7 @@ MOUNT_PARENT = 'p=$(dirname "$(dirname "$(dirname "$RUN_DIR")")")'
 to the bind mount when the work root is under ``/tmp`` (as here, and as by default: ``default_work_root``)."""
 
 
-@pytest.mark.parametrize("oci_runtime", _on_gvisor(
-    "under gVisor the folders made on the way to a bind mount below /tmp (the work root's, a library root's, the "
-    "environment store's; the default work root is /tmp) have mode 0777 without the sticky bit; a run writes there "
-    "and the executor, which looks only at the top of /tmp (_left_in_scratch), reports the container clean"))
+@pytest.mark.parametrize("oci_runtime", OCI_RUNTIMES)
 async def test_docker_a_run_leaves_nothing_in_the_folders_on_the_way_to_its_mounts_for_the_next_run(
         docker_runtime_factory, docker_engine, run_in, oci_runtime):
     runtime = _runtime(docker_runtime_factory, docker_engine, oci_runtime)
@@ -219,11 +211,7 @@ async def test_docker_a_run_leaves_nothing_in_the_folders_on_the_way_to_its_moun
     assert after.stdout == "", after.stdout
 
 
-@pytest.mark.parametrize("oci_runtime", _on_gvisor(
-    "under gVisor a run renames a 0777 folder on the way to its mounts below /tmp and plants a fake workspace and "
-    "skill folder at their paths: the next run of the workspace (its ready shell, started in the fake folder) runs "
-    "the planted scripts/hello.sh instead of the read-only skill's, its RUN_DIR is missing, and the executor "
-    "reports the container clean"))
+@pytest.mark.parametrize("oci_runtime", OCI_RUNTIMES)
 async def test_docker_a_run_cannot_move_its_workspace_and_skill_mounts_aside_for_the_next_run(
         docker_runtime_factory, docker_engine, run_in, oci_runtime):
     runtime = _runtime(docker_runtime_factory, docker_engine, oci_runtime)
@@ -236,9 +224,7 @@ async def test_docker_a_run_cannot_move_its_workspace_and_skill_mounts_aside_for
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("oci_runtime", _on_gvisor(
-    "under gVisor /proc/1/environ of the executor is readable by its runs: it holds SKILLRUN_EXECUTOR_TOKEN "
-    "(os.environ.pop does not clear the process's initial environment), so the token leaks to every run"))
+@pytest.mark.parametrize("oci_runtime", OCI_RUNTIMES)
 async def test_docker_executor_token_is_unreadable_by_its_runs(docker_runtime_factory, docker_engine, run_in,
                                                                 oci_runtime):
     runtime = _runtime(docker_runtime_factory, docker_engine, oci_runtime)
@@ -251,22 +237,33 @@ async def test_docker_executor_token_is_unreadable_by_its_runs(docker_runtime_fa
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("oci_runtime", _on_gvisor(
-    "under gVisor a run can signal the executor, its PID namespace's init: SIGTERM or SIGUSR1 ends it (and the "
-    "container), SIGSTOP stops it; the kernel's protection of a namespace's init the executor relies on is "
-    "Linux's, not gVisor's"))
-async def test_docker_executor_cannot_be_stopped_or_ended_by_signals_from_its_runs(
+@pytest.mark.parametrize("oci_runtime", OCI_RUNTIMES)
+async def test_docker_executor_cannot_be_interrupted_or_ended_by_signals_from_its_runs(
         docker_runtime_factory, docker_engine, run_in, oci_runtime):
     runtime = _runtime(docker_runtime_factory, docker_engine, oci_runtime)
     await runtime.run(run_in("true"))
     container = _the_box(runtime).id
     result = await runtime.run(run_in(
-        "kill -STOP 1; sleep 0.2; grep '^State' /proc/1/status; kill -CONT 1; "
-        "for s in TERM USR1 HUP QUIT ALRM PIPE; do kill -$s 1; done; sleep 0.2; echo signalled", timeout=10))
+        "for s in TERM INT USR1 USR2 HUP QUIT ALRM PIPE TTIN TTOU TSTP WINCH 40; do kill -$s 1; done; "
+        "sleep 0.2; echo signalled", timeout=10))
     assert result.stdout.splitlines()[-1:] == ["signalled"], result.stdout + result.stderr
-    assert "stopped" not in result.stdout
     after = await runtime.run(run_in("echo served"))
     assert (after.stdout, after.timings.exec_via) == ("served\n", "executor")
+    assert _the_box(runtime).id == container
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("oci_runtime", _on_gvisor(
+    "under gVisor a run can stop its executor with SIGSTOP, which no process can catch (Linux drops it for a PID "
+    "namespace's init sent from inside; gVisor does not): the worker then gets no answer, removes the container "
+    "and the workspace's next run gets a new one (the next test)"))
+async def test_docker_executor_cannot_be_stopped_by_its_runs(docker_runtime_factory, docker_engine, run_in, oci_runtime):
+    runtime = _runtime(docker_runtime_factory, docker_engine, oci_runtime)
+    await runtime.run(run_in("true"))
+    container = _the_box(runtime).id
+    result = await runtime.run(run_in(
+        "kill -STOP 1; sleep 0.2; grep '^State' /proc/1/status; kill -CONT 1; echo signalled", timeout=10))
+    assert result.stdout.splitlines()[-1:] == ["signalled"] and "stopped" not in result.stdout, result.stdout
     assert _the_box(runtime).id == container
 
 
@@ -411,10 +408,7 @@ async def test_docker_a_run_holding_every_process_slot_with_zombies_leaves_a_wor
     assert (after.timings.exec_via, _only_the_executor_and_the_probe(after.stdout)) == ("executor", []), after.stdout
 
 
-@pytest.mark.parametrize("oci_runtime", _on_gvisor(
-    "under gVisor the container's process limit (pids_limit) counts the sandbox's host threads, not the run's "
-    "processes: a run never gets EAGAIN at its limit; past about a hundred live processes the whole sandbox, "
-    "executor included, dies (the worker then removes the container: contained, but the limit is not the run's)"))
+@pytest.mark.parametrize("oci_runtime", OCI_RUNTIMES)
 async def test_docker_a_run_is_held_to_its_process_limit(docker_runtime_factory, docker_engine, run_in, oci_runtime):
     from worker.contract import RunLimits
 
@@ -426,10 +420,6 @@ async def test_docker_a_run_is_held_to_its_process_limit(docker_runtime_factory,
     assert int(result.stdout.split()[1]) < 64, result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a command within MAX_COMMAND_CHARS (131072) that a ready shell runs fails in a new container (or after any run "
-    "that could not start): the executor's first run passes the script in argv to bash -c, past the kernel's "
-    "128 KiB per-argument limit (E2BIG), and reports exit code 127 for a command that never ran"))
 async def test_docker_a_long_command_runs_alike_in_a_new_container_and_through_a_ready_shell(
         docker_runtime_factory, run_in):
     runtime = docker_runtime_factory()

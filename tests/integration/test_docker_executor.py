@@ -16,6 +16,8 @@ import pytest
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.runtimes import executor_inside
 from worker.runtimes.container_executor import ExecutorFiles
+from worker.runtimes.container_host import EXECUTOR_RESIDENTS
+from worker.runtimes.container_launch import container_limits
 
 pytestmark = pytest.mark.docker
 
@@ -129,3 +131,24 @@ async def test_what_the_executor_says_a_run_left_is_checked_from_the_host(docker
     assert not _running(docker_engine, container, "sleep 1003")
     after = await runtime.run(_request("ls -A /tmp"))
     assert "left" not in after.stdout.split() and runtime.container_id("exec") == container
+
+
+@pytest.mark.parametrize("oci_runtime", ["runc", "runsc"])
+async def test_a_later_run_with_other_limits_gets_them_where_the_engine_cannot_update_them(
+        docker_runtime_factory, docker_engine, oci_runtime):
+    """gVisor's containers cannot have their limits changed while they run: the container is made again."""
+    if oci_runtime != "runc":
+        docker_engine.require_runtime(oci_runtime)
+    runtime = docker_runtime_factory(oci_runtime=oci_runtime)
+    await runtime.run(_request("echo kept > $WORK_DIR/k"))
+    tight = await runtime.run(_request("cat $WORK_DIR/k; ulimit -u", limits=RunLimits(memory_bytes=256 * 1024**2,
+                                                                                        processes=32)))
+    assert (tight.exit_code, tight.timings.exec_via) == (0, "executor"), tight.stderr
+    kept, processes = tight.stdout.split()
+    config = docker_engine.client.api.inspect_container(runtime.container_id("exec"))["HostConfig"]
+    if oci_runtime == "runc":  # the container's control group holds the run's count
+        assert (config["Memory"], config["PidsLimit"]) == container_limits((256 * 1024**2, 32), executor=True)
+    else:  # gVisor's counts the sandbox's threads: the run's count is a ulimit of the workspace's user
+        assert (config["Memory"], config["PidsLimit"]) == container_limits((256 * 1024**2, 1024), executor=True)
+        assert processes == str(32 + EXECUTOR_RESIDENTS)
+    assert kept == "kept"

@@ -56,6 +56,7 @@ from worker.runtimes.container_builds import DockerTargets, docker_environments
 from worker.runtimes.container_exec import docker_exec_run, scrub_through_engine
 from worker.runtimes.container_executor import ExecutorLink, ExecutorLost, ExecutorUnavailable
 from worker.runtimes.container_images import DerivedImages
+from worker.runtimes.container_host import EXECUTOR_RESIDENTS
 from worker.runtimes.container_launch import BoxSettings
 from worker.runtimes.container_pool import WarmPool
 from worker.runtimes.docker_engine import map_docker_errors
@@ -70,6 +71,9 @@ DEFAULT_PIDS = 256
 DEFAULT_TMPFS_BYTES = 64 * 1024 * 1024
 DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 DEFAULT_IDLE_SECONDS = 600.0
+GVISOR_SANDBOX_PROCESSES = 1024
+"""The least process limit of a gVisor container: its control group counts the sandbox's own threads (a few dozen
+at start, more under load), so a run's count is held by a ``ulimit`` inside instead."""
 
 
 class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
@@ -115,6 +119,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         self.tmpfs_bytes = tmpfs_bytes
         self.shm_bytes = shm_bytes
         self.idle_seconds = idle_seconds
+        self.gvisor = oci_runtime == "runsc"
         self._client = client
         self.images = DerivedImages(lambda: self.client, environments.store, environments.builder.settings)
         self.boxes = Boxes(
@@ -125,7 +130,8 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         )
         self.pool = WarmPool(pool_size, self.boxes, workspaces, lambda: (self.memory_bytes, self.pids),
                              max_age=idle_seconds / 2) if pool_size > 0 else None
-        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # workspace folder → (its lock, runs holding or awaiting it)
+        # workspace folder → (its lock, runs holding or awaiting it)
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}
         self._run_images: dict[str, str] = {}  # run id → the derived image it runs in (set just before it starts)
 
     @property
@@ -204,7 +210,8 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     ) -> ProcessOutcome:
         image = self._run_images.pop(request.run_id, self.image)
         if request.network and not self.allow_network:
-            raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
+            raise InvalidRunRequestError("network",
+                                         "network access is not allowed on this runtime (allow_network=False)")
         release = await self._take_turn(workspace.path.name)
         try:
             job = asyncio.get_running_loop().run_in_executor(
@@ -260,7 +267,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         env: dict[str, str], cancel: Cancellation,
     ) -> ProcessOutcome:
         box = self._box(workspace, image, root, environment, request)
-        script = ulimit_prefix(request.limits, dedicated_user=False) + request.command
+        script = self._script(request)
         oom_before = box.host.oom_kills() if box.host else None
         problem = box.problem
         outcome = None
@@ -321,10 +328,23 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     def _box(self, workspace: Workspace, image: str, root: Path, environment: Path | None, request: RunRequest) -> Box:
         """The workspace's running container of ``image``, with the run's limits, library root and environment."""
         # This run's turn is held; warm containers not taken yet are the pool's.
-        self.boxes.reap_idle(keep=lambda folder: folder in self._turns or (self.pool is not None and self.pool.holds(folder)))
+        pool = self.pool
+        self.boxes.reap_idle(keep=lambda folder: folder in self._turns or (pool is not None and pool.holds(folder)))
         folders = [str(root.resolve()), *([str(environment)] if environment is not None else [])]
-        limits = (min(self.memory_bytes, request.limits.memory_bytes), min(self.pids, request.limits.processes))
+        processes = min(self.pids, request.limits.processes)
+        if self.gvisor:  # its control group counts the sandbox's own threads: the run's count is a ulimit there
+            processes = max(processes, GVISOR_SANDBOX_PROCESSES)
+        limits = (min(self.memory_bytes, request.limits.memory_bytes), processes)
         return self.boxes.get(workspace, image, folders, bool(request.network), limits)
+
+    def _script(self, request: RunRequest) -> str:
+        """The run's command under its ``ulimit``s; under gVisor with the process count too (the workspace's user
+        is the sandbox's own: its processes are the run's and the executor's)."""
+        if not self.gvisor:
+            return ulimit_prefix(request.limits, dedicated_user=False) + request.command
+        processes = min(self.pids, request.limits.processes) + EXECUTOR_RESIDENTS
+        limits = request.limits.model_copy(update={"processes": processes})
+        return ulimit_prefix(limits, dedicated_user=True) + request.command
 
     def container_id(self, workspace_id: str, image: str | None = None) -> str | None:
         """The id of the workspace's container of ``image`` (default: the sandbox image), if it has one."""

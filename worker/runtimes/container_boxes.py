@@ -7,22 +7,21 @@ workspace (read-write, at its host path) and runs commands as the workspace's us
 
 Runs of a workspace take turns across all its containers and across every worker of the work root (two workers
 may both be handed runs of one workspace): a turn is an exclusive ``flock`` on the workspace's file under the
-work root's ``.skillrun/containers/``, held by the thread that runs the command. Everything done to a workspace's
-containers happens within its turn: finding its container (by its labels: workspace, work root, image — the
-engine, not a worker's memory, says what exists), making it when there is none (so at most once; its name is
-fixed by workspace and image, and should the engine still answer 409 Conflict, the one its labels find is used),
+work root's ``.skillrun/containers/`` (named, like its containers, by the workspace's folder), held by the thread
+that runs the command. Everything done to a workspace's containers happens within its turn: finding its
+container (by its labels: workspace folder, work root, image — the engine says what exists, unless this runtime
+had the last turn and its executor connection is alive), making it when there is none (so at most once; its name
+is fixed by folder and image, and should the engine still answer 409 Conflict, the one its labels find is used),
 updating its limits, ending a run in it (``container_host``), and removing it. A container is therefore never
 removed while a run of another worker is in it. The file's time is the workspace's last use on this host: idle
-containers are reaped by whichever worker looks first, each only when its turn can be had without waiting.
+containers are reaped by whichever worker looks first, each only when its turn can be had without waiting; so are
+a gone worker's warm containers (``container_pool``) and executor control folders no container names.
 
-Hardened by default: no network (a run may ask for it where the operator allows it), every capability dropped,
-no-new-privileges, a read-only root, private size-capped ``/tmp`` and ``/dev/shm``, memory (swap included), CPU
-and process limits, an init that reaps orphans, the init and keep-alive as ``RESIDENT_UID``, and no proxy settings
-of the Docker client. Read-only besides the workspace, each at its host path: the library roots its runs' skills
-come from, and the dependency environments they use (one folder of the environment store's ``envs/`` each, so
-``VIRTUAL_ENV`` means the same inside). Mounts are fixed when a container is made (and recorded in a label): one
-that lacks a run's library root or environment, or mounts an earlier folder at that path, is made again with the
-run's added.
+How a container is started and hardened is ``container_launch``'s. Read-only besides the workspace, each at its
+host path: the library roots its runs' skills come from, and the dependency environments they use (one folder of
+the environment store's ``envs/`` each, so ``VIRTUAL_ENV`` means the same inside). Mounts are fixed when a
+container is made (and recorded in a label): one that lacks a run's library root or environment, or mounts an
+earlier folder at that path, is made again with the run's added.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import docker
 import docker.errors
 
 from worker.errors import RuntimeUnavailableError
-from worker.runtimes.container_executor import TOKEN_VARIABLE, ExecutorFiles, ExecutorLink
+from worker.runtimes.container_executor import ExecutorFiles, ExecutorLink
 from worker.runtimes.container_host import EXECUTOR_RESIDENTS, RESIDENT_PROCESSES, HostView
 from worker.runtimes.container_launch import (
     EXECUTOR_LABEL,
@@ -150,8 +149,9 @@ class Boxes:
     def get(self, workspace: Workspace, image: str, folders: list[str], network: bool,
             run_limits: tuple[int, int]) -> Box:
         """The workspace's running container of ``image`` with room for ``run_limits`` (memory bytes, processes)
-        and ``folders`` mounted read-only; made (or made again with ``folders`` added to what it mounted, or with
-        the other network setting) when needed. Call it in the workspace's turn.
+        and ``folders`` mounted read-only; made (or made again with ``folders`` added to what it mounted, with the
+        other network setting, or with the run's limits where the engine cannot change them) when needed. Call it
+        in the workspace's turn.
 
         The engine is asked only when this runtime's last look may be out of date: a container whose executor this
         runtime is connected to, in a workspace no other runtime had a turn in since, is as it was (had it been
@@ -165,9 +165,13 @@ class Boxes:
         if box is not None:
             if all(box.mounts.get(folder) == inode for folder, inode in wanted.items()) and network == box.network:
                 limits = box.limits_for(run_limits)
-                if limits != box.limits:
+                if limits == box.limits:
+                    return box
+                try:
                     self._update(box, limits)
-                return box
+                    return box
+                except RuntimeUnavailableError:  # gVisor's engine cannot update a running container's limits
+                    pass
             self.remove(key)
             wanted = {**_still_there(box.mounts), **wanted}
         return self._create(workspace, image, wanted, network, run_limits)
@@ -208,10 +212,9 @@ class Boxes:
     def _box(attrs: dict, known: Box | None) -> Box:
         config, labels = attrs["HostConfig"], attrs["Config"]["Labels"]
         control = Path(labels[EXECUTOR_LABEL]) if labels.get(EXECUTOR_LABEL) else None
-        variables = dict(item.split("=", 1) for item in attrs["Config"].get("Env") or [] if "=" in item)
         box = Box(attrs["Id"], labels[IMAGE_LABEL], json.loads(labels.get(MOUNTS_LABEL, "{}")),
                   config["NetworkMode"] != "none", (config["Memory"], config["PidsLimit"]), None, control,
-                  variables.get(TOKEN_VARIABLE, "").encode(), labels.get(NO_EXECUTOR_LABEL, ""))
+                  ExecutorFiles.token(control) if control is not None else b"", labels.get(NO_EXECUTOR_LABEL, ""))
         if known is not None and known.id == attrs["Id"]:
             box.host = known.host
             if known.link is not None and known.link.usable():

@@ -41,7 +41,6 @@ from worker.runtimes.container_host import CLEAN_INSIDE
 
 CONTROL_MOUNT = inside.CONTROL
 PROGRAM_MOUNT = "/.skillrun/executor.py"
-TOKEN_VARIABLE = "SKILLRUN_EXECUTOR_TOKEN"
 CONNECT_SECONDS = 2.0
 """How long connecting and proving the token may take before the executor counts as broken."""
 START_SECONDS = 15.0
@@ -136,12 +135,24 @@ class ExecutorFiles:
         partial.chmod(0o444)
         os.replace(partial, self.program)
 
-    def new_control(self) -> Path:
-        """A new container's control folder (mode 0700: only the worker's user, and the executor before it
-        becomes the workspace's user, enter it)."""
+    def new_control(self) -> tuple[Path, bytes]:
+        """A new container's control folder (mode 0700: only the worker's user, and the executor before it becomes
+        the workspace's user, enter it) holding a new token (``token``, 0600), and the token."""
         control = self.folder / secrets.token_hex(8)
         control.mkdir(mode=0o700)
-        return control
+        token = secrets.token_hex(32).encode()
+        descriptor = os.open(control / inside.TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(descriptor, "wb") as f:
+            f.write(token)
+        return control, token
+
+    @staticmethod
+    def token(control: Path) -> bytes:
+        """The token of the container ``control`` belongs to (empty when it cannot be read)."""
+        try:
+            return (control / inside.TOKEN_FILE).read_bytes().strip()
+        except OSError:
+            return b""
 
     def remove_control(self, control: Path) -> None:
         if control.parent == self.folder:
@@ -291,11 +302,7 @@ class ExecutorLink:
             raise lost from exc
 
 
-def new_token() -> str:
-    return secrets.token_hex(32)
-
-
 __all__ = [
-    "CONTROL_MOUNT", "PROGRAM_MOUNT", "TOKEN_VARIABLE", "CappedOutput", "ExecutorFiles", "ExecutorLink",
-    "ExecutorLost", "ExecutorUnavailable", "Frames", "Report", "new_token",
+    "CONTROL_MOUNT", "PROGRAM_MOUNT", "CappedOutput", "ExecutorFiles", "ExecutorLink", "ExecutorLost",
+    "ExecutorUnavailable", "Frames", "Report",
 ]

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 
 from worker.cgroups import group_procs, oom_kill_count
+from worker.runtimes.executor_inside import READY_LOADER
 
 RESIDENT_UID = 65533
 """The user of the container's init and keep-alive: not a workspace's (30000–59999), so no run can signal them,
@@ -33,10 +34,11 @@ RESIDENT_PROCESSES = 2
 EXECUTOR_RESIDENTS = 1
 """The one process of a container with an executor (``container_executor``): the executor, its init."""
 SCRATCH_DIRS = ("tmp", "dev/shm", "dev/mqueue")
+READY_SHELL_COMMAND = b"\0".join([b"/bin/bash", b"-c", READY_LOADER.encode()]) + b"\0"
 KILL_ROUNDS = 3
 CLEANED = "skillrun-cleaned"
 CLEAN_INSIDE = (
-    f"for _ in {' '.join(['x'] * KILL_ROUNDS)}; do kill -9 -1 2>/dev/null || break; done; "
+    f"for _ in {' '.join(['x'] * KILL_ROUNDS)}; do kill -9 -1 2>/dev/null || break; done; ipcrm --all 2>/dev/null; "
     "u=$(id -u); for d in /tmp /dev/shm /dev/mqueue; do "
     "find \"$d\" -mindepth 1 -maxdepth 1 -user \"$u\" -type d -exec chmod -R u+rwx {} + 2>/dev/null; "
     "find \"$d\" -mindepth 1 -maxdepth 1 -user \"$u\" -exec rm -rf --one-file-system -- {} + 2>/dev/null; done; "
@@ -44,9 +46,10 @@ CLEAN_INSIDE = (
     f"&& echo {CLEANED}"
 )
 """The end of a run, as the run's user: ``kill -9 -1`` signals every process of that user but the caller (the
-kernel aborts a fork whose parent a kill reaches, so none slips through; later rounds are belts and braces), then
-the scratch folders lose what that user left there, made removable first (``chmod -R`` changes a folder before
-it reads it: a folder of mode 000; it follows no link). It prints
+kernel aborts a fork whose parent a kill reaches, so none slips through; later rounds are belts and braces), the
+System V IPC objects it made go (``ipcrm``), then the scratch folders lose what that user left there, made
+removable first (``chmod -R`` changes a folder before it reads it: a folder of mode 000; it follows no link). It
+prints
 ``CLEANED`` only when nothing of that user is left there; the folders the engine made on the way to a bind mount
 under ``/tmp`` are root's and stay."""
 
@@ -86,9 +89,14 @@ class HostView:
 
     def left_nothing(self, *, ready_shell: bool = False) -> bool:
         """Whether the container holds nothing of an ended run: no process but the residents (and the ready shell
-        its executor says it started for the next run), and nothing but root's at the top of its scratch folders
-        (the folders the engine made on the way to a bind mount)."""
-        if len(group_procs(self.procs)) > self.residents + ready_shell:
+        its executor says it starts for the next run: a child of the executor, running the loader or not yet),
+        and nothing but root's at the top of its scratch folders (the folders the engine made on the way to a bind
+        mount). (System V IPC objects are the container's IPC namespace's, which the host does not see: the
+        executor removes them, and the end through the engine.)"""
+        procs = group_procs(self.procs)
+        if len(procs) > self.residents + ready_shell:
+            return False
+        if len(procs) > self.residents and not self._is_ready_shell([p for p in procs if p != self.init_pid]):
             return False
         try:
             for folder in SCRATCH_DIRS:
@@ -103,6 +111,23 @@ class HostView:
             return False
         return True
 
+    def _is_ready_shell(self, others: list[int]) -> bool:
+        """Whether ``others`` is one child of the executor running the ready shell's loader (or, a moment after the
+        fork, still the executor's program, or in between: during ``execve`` the kernel shows no command line)."""
+        if len(others) != 1:
+            return False
+        try:
+            with open(f"/proc/{others[0]}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{others[0]}/cmdline", "rb") as f:
+                command = f.read()
+            with open(f"/proc/{self.init_pid}/cmdline", "rb") as f:
+                executor = f.read()
+        except (OSError, ValueError, IndexError):
+            return False
+        return parent == self.init_pid and command in (READY_SHELL_COMMAND, executor, b"")
+
     def oom_kills(self) -> int | None:
         """How many processes the kernel killed in the container for going past its memory limit."""
         return oom_kill_count(self.oom_events) if self.oom_events is not None else None
+

@@ -5,9 +5,9 @@ Every container gets the same hardening: no network unless the run asks and the 
 capability dropped, no-new-privileges, a read-only root, private size-capped ``/tmp`` and ``/dev/shm``, memory
 (swap included), CPU and process limits, no proxy settings of the Docker client, the OCI runtime the operator
 chose (``runc``, or ``runsc`` for gVisor). With an executor, the container's first process is the executor,
-started as root holding only ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_SETPCAP`` until it becomes the workspace's user for good;
-the container is handed over once the executor answers on its socket. An image whose containers cannot run the
-executor (no ``python3``, or it does not come up) gets one as before — ``sleep`` under an init, as
+started as root holding only ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_SETPCAP`` until it becomes the workspace's
+user for good; the container is handed over once the executor answers on its socket. An image whose containers
+cannot run the executor (no ``python3``, or it does not come up) gets one as before — ``sleep`` under an init, as
 ``RESIDENT_UID`` — whose runs use ``docker exec``, and the reason is kept in the container's labels (and, when
 the image itself cannot, remembered for the image).
 """
@@ -27,11 +27,9 @@ from worker.runtimes.container_executor import (
     CONTROL_MOUNT,
     PROGRAM_MOUNT,
     START_SECONDS,
-    TOKEN_VARIABLE,
     ExecutorFiles,
     ExecutorLink,
     ExecutorUnavailable,
-    new_token,
 )
 from worker.runtimes.container_host import EXECUTOR_RESIDENTS, RESIDENT_PROCESSES, RESIDENT_UID
 
@@ -98,7 +96,7 @@ class Launcher:
         permanent = False  # the image cannot run the executor (not a slow start)
         if problem is None:
             self.executors.install()
-            control, token = self.executors.new_control(), new_token()
+            control, token = self.executors.new_control()
             try:
                 container_id = self._run(spec, executor=(control, token))
                 try:
@@ -122,7 +120,7 @@ class Launcher:
             self._no_executor[spec.image] = problem
         return container_id, None
 
-    def _run(self, spec: Spec, *, executor: tuple[Path, str] | None = None, problem: str = "") -> str:
+    def _run(self, spec: Spec, *, executor: tuple[Path, bytes] | None = None, problem: str = "") -> str:
         settings = self.settings
         memory, pids = container_limits(spec.run_limits, executor=executor is not None)
         options = dict(
@@ -133,12 +131,12 @@ class Launcher:
             working_dir="/", use_config_proxy=False, runtime=settings.oci_runtime,
         )
         if executor is not None:
-            control, token = executor
+            control, _ = executor
             volumes = {**spec.volumes, str(control): {"bind": CONTROL_MOUNT, "mode": "rw"},
                        str(self.executors.program): {"bind": PROGRAM_MOUNT, "mode": "ro"}}
             return self.client().containers.run(
                 spec.image, [spec.user], entrypoint=["python3", "-I", "-S", PROGRAM_MOUNT], user="0:0",
-                cap_add=["SETUID", "SETGID", "SETPCAP"], environment={TOKEN_VARIABLE: token}, volumes=volumes,
+                cap_add=["SETUID", "SETGID", "SETPCAP"], volumes=volumes,
                 labels={**spec.labels, EXECUTOR_LABEL: str(control)}, **options,
             ).id
         return self.client().containers.run(
@@ -146,7 +144,7 @@ class Launcher:
             labels={**spec.labels, NO_EXECUTOR_LABEL: problem[:500]}, **options,
         ).id
 
-    def _await(self, container_id: str, control: Path, token: str) -> ExecutorLink:
+    def _await(self, container_id: str, control: Path, token: bytes) -> ExecutorLink:
         """The executor's connection, once it listens (``_NoExecutor`` when the container ended first,
         ``ExecutorUnavailable`` when it did not listen in time)."""
         api = self.client().api
@@ -154,7 +152,7 @@ class Launcher:
         next_look = time.monotonic() + LOOK_SECONDS
         while True:
             try:
-                return ExecutorLink.connect(control, token.encode())
+                return ExecutorLink.connect(control, token)
             except ExecutorUnavailable as exc:
                 last = exc
             now = time.monotonic()

@@ -8,8 +8,8 @@ container takes it: the workspace is laid out in that folder (``acquire(..., res
 found by the folder's name like any other, is the workspace's from then on. A warm container is made for one
 *template* — its image and the library roots it mounts, those of the last new workspace that asked — and taken
 only by a workspace whose first run needs exactly that, so it never shows a workspace a library its runs do not
-use; the pool fills for the last template asked for, making room by dropping the oldest of others. Until it is taken nothing runs in it but its executor, and its folder is empty; it serves one workspace
-and goes with it.
+use; the pool fills for the last template asked for, making room by dropping the oldest of others. Until it is
+taken nothing runs in it but its executor, and its folder is empty; it serves one workspace and goes with it.
 
 The pool holds at most ``size`` containers (a container holds its executor, ~10 MB, and the engine's share), is
 refilled in the background after each take, and drops what it holds after ``max_age`` seconds (the idle reaper of

@@ -1,27 +1,27 @@
-"""The executor inside a workspace's container: the container's first process, which starts each run's command
-for the worker and ends everything the run left. It runs with the image's own ``python3`` (standard library only,
-Python 3.8 or later) and imports nothing of Skillrun: the worker mounts this file read-only into the container.
+"""The executor inside a workspace's container: its first process, which starts each run's command for the worker
+and ends everything the run left. It runs with the image's ``python3`` (standard library only, Python 3.8+) and
+imports nothing of Skillrun: the worker mounts this file read-only into the container.
 
 It starts as the container's root holding only ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_SETPCAP``
-(no-new-privileges), listens
-on ``<control>/sock`` (a folder of the worker's, mounted at ``/.skillrun/control``, that only the worker's user
-may enter), and then becomes the workspace's user for good, with no capability left (its bounding set emptied too). From then on it is process 1
-of the container's PID namespace, owned by the workspace's user but not dumpable: a command of the workspace can
-neither signal it (the kernel drops signals sent to a namespace's init from inside), trace it, read its memory,
-nor reach its socket. Each client proves it knows the container's token (given in the environment at start,
-unreadable once dropped) before anything else.
+(no-new-privileges), reads the container's token from ``/.skillrun/control/token``, makes the root's folders on
+the way to its mounts under ``/tmp`` closed to others, listens on ``/.skillrun/control/sock`` (the control folder
+is the worker's: only the worker's user may enter it), then empties its capability bounding set and becomes the
+workspace's user for good. From then
+on it is process 1 of the container's PID namespace, owned by the workspace's user but not dumpable: a command of
+the workspace can neither trace it, read its memory, nor reach its socket, and a signal it sends wakes the executor
+and nothing more. A client proves it knows the container's token before anything else.
 
 The protocol is frames: a type byte, three zero bytes, the payload's length (32-bit big-endian), the payload. The
-worker sends ``AUTH`` (the token), then ``RUN`` (JSON: ``script`` for ``bash -c``, ``env``, ``cwd``, ``caps``:
-stdout and stderr bytes, ``scrub``: the script that empties the scratch folders) and, should it want the run to end early, ``KILL``. The executor answers ``READY`` (JSON) to ``AUTH``,
-streams the command's output as frames 1 (stdout) and 2 (stderr) up to the caps (reading and counting the rest,
-so it never stops answering), and ends each run with ``EXIT`` (JSON: ``code``, ``omitted``, ``clean``) once every
-process of the run is gone — whatever the run did to detach, ``kill(-1, SIGKILL)`` from process 1 reaches every
-process of the container but itself — and ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` hold nothing of its user.
-A run whose client goes away is ended the same way. After a run the executor starts the next one's bash
-(a *ready shell*, with this run's variables and folder, waiting for its script on stdin; ``EXIT`` says so with
-``ready``), so a run that fits skips bash's start-up. Runs of a container take turns (the worker's), so one run
-at a time: a ``RUN`` while another is under way is refused with ``ERROR``.
+worker sends ``AUTH`` (the token), then ``RUN`` (JSON: ``script`` for ``bash -c``, ``env``, ``cwd``, ``caps`` on
+stdout and stderr bytes, ``scrub``: the script that empties the scratch folders) and, to end a run early,
+``KILL``. The executor answers ``READY`` to ``AUTH``, streams the command's output as frames 1 (stdout) and 2
+(stderr) up to the caps (reading and counting the rest, so it never stops answering), and ends each run with
+``EXIT`` (JSON: ``code``, ``omitted``, ``clean``, ``ready``) once every process of the run is gone —
+``kill(-1, SIGKILL)`` from process 1 reaches every other process of the container, however it detached — and
+``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` hold nothing of its user. A run whose client goes away is ended the
+same way. After a run it starts the next run's bash (a *ready shell*, with this run's variables and folder,
+waiting for its script on stdin), so a run that fits skips bash's start-up. Runs take turns (the worker's): a
+``RUN`` while another is under way is refused with ``ERROR``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import selectors
 import shlex
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -45,6 +46,7 @@ STDOUT, STDERR, EXIT, READY, ERROR = 1, 2, 3, 4, 5
 AUTH, RUN, KILL = 16, 17, 18
 HEADER = struct.Struct(">B3xI")
 CONTROL = "/.skillrun/control"
+TOKEN_FILE = "token"
 SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
 READY_VARIABLE = "__skillrun_command"
 READY_LOADER = f'unset {READY_VARIABLE}; source /dev/stdin && exec 0</dev/null && eval "${READY_VARIABLE}"'
@@ -57,6 +59,8 @@ MAX_CLIENTS = 8
 MAX_FRAME = 16 * 1024 * 1024
 DRAIN_SECONDS = 2.0
 SCRUB_SECONDS = 30.0
+IPC_SCAN_LIMIT = 32768
+"""The most System V IPC indexes looked at for objects to remove (a namespace holds at most 32,000 of a kind)."""
 READ_BYTES = 65536
 
 
@@ -117,10 +121,13 @@ class Executor:
         self.ready: tuple[subprocess.Popen, dict[str, str], str] | None = None  # bash waiting for the next run
         self.wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wakeup_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the pipe (and no more)
-        # Every other signal keeps (or gets back) its default action, which the kernel never takes for a PID
-        # namespace's init on a signal sent from inside: a run cannot stop, interrupt or end its executor.
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # Every signal it can catch wakes the loop through the pipe and does nothing else: a run can neither
+        # interrupt nor end its executor (Linux drops a signal sent from inside to a namespace's init whose action
+        # is the default; gVisor delivers it, so the action must not be the default). Handlers, unlike ignored
+        # signals, are not inherited by the commands it starts.
+        for number in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(number, _no_op)
         self.selector.register(self.wakeup_r, selectors.EVENT_READ, "wakeup")
 
     def listen(self) -> None:
@@ -249,60 +256,77 @@ class Executor:
                 self._kill()
 
     def _start(self, client: Client, spec: dict) -> None:
+        """Start the run: its script goes, on stdin, to the ready shell when that fits the run, else to a shell
+        started now the same way (so a script of any length up to the worker's limit is taken alike)."""
         env = {str(k): str(v) for k, v in spec["env"].items()}
         cwd, script = str(spec["cwd"]), str(spec["script"])
-        process = self._take_ready(env, cwd, script)
+        process = self._take_ready(env, cwd)
+        problem = ""
         if process is None:
             try:
-                process = subprocess.Popen(
-                    ["/bin/bash", "-c", script], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, close_fds=True, restore_signals=True,
-                )
+                process = self._spawn_shell(env, cwd)
             except OSError as exc:
-                client.send(STDERR, f"cannot start the command: {exc}\n".encode())
-                report = {"code": 127, "omitted": [0, 0], "clean": self._clean(spec["scrub"]), "ready": False}
-                client.send(EXIT, json.dumps(report).encode())
-                return
+                problem = str(exc)
+        if process is not None and not self._feed(process, env, script):
+            self._end_shell(process)
+            process, problem = None, "its shell ended before it took the command"
+        if process is None:
+            client.send(STDERR, f"cannot start the command: {problem}\n".encode())
+            report = {"code": 127, "omitted": [0, 0], "clean": self._clean(spec["scrub"]), "ready": False}
+            client.send(EXIT, json.dumps(report).encode())
+            return
         self.run = Run(client, process, [int(cap) for cap in spec["caps"]], str(spec["scrub"]), env, cwd)
         for fd in self.run.pipes:
             os.set_blocking(fd, False)
             self.selector.register(fd, selectors.EVENT_READ, self.run)
         self._reap()  # a command that ended before its pipes were watched
 
-    def _take_ready(self, env: dict[str, str], cwd: str, script: str) -> subprocess.Popen | None:
-        """The waiting ready shell, given ``script``, when it fits the run (same folder, same variables but the
-        run's own); otherwise it is ended and ``None`` returned."""
+    def _take_ready(self, env: dict[str, str], cwd: str) -> subprocess.Popen | None:
+        """The waiting ready shell when it fits the run (same folder, same variables but the run's own);
+        otherwise it is ended and ``None`` returned."""
         ready, self.ready = self.ready, None
         if ready is None:
             return None
         process, ready_env, ready_cwd = ready
         fits = ready_cwd == cwd and without_run_variables(ready_env) == without_run_variables(env)
         if fits and process.poll() is None:
-            exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in sorted(RUN_VARIABLES & env.keys()))
-            try:
-                process.stdin.write(f"export {exports}; SECONDS=0; {READY_VARIABLE}={shlex.quote(script)}\n".encode())
-                process.stdin.close()
-                return process
-            except OSError:
-                pass
+            return process
+        self._end_shell(process)
+        return None
+
+    @staticmethod
+    def _spawn_shell(env: dict[str, str], cwd: str) -> subprocess.Popen:
+        """A bash with ``env`` in ``cwd`` that reads its script from stdin (``READY_LOADER``)."""
+        return subprocess.Popen(
+            ["/bin/bash", "-c", READY_LOADER], env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, close_fds=True, restore_signals=True,
+        )
+
+    @staticmethod
+    def _feed(process: subprocess.Popen, env: dict[str, str], script: str) -> bool:
+        """Give a shell its script (the run's own variables, and the command); ``False`` if it is gone."""
+        exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in sorted(RUN_VARIABLES & env.keys()))
+        try:
+            process.stdin.write(f"export {exports}; SECONDS=0; {READY_VARIABLE}={shlex.quote(script)}\n".encode())
+            process.stdin.close()
+            return True
+        except OSError:
+            return False
+
+    def _end_shell(self, process: subprocess.Popen) -> None:
         with contextlib.suppress(OSError):
             process.kill()
         for stream in (process.stdin, process.stdout, process.stderr):
             with contextlib.suppress(OSError):
                 stream.close()
         self._reap()
-        return None
 
     def _make_ready(self, env: dict[str, str], cwd: str) -> None:
         """Start bash for the next run, with this run's variables and folder, waiting for its script on stdin."""
         try:
-            process = subprocess.Popen(
-                ["/bin/bash", "-c", READY_LOADER], env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, close_fds=True, restore_signals=True,
-            )
+            self.ready = (self._spawn_shell(env, cwd), env, cwd)
         except OSError:
-            return
-        self.ready = (process, env, cwd)
+            self.ready = None
 
     def _output(self, fd: int, run: Run) -> None:
         if fd not in run.pipes:
@@ -361,17 +385,14 @@ class Executor:
 
     def _clean(self, scrub: str) -> bool:
         """Empty the scratch folders of what the workspace's user left (``scrub``, a shell script the worker gives,
-        does it when there is anything: coreutils handle folders of any depth and mode); whether nothing of that
-        user is left at their top."""
-        if not self._left_in_scratch():
-            return True
-        try:
-            subprocess.run(["/bin/bash", "-c", scrub], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, close_fds=True,
-                           timeout=SCRUB_SECONDS)
-        except (OSError, subprocess.SubprocessError):
-            return False
-        return not self._left_in_scratch()
+        does it when there is anything: coreutils handle folders of any depth and mode) and remove the System V IPC
+        objects of the container (all the runs': nothing else makes one); whether nothing is left."""
+        if self._left_in_scratch():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["/bin/bash", "-c", scrub], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                               close_fds=True, timeout=SCRUB_SECONDS)
+        return remove_ipc_objects() and not self._left_in_scratch()
 
     def _left_in_scratch(self) -> bool:
         for folder in SCRATCH:
@@ -383,6 +404,10 @@ class Executor:
             except OSError:
                 continue
         return False
+
+
+def _no_op(*_: object) -> None:
+    """A signal's handler: the loop's wakeup pipe has had its byte."""
 
 
 def without_run_variables(env: dict[str, str]) -> dict[str, str]:
@@ -399,6 +424,39 @@ def drop_bounding_set() -> None:
     for capability in range(last + 1):
         if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), f"cannot drop capability {capability} from the bounding set")
+
+
+def remove_ipc_objects() -> bool:
+    """Remove every System V message queue, semaphore set and shared memory segment of the container's IPC
+    namespace; whether none is left. Asks the kernel (``*_INFO``, ``*_STAT``), not ``/proc/sysvipc``, which gVisor
+    has not; an object's index is tried as its id too (gVisor's ``*_STAT`` answers 0 for the id)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = (ctypes.c_long * 64)()
+    left = 0
+    for name, info, stat_command, count_at in (("shm", 14, 13, 0), ("msg", 12, 11, 0), ("sem", 19, 18, 7)):
+        def ctl(ident: int, command: int, arg=buf) -> int:  # noqa: ANN001 - a ctypes buffer or None
+            if name == "sem":
+                return libc.semctl(ident, 0, command, arg)
+            return getattr(libc, f"{name}ctl")(ident, command, arg)
+
+        def count() -> int:
+            ints = (ctypes.c_int * 128)()
+            return ints[count_at] if ctl(0, info, ints) >= 0 else 0
+
+        if not count():
+            continue
+        top = max(ctl(0, info), 0)
+        for index in range(IPC_SCAN_LIMIT):
+            if index > top and index % 256 == 0 and not count():
+                break
+            ident = ctl(index, stat_command)
+            if ident >= 0:
+                for candidate in {ident, index}:
+                    ctl(candidate, 0, None)  # IPC_RMID
+        left += count()
+    return left == 0
 
 
 def kill_all() -> None:
@@ -428,11 +486,31 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def close_paths_to_mounts() -> None:
+    """Make the root's folders between a scratch folder and a mount point below it (the engine makes them on the way
+    to a bind mount under ``/tmp``; gVisor makes them writable by all) 0755, so a run can neither move a mount
+    aside and put its own files in its place nor leave files there."""
+    with open("/proc/self/mountinfo") as f:
+        points = [field.encode().decode("unicode_escape") for field in (line.split()[4] for line in f)]
+    for point in points:
+        for scratch in SCRATCH:
+            if not point.startswith(scratch + "/"):
+                continue
+            path = scratch
+            for part in point[len(scratch) + 1 :].split("/")[:-1]:
+                path = f"{path}/{part}"
+                info = os.lstat(path)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and info.st_mode & 0o022:
+                    os.chmod(path, 0o755)
+
+
 def main() -> None:
-    token = os.environ.pop("SKILLRUN_EXECUTOR_TOKEN", "").encode()
     uid, gid = (int(part) for part in sys.argv[1].split(":"))
+    with open(os.path.join(CONTROL, TOKEN_FILE), "rb") as f:  # the worker's, mode 0600: out of runs' reach
+        token = f.read().strip()
     if not token:
-        sys.exit("executor: no token in SKILLRUN_EXECUTOR_TOKEN")
+        sys.exit(f"executor: no token in {CONTROL}/{TOKEN_FILE}")
+    close_paths_to_mounts()
     executor = Executor(token, uid, gid)
     executor.listen()
     executor.serve()
