@@ -55,8 +55,8 @@ from worker.runtimes.container_boxes import Box, Boxes
 from worker.runtimes.container_builds import DockerTargets, docker_environments
 from worker.runtimes.container_exec import docker_exec_run, scrub_through_engine
 from worker.runtimes.container_executor import ExecutorLink, ExecutorLost, ExecutorUnavailable
-from worker.runtimes.container_images import DerivedImages
 from worker.runtimes.container_host import EXECUTOR_RESIDENTS
+from worker.runtimes.container_images import DerivedImages
 from worker.runtimes.container_launch import BoxSettings
 from worker.runtimes.container_pool import WarmPool
 from worker.runtimes.docker_engine import map_docker_errors

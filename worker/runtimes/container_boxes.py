@@ -52,7 +52,7 @@ from worker.runtimes.container_launch import (
     Spec,
     container_limits,
 )
-from worker.runtimes.docker_engine import map_docker_errors
+from worker.runtimes.docker_engine import ENGINE_ERRORS, map_docker_errors
 from worker.workspace import METADATA_FILE, Workspace
 
 LABEL = "skillrun.workspace"
@@ -298,7 +298,7 @@ class Boxes:
             box = self._boxes.pop(key, None)
         if box is not None:
             box.forget_link()
-            with contextlib.suppress(docker.errors.DockerException):
+            with contextlib.suppress(*ENGINE_ERRORS):
                 self.client().api.remove_container(box.id, force=True)
             if box.control is not None:
                 self.executors.remove_control(box.control)
@@ -319,7 +319,7 @@ class Boxes:
         with map_docker_errors(f"removing the containers of workspace {folder!r}"):
             found = api.containers(all=True, filters={"label": [f"{LABEL}={folder}", f"{ROOT_LABEL}={self.work_root}"]})
         for container in found:
-            with contextlib.suppress(docker.errors.DockerException):
+            with contextlib.suppress(*ENGINE_ERRORS):
                 api.remove_container(container["Id"], force=True)
             labels = container["Labels"]
             if labels.get(EXECUTOR_LABEL):

@@ -50,7 +50,7 @@ from worker.environments.target import PROBE, Target
 from worker.errors import DependencyError
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome
 from worker.runtimes.container_host import RESIDENT_UID
-from worker.runtimes.docker_engine import engine_time, map_docker_errors
+from worker.runtimes.docker_engine import ENGINE_ERRORS, engine_time, map_docker_errors
 
 Client = Callable[[], docker.DockerClient]
 
@@ -236,7 +236,7 @@ class ContainerSteps(StepRunner):
             if not state["State"]["Running"]:
                 return state["State"]
             if cancel.is_set() or time.monotonic() >= deadline:
-                with contextlib.suppress(docker.errors.DockerException):
+                with contextlib.suppress(*ENGINE_ERRORS):
                     await asyncio.to_thread(api.kill, container)
                 return None
             await asyncio.sleep(POLL_SECONDS)
@@ -247,7 +247,7 @@ class ContainerSteps(StepRunner):
         for stream in ("stdout", "stderr"):
             try:
                 logs[stream] = api.logs(container, stdout=stream == "stdout", stderr=stream == "stderr")
-            except docker.errors.DockerException:
+            except ENGINE_ERRORS:
                 logs[stream] = b""
         stopped = state is None
         return ProcessOutcome(
@@ -271,7 +271,7 @@ class ContainerSteps(StepRunner):
         with map_docker_errors("looking for leftover build containers"):
             found = client.api.containers(all=True, filters={"name": BUILD_NAMES, "status": "exited"})
         for summary in found:
-            with contextlib.suppress(docker.errors.DockerException):
+            with contextlib.suppress(*ENGINE_ERRORS):
                 finished = client.api.inspect_container(summary["Id"])["State"]["FinishedAt"]
                 if time.time() - engine_time(finished) > LEFTOVER_SECONDS:
                     client.api.remove_container(summary["Id"], force=True)

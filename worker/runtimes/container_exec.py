@@ -19,7 +19,7 @@ from worker.contract import RunRequest
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome
 from worker.runtimes.container_executor import CappedOutput, Frames
 from worker.runtimes.container_host import CLEAN_INSIDE, CLEANED
-from worker.runtimes.docker_engine import map_docker_errors
+from worker.runtimes.docker_engine import ENGINE_ERRORS, map_docker_errors
 
 POLL_SECONDS = 0.05
 
@@ -83,7 +83,7 @@ def docker_exec_run(api: docker.APIClient, container_id: str, user: str, script:
     for _ in range(100):  # a killed command's exit is recorded a moment after the kill
         if code is not None:
             break
-        with contextlib.suppress(docker.errors.DockerException):
+        with contextlib.suppress(*ENGINE_ERRORS):
             info = api.exec_inspect(exec_id)
             if not info["Running"]:
                 code = info.get("ExitCode")
@@ -99,7 +99,7 @@ def scrub_through_engine(api: docker.APIClient, container_id: str, user: str) ->
     process slot — or leaves something behind does not)."""
     try:
         said = api.exec_start(api.exec_create(container_id, ["/bin/bash", "-c", CLEAN_INSIDE], user=user)["Id"])
-    except docker.errors.DockerException:
+    except ENGINE_ERRORS:
         said = b""
     return CLEANED.encode() in said
 

@@ -53,7 +53,7 @@ from worker.environments.steps import BUILD_PROCESSES
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
 from worker.runtimes.container_builds import CA_BUNDLE_PATH, TIMEOUT_SLACK_SECONDS
 from worker.runtimes.container_host import RESIDENT_UID
-from worker.runtimes.docker_engine import engine_time, map_docker_errors
+from worker.runtimes.docker_engine import ENGINE_ERRORS, engine_time, map_docker_errors
 
 PACKAGES_LABEL = "skillrun.debian.packages"
 BASE_LABEL = "skillrun.debian.base"
@@ -212,7 +212,7 @@ class DerivedImages:
             ).id
 
     def _output(self, container: str) -> str:
-        with contextlib.suppress(docker.errors.DockerException):
+        with contextlib.suppress(*ENGINE_ERRORS):
             text = self.client().api.logs(container, stdout=True, stderr=True).decode("utf-8", errors="replace")
             return "\n".join(text.strip().splitlines()[-MESSAGE_LINES:])
         return ""

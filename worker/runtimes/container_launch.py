@@ -32,6 +32,7 @@ from worker.runtimes.container_executor import (
     ExecutorUnavailable,
 )
 from worker.runtimes.container_host import EXECUTOR_RESIDENTS, RESIDENT_PROCESSES, RESIDENT_UID
+from worker.runtimes.docker_engine import ENGINE_ERRORS
 
 EXECUTOR_LABEL = "skillrun.executor"
 """On a container with an executor: its control folder."""
@@ -103,7 +104,7 @@ class Launcher:
                     return container_id, self._await(container_id, control, token)
                 except ExecutorUnavailable as exc:
                     problem = str(exc)
-                    with contextlib.suppress(docker.errors.DockerException):
+                    with contextlib.suppress(*ENGINE_ERRORS):
                         self.client().api.remove_container(container_id, force=True)
             except _NoExecutor as exc:
                 problem, permanent = str(exc), True
@@ -112,7 +113,7 @@ class Launcher:
                 if exc.status_code == 409:
                     raise
                 problem, permanent = f"the executor could not start: {exc.explanation or exc}", True
-                with contextlib.suppress(docker.errors.DockerException):
+                with contextlib.suppress(*ENGINE_ERRORS):
                     self.client().api.remove_container(spec.name, force=True)
             self.executors.remove_control(control)
         container_id = self._run(spec, problem=problem)

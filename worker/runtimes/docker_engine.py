@@ -12,8 +12,13 @@ from collections.abc import Iterator
 from datetime import datetime
 
 import docker.errors
+import requests.exceptions
 
 from worker.errors import RuntimeUnavailableError
+
+ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+"""What a call to the engine may raise: the SDK's errors, and the transport's when the engine's socket is gone (an
+engine restarting) — the SDK does not always wrap those."""
 
 
 @contextlib.contextmanager
@@ -25,7 +30,7 @@ def map_docker_errors(action: str) -> Iterator[None]:
         raise RuntimeUnavailableError(f"{action}: image not found ({exc.explanation}); build it with images/build.sh") from exc
     except docker.errors.APIError as exc:
         raise RuntimeUnavailableError(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
-    except docker.errors.DockerException as exc:
+    except ENGINE_ERRORS as exc:
         raise RuntimeUnavailableError(f"{action}: no Docker engine answers ({exc}); start dockerd") from exc
 
 
@@ -38,4 +43,4 @@ def engine_time(text: str) -> float:
         return 0.0
 
 
-__all__ = ["engine_time", "map_docker_errors"]
+__all__ = ["ENGINE_ERRORS", "engine_time", "map_docker_errors"]
