@@ -61,6 +61,7 @@ class WarmPool:
         self._template: Template | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._filling: asyncio.Task | None = None
+        self._closed = False
         self.problem = ""  # why the last fill failed, if it did
 
     def take(self, template: Template) -> Warm | None:
@@ -105,7 +106,7 @@ class WarmPool:
                 loop.call_soon_threadsafe(self._fill_soon)
 
     def _fill_soon(self) -> None:
-        if self._filling is None or self._filling.done():
+        if not self._closed and (self._filling is None or self._filling.done()):
             self._filling = asyncio.get_running_loop().create_task(self._fill())
 
     async def _fill(self) -> None:
@@ -123,7 +124,7 @@ class WarmPool:
                 self._warm = [warm for warm in self._warm if warm not in old]
             for warm in old:
                 await asyncio.to_thread(self.discard, warm)
-            if template is None or missing <= 0:
+            if template is None or missing <= 0 or self._closed:
                 return
             try:
                 warm = await asyncio.to_thread(self._make, template)
@@ -152,10 +153,11 @@ class WarmPool:
             await asyncio.shield(self._filling)
 
     async def close(self) -> None:
-        """Stop refilling and remove every warm container not taken."""
+        """Stop refilling (a container being made is finished, then removed with the rest) and remove every warm
+        container not taken."""
+        self._closed = True
         if self._filling is not None:
-            self._filling.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(Exception):
                 await self._filling
         with self._lock:
             warm, self._warm, self._template = self._warm, [], None
