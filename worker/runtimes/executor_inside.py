@@ -27,6 +27,7 @@ waiting for its script on stdin), so a run that fits skips bash's start-up. Runs
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hmac
 import json
@@ -42,6 +43,7 @@ import sys
 import time
 import traceback
 
+LIBC = ctypes.CDLL(None, use_errno=True)
 STDOUT, STDERR, EXIT, READY, ERROR = 1, 2, 3, 4, 5
 AUTH, RUN, KILL = 16, 17, 18
 HEADER = struct.Struct(">B3xI")
@@ -387,12 +389,14 @@ class Executor:
         """Empty the scratch folders of what the workspace's user left (``scrub``, a shell script the worker gives,
         does it when there is anything: coreutils handle folders of any depth and mode) and remove the System V IPC
         objects of the container (all the runs': nothing else makes one); whether nothing is left."""
-        if self._left_in_scratch():
+        left = self._left_in_scratch()
+        if left:
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(["/bin/bash", "-c", scrub], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                                close_fds=True, timeout=SCRUB_SECONDS)
-        return remove_ipc_objects() and not self._left_in_scratch()
+            left = self._left_in_scratch()
+        return remove_ipc_objects() and not left
 
     def _left_in_scratch(self) -> bool:
         for folder in SCRATCH:
@@ -416,9 +420,7 @@ def without_run_variables(env: dict[str, str]) -> dict[str, str]:
 
 def drop_bounding_set() -> None:
     """Empty the capability bounding set (``CAP_SETPCAP`` allows it), so the run's processes cannot hold one."""
-    import ctypes  # only here: the rest of the executor has no use for it
-
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = LIBC
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last = int(f.read())
     for capability in range(last + 1):
@@ -430,9 +432,7 @@ def remove_ipc_objects() -> bool:
     """Remove every System V message queue, semaphore set and shared memory segment of the container's IPC
     namespace; whether none is left. Asks the kernel (``*_INFO``, ``*_STAT``), not ``/proc/sysvipc``, which gVisor
     has not; an object's index is tried as its id too (gVisor's ``*_STAT`` answers 0 for the id)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = LIBC
     buf = (ctypes.c_long * 64)()
     left = 0
     for name, info, stat_command, count_at in (("shm", 14, 13, 0), ("msg", 12, 11, 0), ("sem", 19, 18, 7)):
