@@ -112,7 +112,7 @@ class QueueDispatcher(BaseDispatcher):
     def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:
         request = joining(self.store.workspaces, request)  # a run naming a kept workspace is one of its runs
         node = self.placement.propose(request) if request.keep_workspace else None
-        record = self.store.reserve(request, owner, node)
+        record = self.store.reserve(request, owner, node, joined=True)
         with self.redis.pipeline(transaction=True) as pipe:  # enqueued and announced in one round trip
             self._enqueue(record, priority, pipe)  # first: RQ starts the transaction (MULTI) itself
             self.store.announce(pipe, record)

@@ -121,11 +121,14 @@ class RedisRunStore(BaseRunStore):
             pipe.execute()
         return record
 
-    def reserve(self, request: RunRequest, owner: str | None = None, node: str | None = None) -> RunRecord:
+    def reserve(self, request: RunRequest, owner: str | None = None, node: str | None = None, *,
+                joined: bool = False) -> RunRecord:
         """Store a new run's record (refused if the id was ever used) and claim its kept workspace, placed on
         ``node`` if it has no node yet (refused: ``WorkspaceRefusedError``, the record is gone again); ``announce``
-        then makes it known."""
-        request = joining(self.workspaces, request)
+        then makes it known. ``joined``: the caller has already made ``request`` a run of the kept workspace it
+        names (``joining``), so the registry is not asked again."""
+        if not joined:
+            request = joining(self.workspaces, request)
         record = RunRecord(id=request.run_id, request=request, owner=owner)
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.record(record.id), record.model_dump_json(), nx=True)
