@@ -64,6 +64,14 @@ class UserIdRegistry:
                 if os.readlink(entry) == str(owner):
                     entry.unlink()
 
+    def release_owner(self, owner: Path) -> None:
+        """Give back whatever id ``owner`` holds (its id unknown: the registry is looked through)."""
+        with self._locked(), contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.path):
+                with contextlib.suppress(OSError):
+                    if entry.is_symlink() and os.readlink(entry.path) == str(owner):
+                        os.unlink(entry.path)
+
     def _take(self, uid: int, owner: Path) -> bool:
         entry = self.path / str(uid)
         try:

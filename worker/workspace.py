@@ -20,6 +20,7 @@ cannot read another workspace.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -183,6 +184,19 @@ class WorkspaceManager:
         """Give back a reservation no workspace took: its folder, disk and user id."""
         if not (reserved.path / METADATA_FILE).exists():
             self._discard(reserved.path, reserved.uid)
+
+    def sweep_reserved(self, in_use: set[str], older_than: float) -> None:
+        """Give back the reservations no workspace took, none of ``in_use`` names, made more than ``older_than``
+        seconds ago (a worker that died between reserving and using them): folders, disks and user ids."""
+        cutoff = time.time() - older_than
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.work_root):
+                if (entry.name.startswith(RESERVED_PREFIX) and entry.name not in in_use
+                        and entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff
+                        and not os.path.exists(os.path.join(entry.path, METADATA_FILE))):
+                    self._discard(Path(entry.path), None)
+                    if self.isolate_users:
+                        self.user_ids.release_owner(Path(entry.path))
 
     def find_known(self, workspace_id: str) -> Workspace | None:
         """The workspace of ``workspace_id`` if this manager has used it (no disk access)."""

@@ -126,7 +126,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             lambda: self.client, BoxSettings(cpus, tmpfs_bytes, shm_bytes, idle_seconds, oci_runtime),
             prefix="skillrun-" + hashlib.sha256(str(self.work_root.resolve()).encode()).hexdigest()[:8],
             work_root=self.work_root.resolve(), turns=workspaces.registry / "containers", used=self.images.mark_used,
-            release=workspaces.release,
+            workspaces=workspaces,
         )
         self.pool = WarmPool(pool_size, self.boxes, workspaces, lambda: (self.memory_bytes, self.pids),
                              max_age=idle_seconds / 2) if pool_size > 0 else None

@@ -53,7 +53,7 @@ from worker.runtimes.container_launch import (
     container_limits,
 )
 from worker.runtimes.docker_engine import ENGINE_ERRORS, map_docker_errors
-from worker.workspace import METADATA_FILE, Workspace
+from worker.workspace import METADATA_FILE, Workspace, WorkspaceManager
 
 LABEL = "skillrun.workspace"
 ROOT_LABEL = "skillrun.work_root"
@@ -101,19 +101,18 @@ class Boxes:
     """The containers of a work root's workspaces, keyed by workspace and image (see the module's description).
 
     ``turns`` is the folder of the workspaces' turn files; ``used`` hears of an image whenever a container of it
-    is made or removed (derived images' last use); ``release`` gives back the reserved folder of a warm container
-    no workspace took."""
+    is made or removed (derived images' last use); ``workspaces`` gets back the reserved folders of warm
+    containers no workspace took."""
 
     def __init__(self, client: Callable[[], docker.DockerClient], settings: BoxSettings, *, prefix: str,
-                 work_root: Path, turns: Path, used: Callable[[str], None],
-                 release: Callable[[Workspace], None]) -> None:
+                 work_root: Path, turns: Path, used: Callable[[str], None], workspaces: WorkspaceManager) -> None:
         self.client = client
         self.settings = settings
         self.prefix = prefix
         self.work_root = work_root
         self.turns = turns
         self.used = used
-        self.release = release
+        self.workspaces = workspaces
         self.executors = ExecutorFiles(turns.parent)
         self.launcher = Launcher(client, settings, self.executors)
         self._lock = threading.Lock()  # guards _boxes and _next_reap: threads of many runs use them
@@ -339,6 +338,7 @@ class Boxes:
         with map_docker_errors("looking for idle containers"):
             found = self.client().api.containers(all=True, filters={"label": f"{ROOT_LABEL}={self.work_root}"})
         self.executors.sweep({container["Labels"].get(EXECUTOR_LABEL, "") for container in found})
+        self.workspaces.sweep_reserved({c["Labels"].get(LABEL, "") for c in found}, self.settings.idle_seconds)
         for folder in {container["Labels"].get(LABEL, "") for container in found}:
             if not folder or keep(folder):
                 continue
@@ -359,8 +359,8 @@ class Boxes:
             if held and not (self.work_root / folder / METADATA_FILE).exists():
                 self._remove_all_of(folder)
                 uid = container["Labels"][WARM_LABEL]
-                self.release(Workspace(id="", path=self.work_root / folder, uid=int(uid) if uid else None,
-                                       gid=int(uid) if uid else None))
+                self.workspaces.release(Workspace(id="", path=self.work_root / folder, uid=int(uid) if uid else None,
+                                                  gid=int(uid) if uid else None))
                 (self.turns / folder).unlink(missing_ok=True)
 
     def _idle(self, folder: str) -> bool:

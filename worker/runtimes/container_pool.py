@@ -6,15 +6,18 @@ made for a *reserved* folder — an empty folder of the work root with its own u
 (``WorkspaceManager.reserve``) — before any workspace has taken it. A new workspace whose first run fits a warm
 container takes it: the workspace is laid out in that folder (``acquire(..., reserved=)``), and the container,
 found by the folder's name like any other, is the workspace's from then on. A warm container is made for one
-*template* — its image and the library roots it mounts, those of the last new workspace that asked — and taken
-only by a workspace whose first run needs exactly that, so it never shows a workspace a library its runs do not
-use; the pool fills for the last template asked for, making room by dropping the oldest of others. Until it is
-taken nothing runs in it but its executor, and its folder is empty; it serves one workspace and goes with it.
+*template* — its image and the library roots it mounts — and taken only by a workspace whose first run needs
+exactly that, so it never shows a workspace a library its runs do not use. The pool fills for one template: the
+first asked for, until another is asked for twice with no hit of its own between (so new workspaces of many
+libraries do not make it churn), making room by dropping the oldest of others. Until it is taken nothing runs in
+a warm container but its executor, and its folder is empty; it serves one workspace and goes with it.
 
 The pool holds at most ``size`` containers (a container holds its executor, ~10 MB, and the engine's share), is
-refilled in the background after each take, and drops what it holds after ``max_age`` seconds (the idle reaper of
-every worker removes warm containers older than the idle time whose worker is gone), when their container has
-ended (an engine restart: the pool is filled again), and at ``close``. ``size`` 0 turns it off.
+refilled in the background after each take, and renews what it holds before ``max_age`` (half the idle time, so
+other workers' idle reapers, which remove a gone worker's warm containers older than the idle time, leave a live
+pool's alone). It drops containers whose executor ended (an engine restart: the pool is filled again), makes no
+more for an image that cannot run the executor, and removes what it holds at ``close`` (a container being made
+is finished first, then removed). ``size`` 0 turns it off.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from worker.workspace import Workspace, WorkspaceManager
 
 Template = tuple[str, tuple[str, ...]]
 """What a warm container is made for: its image and the library roots it mounts (read-only)."""
+SWITCH_AFTER = 2
+"""Asks for another template, with no hit of the pool's own between, that make it the pool's template."""
+MAX_REMEMBERED_TEMPLATES = 64
 
 
 @dataclass
@@ -56,30 +62,46 @@ class WarmPool:
         self.workspaces = workspaces
         self.run_limits = run_limits
         self.max_age = max_age
-        self._lock = threading.Lock()  # guards _warm and _template: runs' threads take, the loop fills
+        self._lock = threading.Lock()  # guards what follows: runs' threads take, the loop fills
         self._warm: list[Warm] = []
         self._template: Template | None = None
+        self._misses: dict[Template, int] = {}  # other templates asked for since the pool's last hit
+        self._barren: set[Template] = set()  # templates whose containers have no executor: none is made warm
         self._loop: asyncio.AbstractEventLoop | None = None
         self._filling: asyncio.Task | None = None
+        self._renewal: asyncio.TimerHandle | None = None
         self._closed = False
         self.problem = ""  # why the last fill failed, if it did
 
     def take(self, template: Template) -> Warm | None:
-        """A warm container made for ``template`` whose executor still answers, if the pool has one; the pool is
-        refilled for ``template`` either way (call ``adopted`` or ``discard`` with what it returns)."""
-        dead = []
-        taken = None
+        """A warm container made for ``template`` (younger than ``max_age``, its executor answering), if the pool
+        has one (call ``discard`` with it if it cannot be used). A template the pool does not fill for becomes
+        its template once asked for ``SWITCH_AFTER`` times without a hit meanwhile, so new workspaces of many
+        libraries do not make it churn."""
+        stale, taken = [], None
+        now = time.monotonic()
         with self._lock:
-            self._template = template
-            for warm in list(self._warm):
-                if warm.template != template:
-                    continue
-                self._warm.remove(warm)
-                if warm.box.link is not None and warm.box.link.usable():
+            if template in self._barren:
+                return None
+            if self._template is None or template == self._template:
+                self._template, self._misses = template, {}
+            else:
+                self._misses[template] = self._misses.get(template, 0) + 1
+                if self._misses[template] >= SWITCH_AFTER:
+                    self._template, self._misses = template, {}
+                elif len(self._misses) > MAX_REMEMBERED_TEMPLATES:
+                    self._misses = {template: self._misses[template]}
+            keep = []
+            for warm in self._warm:
+                good = now - warm.made <= self.max_age and warm.box.link is not None and warm.box.link.usable()
+                if warm.template != template or (good and taken is not None):
+                    keep.append(warm)
+                elif good:
                     taken = warm
-                    break
-                dead.append(warm)  # its container ended (the engine restarted): the pool is filled again
-        for warm in dead:
+                else:
+                    stale.append(warm)  # past its age, or its container ended (an engine restart)
+            self._warm = keep
+        for warm in stale:
             self.discard(warm)
         self._kick()
         return taken
@@ -110,9 +132,10 @@ class WarmPool:
             self._filling = asyncio.get_running_loop().create_task(self._fill())
 
     async def _fill(self) -> None:
-        """Make warm containers until the pool holds ``size`` for the current template, dropping those past
-        ``max_age`` first, and then, for room, the oldest of other templates."""
-        while True:
+        """Make warm containers until the pool holds ``size`` for its template, dropping those past ``max_age``
+        first, and then, for room, the oldest of other templates; look again when the oldest comes of age (so
+        what the pool holds stays younger than the idle time other workers' reapers go by)."""
+        while not self._closed:
             now = time.monotonic()
             with self._lock:
                 template = self._template
@@ -124,16 +147,42 @@ class WarmPool:
                 self._warm = [warm for warm in self._warm if warm not in old]
             for warm in old:
                 await asyncio.to_thread(self.discard, warm)
-            if template is None or missing <= 0 or self._closed:
-                return
+            if template is None or missing <= 0 or template in self._barren:
+                break
+            made = asyncio.ensure_future(asyncio.to_thread(self._make, template))
             try:
-                warm = await asyncio.to_thread(self._make, template)
+                warm = await asyncio.shield(made)
+            except asyncio.CancelledError:  # what the thread finishes is removed, not left behind
+                made.add_done_callback(self._discard_made)
+                raise
             except Exception as exc:  # noqa: BLE001 - a pool that cannot fill leaves runs to make their own
                 self.problem = str(exc)
-                return
+                break
             self.problem = ""
+            if warm.box.link is None:  # the image cannot run the executor: a warm container could not be used
+                self._barren.add(template)
+                await asyncio.to_thread(self.discard, warm)
+                break
             with self._lock:
-                self._warm.append(warm)
+                closed = self._closed
+                if not closed:
+                    self._warm.append(warm)
+            if closed:
+                await asyncio.to_thread(self.discard, warm)
+        self._renew_later()
+
+    def _renew_later(self) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
+        with self._lock:
+            oldest = min((warm.made for warm in self._warm), default=None)
+        if oldest is not None and not self._closed:
+            delay = max(oldest + self.max_age - time.monotonic(), 0) + 1
+            self._renewal = asyncio.get_running_loop().call_later(delay, self._fill_soon)
+
+    def _discard_made(self, made: asyncio.Future) -> None:
+        if not made.cancelled() and made.exception() is None:
+            asyncio.get_running_loop().run_in_executor(None, self.discard, made.result())
 
     def _make(self, template: Template) -> Warm:
         image, roots = template
@@ -156,9 +205,11 @@ class WarmPool:
         """Stop refilling (a container being made is finished, then removed with the rest) and remove every warm
         container not taken."""
         self._closed = True
+        if self._renewal is not None:
+            self._renewal.cancel()
         if self._filling is not None:
             with contextlib.suppress(Exception):
-                await self._filling
+                await asyncio.shield(self._filling)
         with self._lock:
             warm, self._warm, self._template = self._warm, [], None
         for item in warm:
