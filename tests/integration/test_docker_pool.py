@@ -175,3 +175,17 @@ async def test_an_engine_restart_under_a_worker_ends_its_runs_clearly_and_the_po
     await runtime.idle()
     rebuilt = [c for c in _warm(docker_engine, runtime) if c.status == "running" and c.id not in before]
     assert len(rebuilt) >= 2
+
+
+@pytest.mark.parametrize("oci_runtime", ["runc", "runsc"])
+async def test_a_default_first_run_takes_its_warm_container_as_it_is(docker_runtime_factory, docker_engine, oci_runtime):
+    """A warm container has the limits a run with default limits gets, so taking it needs no change (gVisor's
+    engine cannot change a running container's limits: the container would be made again)."""
+    if oci_runtime != "runc":
+        docker_engine.require_runtime(oci_runtime)
+    runtime = docker_runtime_factory(pool_size=1, oci_runtime=oci_runtime)
+    await runtime.run(_request("first"))
+    await runtime.idle()
+    (warm,) = _warm(docker_engine, runtime)
+    result = await runtime.run(_request("second"))
+    assert result.stdout == "hi\n" and runtime.container_id("second") == warm.id

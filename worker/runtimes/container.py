@@ -43,7 +43,7 @@ import docker
 from worker import defaults
 from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
-from worker.contract import RunRequest, RunResult, RuntimeName
+from worker.contract import RunLimits, RunRequest, RunResult, RuntimeName
 from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatus
 from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
@@ -128,7 +128,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
             work_root=self.work_root.resolve(), turns=workspaces.registry / "containers", used=self.images.mark_used,
             workspaces=workspaces,
         )
-        self.pool = WarmPool(pool_size, self.boxes, workspaces, lambda: (self.memory_bytes, self.pids),
+        self.pool = WarmPool(pool_size, self.boxes, workspaces, lambda: self._run_limits(RunLimits()),
                              max_age=idle_seconds / 2) if pool_size > 0 else None
         # workspace folder → (its lock, runs holding or awaiting it)
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -331,11 +331,14 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         pool = self.pool
         self.boxes.reap_idle(keep=lambda folder: folder in self._turns or (pool is not None and pool.holds(folder)))
         folders = [str(root.resolve()), *([str(environment)] if environment is not None else [])]
-        processes = min(self.pids, request.limits.processes)
+        return self.boxes.get(workspace, image, folders, bool(request.network), self._run_limits(request.limits))
+
+    def _run_limits(self, limits: RunLimits) -> tuple[int, int]:
+        """The memory and process count a container is given for a run's ``limits`` (capped by the runtime's)."""
+        processes = min(self.pids, limits.processes)
         if self.gvisor:  # its control group counts the sandbox's own threads: the run's count is a ulimit there
             processes = max(processes, GVISOR_SANDBOX_PROCESSES)
-        limits = (min(self.memory_bytes, request.limits.memory_bytes), processes)
-        return self.boxes.get(workspace, image, folders, bool(request.network), limits)
+        return min(self.memory_bytes, limits.memory_bytes), processes
 
     def _script(self, request: RunRequest) -> str:
         """The run's command under its ``ulimit``s; under gVisor with the process count too (the workspace's user
