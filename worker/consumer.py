@@ -93,6 +93,9 @@ def serve_worker(args: argparse.Namespace) -> int:
     finally:
         if beat is not None:
             beat.stop()
+        jobs = sys.modules.get("worker.jobs")
+        if jobs is not None:  # its runtimes let go of what they hold (a Docker runtime's warm pool, containers)
+            jobs.close_runtimes()
         for child in children:
             if child.poll() is None:
                 child.terminate()

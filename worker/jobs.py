@@ -83,6 +83,18 @@ def runtime_for(name: str) -> BaseWorkspaceRuntime:
     return _runtimes[name]
 
 
+def close_runtimes() -> None:
+    """Release what this process's runtimes hold (a Docker runtime's warm pool and containers, spawners) as the
+    worker stops; a workspace's next run makes what it needs again."""
+    loop = _event_loop()
+    while _runtimes:
+        _, runtime = _runtimes.popitem()
+        try:
+            loop.run_until_complete(runtime.close())
+        except Exception:  # noqa: BLE001 - one runtime's trouble must not keep the others' things
+            logger.exception("closing the %s runtime failed", runtime.name.value)
+
+
 def execute_run(run_id: str, workspace_id: str | None = None) -> dict[str, Any]:
     """Run the stored request ``run_id`` (in the kept workspace ``workspace_id``, if it names one); return a short
     summary (the result itself goes to the run store). A kept workspace not placed yet is placed on this worker's

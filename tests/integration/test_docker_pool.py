@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,8 @@ from worker.workspace import RESERVED_PREFIX
 
 pytestmark = pytest.mark.docker
 
-LIBRARY = Path(__file__).resolve().parents[2] / "skills"
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = REPO / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
 
 
@@ -189,3 +192,29 @@ async def test_a_default_first_run_takes_its_warm_container_as_it_is(docker_runt
     (warm,) = _warm(docker_engine, runtime)
     result = await runtime.run(_request("second"))
     assert result.stdout == "hi\n" and runtime.container_id("second") == warm.id
+
+
+async def test_a_worker_that_stops_removes_its_warm_containers(docker_engine, redis_url, work_root):
+    """A worker process (here one that stops once the queue is empty) closes its runtimes as it stops: its pool's
+    warm containers and reserved folders go with it."""
+    from orchestrator.dispatch import QueueDispatcher
+
+    root = work_root / "stopping-worker"
+    dispatcher = QueueDispatcher(redis_url)
+    try:
+        ids = [(await dispatcher.submit(RunRequest(skill=SKILL, command="echo hi", runtime="docker",
+                                                    workspace_id=f"kept-{i}", keep_workspace=True))).id
+               for i in range(3)]
+        env = {**os.environ, "SKILLRUN_WORK_ROOT": str(root), "SKILLRUN_DOCKER_POOL_SIZE": "2"}
+        done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "worker", "--redis-url", redis_url,
+                                                        "--burst", "--runtime", "docker"],
+                                       env=env, cwd=REPO, timeout=300, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        for run_id in ids:
+            assert (await dispatcher.get(run_id)).result.stdout == "hi\n"
+    finally:
+        await dispatcher.close()
+    left = docker_engine.client.containers.list(all=True, filters={"label": f"skillrun.work_root={root.resolve()}"})
+    assert left == []
+    assert not [p for p in root.iterdir() if p.name.startswith(RESERVED_PREFIX)
+                and not (p / "metadata.json").exists()]
