@@ -67,7 +67,7 @@ async def test_docker_background_child_does_not_outlive_its_run(docker_runtime_f
     # Not the probe, nor its own bash (the ready shell it ran in, named by its loader).
     others = [line for line in after.stdout.splitlines()
               if line.split()[1:2] != ["ps"] and "__skillrun_command" not in line]
-    assert len(others) == 1 and "/.skillrun/executor.py" in others[0], after.stdout  # the executor alone
+    assert len(others) == 1 and "/.skillrun/program/executor.py" in others[0], after.stdout  # the executor alone
 
 
 async def test_docker_overlapping_runs_of_one_workspace_take_turns_and_end_only_their_own(docker_runtime_factory, run_in):

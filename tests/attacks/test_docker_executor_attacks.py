@@ -53,7 +53,7 @@ async def test_docker_executor_of_another_workspace_is_out_of_sight(docker_runti
     result = await runtime.run(run_in(
         f"ls -A /.skillrun; ls {victim_control} 2>&1 | tail -1; ls {victim_control.parent} 2>&1 | tail -1"))
     lines = result.stdout.splitlines()
-    assert lines[:2] == ["control", "executor.py"]
+    assert lines[:2] == ["control", "program"]
     assert all("No such file or directory" in line for line in lines[2:4]), result.stdout
 
 
@@ -159,7 +159,7 @@ def _on_gvisor(reason: str) -> list:
 def _only_the_executor_and_the_probe(ps_output: str) -> list[str]:
     """The processes a ``ps -eo args=`` probe saw besides itself, the executor and the ready shell it ran in."""
     return [line for line in ps_output.splitlines()
-            if line.split()[:1] != ["ps"] and "__skillrun_command" not in line and "/.skillrun/executor.py" not in line]
+            if line.split()[:1] != ["ps"] and "__skillrun_command" not in line and "/.skillrun/program/executor.py" not in line]
 
 
 SYSV_QUEUE = r"""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from worker.contract import RunLimits, RunRequest, SkillRef
-from worker.runtimes import executor_inside
+from worker.runtimes import executor_confine, executor_inside
 from worker.runtimes.container_executor import ExecutorFiles
 from worker.runtimes.container_host import EXECUTOR_RESIDENTS
 from worker.runtimes.container_launch import container_limits
@@ -118,12 +118,15 @@ async def test_a_container_that_died_between_runs_is_made_again(docker_runtime_f
 async def test_what_the_executor_says_a_run_left_is_checked_from_the_host(docker_runtime_factory, docker_engine):
     """An executor that kills nothing and says the container is clean (as one a command had taken over might):
     the worker sees the run's processes from the host and ends them through the engine."""
-    source = Path(executor_inside.__file__).read_text()
-    lying = source.replace("def kill_all() -> None:", "def kill_all() -> None:\n    return\n\n\ndef _unused() -> None:")
-    lying = lying.replace('"clean": self._clean(run.scrub)', '"clean": True')
-    assert lying.count("return\n\n\ndef _unused") == 1 and '"clean": True' in lying
+    confining = Path(executor_confine.__file__).read_text()
+    lying_confine = confining.replace("def kill_all() -> None:",
+                                      "def kill_all() -> None:\n    return\n\n\ndef _unused() -> None:")
+    executor = Path(executor_inside.__file__).read_text()
+    lying = executor.replace('"clean": confine.clean_up(self.uid, run.scrub)', '"clean": True')
+    assert lying_confine.count("return\n\n\ndef _unused") == 1 and '"clean": True' in lying
     runtime = docker_runtime_factory()
-    files = ExecutorFiles(runtime.boxes.executors.folder.parent, source=lying.encode())
+    files = ExecutorFiles(runtime.boxes.executors.folder.parent,
+                          sources={"executor.py": lying.encode(), "executor_confine.py": lying_confine.encode()})
     runtime.boxes.executors = runtime.boxes.launcher.executors = files
     result = await runtime.run(_request("setsid sleep 1003 >/dev/null 2>&1 & echo left > /tmp/left; echo ok"))
     assert result.stdout == "ok\n" and result.timings.exec_via == "executor"

@@ -66,13 +66,13 @@ async def test_nothing_runs_in_a_warm_container_and_it_holds_nothing_until_taken
     await runtime.idle()
     for container in _warm(docker_engine, runtime):
         top = docker_engine.client.api.top(container.id, ps_args="-eo pid,args")["Processes"]
-        assert [" ".join(p[1:]) for p in top] == [f"python3 -I -S /.skillrun/executor.py {container.labels[WARM_LABEL]}:"
-                                                  f"{container.labels[WARM_LABEL]}"]
+        assert [" ".join(p[1:]) for p in top] == [f"python3 -I -S /.skillrun/program/executor.py "
+                                                  f"{container.labels[WARM_LABEL]}:{container.labels[WARM_LABEL]}"]
         folder = runtime.work_root / container.labels["skillrun.workspace"]
         assert os.listdir(folder) == [] and (folder.stat().st_uid, folder.stat().st_mode & 0o777) == (0, 0o700)
         mounts = {m["Destination"]: m["RW"] for m in docker_engine.client.api.inspect_container(container.id)["Mounts"]}
         assert mounts == {str(folder): True, str(LIBRARY.resolve()): False, "/.skillrun/control": True,
-                          "/.skillrun/executor.py": False}
+                          "/.skillrun/program": False}
         events = docker_engine.client.events(since=int(time.time()) - 120, until=int(time.time()) + 1, decode=True,
                                              filters={"container": container.id, "event": "exec_create"})
         assert sum(1 for _ in events) == 0  # nothing was ever executed in it through the engine

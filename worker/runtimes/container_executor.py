@@ -3,10 +3,10 @@ and a run through it.
 
 Every container of the Docker runtime that can (its image has ``python3``) starts the executor as its first
 process. The executor's control folder — ``<work root>/.skillrun/executors/<id>/``, the worker's, mode 0700 — is
-mounted at ``/.skillrun/control`` and holds its socket; the program itself is one read-only file,
-``<work root>/.skillrun/executors/executor-<hash>.py``, mounted at ``/.skillrun/executor.py``. Both sit under the
-work root, which a worker in a container shares with the engine at the same path, so a worker on the host and one
-in a container reach executors alike.
+mounted at ``/.skillrun/control`` and holds its socket and token; the program is a read-only folder,
+``<work root>/.skillrun/executors/program-<hash>/`` (``executor_inside`` and ``executor_confine``), mounted at
+``/.skillrun/program``. Both sit under the work root, which a worker in a container shares with the engine at the
+same path, so a worker on the host and one in a container reach executors alike.
 
 Trust: the executor belongs to its workspace's trust domain. The worker opens the socket without following links
 (a socket is reached through the folder the worker made, never through a path a command could change), proves the
@@ -36,11 +36,15 @@ from pathlib import Path
 from worker.cancellation import Cancellation
 from worker.contract import RunRequest
 from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome
+from worker.runtimes import executor_confine as confine
 from worker.runtimes import executor_inside as inside
 from worker.runtimes.container_host import CLEAN_INSIDE
 
 CONTROL_MOUNT = inside.CONTROL
-PROGRAM_MOUNT = "/.skillrun/executor.py"
+PROGRAM_MOUNT = "/.skillrun/program"
+PROGRAM_FILES = {"executor.py": inside, "executor_confine.py": confine}
+"""The executor's program, as its files are named in its folder (``PROGRAM_MOUNT``)."""
+PROGRAM = f"{PROGRAM_MOUNT}/executor.py"
 CONNECT_SECONDS = 2.0
 """How long connecting and proving the token may take before the executor counts as broken."""
 START_SECONDS = 15.0
@@ -118,22 +122,29 @@ class CappedOutput:
 class ExecutorFiles:
     """The executors' folder under a work root's registry: the program, and one control folder per container."""
 
-    def __init__(self, registry: Path, *, source: bytes | None = None) -> None:
-        """``source``: the program (default: ``executor_inside``)."""
+    def __init__(self, registry: Path, *, sources: dict[str, bytes] | None = None) -> None:
+        """``sources``: the program's files by name, instead of ``PROGRAM_FILES``'."""
         self.folder = registry / "executors"
-        source = source if source is not None else Path(inside.__file__).read_bytes()
-        self.program = self.folder / f"executor-{hashlib.sha256(source).hexdigest()[:12]}.py"
-        self._source = source
+        self._sources = {name: Path(module.__file__).read_bytes() for name, module in PROGRAM_FILES.items()}
+        self._sources.update(sources or {})
+        digest = hashlib.sha256(b"".join(name.encode() + b"\0" + text for name, text in sorted(self._sources.items())))
+        self.program = self.folder / f"program-{digest.hexdigest()[:12]}"
 
     def install(self) -> None:
-        """Write the program once (atomically; read-only), and the folder (the worker's alone)."""
+        """Write the program's folder once (atomically; read-only), and the executors' folder (the worker's
+        alone)."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.program.exists():
             return
-        partial = self.program.with_suffix(f".{secrets.token_hex(4)}.tmp")
-        partial.write_bytes(self._source)
-        partial.chmod(0o444)
-        os.replace(partial, self.program)
+        partial = self.folder / f"{self.program.name}.{secrets.token_hex(4)}.tmp"
+        partial.mkdir(mode=0o755)
+        for name, text in self._sources.items():
+            (partial / name).write_bytes(text)
+            (partial / name).chmod(0o444)
+        try:
+            partial.rename(self.program)
+        except OSError:  # another worker installed it meanwhile
+            shutil.rmtree(partial, ignore_errors=True)
 
     def new_control(self) -> tuple[Path, bytes]:
         """A new container's control folder (mode 0700: only the worker's user, and the executor before it becomes
@@ -159,12 +170,14 @@ class ExecutorFiles:
             shutil.rmtree(control, ignore_errors=True)
 
     def sweep(self, in_use: set[str]) -> None:
-        """Remove the control folders no container of this work root names (a worker that died left them), but
-        those made in the last minute (a container may be starting with one)."""
+        """Remove the control folders no container of this work root names (a worker that died left them) and the
+        programs of other versions, but those made in the last minute (a container may be starting with one; a
+        worker of another version sharing the work root writes its program again when it next needs it)."""
         settled = time.time() - SWEEP_AFTER_SECONDS
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.folder):
                 if (entry.is_dir(follow_symlinks=False) and entry.path not in in_use
+                        and entry.path != str(self.program)
                         and entry.stat(follow_symlinks=False).st_mtime < settled):
                     shutil.rmtree(entry.path, ignore_errors=True)
 
@@ -303,6 +316,6 @@ class ExecutorLink:
 
 
 __all__ = [
-    "CONTROL_MOUNT", "PROGRAM_MOUNT", "CappedOutput", "ExecutorFiles", "ExecutorLink", "ExecutorLost",
+    "CONTROL_MOUNT", "PROGRAM", "PROGRAM_MOUNT", "CappedOutput", "ExecutorFiles", "ExecutorLink", "ExecutorLost",
     "ExecutorUnavailable", "Frames", "Report",
 ]

@@ -25,6 +25,7 @@ import docker.errors
 
 from worker.runtimes.container_executor import (
     CONTROL_MOUNT,
+    PROGRAM,
     PROGRAM_MOUNT,
     START_SECONDS,
     ExecutorFiles,
@@ -136,7 +137,7 @@ class Launcher:
             volumes = {**spec.volumes, str(control): {"bind": CONTROL_MOUNT, "mode": "rw"},
                        str(self.executors.program): {"bind": PROGRAM_MOUNT, "mode": "ro"}}
             return self.client().containers.run(
-                spec.image, [spec.user], entrypoint=["python3", "-I", "-S", PROGRAM_MOUNT], user="0:0",
+                spec.image, [spec.user], entrypoint=["python3", "-I", "-S", PROGRAM], user="0:0",
                 cap_add=["SETUID", "SETGID", "SETPCAP"], volumes=volumes,
                 labels={**spec.labels, EXECUTOR_LABEL: str(control)}, **options,
             ).id

@@ -27,8 +27,6 @@ waiting for its script on stdin), so a run that fits skips bash's start-up. Runs
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import hmac
 import json
 import os
@@ -36,33 +34,32 @@ import selectors
 import shlex
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
 import time
 import traceback
 
-LIBC = ctypes.CDLL(None, use_errno=True)
+try:
+    from worker.runtimes import executor_confine as confine  # in the worker, which reads this module's constants
+except ImportError:  # in a container: the program's folder holds it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import executor_confine as confine
+
 STDOUT, STDERR, EXIT, READY, ERROR = 1, 2, 3, 4, 5
 AUTH, RUN, KILL = 16, 17, 18
 HEADER = struct.Struct(">B3xI")
 CONTROL = "/.skillrun/control"
 TOKEN_FILE = "token"
-SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
 READY_VARIABLE = "__skillrun_command"
 READY_LOADER = f'unset {READY_VARIABLE}; source /dev/stdin && exec 0</dev/null && eval "${READY_VARIABLE}"'
 """What a ready shell runs: read its script from stdin to the end (the run's own variables, and the command in a
 variable), take ``/dev/null`` as stdin like any run, then run the command at top level (as under ``bash -c``)."""
 RUN_VARIABLES = frozenset({"RUN_DIR", "HOME", "TMPDIR"})
 """The variables that differ from one run of a workspace to the next (a ready shell gets them with its script)."""
-PR_CAPBSET_DROP = 24
 MAX_CLIENTS = 8
 MAX_FRAME = 16 * 1024 * 1024
 DRAIN_SECONDS = 2.0
-SCRUB_SECONDS = 30.0
-IPC_SCAN_LIMIT = 32768
-"""The most System V IPC indexes looked at for objects to remove (a namespace holds at most 32,000 of a kind)."""
 READ_BYTES = 65536
 
 
@@ -154,7 +151,7 @@ class Executor:
         """Become the workspace's user for good, with no capability left to anything started from here on."""
         if os.getuid() == self.uid:
             return
-        drop_bounding_set()
+        confine.drop_bounding_set()
         os.setgroups([])
         os.setgid(self.gid)
         os.setuid(self.uid)  # from root to another user: every capability goes, and the process is not dumpable
@@ -274,7 +271,8 @@ class Executor:
             process, problem = None, "its shell ended before it took the command"
         if process is None:
             client.send(STDERR, f"cannot start the command: {problem}\n".encode())
-            report = {"code": 127, "omitted": [0, 0], "clean": self._clean(spec["scrub"]), "ready": False}
+            clean = confine.clean_up(self.uid, spec["scrub"])
+            report = {"code": 127, "omitted": [0, 0], "clean": clean, "ready": False}
             client.send(EXIT, json.dumps(report).encode())
             return
         self.run = Run(client, process, [int(cap) for cap in spec["caps"]], str(spec["scrub"]), env, cwd)
@@ -356,7 +354,7 @@ class Executor:
         if run is None or run.killed:
             return
         run.killed = True
-        kill_all()
+        confine.kill_all()
         self._reap()
         if run.status is None:
             run.status = 128 + signal.SIGKILL  # killed before its exit was seen (it is reaped below)
@@ -365,7 +363,7 @@ class Executor:
         """The run's command has ended: end every process it left, read what they wrote, empty the scratch folders,
         report."""
         run = self.run
-        kill_all()
+        confine.kill_all()
         deadline = time.monotonic() + DRAIN_SECONDS
         while run.pipes and time.monotonic() < deadline:
             self._reap()
@@ -380,34 +378,10 @@ class Executor:
         self.run = None
         self._reap()
         report = {"code": run.status, "omitted": [run.omitted[STDOUT], run.omitted[STDERR]],
-                  "clean": self._clean(run.scrub), "ready": True}
+                  "clean": confine.clean_up(self.uid, run.scrub), "ready": True}
         if run.client in self.clients:
             run.client.send(EXIT, json.dumps(report).encode())
         self._make_ready(run.env, run.cwd)  # after the report: the run does not wait for it
-
-    def _clean(self, scrub: str) -> bool:
-        """Empty the scratch folders of what the workspace's user left (``scrub``, a shell script the worker gives,
-        does it when there is anything: coreutils handle folders of any depth and mode) and remove the System V IPC
-        objects of the container (all the runs': nothing else makes one); whether nothing is left."""
-        left = self._left_in_scratch()
-        if left:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(["/bin/bash", "-c", scrub], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                               close_fds=True, timeout=SCRUB_SECONDS)
-            left = self._left_in_scratch()
-        return remove_ipc_objects() and not left
-
-    def _left_in_scratch(self) -> bool:
-        for folder in SCRATCH:
-            try:
-                with os.scandir(folder) as entries:
-                    for entry in entries:
-                        if entry.stat(follow_symlinks=False).st_uid == self.uid:
-                            return True
-            except OSError:
-                continue
-        return False
 
 
 def _no_op(*_: object) -> None:
@@ -418,90 +392,11 @@ def without_run_variables(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if name not in RUN_VARIABLES}
 
 
-def drop_bounding_set() -> None:
-    """Empty the capability bounding set (``CAP_SETPCAP`` allows it), so the run's processes cannot hold one."""
-    libc = LIBC
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last = int(f.read())
-    for capability in range(last + 1):
-        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), f"cannot drop capability {capability} from the bounding set")
-
-
-def remove_ipc_objects() -> bool:
-    """Remove every System V message queue, semaphore set and shared memory segment of the container's IPC
-    namespace; whether none is left. Asks the kernel (``*_INFO``, ``*_STAT``), not ``/proc/sysvipc``, which gVisor
-    has not; an object's index is tried as its id too (gVisor's ``*_STAT`` answers 0 for the id)."""
-    libc = LIBC
-    buf = (ctypes.c_long * 64)()
-    left = 0
-    for name, info, stat_command, count_at in (("shm", 14, 13, 0), ("msg", 12, 11, 0), ("sem", 19, 18, 7)):
-        def ctl(ident: int, command: int, arg=buf) -> int:  # noqa: ANN001 - a ctypes buffer or None
-            if name == "sem":
-                return libc.semctl(ident, 0, command, arg)
-            return getattr(libc, f"{name}ctl")(ident, command, arg)
-
-        def count() -> int:
-            ints = (ctypes.c_int * 128)()
-            return ints[count_at] if ctl(0, info, ints) >= 0 else 0
-
-        if not count():
-            continue
-        top = max(ctl(0, info), 0)
-        for index in range(IPC_SCAN_LIMIT):
-            if index > top and index % 256 == 0 and not count():
-                break
-            ident = ctl(index, stat_command)
-            if ident >= 0:
-                for candidate in {ident, index}:
-                    ctl(candidate, 0, None)  # IPC_RMID
-        left += count()
-    return left == 0
-
-
-def kill_all() -> None:
-    """SIGKILL every process this one may signal (all but itself: it is the namespace's init), until none is
-    left; a fork under way when a kill reaches its parent is aborted by the kernel."""
-    for _ in range(100):
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        except OSError as exc:
-            if exc.errno == errno.ESRCH:
-                return
-            raise
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
-        except ChildProcessError:
-            pass
-        time.sleep(0.001)
-
-
 def exit_code(status: int) -> int:
     """A wait status as a shell reports it: the exit code, or 128 plus the signal."""
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
-
-
-def close_paths_to_mounts() -> None:
-    """Make the root's folders between a scratch folder and a mount point below it (the engine makes them on the way
-    to a bind mount under ``/tmp``; gVisor makes them writable by all) 0755, so a run can neither move a mount
-    aside and put its own files in its place nor leave files there."""
-    with open("/proc/self/mountinfo") as f:
-        points = [field.encode().decode("unicode_escape") for field in (line.split()[4] for line in f)]
-    for point in points:
-        for scratch in SCRATCH:
-            if not point.startswith(scratch + "/"):
-                continue
-            path = scratch
-            for part in point[len(scratch) + 1 :].split("/")[:-1]:
-                path = f"{path}/{part}"
-                info = os.lstat(path)
-                if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and info.st_mode & 0o022:
-                    os.chmod(path, 0o755)
 
 
 def main() -> None:
@@ -510,7 +405,7 @@ def main() -> None:
         token = f.read().strip()
     if not token:
         sys.exit(f"executor: no token in {CONTROL}/{TOKEN_FILE}")
-    close_paths_to_mounts()
+    confine.close_paths_to_mounts()
     executor = Executor(token, uid, gid)
     executor.listen()
     executor.serve()
