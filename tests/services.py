@@ -112,6 +112,18 @@ sockets its sandboxes may create on mounted folders (the Docker runtime's execut
 IMAGES = (SANDBOX_IMAGE, "skillrun/worker:latest", "skillrun/api:latest")
 
 
+def docker_engine_for(repo_root: str) -> "DockerEngine":
+    """The test session's one Docker engine (every conftest's ``docker_engine`` fixture is this one, so the engine
+    the tests start is known as theirs wherever it was first asked for)."""
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = DockerEngine(repo_root)
+    return _ENGINE
+
+
+_ENGINE: "DockerEngine | None" = None
+
+
 class DockerEngine:
     """A Docker engine to test against: the running one, or a ``dockerd`` started (and installed) here as root;
     plus the sandbox image, built with ``images/build.sh`` when missing."""
@@ -196,10 +208,12 @@ class DockerEngine:
         self._await_engine().close()  # the tests' client (and the runtimes holding it) reconnect by themselves
 
     def stop(self) -> None:
+        """Close the client and stop the engine the tests started (once; later calls do nothing)."""
         self.client.close()
-        if self.started is not None:
-            self.started.terminate()
+        started, self.started = self.started, None
+        if started is not None:
+            started.terminate()
             try:
-                self.started.wait(timeout=30)
+                started.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.started.kill()
+                started.kill()

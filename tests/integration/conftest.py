@@ -10,7 +10,7 @@ import docker.errors
 import pytest
 
 from tests.cube_server import CubeStandIn
-from tests.services import DockerEngine
+from tests.services import DockerEngine, docker_engine_for
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.runtimes.container import ContainerWorkspaceRuntime
 from worker.runtimes.container_images import PACKAGES_LABEL
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def docker_engine() -> DockerEngine:
-    engine = DockerEngine(str(REPO))
+    engine = docker_engine_for(str(REPO))
     yield engine
     engine.stop()
 
