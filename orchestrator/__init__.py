@@ -9,6 +9,7 @@ settings and the error tree, so importing any one part stays cheap.
 from orchestrator.config import Settings, get_settings
 from orchestrator.errors import (
     DispatchError,
+    McpConnectionError,
     ModelError,
     OrchestratorError,
     SessionError,
@@ -21,6 +22,7 @@ from orchestrator.errors import (
 
 __all__ = [
     "DispatchError",
+    "McpConnectionError",
     "ModelError",
     "OrchestratorError",
     "SessionError",

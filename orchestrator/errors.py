@@ -13,6 +13,7 @@
     ├── SessionError                a session does not exist or already exists
     ├── ModelError                  the model endpoint failed (after retries) or answered nonsense
     ├── ToolError                   a tool is misdeclared (bad schema, duplicate name)
+    ├── McpConnectionError          an MCP server cannot be started or reached, or the connection was lost
     ├── TeamError                   (orchestrator.teams) an unknown team or key, a bad team name
     └── LibraryError                (orchestrator.libraries) a library that cannot be registered or changed
 
@@ -92,3 +93,8 @@ class ModelError(OrchestratorError):
 
 class ToolError(OrchestratorError):
     """A tool is declared wrongly (a type with no JSON schema, a duplicate registered name)."""
+
+
+class McpConnectionError(OrchestratorError):
+    """An MCP server could not be started or reached, did not answer the handshake in time, or the connection to it
+    was lost during a request (the next request connects again)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from orchestrator.agents.base import BaseAgent
 from orchestrator.context import InvocationContext
-from orchestrator.errors import ModelError
+from orchestrator.errors import McpConnectionError, ModelError, ToolError
 from orchestrator.events import Event, EventActions
 from orchestrator.models.base import LLMModel, LlmRequest, LlmResponse
 from orchestrator.models.openai_model import OpenAIModel
@@ -69,6 +69,10 @@ class LlmAgent(BaseAgent):
         self.tools: list[BaseTool | BaseToolSet] = [
             t if isinstance(t, (BaseTool, BaseToolSet)) else FunctionTool(t) for t in (tools or [])
         ]
+        named = [t.name for t in self.tools if isinstance(t, BaseTool)]
+        twice = sorted({n for n in named if named.count(n) > 1})
+        if twice:
+            raise ToolError(f"agent {name}: more than one tool is named {', '.join(map(repr, twice))}")
         self.skill_repository = skill_repository
         self.skill_options = skill_options or SkillOptions()
         self.parallel_tool_calls = parallel_tool_calls
@@ -83,7 +87,11 @@ class LlmAgent(BaseAgent):
     async def run_async(self, ctx: InvocationContext) -> AsyncIterator[Event]:
         ctx = ctx.for_agent(self) if ctx.agent is not self else ctx
         for _ in range(self.max_steps):
-            tools = await self.resolve_tools(ctx)
+            try:
+                tools = await self.resolve_tools(ctx)
+            except (ToolError, McpConnectionError) as exc:
+                yield Event(author=self.name, error_code="tools_unavailable", error_message=str(exc))
+                return
             request = LlmRequest(
                 system_instruction=self._system_instruction(ctx, tools),
                 contents=_history(ctx),
@@ -145,8 +153,10 @@ class LlmAgent(BaseAgent):
                 members = [entry]
             for tool in members:
                 if tool.name in found and found[tool.name] is not tool:
-                    logger.warning("agent %s: two tools are named %r; the first is used", self.name, tool.name)
-                    continue
+                    raise ToolError(
+                        f"agent {self.name}: two tools are named {tool.name!r} ({_origin(found[tool.name])} and "
+                        f"{_origin(tool, entry)}); rename one, or leave one out with the tool set's filter"
+                    )
                 found[tool.name] = tool
         return found
 
@@ -198,6 +208,11 @@ class LlmAgent(BaseAgent):
                 if isinstance(inner, BaseAgent):
                     await inner.close()
         await self.model.close()
+
+
+def _origin(tool: BaseTool, entry: BaseTool | BaseToolSet | None = None) -> str:
+    owner = f" of {entry.name}" if isinstance(entry, BaseToolSet) else ""
+    return f"{type(tool).__name__}{owner}"
 
 
 def _latest_user_text(ctx: InvocationContext) -> str:

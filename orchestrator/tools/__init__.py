@@ -1,4 +1,11 @@
-"""Tools: function tools, tool sets, the registry, agent tools, streaming tools."""
+"""Tools: function tools, tool sets, the registry, agent tools, streaming tools, MCP servers' tools.
+
+The MCP names (``MCPToolset``, ``MCPTool`` and the connection parameters) load the ``mcp`` SDK, which takes most of
+a second to import; they are imported on first use, so agents without MCP do not pay for it.
+"""
+
+from importlib import import_module
+from typing import Any
 
 from orchestrator.tools.agent_tool import AgentTool
 from orchestrator.tools.base import BaseTool
@@ -6,4 +13,34 @@ from orchestrator.tools.function_tool import FunctionTool, StreamingFunctionTool
 from orchestrator.tools.registry import get_tool, register_tool
 from orchestrator.tools.toolset import BaseToolSet
 
-__all__ = ["AgentTool", "BaseTool", "BaseToolSet", "FunctionTool", "StreamingFunctionTool", "get_tool", "register_tool"]
+_MCP_NAMES = {
+    "MCPTool": "orchestrator.tools.mcp_toolset",
+    "MCPToolset": "orchestrator.tools.mcp_toolset",
+    "McpStdioServerParameters": "orchestrator.tools.mcp_params",
+    "SseConnectionParams": "orchestrator.tools.mcp_params",
+    "StdioConnectionParams": "orchestrator.tools.mcp_params",
+    "StreamableHTTPConnectionParams": "orchestrator.tools.mcp_params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MCP_NAMES:
+        return getattr(import_module(_MCP_NAMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "AgentTool",
+    "BaseTool",
+    "BaseToolSet",
+    "FunctionTool",
+    "MCPTool",
+    "MCPToolset",
+    "McpStdioServerParameters",
+    "SseConnectionParams",
+    "StdioConnectionParams",
+    "StreamableHTTPConnectionParams",
+    "StreamingFunctionTool",
+    "get_tool",
+    "register_tool",
+]
