@@ -103,6 +103,19 @@ class Settings(BaseSettings):
     skill_content_in_tool_results: bool = Field(
         default=False, description="Return loaded bodies and docs as tool results instead of in the system message."
     )
+    mcp_session_idle_seconds: float = Field(
+        default=900, gt=0, allow_inf_nan=False,
+        description="An MCP session of /mcp without a request for this long is ended: its runs cancelled, its "
+                    "workspace removed.",
+    )
+    mcp_max_sessions: int = Field(default=1000, gt=0, description="MCP sessions /mcp holds at once; one more is refused.")
+    mcp_output_file_bytes: int = Field(
+        default=1024 * 1024, ge=0, le=256 * 1024**2,
+        description="Bytes of one output file an MCP skill_run returns (past it the file is cut).",
+    )
+    mcp_output_total_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=0, le=1024**3, description="Bytes of output files an MCP skill_run returns in all.",
+    )
     prepare_runtimes: str = Field(
         default="local",
         description="Runtimes whose dependency environments registering a library version prepares, comma-separated "

@@ -13,22 +13,21 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from orchestrator.api.limits import BodyLimitMiddleware
+from orchestrator.api.mcp import McpEndpoint
 from orchestrator.api.responses import error_response, error_responses, install_error_handlers
 from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills, worker_libraries, workspaces
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
-from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.config import Settings, get_settings, libraries_dir
-from orchestrator.dispatch import BaseDispatcher, InlineDispatcher, QueueDispatcher, WorkspaceConflictError
+from orchestrator.dispatch import WorkspaceConflictError, dispatcher_for
 from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
 from orchestrator.libraries import LibraryRegistry
+from orchestrator.mcp_server import McpCaps
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
-from worker.artifacts import FileArtifactStore, create_artifact_store
 from worker.config import get_worker_settings
 from worker.roots import FetchLimits
 from worker.validation import run_ceilings
-from worker.workspace import REGISTRY_DIR, default_work_root
 
 
 def create_documents(settings: Settings) -> BaseDocuments:
@@ -44,21 +43,7 @@ def build_services(settings: Settings) -> Services:
     served from the store ``SKILLRUN_BLOB_URL`` or ``SKILLRUN_ARTIFACTS_DIR`` names (the workers' own)."""
     repository = create_default_skill_repository(settings.skills_roots(), use_cached_repository=True)
     documents = create_documents(settings)
-    configured = create_artifact_store(settings.blob_url, settings.artifacts_dir)
-    dispatcher: BaseDispatcher
-    if settings.redis_url:
-        dispatcher = QueueDispatcher(
-            settings.redis_url, max_attempts=settings.max_attempts, result_ttl=settings.result_ttl_seconds,
-            workspace_limit=settings.max_workspaces_per_team, workspace_idle_seconds=settings.workspace_idle_seconds,
-        )
-        artifacts = configured or FileArtifactStore(default_work_root() / REGISTRY_DIR / "artifacts")
-    else:
-        runtime = create_local_workspace_runtime(settings.work_root, artifact_store=configured)
-        dispatcher = InlineDispatcher(
-            {"local": runtime}, result_ttl=settings.result_ttl_seconds, workspace_limit=settings.max_workspaces_per_team,
-            workspace_idle_seconds=settings.workspace_idle_seconds,
-        )
-        artifacts = runtime.artifact_store
+    dispatcher, artifacts = dispatcher_for(settings)
     return Services(
         repository=repository,
         dispatcher=dispatcher,
@@ -102,12 +87,18 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     settings = settings or get_settings()
     services = services or build_services(settings)
 
+    mcp = McpEndpoint(
+        services, McpCaps(settings.mcp_output_file_bytes, settings.mcp_output_total_bytes),
+        idle_seconds=settings.mcp_session_idle_seconds, max_sessions=settings.mcp_max_sessions,
+    )
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         dispatcher = services.dispatcher
         dispatcher.start()  # runs nobody reads still get recovered when their worker dies
         restore_signals = _on_stop_signals(dispatcher.stop_waiting)
-        yield
+        async with mcp.run():
+            yield
         restore_signals()
         dispatcher.stop_waiting()
         await services.close()
@@ -115,13 +106,15 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(
         title="Skillrun",
         version="0.1.0",
-        description="Run Agent Skills safely: skill libraries, agent sessions, isolated runs.",
+        description="Run Agent Skills safely: skill libraries, agent sessions, isolated runs. The team's skill "
+                    "library is also served to MCP clients at /mcp (streamable HTTP, the same bearer key).",
         lifespan=lifespan,
         responses=error_responses(503),
     )
     app.state.services = services
     for module in (health, metrics, libraries, skills, runs, sessions, workspaces, worker_libraries):
         app.include_router(module.router)
+    app.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     app.add_middleware(BodyLimitMiddleware)
     install_error_handlers(app)
     app.add_exception_handler(WorkspaceConflictError, _workspace_conflict)

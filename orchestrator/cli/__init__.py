@@ -160,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_arguments(worker)
     worker.set_defaults(handler="worker.consumer:serve_worker")
 
+    mcp = commands.add_parser(
+        "mcp", help="serve the skill library to an MCP client over stdio (add it to Claude, Cursor, ...)",
+        description="Serve the skill library over MCP on stdin/stdout: the skill tools, each skill's SKILL.md and "
+                    "docs as resources; runs in Skillrun's sandboxes (on the queue's workers with SKILLRUN_REDIS_URL).",
+    )
+    mcp.add_argument("--skills-root", action="append", metavar="ROOT",
+                     help="a skills root (repeatable); default $SKILLS_ROOT, else ./skills")
+    mcp.set_defaults(handler="orchestrator.cli.mcp:serve_mcp")
+
     serve = commands.add_parser("serve", help="serve the HTTP API")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")

@@ -231,12 +231,17 @@ class BaseDispatcher(ABC):
         return depths
 
     async def run(self, request: RunRequest, *, trusted: bool = False, owner: str | None = None) -> RunResult:
-        """Submit ``request`` (for ``owner``, see ``submit``) and return its result once done."""
+        """Submit ``request`` (for ``owner``, see ``submit``) and return its result once done. A caller cancelled
+        while it waits (an agent's turn stopped, an MCP client gone) cancels the run."""
         record = await self.submit(request, trusted=trusted, owner=owner)
-        while not record.status.done:
-            record = await self.wait(record.id, request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS)
-            if record is None:
-                raise DispatchError(f"run {request.run_id} disappeared from the run store")
+        try:
+            while not record.status.done:
+                record = await self.wait(record.id, request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS)
+                if record is None:
+                    raise DispatchError(f"run {request.run_id} disappeared from the run store")
+        except asyncio.CancelledError:
+            await asyncio.shield(self.cancel(request.run_id))
+            raise
         if record.result is None:
             raise DispatchError(f"run {record.id} {record.status.value}: {record.error or 'no result'}")
         return record.result

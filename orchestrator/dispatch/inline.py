@@ -98,13 +98,24 @@ class InlineDispatcher(BaseDispatcher):
         return result
 
     async def run(self, request: RunRequest, *, trusted: bool = False, owner: str | None = None) -> RunResult:
-        """In process there is nothing to wait for: run at once; bad input raises as it is."""
+        """In process there is nothing to wait for: run at once; bad input raises as it is. A caller cancelled while
+        the run goes on cancels it, and waits for it to end (its processes gone, its record cancelled)."""
         runtime = self.runtime(request.runtime.value)
         with workspace_refusals():
             request = self.store.create(request, owner).request  # as accepted (see submit)
-        result = await self._execute(runtime, request, trusted, reraise=True)
+        task = asyncio.create_task(self._execute(runtime, request, trusted, reraise=True))
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._end(task, request.run_id))
+            raise
         assert result is not None  # a new record is always queued, so it starts
         return result
+
+    async def _end(self, task: asyncio.Task, run_id: str) -> None:
+        await self.cancel(run_id)
+        with contextlib.suppress(Exception):
+            await task
 
     async def cancel(self, run_id: str) -> RunRecord | None:
         record = await super().cancel(run_id)
