@@ -77,11 +77,13 @@ class Conversation:
         session = Session(id=self.id, app_name=APP_NAME, user_id=scope.owner, state=self.state)
         return InvocationContext(session=session, agent=CALLER)  # type: ignore[arg-type]
 
-    def record(self, scope: Scope, context: InvocationContext, tool_name: str) -> None:
-        """Keep what a call changed; note the workspace a run used."""
+    def will_run(self, scope: Scope) -> None:
+        """Note, before a run starts, the workspace it makes: the session removes it when it ends."""
+        self._workspace = (scope.dispatcher, workspace_id_for(scope.owner, self.id))
+
+    def record(self, context: InvocationContext) -> None:
+        """Keep what a call changed in the session's state."""
         apply_delta(self.state, context.actions.state_delta)
-        if tool_name == "skill_run":
-            self._workspace = (scope.dispatcher, workspace_id_for(scope.owner, self.id))
 
     async def end(self) -> None:
         """Remove the session's workspace (its runs, cancelled as the session's calls were, may take a moment to

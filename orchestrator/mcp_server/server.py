@@ -83,12 +83,29 @@ class SkillMcpServer(Server):
         self.list_resource_templates()(self._resource_templates)
         self.read_resource()(self._read_resource)
 
-    async def run(self, *args: Any, **kwargs: Any) -> None:
-        """Serve one MCP session (the SDK calls this per session) with a ``Conversation`` of its own, ended with it."""
+    async def run(self, read_stream: Any, write_stream: Any, *args: Any, **kwargs: Any) -> None:
+        """Serve one MCP session (the SDK calls this per session) with a ``Conversation`` of its own, ended with it.
+        When the client's stream ends (it went away, closed stdin, its HTTP session was ended) the calls still
+        under way are cancelled, and with them their runs: the SDK alone would wait for them to finish."""
         conversation = Conversation()
         token = _conversation.set(conversation)
+        serve = super().run
         try:
-            await super().run(*args, **kwargs)
+            async with anyio.create_task_group() as group:
+                into_session, session_read = anyio.create_memory_object_stream[Any](0)
+
+                async def forward() -> None:
+                    async with into_session:
+                        async for message in read_stream:
+                            await into_session.send(message)
+                    group.cancel_scope.cancel()
+
+                async def session() -> None:
+                    await serve(session_read, write_stream, *args, **kwargs)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(forward)
+                group.start_soon(session)
         finally:
             _conversation.reset(token)
             with anyio.CancelScope(shield=True), anyio.move_on_after(END_GRACE_SECONDS):
@@ -132,8 +149,10 @@ class SkillMcpServer(Server):
             return call_result(name, {"error": f"unknown tool {name!r}; the tools are: "
                                                f"{', '.join(sorted(await self._tools(scope)))}"})
         context = conversation.context(scope)
+        if name == "skill_run":
+            conversation.will_run(scope)
         answer = wrap_result(await tool.run_async(tool_context=context, args=arguments))
-        conversation.record(scope, context, name)
+        conversation.record(context)
         return call_result(name, answer)
 
     async def _list_resources(self, request: types.ListResourcesRequest) -> types.ListResourcesResult:
