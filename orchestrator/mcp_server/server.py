@@ -16,6 +16,7 @@ past the overview's size), and served over stdio (``skillrun mcp``) or streamabl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import mimetypes
 import weakref
@@ -95,9 +96,10 @@ class SkillMcpServer(Server):
                 into_session, session_read = anyio.create_memory_object_stream[Any](0)
 
                 async def forward() -> None:
-                    async with into_session:
-                        async for message in read_stream:
-                            await into_session.send(message)
+                    with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        async with into_session:
+                            async for message in read_stream:
+                                await into_session.send(message)
                     group.cancel_scope.cancel()
 
                 async def session() -> None:

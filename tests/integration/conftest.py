@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests: the Docker engine, the Cube stand-in, and runtimes that always clean up."""
+"""Fixtures of the integration tests: the Docker engine, the Cube stand-in, runtimes that always clean up, and
+worker processes on the test's Redis."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import docker.errors
 import pytest
 
 from tests.cube_server import CubeStandIn
+from tests.processes import WorkerProcesses
 from tests.services import DockerEngine, docker_engine_for
-from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
+from worker import jobs
+from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig, get_worker_settings
 from worker.runtimes.container import ContainerWorkspaceRuntime
 from worker.runtimes.container_images import PACKAGES_LABEL
 from worker.runtimes.cube import CubeCodeExecutor, CubeWorkspaceRuntime
@@ -103,3 +106,25 @@ def derived_images(docker_engine):
             for container in docker_engine.client.containers.list(all=True, filters={"ancestor": image.id}):
                 container.remove(force=True)
             docker_engine.client.images.remove(image.id, force=True)
+
+
+@pytest.fixture
+def worker_env(work_root, shared_dir, monkeypatch):
+    env = {
+        "SKILLRUN_WORK_ROOT": str(work_root), "SKILLRUN_ARTIFACTS_DIR": str(shared_dir / "artifacts"),
+        "SKILLRUN_HEARTBEAT_TTL_SECONDS": "4",  # short, yet safe from a loaded machine's stalls
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    get_worker_settings.cache_clear()
+    jobs._runtimes.clear()
+    yield env
+    get_worker_settings.cache_clear()
+    jobs._runtimes.clear()
+
+
+@pytest.fixture
+def workers(redis_url, worker_env):
+    group = WorkerProcesses(worker_env, redis_url)
+    yield group
+    group.stop()

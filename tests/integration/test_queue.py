@@ -26,7 +26,7 @@ from tests.conftest import workspace_dirs
 from tests.integration.conftest import cube_remote_root
 from tests.processes import WorkerProcesses, running_with, sleeper, wait_none_with
 from tests.services import RedisServer
-from worker import defaults, jobs
+from worker import defaults
 from worker.config import get_worker_settings
 from worker.contract import InputFile, RunRequest, RunResult
 from worker.run_store import Attempt, RunStatus
@@ -38,28 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def repo():
     return create_default_skill_repository(str(LIBRARY))
-
-
-@pytest.fixture
-def worker_env(work_root, shared_dir, monkeypatch):
-    env = {
-        "SKILLRUN_WORK_ROOT": str(work_root), "SKILLRUN_ARTIFACTS_DIR": str(shared_dir / "artifacts"),
-        "SKILLRUN_HEARTBEAT_TTL_SECONDS": "4",  # short, yet safe from a loaded machine's stalls
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    get_worker_settings.cache_clear()
-    jobs._runtimes.clear()
-    yield env
-    get_worker_settings.cache_clear()
-    jobs._runtimes.clear()
-
-
-@pytest.fixture
-def workers(redis_url, worker_env):
-    group = WorkerProcesses(worker_env, redis_url)
-    yield group
-    group.stop()
 
 
 def burst(url: str, env: dict[str, str], runtime: str = "local") -> None:
