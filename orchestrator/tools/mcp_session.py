@@ -7,7 +7,8 @@ use the session while it lives.
 
 Between the transport and the session a small pump forwards what the server sends and notes the moment the
 stream ends (a stdio server that exited, an HTTP connection that failed): from then on the connection counts as
-lost, requests still waiting get the SDK's "Connection closed" error at once, and the next request connects anew.
+lost, requests still waiting get the SDK's "Connection closed" error at once (the session's own receive loop, left
+running, fails them), and the next request connects anew.
 A streamable HTTP server that forgot the session (it restarted) answers "Session terminated" without running the
 request; that request is sent again once on a new session. Connecting, the handshake and each request have a
 timeout, so nothing waits for ever on a server that does not answer.
@@ -68,7 +69,7 @@ class McpConnection:
             try:
                 return await send(session)
             except McpError as exc:
-                if exc.error.code == INVALID_REQUEST and exc.error.message == "Session terminated" and attempt == 1:
+                if _session_forgotten(exc) and attempt == 1:
                     await self._drop()
                     continue
                 if self._lost or exc.error.message == "Connection closed":
@@ -101,6 +102,7 @@ class McpConnection:
         self._stop = asyncio.Event()
         self._lost = False
         ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(_retrieved)  # a holder cancelled after a timeout still sets an error nobody awaits
         self._holder = asyncio.create_task(self._hold(ready), name=f"mcp session {self.params.describe()}")
         try:
             async with asyncio.timeout(self.params.timeout):
@@ -182,8 +184,10 @@ class McpConnection:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         finally:
+            # Lost: the session's receive loop ends on the closed stream and fails the requests still waiting with
+            # "Connection closed" (``request`` then drops the connection); the holder stays until then, or until
+            # the next request finds the connection not ``alive``.
             self._lost = True
-            self._stop.set()
 
     async def _on_message(self, message: Any) -> None:
         if (
@@ -194,10 +198,21 @@ class McpConnection:
             self._on_tools_changed()
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def _session_forgotten(exc: McpError) -> bool:
+    """The SDK's answer for a request a streamable HTTP server refused with 404 (it does not know the session, so it
+    ran nothing); its code is +32600 in the SDK, -32600 (``INVALID_REQUEST``) by JSON-RPC: either is taken."""
+    return exc.error.message == "Session terminated" and abs(exc.error.code) == abs(INVALID_REQUEST)
 
 
 def _reason(exc: BaseException) -> str:

@@ -27,7 +27,7 @@ import jsonschema
 from mcp import McpError, types
 
 from orchestrator.context import InvocationContext
-from orchestrator.errors import McpConnectionError
+from orchestrator.errors import McpConnectionError, ToolError
 from orchestrator.tools.base import BaseTool
 from orchestrator.tools.mcp_params import ConnectionParams, connection_params_of
 from orchestrator.tools.mcp_results import tool_result
@@ -92,19 +92,24 @@ class MCPToolset(BaseToolSet):
         return self._connection
 
     async def get_tools(self, invocation_context: InvocationContext | None = None) -> list[BaseTool]:
-        """The server's tools that pass the filter. The first listing's failure is raised
-        (``McpConnectionError``); a later one leaves the tools listed before, whose calls then report the error."""
+        """The server's tools that pass the filter. The first listing's failure is raised (``McpConnectionError``,
+        or ``ToolError`` when the server answers it with an error); a later one leaves the tools listed before, whose
+        calls then report the error."""
         connection = self.connection
         if self._tools is None or self._stale or connection.connects != self._listed_on:
             async with self._listing:
                 if self._tools is None or self._stale or connection.connects != self._listed_on:
                     try:
                         await self._list(connection)
-                    except McpConnectionError:
-                        if self._tools is None:
+                    except (McpConnectionError, McpError) as exc:
+                        if self._tools is not None:
+                            logger.warning("MCP toolset %s: listing tools failed (%s); keeping the last list",
+                                           self.name, exc)
+                        elif isinstance(exc, McpError):
+                            raise ToolError(f"the MCP server {connection.params.describe()} answered tools/list with "
+                                            f"an error: {exc.error.message}") from exc
+                        else:
                             raise
-                        logger.warning("MCP toolset %s: listing tools failed; keeping the last list", self.name,
-                                       exc_info=True)
         return [tool for tool in self._tools or [] if self._passes(tool, invocation_context)]
 
     async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
