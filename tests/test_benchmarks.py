@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
     ("cube_run.py", ["local run", "bare sandbox command", "cube run", "cube run + outputs"], []),
     ("skill_envs.py", ["without", "imports", "warm", "by hand", "build", "again"], ["--builds", "1"]),
     ("blob_store.py", ["filesystem 1MiB", "s3 1MiB"], ["--sizes", "1"]),
+    ("mcp_roundtrip.py", ["direct", "mcp stdio", "mcp http"], []),
 ])
 def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra, request):
     if script == "docker_run.py":

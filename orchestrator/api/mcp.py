@@ -38,7 +38,7 @@ class McpEndpoint:
         self.services = services
         self.server = SkillMcpServer(self._scope_of, caps)
         self.sessions = StreamableHTTPSessionManager(
-            self.server, session_idle_timeout=idle_seconds, max_sessions=max_sessions,
+            self.server, session_idle_timeout=idle_seconds, max_sessions=max_sessions, json_response=True,
         )
 
     def run(self) -> AbstractAsyncContextManager[None]:
