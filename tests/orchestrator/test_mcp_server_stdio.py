@@ -21,7 +21,12 @@ import pytest
 from mcp import ClientSession, McpError, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 
+from orchestrator.agents import LlmAgent
+from orchestrator.runners import Runner
+from orchestrator.sessions import InMemorySessionService
 from orchestrator.skills import SkillToolSet, create_default_skill_repository
+from orchestrator.tools import McpStdioServerParameters, MCPToolset, StdioConnectionParams
+from orchestrator.types import Content, Part
 from tests.conftest import workspace_dirs, write_skill
 from tests.processes import _within, running_with, sleeper, wait_none_with
 
@@ -177,3 +182,26 @@ async def test_a_client_that_goes_away_mid_run_leaves_nothing_running(library, s
     # stdin closed: the session ended; its run is cancelled and its workspace removed
     assert await asyncio.to_thread(wait_none_with, argument, 15)
     assert await asyncio.to_thread(_within, 15, lambda: workspace_dirs(work_root) == [])
+
+
+async def test_a_skillrun_agent_uses_another_skillrun_over_mcp(library, server_env, model_server, model):
+    toolset = MCPToolset(StdioConnectionParams(server_params=McpStdioServerParameters(
+        command=sys.executable, args=["-m", "orchestrator.cli", "mcp", "--skills-root", str(library)], env=server_env,
+        cwd=str(REPO)), timeout=30), tool_filter=["skill_run"])
+    model_server.add(
+        {"tool_calls": [{"name": "skill_run", "arguments": {"skill": "notes", "command": "echo from afar"}}]},
+        {"text": "done"},
+    )
+    agent = LlmAgent(name="remote", model=model, tools=[toolset])
+    runner = Runner(app_name="t", agent=agent, session_service=InMemorySessionService())
+    try:
+        events = [e async for e in runner.run_async(user_id="u", session_id="s", new_message=Content(
+            parts=[Part.from_text("run it")]))]
+    finally:
+        await runner.close()
+    first, second = model_server.requests
+    assert [t["function"]["name"] for t in first["tools"]] == ["skill_run"]
+    tool_message = next(m for m in second["messages"] if m["role"] == "tool")
+    answer = json.loads(tool_message["content"])
+    assert answer["structured_content"]["stdout"] == "from afar\n"
+    assert events[-1].content.text == "done"
