@@ -32,17 +32,23 @@ def gated(tag: str, **fields) -> RunRequest:
 
 
 def workspace(work_root: Path, tag: str) -> Path | None:
+    """The folder of workspace ``tag`` its command runs in: the newest whose command began, else the newest. (A
+    worker killed while it laid the workspace out leaves a folder the next attempt does not reuse.)"""
     found = sorted(work_root.glob(f"ws_{tag}_*"))
-    return found[0] if found else None
+    began = [folder for folder in found if (folder / "work" / "ledger").exists()]
+    return (began or found or [None])[-1]
 
 
 def lines(work_root: Path, tag: str) -> list[str]:
-    """The ledger of workspace ``tag`` under ``work_root`` (empty when the command never began there)."""
-    folder = workspace(work_root, tag)
-    try:
-        return (folder / "work" / "ledger").read_text().split() if folder else []
-    except FileNotFoundError:
-        return []
+    """The ledger lines of workspace ``tag`` under ``work_root``, from every folder it was laid out in (empty when
+    the command never began)."""
+    found = []
+    for folder in sorted(work_root.glob(f"ws_{tag}_*")):
+        try:
+            found += (folder / "work" / "ledger").read_text().split()
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def release(work_root: Path, tag: str, text: str) -> None:
