@@ -86,6 +86,11 @@ class Settings(BaseSettings):
         default=None, description="The secret workers show to fetch library archives from the API "
                                   "(GET /v1/worker/libraries/<sha256>); unset, that route is off. At least 24 characters.",
     )
+    secrets_key: SecretStr | None = Field(
+        default=None, description="The operator's key team secrets are encrypted with: one or more Fernet keys, "
+                                  "comma-separated (the first encrypts; any decrypts, to rotate). The workers' must "
+                                  "be the same. The API refuses to start with stored secrets and no key.",
+    )
     max_steps: int = Field(default=25, gt=0, description="Model calls per message before the agent stops.")
     skill_overview_max_chars: int = Field(
         default=DEFAULT_OVERVIEW_MAX_CHARS, ge=0,

@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from orchestrator.documents import BaseDocuments
 from orchestrator.errors import OrchestratorError
+from worker.contract import TEAM_NAME
 
-TEAM_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 _KEY = re.compile(r"^sr_([0-9a-f]{12})_([A-Za-z0-9_-]{20,})$")
 
 

@@ -116,6 +116,10 @@ class WorkerSettings(BaseSettings):
         default=None, description="The secret a worker shows the API to fetch library archives (the API's own "
                                   "SKILLRUN_WORKER_TOKEN).",
     )
+    secrets_key: SecretStr | None = Field(
+        default=None, description="The operator's key team secrets are encrypted with (one or more Fernet keys, "
+                                  "comma-separated; the first encrypts). The API's must be the same.",
+    )
     library_fetch_seconds: float = Field(
         default=300.0, gt=0, allow_inf_nan=False, description="The longest fetching one library archive from the API "
                                                               "may take.",

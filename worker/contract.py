@@ -12,13 +12,25 @@ import re
 import uuid
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from worker import defaults
+from worker.env_names import env_name_problem
 from worker.runtime_name import RuntimeName
 
 # Also JSON-schema patterns (where "$" is the end); in Python, use fullmatch: match would let a final newline in
 WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+TEAM_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+"""A team's name, which is its id (``orchestrator.teams``): what a run's owner and a secret's team are."""
 SKILL_NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
 
@@ -115,11 +127,24 @@ class RunRequest(BaseModel):
                     "once saying so (false).",
     )
     workspace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    secrets: list[str] = Field(
+        default_factory=list, max_length=32,
+        description="Names of the team's secrets to give the command as environment variables; each must be declared "
+                    "by the skill (metadata.secrets). Their values never appear in the run's output.",
+    )
     keep_workspace: bool = Field(
         default=True,
         description="Keep the workspace once the run's result is stored (default: kept when the caller named a "
                     "workspace_id, removed — folder, user id, spawner, container — when the id was made for this run).",
     )
+
+    _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
+    """The values of ``secrets``, put here by whoever executes the run just before it runs (``worker.secrets``);
+    never serialized, so never in a record, a job or a log."""
+
+    @property
+    def secret_values(self) -> dict[str, str]:
+        return self._secret_values
 
     @model_validator(mode="before")
     @classmethod
@@ -128,6 +153,17 @@ class RunRequest(BaseModel):
         if isinstance(data, dict) and "keep_workspace" not in data:
             return {**data, "keep_workspace": data.get("workspace_id") is not None}
         return data
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            problem = env_name_problem(name)
+            if problem is not None:
+                raise ValueError(f"secret name: {problem}")
+        if len(set(names)) != len(names):
+            raise ValueError("a secret is named twice")
+        return names
 
     @field_validator("workspace_id")
     @classmethod

@@ -13,6 +13,7 @@ Every error the worker raises descends from one root::
     ├── SandboxError             a command's bubblewrap sandbox did not start
     ├── CgroupError              a run's control group could not be made or used
     ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
+    ├── SecretError              a team secret cannot be stored, found or decrypted (the operator key is missing or wrong)
     ├── ArtifactError            an artifact cannot be stored or read
     │   └── BlobStoreError       the blob store (S3) refused a request or could not be reached
     └── SkillRootError           a skills root URL cannot be fetched (also a RuntimeError, as the guide says)
@@ -89,3 +90,7 @@ class CgroupError(WorkerError):
 
 class SpawnerError(WorkerError):
     """The spawner could not start a command; the caller may fall back to starting it directly."""
+
+
+class SecretError(WorkerError):
+    """A team secret cannot be stored, found or decrypted; the message says what to do."""

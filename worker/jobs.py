@@ -37,10 +37,12 @@ from worker.config import get_worker_settings
 from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
 from worker.errors import ArtifactError, WorkerError, WorkspaceError
 from worker.nodes import node_id, node_queue_name
+from worker.redaction import Redactor, redact_result
 from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspaces, RunRecord, RunStatus
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 from worker.runtimes.host import HostWorkspaceRuntime
+from worker.secrets import RedisSecretStore, SecretStore, attach_secrets, box_from
 from worker.staging import resolve_skill_paths
 from worker.workspace import default_work_root
 
@@ -131,18 +133,21 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
     stop = threading.Event()
     beat = threading.Thread(target=_beat, args=(store, run_id, held, runtime, stop), daemon=True, name=f"heartbeat-{run_id}")
     beat.start()
+    redactor = Redactor({})
     try:
+        redactor = attach_secrets(record.request, _secret_store(store) if record.request.secrets else None, record.owner)
         result: RunResult | Exception = _event_loop().run_until_complete(runtime.run(record.request))
-    except Exception as exc:  # a bad request or an unusable runtime: the run fails with the reason
+    except Exception as exc:  # a bad request, an unusable runtime, a secret not there: the run fails with the reason
         result = exc
     finally:
         stop.set()
         beat.join()
     if isinstance(result, Exception):
-        error = f"{type(result).__name__}: {result}"
+        error = redactor.text(f"{type(result).__name__}: {result}")
         ended = _through_outage(run_id, lambda: store.fail(run_id, error, held))
         summary: dict[str, Any] = {"run_id": run_id, "failed": str(result)}
     else:
+        redact_result(result, redactor)
         result.worker_id = who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
         ended = _through_outage(run_id, lambda: store.finish(run_id, result, held))
@@ -151,6 +156,12 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
         _event_loop().run_until_complete(remove_one_off_workspace(runtime, record.request))
     prune_artifacts(runtime)
     return summary
+
+
+def _secret_store(store: BaseRunStore) -> SecretStore | None:
+    """The team secrets beside the run store (Redis), under this worker's key."""
+    connection = getattr(store, "redis", None)
+    return None if connection is None else RedisSecretStore(connection, box_from(get_worker_settings().secrets_key))
 
 
 def _through_outage(run_id: str, end: Callable[[], RunRecord | None]) -> RunRecord | None:

@@ -8,26 +8,14 @@ schemas and calls ``validate_request`` before queueing; workers call it again be
 from __future__ import annotations
 
 import os
-import re
 from pathlib import PurePosixPath
 
 from worker import defaults
 from worker.collect import expand_variables, resolve_patterns
 from worker.config import WorkerSettings, get_worker_settings
 from worker.contract import RunRequest
+from worker.env_names import MAX_ENV_NAME_CHARS, env_name_problem
 from worker.errors import InvalidRunRequestError
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-WORKSPACE_VARIABLES = ("WORKSPACE_DIR", "SKILLS_DIR", "WORK_DIR", "OUTPUT_DIR", "RUN_DIR", "SKILL_NAME")
-FORBIDDEN_ENV = {"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "GCONV_PATH", "PROMPT_COMMAND", "PS4"}
-FORBIDDEN_ENV_PREFIXES = ("LD_", "BASH_FUNC_", "__skillrun")
-"""``__skillrun*`` names are the ready shell's own (``ready_shell.READY_SHELL_VARIABLE``)."""
-
-ALLOWED_ENV_NAME = re.compile(
-    f"^(?!{'|'.join(FORBIDDEN_ENV_PREFIXES)}|(?:{'|'.join(sorted(FORBIDDEN_ENV | set(WORKSPACE_VARIABLES)))})$)"
-    + ENV_NAME.pattern.lstrip("^")
-)
-"""The names ``validate_env`` accepts, as one pattern (for schemas; it uses a look-ahead)."""
 
 _PLACEHOLDER_ROOT = "/skillrun-workspace"
 
@@ -35,7 +23,6 @@ MAX_COMMAND_CHARS = 128 * 1024
 """A command's length: ``bash -c`` takes it as one argument, which Linux caps at 128 KiB, so a longer one could
 never start."""
 MAX_ENV_VARS = 64
-MAX_ENV_NAME_CHARS = 128
 MAX_ENV_VALUE_CHARS = 4096
 """With the command, 64 such variables (4 bytes a character at most) fit the kernel's 2 MiB for a program's
 arguments and environment."""
@@ -85,12 +72,9 @@ def _validate_sizes(request: RunRequest, settings: WorkerSettings) -> None:
 def validate_env(env: dict[str, str]) -> None:
     """Refuse names that are not shell variables, that change how programs load, or that the workspace sets."""
     for name, value in env.items():
-        if not ENV_NAME.match(name):
-            raise InvalidRunRequestError("env", f"{name!r} is not a valid environment variable name")
-        if name in FORBIDDEN_ENV or name.startswith(FORBIDDEN_ENV_PREFIXES):
-            raise InvalidRunRequestError("env", f"{name} may not be set by a run request: it changes how programs load")
-        if name in WORKSPACE_VARIABLES:
-            raise InvalidRunRequestError("env", f"{name} is set by the workspace and may not be overridden")
+        problem = env_name_problem(name)
+        if problem is not None:
+            raise InvalidRunRequestError("env", problem)
         if not isinstance(value, str) or "\0" in value:
             raise InvalidRunRequestError("env", f"the value of {name} must be a string without NUL characters")
 

@@ -15,17 +15,28 @@ from fastapi.responses import JSONResponse
 from orchestrator.api.limits import BodyLimitMiddleware
 from orchestrator.api.mcp import McpEndpoint
 from orchestrator.api.responses import error_response, error_responses, install_error_handlers
-from orchestrator.api.routes import health, libraries, metrics, runs, sessions, skills, worker_libraries, workspaces
+from orchestrator.api.routes import (
+    health,
+    libraries,
+    metrics,
+    runs,
+    secrets,
+    sessions,
+    skills,
+    worker_libraries,
+    workspaces,
+)
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.config import Settings, get_settings, libraries_dir
-from orchestrator.dispatch import WorkspaceConflictError, dispatcher_for
+from orchestrator.dispatch import WorkspaceConflictError, dispatcher_for, secret_store_for
 from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
 from orchestrator.libraries import LibraryRegistry
 from orchestrator.mcp_server import McpCaps
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from worker.config import get_worker_settings
+from worker.errors import SecretError
 from worker.roots import FetchLimits
 from worker.validation import run_ceilings
 
@@ -44,6 +55,10 @@ def build_services(settings: Settings) -> Services:
     repository = create_default_skill_repository(settings.skills_roots(), use_cached_repository=True)
     documents = create_documents(settings)
     dispatcher, artifacts = dispatcher_for(settings)
+    secret_store = secret_store_for(settings)
+    if secret_store.box is None and secret_store.any_stored():
+        raise SecretError("secrets are stored but SKILLRUN_SECRETS_KEY is not set: start the API with the key they "
+                          "were stored with")
     return Services(
         repository=repository,
         dispatcher=dispatcher,
@@ -57,6 +72,7 @@ def build_services(settings: Settings) -> Services:
             versions_kept=settings.library_versions_kept, max_libraries=settings.max_libraries_per_team,
         ),
         worker_token=settings.worker_token,
+        secrets=secret_store,
     )
 
 
@@ -112,7 +128,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         responses=error_responses(503),
     )
     app.state.services = services
-    for module in (health, metrics, libraries, skills, runs, sessions, workspaces, worker_libraries):
+    for module in (health, metrics, libraries, skills, runs, sessions, workspaces, secrets, worker_libraries):
         app.include_router(module.router)
     app.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     app.add_middleware(BodyLimitMiddleware)

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, WithJsonSchema
 
 from orchestrator.events import Event
 from orchestrator.libraries import LIBRARY_NAME
 from worker import defaults
 from worker.contract import SKILL_NAME_PATTERN, WORKSPACE_ID_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
+from worker.env_names import ALLOWED_ENV_NAME, ENV_NAME, MAX_ENV_NAME_CHARS
 from worker.run_store import RunRecord, RunStatus, WorkspaceEntry
+from worker.secrets import MAX_VALUE_BYTES, MIN_VALUE_BYTES, SecretInfo
 from worker.validation import (
-    ALLOWED_ENV_NAME,
-    ENV_NAME,
     INPUT_NAME_PATTERN,
     MAX_COMMAND_CHARS,
-    MAX_ENV_NAME_CHARS,
     MAX_ENV_VALUE_CHARS,
     MAX_ENV_VARS,
     MAX_INPUTS,
@@ -166,6 +165,26 @@ class RunCreate(BaseModel):
         description="When the skill's dependency environment (local runtime) is not ready: build it before the run "
                     "(true), or refuse the run at once with 409, saying why (false).",
     )
+    secrets: list[EnvName] = Field(
+        default_factory=list, max_length=32,
+        description="The team's secrets to give the command as environment variables (each declared by the skill in "
+                    "its front matter's metadata.secrets, and stored with PUT /v1/secrets/{name}); their values are "
+                    "redacted from everything the run gives back.",
+    )
+
+
+class SecretSet(BaseModel):
+    """A secret's value, written once; no answer ever holds it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: SecretStr = Field(min_length=MIN_VALUE_BYTES, max_length=MAX_VALUE_BYTES,
+                             description=f"{MIN_VALUE_BYTES} to {MAX_VALUE_BYTES} bytes of UTF-8, no NUL.")
+
+
+class SecretsPublic(BaseModel):
+    data: list[SecretInfo]
+    count: int
 
 
 class RunPublic(BaseModel):

@@ -17,6 +17,7 @@ from orchestrator.sessions import BaseSessionService
 from orchestrator.skills import BaseSkillRepository, CachedSkillRepository
 from orchestrator.teams import Team, TeamStore
 from worker.artifacts import BaseArtifactStore
+from worker.secrets import SecretStore
 
 AgentFactory = Callable[[BaseSkillRepository], BaseAgent]
 
@@ -36,12 +37,17 @@ class Services:
     """Skills' dependency environments and who builds them; by default as the dispatcher runs (``environments_for``)."""
     worker_token: SecretStr | None = None
     """What workers show to fetch library archives (``/v1/worker/…``); ``None`` turns those routes off."""
+    secrets: SecretStore | None = None
+    """The teams' secrets (``PUT /v1/secrets/{name}``); by default the inline dispatcher's (none: the routes say
+    secrets are not set up)."""
     _repositories: dict[tuple[str, ...], BaseSkillRepository] = field(default_factory=dict)
     _agents: dict[int, BaseAgent] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.environments is None:
             self.environments = environments_for(self.dispatcher)
+        if self.secrets is None:  # the inline dispatcher's, where runs get theirs
+            self.secrets = getattr(self.dispatcher, "secrets", None)
 
     def repository_for(self, team: Team) -> BaseSkillRepository:
         """The skills a team sees: the current versions of its libraries, or the server's library if it has none."""

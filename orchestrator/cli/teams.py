@@ -11,16 +11,16 @@ from orchestrator.config import get_settings
 from orchestrator.teams import TeamStore
 
 
-def _store() -> TeamStore:
+def team_store() -> TeamStore:
     return TeamStore(create_documents(get_settings()))
 
 
-def _when(ts: float | None) -> str:
+def when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else "-"
 
 
 def create_team(args: argparse.Namespace) -> int:
-    team = _store().create_team(args.name)
+    team = team_store().create_team(args.name)
     if args.json:
         print_json(team.model_dump())
     else:
@@ -29,16 +29,16 @@ def create_team(args: argparse.Namespace) -> int:
 
 
 def list_teams(args: argparse.Namespace) -> int:
-    teams = _store().teams()
+    teams = team_store().teams()
     if args.json:
         print_json([t.model_dump() for t in teams])
     else:
-        print(table(["TEAM", "CREATED"], [[t.id, _when(t.created_at)] for t in teams]) if teams else "no teams")
+        print(table(["TEAM", "CREATED"], [[t.id, when(t.created_at)] for t in teams]) if teams else "no teams")
     return 0
 
 
 def create_key(args: argparse.Namespace) -> int:
-    record, key = _store().create_key(args.team)
+    record, key = team_store().create_key(args.team)
     if args.json:
         print_json({"id": record.id, "team": record.team_id, "key": key})
     else:
@@ -48,16 +48,16 @@ def create_key(args: argparse.Namespace) -> int:
 
 
 def list_keys(args: argparse.Namespace) -> int:
-    keys = _store().keys(args.team)
+    keys = team_store().keys(args.team)
     if args.json:
         print_json([k.model_dump(exclude={"secret_sha256"}) for k in keys])
     else:
-        rows = [[k.id, _when(k.created_at), "revoked " + _when(k.revoked_at) if k.revoked_at else "active"] for k in keys]
+        rows = [[k.id, when(k.created_at), "revoked " + when(k.revoked_at) if k.revoked_at else "active"] for k in keys]
         print(table(["KEY", "CREATED", "STATE"], rows) if rows else "no keys")
     return 0
 
 
 def revoke_key(args: argparse.Namespace) -> int:
-    record = _store().revoke_key(args.key_id)
+    record = team_store().revoke_key(args.key_id)
     print_json(record.model_dump(exclude={"secret_sha256"})) if args.json else print(f"revoked key {record.id}")
     return 0

@@ -7,9 +7,9 @@ queue changes one object, not its callers: ``InlineDispatcher`` (the embedded de
 """
 
 from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkspaceConflictError, redis_errors
-from orchestrator.dispatch.factory import dispatcher_for
+from orchestrator.dispatch.factory import dispatcher_for, secret_store_for
 from orchestrator.dispatch.inline import InlineDispatcher
 from orchestrator.dispatch.queue import QueueDispatcher
 
 __all__ = ["BaseDispatcher", "InlineDispatcher", "QueueDispatcher", "Removal", "WorkspaceConflictError", "dispatcher_for",
-           "redis_errors"]
+           "redis_errors", "secret_store_for"]

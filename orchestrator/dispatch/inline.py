@@ -13,6 +13,7 @@ from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.errors import WorkspaceError
 from worker.jobs import prune_artifacts, remove_one_off_workspace
+from worker.redaction import Redactor, redact_result
 from worker.run_store import (
     Attempt,
     MemoryRunStore,
@@ -24,6 +25,7 @@ from worker.run_store import (
 )
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
+from worker.secrets import SecretStore, attach_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +41,14 @@ class InlineDispatcher(BaseDispatcher):
         result_ttl: int = defaults.RESULT_TTL_SECONDS,
         workspace_limit: int | None = None,
         workspace_idle_seconds: float | None = None,
+        secrets: SecretStore | None = None,
     ) -> None:
         """Ended runs' records (results and their output files with them) are kept ``result_ttl`` seconds; an owner
-        keeps ``workspace_limit`` workspaces at most, each removed once unused for ``workspace_idle_seconds``."""
+        keeps ``workspace_limit`` workspaces at most, each removed once unused for ``workspace_idle_seconds``. Runs
+        that name team secrets get them from ``secrets``."""
         self._runtimes: dict[str, BaseWorkspaceRuntime] = dict(runtimes or {})
         self._options = runtime_options or {}
+        self.secrets = secrets
         self.waiters = RunWaiters()
         self.result_ttl = result_ttl
         self.workspace_idle_seconds = workspace_idle_seconds
@@ -83,14 +88,17 @@ class InlineDispatcher(BaseDispatcher):
         if record is None:
             return None
         held = Attempt.of(record)
+        redactor = Redactor({})
         try:
+            redactor = await asyncio.to_thread(attach_secrets, request, self.secrets, record.owner)
             result = await runtime.run(request, allow_host_paths=trusted)
-        except Exception as exc:  # bad input or an unusable runtime: the run fails with the reason
-            self.store.fail(request.run_id, f"{type(exc).__name__}: {exc}", held)
+        except Exception as exc:  # bad input, an unusable runtime, a secret not there: the run fails with the reason
+            self.store.fail(request.run_id, redactor.text(f"{type(exc).__name__}: {exc}"), held)
             await _clean_up(runtime, request)
             if reraise:
                 raise
             return None
+        redact_result(result, redactor)
         result.worker_id = self._who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
         self.store.finish(request.run_id, result, held)

@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import SkillValidationError
+from worker.env_names import env_name_problem
 
 SKILL_FILE = "SKILL.md"
+SECRETS_KEY = "secrets"
+"""The front matter's ``metadata`` key listing the team secrets a skill's commands may be given."""
 MAX_NAME_LENGTH = 64
 MAX_DESCRIPTION_LENGTH = 1024
 MAX_DOC_BYTES = 1024 * 1024
@@ -72,11 +75,25 @@ class Skill:
         return self.summary.description
 
     @property
+    def secrets(self) -> list[str]:
+        """The team secrets the skill's commands may be given (``metadata.secrets`` in its front matter)."""
+        return list(self.metadata.get(SECRETS_KEY, []))
+
+    @property
     def doc_names(self) -> list[str]:
         return [doc.name for doc in self.docs]
 
     def doc(self, name: str) -> SkillDoc | None:
         return next((doc for doc in self.docs if doc.name == name), None)
+
+
+def _check_secrets(declared: object, path: str) -> None:
+    if not isinstance(declared, list) or not all(isinstance(name, str) for name in declared):
+        raise SkillValidationError(path, f"metadata.{SECRETS_KEY}", "must be a list of secret names")
+    for name in declared:
+        problem = env_name_problem(name)
+        if problem is not None:
+            raise SkillValidationError(path, f"metadata.{SECRETS_KEY}", problem)
 
 
 def split_front_matter(text: str, path: str) -> tuple[dict, str]:
@@ -198,6 +215,7 @@ def load_skill(skill_dir: Path, root: Path) -> Skill:
     metadata = data.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise SkillValidationError(path, "metadata", "must be a mapping")
+    _check_secrets(metadata.get(SECRETS_KEY, []), path)
     license_ = data.get("license")
     docs = []
     for doc_path in list_docs(skill_dir):

@@ -29,9 +29,11 @@ def command_environment(
     run_dir: str | os.PathLike[str], request: RunRequest, variables: dict[str, str], *, path: str, shell: str
 ) -> dict[str, str]:
     """A command's environment, from scratch: PATH, HOME and TMPDIR (the run folder), LANG and SHELL, then the
-    request's variables, then the workspace's six. The shell is the runtime's, whatever the request says."""
+    request's variables and its secrets' values, then the workspace's six. The shell is the runtime's, whatever the
+    request says."""
     env = {"PATH": path, "HOME": str(run_dir), "TMPDIR": str(run_dir), "LANG": defaults.SANDBOX_LANG}
     env.update(request.env)
+    env.update(request.secret_values)
     env.update(variables)
     env["SHELL"] = shell
     return env

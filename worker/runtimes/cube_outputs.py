@@ -28,6 +28,7 @@ from worker.config import CubeCodeExecutorConfig
 from worker.contract import RunRequest
 from worker.errors import RuntimeUnavailableError, UnsafeArchiveError, WorkspaceError
 from worker.process import remote_ulimit_prefix
+from worker.redaction import Redactor, redacting_sink
 from worker.runtimes.base import command_environment
 from worker.runtimes.cube_executor import KILL_SCRIPT, CubeCodeExecutor, sandbox_error
 from worker.runtimes.cube_scripts import PACK_SCRIPT, glob_regex
@@ -210,7 +211,8 @@ class CubeOutputs:
         )
         mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
         patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
-        sink = self.artifact_store.sink(request.workspace_id) if request.save_as_artifacts else None
+        sink = (redacting_sink(self.artifact_store, request.workspace_id, Redactor(request.secret_values))
+                if request.save_as_artifacts else None)
         return collect_outputs(
             patterns,
             workspace_root=mirror,

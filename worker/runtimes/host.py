@@ -30,6 +30,7 @@ from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.library_fetch import locate, skill_root_in_use
 from worker.process import ProcessOutcome
+from worker.redaction import Redactor, redacting_sink
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
 from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
@@ -127,7 +128,8 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
 
         collection = Collection()
         if prepared.patterns:
-            sink = self.artifact_store.sink(request.workspace_id) if request.save_as_artifacts else None
+            sink = (redacting_sink(self.artifact_store, request.workspace_id, Redactor(request.secret_values))
+                    if request.save_as_artifacts else None)
             collection = await asyncio.to_thread(
                 collect_outputs, prepared.patterns, workspace_root=prepared.workspace.path,
                 skill_dir=prepared.skill_dir, limits=request.limits,

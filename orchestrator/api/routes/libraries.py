@@ -7,13 +7,18 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, HTTPException, Path as PathParam, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import Path as PathParam
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.responses import error_responses
 from orchestrator.api.environments import EnvironmentsReport
+from orchestrator.api.responses import error_responses
 from orchestrator.api.schemas import (
-    CurrentVersion, LibraryCreate, LibraryEnvironmentsPublic, LibraryPublic, LibraryRegistered,
+    CurrentVersion,
+    LibraryCreate,
+    LibraryEnvironmentsPublic,
+    LibraryPublic,
+    LibraryRegistered,
 )
 from orchestrator.api.services import Services, get_services
 from orchestrator.libraries import LIBRARY_NAME, Library, LibraryError, LibraryLimitError

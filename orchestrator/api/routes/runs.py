@@ -27,6 +27,7 @@ from orchestrator.api.services import Services, get_services
 from orchestrator.errors import DispatchError, RunLostError, SkillNotFoundError, UnavailableError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
+from worker.env_names import env_name_problem
 from worker.errors import ArtifactError, BlobStoreError, WorkerError
 from worker.run_store import ENDING_EVENTS, RunRecord, RunStatus
 from worker.validation import MAX_PATH_CHARS, validate_request
@@ -87,6 +88,27 @@ def _skill_ref(services: Services, team: Team, name: str) -> SkillRef:
     return services.repository_for(team).skill_ref(name)
 
 
+def _check_secrets(services: Services, team: Team, skill: str, names: list[str]) -> None:
+    """A run may name only secrets its skill declares and the team has stored (400 otherwise, naming them)."""
+    problems = [problem for name in names if (problem := env_name_problem(name)) is not None]
+    if problems:
+        raise HTTPException(422, f"secrets: {problems[0]}")
+    declared = services.repository_for(team).get(skill).secrets
+    undeclared = [name for name in names if name not in declared]
+    if undeclared:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"skill {skill!r} does not declare the secret "
+                            f"{', '.join(undeclared)} (it declares: {', '.join(declared) or 'none'}; metadata.secrets "
+                            f"in its SKILL.md)")
+    if services.secrets is None:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "secrets are not set up on this server: its operator sets "
+                                                         "SKILLRUN_SECRETS_KEY")
+    stored = {info.name for info in services.secrets.list(team.id)}
+    missing = [name for name in names if name not in stored]
+    if missing:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"the team has no secret {', '.join(missing)}: store it with "
+                            f"PUT /v1/secrets/<name> or skillrun secrets set")
+
+
 BUILT_AHEAD = (RuntimeName.LOCAL, RuntimeName.DOCKER)
 """Runtimes whose environments the API can see before a run (the Cube runtime's are built in each sandbox)."""
 NOT_READY = {409: {"model": ErrorPublic, "description": "The skill's dependency environment is not ready and the "
@@ -108,6 +130,8 @@ async def submit_run(
         ref = await asyncio.to_thread(_skill_ref, services, team, body.skill)  # reads the team's library records
     except SkillNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    if body.secrets:
+        await asyncio.to_thread(_check_secrets, services, team, body.skill, body.secrets)
     if not body.wait_for_environment and body.runtime in BUILT_AHEAD:
         environment = await asyncio.to_thread(services.environments.skill_status, ref, body.runtime.value)
         if environment.state not in ("ready", "none"):

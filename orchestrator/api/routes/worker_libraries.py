@@ -3,7 +3,8 @@ with the workers' token (``orchestrator.api.auth.current_worker``), streamed fro
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Path as PathParam, status
+from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
 from orchestrator.api.auth import current_worker

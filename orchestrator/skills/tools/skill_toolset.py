@@ -285,6 +285,7 @@ class SkillToolSet(BaseToolSet):
         output_files: list[str] | None = None,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
+        secrets: list[str] | None = None,
     ) -> dict[str, Any]:
         """Run a shell command in the skill's folder inside this session's isolated workspace.
 
@@ -294,12 +295,21 @@ class SkillToolSet(BaseToolSet):
             output_files: Glob patterns of files to return, e.g. ["out/*.txt", "$OUTPUT_DIR/result.json"].
             env: Extra environment variables for the command.
             timeout: Seconds before the command is killed.
+            secrets: Names of the team's secrets the skill declares, given to the command as environment variables
+                (their values never come back).
         """
         try:
             ref = self.repository.skill_ref(skill)
             fields: dict[str, Any] = {k: v for k, v in self.run_tool_kwargs.items()}
             if timeout is not None:
                 fields["timeout"] = timeout
+            if secrets:
+                declared = self.repository.get(skill).secrets
+                undeclared = [name for name in secrets if name not in declared]
+                if undeclared:
+                    return {"error": f"skill {skill!r} does not declare the secret {', '.join(undeclared)} (it "
+                                     f"declares: {', '.join(declared) or 'none'})"}
+                fields["secrets"] = secrets
             request = RunRequest(
                 skill=ref, command=command, output_files=output_files or [], env=env or {},
                 workspace_id=workspace_id_for(tool_context.session.user_id, tool_context.session.id), **fields,

@@ -1,0 +1,242 @@
+"""Team secrets: values a skill's commands get in their environment, stored encrypted, never shown back.
+
+* ``SecretBox`` encrypts with Fernet (``cryptography``) under the operator's key, ``SKILLRUN_SECRETS_KEY`` (a
+  Fernet key; several, comma-separated, to rotate: the first encrypts, any decrypts). The team and the name are
+  sealed in with the value, so a ciphertext copied to another team's or name's entry does not decrypt there.
+* ``SecretStore`` keeps them per team: in Redis (``skillrun:secrets:<team>``, a hash of name → sealed entry) with a
+  queue, else in files (``<dir>/<team>.json``, mode 0600). Values are written, listed by name and date, removed,
+  and read back (``reveal``) only by whoever runs a team's run: a worker, or the process running it inline.
+
+A name is a shell variable name that the workspace and the loader do not claim (``worker.env_names``);
+a value is 8 bytes to ``MAX_VALUE_BYTES`` (shorter ones would be redacted wherever their characters occur).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import redis
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from pydantic import BaseModel
+
+from worker.contract import TEAM_NAME, RunRequest
+from worker.env_names import env_name_problem
+from worker.errors import SecretError
+from worker.redaction import Redactor
+
+MAX_VALUE_BYTES = 64 * 1024
+MIN_VALUE_BYTES = 8
+MAX_SECRETS_PER_TEAM = 100
+REDIS_PREFIX = "skillrun:secrets:"
+
+
+class SecretInfo(BaseModel):
+    """What is shown of a secret: its name and dates, never its value."""
+
+    name: str
+    created_at: float
+    updated_at: float
+
+
+def check_name(name: str) -> None:
+    problem = env_name_problem(name)
+    if problem is not None:
+        raise SecretError(f"secret name: {problem}")
+
+
+def check_value(name: str, value: str) -> None:
+    size = len(value.encode())
+    if size < MIN_VALUE_BYTES:
+        raise SecretError(f"the value of {name} is {size} bytes; a secret is at least {MIN_VALUE_BYTES} (shorter ones "
+                          f"would be redacted wherever their characters occur)")
+    if size > MAX_VALUE_BYTES:
+        raise SecretError(f"the value of {name} is {size} bytes; a secret is at most {MAX_VALUE_BYTES}")
+    if "\0" in value:
+        raise SecretError(f"the value of {name} holds a NUL character, which an environment variable cannot")
+
+
+class SecretBox:
+    """Seals and opens secret values under the operator's key(s)."""
+
+    def __init__(self, keys: str) -> None:
+        parts = [part.strip() for part in keys.split(",") if part.strip()]
+        try:
+            self._fernet = MultiFernet([Fernet(part.encode()) for part in parts])
+        except (ValueError, TypeError):
+            raise SecretError("SKILLRUN_SECRETS_KEY must be one or more Fernet keys (32 url-safe base64 bytes, "
+                              "comma-separated); make one with: python3 -c 'from cryptography.fernet import "
+                              "Fernet; print(Fernet.generate_key().decode())'") from None
+
+    def seal(self, team: str, name: str, value: str) -> str:
+        return self._fernet.encrypt(json.dumps({"team": team, "name": name, "value": value}).encode()).decode()
+
+    def open(self, team: str, name: str, sealed: str) -> str:
+        try:
+            content = json.loads(self._fernet.decrypt(sealed.encode()))
+        except InvalidToken:
+            raise SecretError(f"secret {name} of team {team} cannot be decrypted: SKILLRUN_SECRETS_KEY is not the key "
+                              "it was stored with (add that key after the new one to rotate)") from None
+        if content.get("team") != team or content.get("name") != name:
+            raise SecretError(f"secret {name} of team {team} holds another secret's value: refused")
+        return content["value"]
+
+
+class SecretStore(ABC):
+    """A team's secrets (see the module docstring)."""
+
+    def __init__(self, box: SecretBox | None) -> None:
+        self.box = box
+
+    @staticmethod
+    def _team(team: str | None) -> str:
+        if team is None or not TEAM_NAME.match(team):
+            raise SecretError(f"secrets belong to a team; {team!r} is none (runs with secrets go through the API)")
+        return team
+
+    def _sealer(self) -> SecretBox:
+        if self.box is None:
+            raise SecretError("secrets need the operator's key: set SKILLRUN_SECRETS_KEY on the API and its workers")
+        return self.box
+
+    def set(self, team: str, name: str, value: str) -> SecretInfo:
+        team = self._team(team)
+        check_name(name)
+        check_value(name, value)
+        sealed = self._sealer().seal(team, name, value)
+        with self._locked(team):
+            entries = self._entries(team)
+            if name not in entries and len(entries) >= MAX_SECRETS_PER_TEAM:
+                raise SecretError(f"team {team} has {len(entries)} secrets, the most it may have: remove one first")
+            now = time.time()
+            created = entries.get(name, {}).get("created_at", now)
+            self._put(team, name, {"sealed": sealed, "created_at": created, "updated_at": now})
+        return SecretInfo(name=name, created_at=created, updated_at=now)
+
+    def list(self, team: str) -> list[SecretInfo]:
+        team = self._team(team)
+        return [SecretInfo(name=name, created_at=entry["created_at"], updated_at=entry["updated_at"])
+                for name, entry in sorted(self._entries(team).items())]
+
+    def remove(self, team: str, name: str) -> bool:
+        """``False`` when the team has no secret of that name."""
+        team = self._team(team)
+        check_name(name)
+        return self._delete(team, name)
+
+    def reveal(self, team: str | None, names: list[str]) -> dict[str, str]:
+        """The values of ``names`` (each must exist) for a run of ``team``."""
+        if not names:
+            return {}
+        team = self._team(team)
+        entries = self._entries(team)
+        missing = [name for name in names if name not in entries]
+        if missing:
+            raise SecretError(f"team {team} has no secret {', '.join(missing)}: set it with skillrun secrets set")
+        return {name: self._sealer().open(team, name, entries[name]["sealed"]) for name in names}
+
+    @abstractmethod
+    def any_stored(self) -> bool:
+        """Whether any team has a secret (the API refuses to start without a key then)."""
+
+    @abstractmethod
+    def _entries(self, team: str) -> dict[str, dict]:
+        ...
+
+    @abstractmethod
+    def _put(self, team: str, name: str, entry: dict) -> None:
+        ...
+
+    @abstractmethod
+    def _delete(self, team: str, name: str) -> bool:
+        ...
+
+    @abstractmethod
+    def _locked(self, team: str):  # noqa: ANN202 - a context manager
+        ...
+
+
+class RedisSecretStore(SecretStore):
+    def __init__(self, client: redis.Redis, box: SecretBox | None) -> None:
+        super().__init__(box)
+        self.redis = client
+
+    def any_stored(self) -> bool:
+        return next(iter(self.redis.scan_iter(f"{REDIS_PREFIX}*", count=100)), None) is not None
+
+    def _entries(self, team: str) -> dict[str, dict]:
+        return {name.decode(): json.loads(raw) for name, raw in self.redis.hgetall(REDIS_PREFIX + team).items()}
+
+    def _put(self, team: str, name: str, entry: dict) -> None:
+        self.redis.hset(REDIS_PREFIX + team, name, json.dumps(entry))
+
+    def _delete(self, team: str, name: str) -> bool:
+        return bool(self.redis.hdel(REDIS_PREFIX + team, name))
+
+    def _locked(self, team: str):  # noqa: ANN202
+        return self.redis.lock(f"{REDIS_PREFIX}{team}:lock", timeout=10, blocking_timeout=10)
+
+
+class FileSecretStore(SecretStore):
+    def __init__(self, folder: Path, box: SecretBox | None) -> None:
+        super().__init__(box)
+        self.folder = folder
+        self._lock = threading.Lock()
+
+    def any_stored(self) -> bool:
+        return self.folder.is_dir() and any(self.folder.glob("*.json"))
+
+    def _path(self, team: str) -> Path:
+        return self.folder / f"{team}.json"
+
+    def _entries(self, team: str) -> dict[str, dict]:
+        try:
+            return json.loads(self._path(team).read_text())
+        except FileNotFoundError:
+            return {}
+
+    def _write(self, team: str, entries: dict[str, dict]) -> None:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        descriptor, partial = tempfile.mkstemp(dir=self.folder, prefix=".partial-")
+        with os.fdopen(descriptor, "w") as out:  # mkstemp makes it 0600
+            json.dump(entries, out)
+        os.replace(partial, self._path(team))
+
+    def _put(self, team: str, name: str, entry: dict) -> None:
+        self._write(team, {**self._entries(team), name: entry})
+
+    def _delete(self, team: str, name: str) -> bool:
+        with self._lock:
+            entries = self._entries(team)
+            if entries.pop(name, None) is None:
+                return False
+            self._write(team, entries)
+            return True
+
+    def _locked(self, team: str):  # noqa: ANN202
+        return self._lock
+
+
+def box_from(key: object) -> SecretBox | None:
+    """The box for a ``secrets_key`` setting (a ``SecretStr``), or ``None`` when it is unset."""
+    if key is None:
+        return None
+    return SecretBox(key.get_secret_value())  # type: ignore[attr-defined]
+
+
+def attach_secrets(request: RunRequest, store: SecretStore | None, owner: str | None) -> Redactor:
+    """Put the values of the secrets ``request`` names (``owner``'s) where its runtime reads them, just before it
+    runs; the redactor that takes them out of what comes back."""
+    if not request.secrets:
+        return Redactor({})
+    if store is None:
+        raise SecretError("this run names secrets, but secrets are not set up here: set SKILLRUN_SECRETS_KEY on the "
+                          "API and its workers")
+    values = store.reveal(owner, request.secrets)
+    request.secret_values.update(values)
+    return Redactor(values)
