@@ -241,3 +241,212 @@ async def test_dynamic_skills_example(model_server, work_root):
     assert "ask_name_information" not in after
     assert seen["results"][1]["condition"] == "Partly Cloudy"
     assert seen["answers"] == ["22°C and partly cloudy."]
+
+
+# -- MCP tools: the tools guide's MCPToolset examples --------------------------------------------------------------
+
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from orchestrator.tools import MCPToolset  # noqa: E402
+from orchestrator.tools import McpStdioServerParameters  # noqa: E402
+from orchestrator.tools import SseConnectionParams  # noqa: E402
+from orchestrator.tools import StdioConnectionParams  # noqa: E402
+from orchestrator.tools import StreamableHTTPConnectionParams  # noqa: E402
+from tests.mcp_servers import McpHttpServer  # noqa: E402
+from tests.processes import running_with, wait_none_with  # noqa: E402
+
+# The guide's MCP server (``mcp_server.py`` beside the example's ``agent/`` folder), verbatim.
+GUIDE_MCP_SERVER = '''\
+from mcp.server import FastMCP
+
+app = FastMCP("simple-tools")
+
+
+@app.tool()
+async def get_weather(location: str) -> str:
+    """获取指定地点的天气信息
+
+    Args:
+        location: 地点名称
+
+    Returns:
+        天气信息字符串
+    """
+    weather_info = {
+        "Beijing": "Sunny, 15°C, humidity 45%",
+        "Shanghai": "Cloudy, 18°C, humidity 65%",
+        "Shenzhen": "Light rain, 25°C, humidity 80%",
+    }
+    return weather_info.get(location, f"Weather data for {location} is not available")
+
+
+@app.tool()
+async def calculate(operation: str, a: float, b: float) -> float:
+    """执行基本数学运算
+
+    Args:
+        operation: 运算类型 (add, subtract, multiply, divide)
+        a: 第一个数字
+        b: 第二个数字
+
+    Returns:
+        计算结果
+    """
+    operations = {
+        "add": lambda x, y: x + y,
+        "subtract": lambda x, y: x - y,
+        "multiply": lambda x, y: x * y,
+        "divide": lambda x, y: x / y if y != 0 else float("inf"),
+    }
+    if operation not in operations:
+        raise ValueError(f"Unsupported operation: {operation}")
+    return operations[operation](a, b)
+
+
+if __name__ == "__main__":
+    # 取消注释以下其中一行以选择传输模式：
+    app.run(transport="stdio")
+    # app.run(transport="sse")
+    # app.run(transport="streamable-http")
+
+'''
+
+INSTRUCTION = "You answer weather questions and do arithmetic with your tools."
+
+
+def _guide_mcp_script(model_server) -> list[dict]:
+    model_server.add(
+        {"tool_calls": [{"name": "get_weather", "arguments": {"location": "Beijing"}},
+                        {"name": "calculate", "arguments": {"operation": "add", "a": 1.5, "b": 2}}]},
+        {"text": "Sunny in Beijing; 1.5 + 2 = 3.5."},
+    )
+
+
+def _assert_guide_mcp_run(seen: dict, model_server) -> None:
+    assert [t["function"]["name"] for t in model_server.requests[0]["tools"]][:2] == ["get_weather", "calculate"]
+    assert seen["calls"] == ["get_weather", "calculate"]
+    assert seen["results"][0]["result"] == "Sunny, 15°C, humidity 45%"
+    assert seen["results"][1]["result"] == "3.5"
+    assert seen["answers"] == ["Sunny in Beijing; 1.5 + 2 = 3.5."]
+
+
+async def test_mcp_stdio_toolset_example(model_server, monkeypatch, tmp_path):
+    (tmp_path / "mcp_server.py").write_text(GUIDE_MCP_SERVER)
+    (tmp_path / "agent").mkdir()
+    # The guide's toolset is defined in agent/tools.py and starts ../mcp_server.py with ``python3.X`` from PATH:
+    # here that module path is this test's, and the PATH finds the interpreter that has the ``mcp`` package first.
+    __file__ = str(tmp_path / "agent" / "tools.py")  # noqa: F841 - read by the guide's __init__ below
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    class StdioMCPToolset(MCPToolset):
+        """基于 stdio 的 MCP 工具集，自动启动 MCP 服务器子进程。"""
+
+        def __init__(self):
+            super().__init__()
+            env = os.environ.copy()
+            env["LD_LIBRARY_PATH"] = (
+                f"/usr/local/Python{sys.version_info.major}{sys.version_info.minor}/lib/:"
+                + env.get("LD_LIBRARY_PATH", "")
+            )
+            svr_file = os.path.abspath(
+                os.path.join(os.path.dirname(__file__), "..", "mcp_server.py")
+            )
+            # 配置 stdio 传输：以子进程方式启动 MCP 服务器
+            stdio_server_params = McpStdioServerParameters(
+                command=f"python{sys.version_info.major}.{sys.version_info.minor}",  # 启动命令
+                args=[svr_file],  # 命令参数
+                env=env,  # 环境变量（可选）
+            )
+            self._connection_params = StdioConnectionParams(
+                server_params=stdio_server_params,
+                timeout=5,  # 可选的超时时间，默认是 5s
+            )
+            # 取消注释以仅暴露指定工具，而非全部工具：
+            # self._tool_filter = ["get_weather", "calculate"]
+
+    def _create_model() -> LLMModel:
+        return OpenAIModel(model_name="demo-model", api_key="test-key", base_url=model_server.base_url)
+
+    def create_agent() -> LlmAgent:
+        """创建一个使用 MCP 工具的 Agent"""
+        mcp_toolset = StdioMCPToolset()
+        # mcp_toolset = SseMCPToolset()
+        # mcp_toolset = StreamableHttpMCPToolset()
+
+        agent = LlmAgent(
+            name="mcp_assistant",
+            description="An assistant that uses MCP tools for weather and calculation",
+            model=_create_model(),
+            instruction=INSTRUCTION,
+            tools=[mcp_toolset],
+        )
+        return agent
+
+    root_agent = create_agent()
+    _guide_mcp_script(model_server)
+    seen = await consume(Runner(app_name="mcp_tools", agent=root_agent, session_service=InMemorySessionService()), "q")
+    _assert_guide_mcp_run(seen, model_server)
+    server_file = str(tmp_path / "mcp_server.py")
+    assert wait_none_with(server_file), f"the guide's stdio server is still running: {running_with(server_file)}"
+
+
+@pytest.mark.parametrize("transport", ["sse", "streamable-http"])
+async def test_mcp_http_toolset_examples(model_server, transport):
+    # The guide's HTTP toolsets reach a server started beforehand (its mcp_server.py run with
+    # app.run(transport="sse") or "streamable-http"): tests/mcp_servers.py has the same two tools, on a free port
+    # instead of the guide's 8000.
+    with McpHttpServer(transport) as server:
+        port = server.port
+
+        class SseMCPToolset(MCPToolset):
+            """基于 SSE 的 MCP 工具集，通过 Server-Sent Events 连接远程 MCP 服务器。"""
+
+            def __init__(self):
+                super().__init__()
+                self._connection_params = SseConnectionParams(
+                    # 必填，用户根据实际地址替换url
+                    url=f"http://localhost:{port}/sse",
+                    # 可选的 HTTP 头
+                    headers={"Authorization": "Bearer token"},
+                    # 可选的超时时间，单位秒
+                    timeout=5,
+                    # 可选的 SSE 读取超时时间，单位秒
+                    sse_read_timeout=60 * 5,
+                )
+
+        class StreamableHttpMCPToolset(MCPToolset):
+            """基于 Streamable-HTTP 的 MCP 工具集，支持 HTTP 双向流式通信。"""
+
+            def __init__(self):
+                super().__init__()
+                self._connection_params = StreamableHTTPConnectionParams(
+                    # 必填，用户根据实际地址替换url
+                    url=f"http://localhost:{port}/mcp",
+                    # 可选的 HTTP 头
+                    headers={"Authorization": "Bearer token"},
+                    # 可选的超时时间，单位秒
+                    timeout=5,
+                    # 可选的 SSE 读取超时时间，单位秒
+                    sse_read_timeout=60 * 5,
+                    # 可选的关闭客户端会话，默认是 True
+                    terminate_on_close=True,
+                )
+
+        def create_agent() -> LlmAgent:
+            """创建一个使用 MCP 工具的 Agent"""
+            mcp_toolset = SseMCPToolset() if transport == "sse" else StreamableHttpMCPToolset()
+
+            agent = LlmAgent(
+                name="mcp_assistant",
+                description="An assistant that uses MCP tools for weather and calculation",
+                model="deepseek-chat",
+                instruction=INSTRUCTION,
+                tools=[mcp_toolset],
+            )
+            return agent
+
+        _guide_mcp_script(model_server)
+        seen = await consume(Runner(app_name="mcp_tools", agent=create_agent(), session_service=InMemorySessionService()), "q")
+    _assert_guide_mcp_run(seen, model_server)
+    assert model_server.requests[0]["model"] == "deepseek-chat"
