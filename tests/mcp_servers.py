@@ -52,10 +52,9 @@ SLOW_TOOL_SECONDS = 30.0
 def fastmcp_server(port: int = 8000) -> Any:
     # Annotations are evaluated where the tools are defined (no ``from __future__ import annotations`` here):
     # FastMCP reads them to build the tools' schemas.
-    from typing_extensions import TypedDict
-
     from mcp import types
     from mcp.server.fastmcp import Context, FastMCP, Image
+    from typing_extensions import TypedDict
 
     class RecordingFastMCP(FastMCP):
         """Notes every ``tools/call`` request as it arrives, before FastMCP checks its arguments."""

@@ -67,7 +67,7 @@ class McpConnection:
         for attempt in (1, 2):
             session = await self._live_session()
             try:
-                return await send(session)
+                return await self._while_held(send(session))
             except McpError as exc:
                 if _session_forgotten(exc) and attempt == 1:
                     await self._drop()
@@ -85,6 +85,25 @@ class McpConnection:
                     continue
                 raise McpConnectionError(f"the MCP server {self.params.describe()} is not reachable") from exc
         raise AssertionError("unreachable")
+
+    async def _while_held(self, call: Awaitable[Any]) -> Any:
+        """``call``'s answer, or ``McpConnectionError`` at once if the holder ends first: a transport whose own task
+        group failed (a streamable HTTP POST that cannot connect) takes the session down before the session fails
+        the requests waiting on it, which would otherwise wait out their timeout."""
+        holder = self._holder
+        request = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({request, holder}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not request.done():
+                request.cancel()
+        if request in done:
+            return request.result()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await request
+        self._lost = True
+        raise McpConnectionError(f"the MCP server {self.params.describe()} closed the connection during the request; "
+                                 "the next call connects again")
 
     async def close(self) -> None:
         """End the session and its transport (a stdio server is stopped)."""

@@ -248,11 +248,13 @@ async def test_dynamic_skills_example(model_server, work_root):
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from orchestrator.tools import MCPToolset  # noqa: E402
-from orchestrator.tools import McpStdioServerParameters  # noqa: E402
-from orchestrator.tools import SseConnectionParams  # noqa: E402
-from orchestrator.tools import StdioConnectionParams  # noqa: E402
-from orchestrator.tools import StreamableHTTPConnectionParams  # noqa: E402
+from orchestrator.tools import (
+    McpStdioServerParameters,  # noqa: E402
+    MCPToolset,  # noqa: E402
+    SseConnectionParams,  # noqa: E402
+    StdioConnectionParams,  # noqa: E402
+    StreamableHTTPConnectionParams,  # noqa: E402
+)
 from tests.mcp_servers import McpHttpServer  # noqa: E402
 from tests.processes import running_with, wait_none_with  # noqa: E402
 

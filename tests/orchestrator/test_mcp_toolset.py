@@ -30,9 +30,9 @@ from orchestrator.runners import Runner
 from orchestrator.sessions import InMemorySessionService
 from orchestrator.tools import (
     FunctionTool,
+    McpStdioServerParameters,
     MCPTool,
     MCPToolset,
-    McpStdioServerParameters,
     SseConnectionParams,
     StdioConnectionParams,
     StreamableHTTPConnectionParams,
@@ -415,14 +415,7 @@ async def test_a_request_waiting_when_the_stdio_server_dies_fails_with_connectio
     assert cause.error.message == "Connection closed", cause.error.message
 
 
-STREAMABLE_DEAD_SERVER_WAITS = pytest.mark.xfail(strict=True, reason=(
-    "mcp_session.py McpConnection: over streamable HTTP the SDK posts each request in a task of the transport's task "
-    "group; the POST's ConnectError ends that group, which cancels the holder task (the group's host) and with it "
-    "the ClientSession's receive loop before that loop fails the waiting request with 'Connection closed': the "
-    "request waits out its whole read timeout (cause: the SDK's 408 'Timed out while waiting')"))
-
-
-@pytest.mark.parametrize("transport", ["sse", pytest.param("streamable-http", marks=STREAMABLE_DEAD_SERVER_WAITS)])
+@pytest.mark.parametrize("transport", HTTP_TRANSPORTS)
 async def test_a_request_to_an_http_server_that_went_down_fails_at_once_not_by_its_timeout(transport, toolsets):
     with McpHttpServer(transport) as server:
         toolset = toolsets(http_params(transport, server.url))
