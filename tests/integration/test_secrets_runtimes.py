@@ -11,7 +11,7 @@ from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
 from orchestrator.skills import create_default_skill_repository
 from tests.orchestrator.test_secrets import LEAK, SECRET, leaked
 from worker.contract import RunRequest, RuntimeName
-from worker.run_store import RunStatus
+from worker.run_store import RunRecord, RunStatus
 from worker.secrets import FileSecretStore, RedisSecretStore, SecretBox
 
 
@@ -35,18 +35,24 @@ def _request(skill, **fields) -> RunRequest:
     return RunRequest(skill=skill, command=LEAK, secrets=["GH_TOKEN"], output_files=["out/leak.txt"], **fields)
 
 
-async def test_a_queued_run_gets_its_secret_from_redis_and_nothing_in_redis_holds_it(
-    redis_url, workers, secret_skill, key
-):
-    RedisSecretStore(redis.Redis.from_url(redis_url), SecretBox(key)).set("team-a", "GH_TOKEN", SECRET)
-    workers.env["SKILLRUN_SECRETS_KEY"] = key
+async def _queued_run(redis_url: str, workers, skill, *, stored_with: str, worker_key: str) -> RunRecord:
+    """The secret stored under ``stored_with``, a worker process holding ``worker_key``, and a run of team-a naming
+    it, through the queue, once it ended."""
+    RedisSecretStore(redis.Redis.from_url(redis_url), SecretBox(stored_with)).set("team-a", "GH_TOKEN", SECRET)
+    workers.env["SKILLRUN_SECRETS_KEY"] = worker_key
     workers.start()
     dispatcher = QueueDispatcher(redis_url)
     try:
-        record = await dispatcher.submit(_request(secret_skill), owner="team-a")
-        record = await dispatcher.wait(record.id, 120)
+        record = await dispatcher.submit(_request(skill), owner="team-a")
+        return await dispatcher.wait(record.id, 120)
     finally:
         await dispatcher.close()
+
+
+async def test_a_queued_run_gets_its_secret_from_redis_and_nothing_in_redis_holds_it(
+    redis_url, workers, secret_skill, key
+):
+    record = await _queued_run(redis_url, workers, secret_skill, stored_with=key, worker_key=key)
     assert record.status == RunStatus.FINISHED, record.error
     assert f"length {len(SECRET)}" in record.result.stdout
     assert record.result.stdout.count("[redacted:GH_TOKEN]") == 7
@@ -79,15 +85,8 @@ def _values(client: redis.Redis, key_name: bytes) -> list[bytes]:
 async def test_a_worker_with_the_wrong_key_fails_the_run_clearly_and_decrypts_nothing(
     redis_url, workers, secret_skill, key
 ):
-    RedisSecretStore(redis.Redis.from_url(redis_url), SecretBox(key)).set("team-a", "GH_TOKEN", SECRET)
-    workers.env["SKILLRUN_SECRETS_KEY"] = Fernet.generate_key().decode()
-    workers.start()
-    dispatcher = QueueDispatcher(redis_url)
-    try:
-        record = await dispatcher.submit(_request(secret_skill), owner="team-a")
-        record = await dispatcher.wait(record.id, 120)
-    finally:
-        await dispatcher.close()
+    record = await _queued_run(redis_url, workers, secret_skill, stored_with=key,
+                               worker_key=Fernet.generate_key().decode())
     assert record.status == RunStatus.FAILED
     assert "SKILLRUN_SECRETS_KEY is not the key it was stored with" in record.error
     assert record.result is None
