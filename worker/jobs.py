@@ -135,7 +135,7 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
     beat.start()
     redactor = Redactor({})
     try:
-        redactor = attach_secrets(record.request, _secret_store(store) if record.request.secrets else None, record.owner)
+        redactor = attach_secrets(record.request, _secret_store(store), record.owner)
         result: RunResult | Exception = _event_loop().run_until_complete(runtime.run(record.request))
     except Exception as exc:  # a bad request, an unusable runtime, a secret not there: the run fails with the reason
         result = exc

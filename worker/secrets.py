@@ -133,12 +133,17 @@ class SecretStore(ABC):
         """The values of ``names`` (each must exist) for a run of ``team``."""
         if not names:
             return {}
-        team = self._team(team)
+        return _named(self._team(team), self.reveal_all(team), names)
+
+    def reveal_all(self, team: str | None) -> dict[str, str]:
+        """Every secret of ``team`` (none for an owner that is not a team): what any run of it is redacted of."""
+        if team is None or not TEAM_NAME.match(team):
+            return {}
         entries = self._entries(team)
-        missing = [name for name in names if name not in entries]
-        if missing:
-            raise SecretError(f"team {team} has no secret {', '.join(missing)}: set it with skillrun secrets set")
-        return {name: self._sealer().open(team, name, entries[name]["sealed"]) for name in names}
+        if not entries:
+            return {}
+        sealer = self._sealer()
+        return {name: sealer.open(team, name, entry["sealed"]) for name, entry in entries.items()}
 
     @abstractmethod
     def any_stored(self) -> bool:
@@ -231,12 +236,21 @@ def box_from(key: object) -> SecretBox | None:
 
 def attach_secrets(request: RunRequest, store: SecretStore | None, owner: str | None) -> Redactor:
     """Put the values of the secrets ``request`` names (``owner``'s) where its runtime reads them, just before it
-    runs; the redactor that takes them out of what comes back."""
-    if not request.secrets:
-        return Redactor({})
+    runs; and return the redactor that takes every secret of the team out of what comes back — not only the
+    named ones: a file an earlier run left in the workspace may hold a secret this run was not given."""
     if store is None:
-        raise SecretError("this run names secrets, but secrets are not set up here: set SKILLRUN_SECRETS_KEY on the "
-                          "API and its workers")
-    values = store.reveal(owner, request.secrets)
-    request.secret_values.update(values)
-    return Redactor(values)
+        if request.secrets:
+            raise SecretError("this run names secrets, but secrets are not set up here: set SKILLRUN_SECRETS_KEY on "
+                              "the API and its workers")
+        return Redactor({})
+    every = store.reveal_all(owner)
+    if request.secrets:
+        request.secret_values.update(_named(SecretStore._team(owner), every, request.secrets))
+    return Redactor(every)
+
+
+def _named(team: str, every: dict[str, str], names: list[str]) -> dict[str, str]:
+    missing = [name for name in names if name not in every]
+    if missing:
+        raise SecretError(f"team {team} has no secret {', '.join(missing)}: set it with skillrun secrets set")
+    return {name: every[name] for name in names}

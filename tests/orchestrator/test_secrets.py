@@ -230,3 +230,16 @@ async def test_the_model_never_receives_the_secret_in_any_form(services, model_s
     assert leaked(json.dumps(model_server.requests)) == []
     assert leaked(streamed.text + session.text) == []
     assert os.environ.get("GH_TOKEN") is None
+
+
+async def test_a_later_run_not_given_the_secret_cannot_show_what_an_earlier_one_left_in_the_workspace(services):
+    key = new_team(services, "team-a")
+    async with client(services, key) as api:
+        await api.put("/v1/secrets/GH_TOKEN", json={"value": SECRET})
+        first = await api.post("/v1/runs", json={"skill": "github", "command": 'echo "$GH_TOKEN" > $WORK_DIR/kept',
+                                                 "secrets": ["GH_TOKEN"], "workspace_id": "shared"})
+        await api.get(f"/v1/runs/{first.json()['id']}", params={"wait": 60})
+        second = await api.post("/v1/runs", json={"skill": "plain", "workspace_id": "shared",
+                                                  "command": "cat $WORK_DIR/kept; echo ${GH_TOKEN:-unset}"})
+        record = await api.get(f"/v1/runs/{second.json()['id']}", params={"wait": 60})
+    assert record.json()["result"]["stdout"] == "[redacted:GH_TOKEN]\nunset\n"
