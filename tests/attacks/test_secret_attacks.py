@@ -263,7 +263,7 @@ async def test_a_value_holding_a_lone_surrogate_is_a_4xx_not_a_500(services):
     assert 400 <= answer.status_code < 500, (answer.status_code, answer.text)
 
 
-@pytest.mark.xfail(strict=True, reason="env_name_problem (worker/env_names.py:29) and TEAM_NAME checks use re.match "
+@pytest.mark.xfail(strict=True, reason="env_name_problem (worker/env_names.py:27) and TEAM_NAME checks use re.match "
                    "with '$', which also matches before a final newline: 'GH_TOKEN\\n' passes as a secret name in the "
                    "store (skillrun secrets set), the run contract (skill_run) and a SKILL.md, and 'team-a\\n' as a "
                    "team (SecretStore._team, TeamStore.create_team)")
@@ -356,8 +356,8 @@ def test_the_file_store_folder_and_files_are_private_and_hold_no_value(tmp_path,
 
 
 @pytest.mark.xfail(strict=True, reason="a malformed store file (<data dir>/secrets/<team>.json not JSON, or not an "
-                   "object) makes GET/PUT /v1/secrets answer a bare 500: FileSecretStore._entries (worker/secrets.py:"
-                   "192) lets JSONDecodeError/AttributeError out and the routes catch SecretError only")
+                   "object) makes GET/PUT /v1/secrets answer a bare 500: FileSecretStore._entries (worker/secrets.py) "
+                   "lets JSONDecodeError/AttributeError out and the routes catch SecretError only")
 @pytest.mark.parametrize("content", ["{not json", "[]"])
 async def test_a_malformed_store_file_is_a_clear_error_not_a_500_and_other_teams_are_untouched(services, store,
                                                                                               content):
@@ -435,9 +435,9 @@ def test_concurrent_sets_of_one_name_leave_one_whole_value_that_decrypts(any_sto
 
 
 @pytest.mark.xfail(strict=True, reason="FileSecretStore serializes writes with a threading.Lock of its own "
-                   "(worker/secrets.py:186): two processes on one data dir (the embedded API and `skillrun secrets "
-                   "set`, or two API processes) each read the team's file, add their secret and replace the file, "
-                   "and the first secret written is lost")
+                   "(FileSecretStore.__init__, worker/secrets.py): two processes on one data dir (the embedded API "
+                   "and `skillrun secrets set`, or two API processes) each read the team's file, add their secret "
+                   "and replace the file, and the first secret written is lost")
 def test_two_processes_sharing_the_file_store_lose_no_secret(tmp_path, key):
     folder = tmp_path / "secrets"
     api_process, cli_process = FileSecretStore(folder, SecretBox(key)), FileSecretStore(folder, SecretBox(key))
