@@ -42,7 +42,7 @@ class TeamStore:
         self.docs = documents
 
     def create_team(self, name: str) -> Team:
-        if not TEAM_NAME.match(name):
+        if not TEAM_NAME.fullmatch(name):
             raise TeamError(f"team name {name!r}: use 1-32 lowercase letters, digits and hyphens")
         if self.docs.get("teams", name) is not None:
             raise TeamError(f"team {name!r} already exists")
@@ -51,7 +51,7 @@ class TeamStore:
         return team
 
     def get_team(self, team_id: str) -> Team | None:
-        doc = self.docs.get("teams", team_id) if TEAM_NAME.match(team_id) else None
+        doc = self.docs.get("teams", team_id) if TEAM_NAME.fullmatch(team_id) else None
         return Team(**doc) if doc else None
 
     def teams(self) -> list[Team]:

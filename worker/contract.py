@@ -142,9 +142,16 @@ class RunRequest(BaseModel):
     """The values of ``secrets``, put here by whoever executes the run just before it runs (``worker.secrets``);
     never serialized, so never in a record, a job or a log."""
 
+    _redacted_values: dict[str, str] = PrivateAttr(default_factory=dict)
+    """Every secret value of the run's team, which what the run gives back is redacted of (set with the above)."""
+
     @property
     def secret_values(self) -> dict[str, str]:
         return self._secret_values
+
+    @property
+    def redacted_values(self) -> dict[str, str]:
+        return self._redacted_values
 
     @model_validator(mode="before")
     @classmethod

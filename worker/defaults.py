@@ -53,3 +53,6 @@ HEARTBEAT_TTL_SECONDS = 10
 """A started run whose worker has not beaten for this long is lost: retried or failed."""
 
 MAX_ATTEMPTS = 2
+
+TRUNCATION_MARKER = "\n[skillrun: output truncated here; {omitted} more bytes were not kept]\n"
+"""What ends a command's stdout or stderr that was cut at its cap."""

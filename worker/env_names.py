@@ -24,7 +24,7 @@ ALLOWED_ENV_NAME = re.compile(
 
 def env_name_problem(name: str) -> str | None:
     """What is wrong with ``name`` as a variable a run sets, or ``None``."""
-    if not isinstance(name, str) or not ENV_NAME.match(name):
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
         return f"{str(name)[:64]!r} is not a valid environment variable name"
     if len(name) > MAX_ENV_NAME_CHARS:
         return f"{name[:32]!r}... is longer than {MAX_ENV_NAME_CHARS} characters"

@@ -42,7 +42,7 @@ from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspac
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 from worker.runtimes.host import HostWorkspaceRuntime
-from worker.secrets import RedisSecretStore, SecretStore, attach_secrets, box_from
+from worker.secrets import RedisSecretStore, SecretStore, attach_secrets, box_from, forget_secrets
 from worker.staging import resolve_skill_paths
 from worker.workspace import default_work_root
 
@@ -142,10 +142,11 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
     finally:
         stop.set()
         beat.join()
+        forget_secrets(record.request)
     if isinstance(result, Exception):
         error = redactor.text(f"{type(result).__name__}: {result}")
         ended = _through_outage(run_id, lambda: store.fail(run_id, error, held))
-        summary: dict[str, Any] = {"run_id": run_id, "failed": str(result)}
+        summary: dict[str, Any] = {"run_id": run_id, "failed": redactor.text(str(result))}
     else:
         redact_result(result, redactor)
         result.worker_id = who

@@ -13,12 +13,15 @@ a value is 8 bytes to ``MAX_VALUE_BYTES`` (shorter ones would be redacted wherev
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -51,7 +54,10 @@ def check_name(name: str) -> None:
 
 
 def check_value(name: str, value: str) -> None:
-    size = len(value.encode())
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise SecretError(f"the value of {name} is not valid Unicode text (it holds a lone surrogate)") from None
     if size < MIN_VALUE_BYTES:
         raise SecretError(f"the value of {name} is {size} bytes; a secret is at least {MIN_VALUE_BYTES} (shorter ones "
                           f"would be redacted wherever their characters occur)")
@@ -95,7 +101,7 @@ class SecretStore(ABC):
 
     @staticmethod
     def _team(team: str | None) -> str:
-        if team is None or not TEAM_NAME.match(team):
+        if team is None or not TEAM_NAME.fullmatch(team):
             raise SecretError(f"secrets belong to a team; {team!r} is none (runs with secrets go through the API)")
         return team
 
@@ -137,7 +143,7 @@ class SecretStore(ABC):
 
     def reveal_all(self, team: str | None) -> dict[str, str]:
         """Every secret of ``team`` (none for an owner that is not a team): what any run of it is redacted of."""
-        if team is None or not TEAM_NAME.match(team):
+        if team is None or not TEAM_NAME.fullmatch(team):
             return {}
         entries = self._entries(team)
         if not entries:
@@ -194,16 +200,23 @@ class FileSecretStore(SecretStore):
         self._lock = threading.Lock()
 
     def any_stored(self) -> bool:
-        return self.folder.is_dir() and any(self.folder.glob("*.json"))
+        return self.folder.is_dir() and any(
+            self._entries(path.stem) for path in self.folder.glob("*.json") if TEAM_NAME.fullmatch(path.stem))
 
     def _path(self, team: str) -> Path:
         return self.folder / f"{team}.json"
 
     def _entries(self, team: str) -> dict[str, dict]:
+        path = self._path(team)
         try:
-            return json.loads(self._path(team).read_text())
+            entries = json.loads(path.read_text())
         except FileNotFoundError:
             return {}
+        except (OSError, ValueError) as exc:
+            raise SecretError(f"the secrets file {path} cannot be read ({exc}): restore it from a backup") from None
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) and "sealed" in e for e in entries.values()):
+            raise SecretError(f"the secrets file {path} is not a mapping of secrets: restore it from a backup")
+        return entries
 
     def _write(self, team: str, entries: dict[str, dict]) -> None:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -216,15 +229,24 @@ class FileSecretStore(SecretStore):
         self._write(team, {**self._entries(team), name: entry})
 
     def _delete(self, team: str, name: str) -> bool:
-        with self._lock:
+        with self._locked(team):
             entries = self._entries(team)
             if entries.pop(name, None) is None:
                 return False
             self._write(team, entries)
             return True
 
-    def _locked(self, team: str):  # noqa: ANN202
-        return self._lock
+    @contextlib.contextmanager
+    def _locked(self, team: str) -> Iterator[None]:
+        """The store held against other threads and processes (the API, ``skillrun secrets``) for a change."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self._lock:
+            folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(folder, fcntl.LOCK_EX)  # the folder's lock: nothing but the teams' files in it
+                yield
+            finally:
+                os.close(folder)
 
 
 def box_from(key: object) -> SecretBox | None:
@@ -246,7 +268,14 @@ def attach_secrets(request: RunRequest, store: SecretStore | None, owner: str | 
     every = store.reveal_all(owner)
     if request.secrets:
         request.secret_values.update(_named(SecretStore._team(owner), every, request.secrets))
+    request.redacted_values.update(every)
     return Redactor(every)
+
+
+def forget_secrets(request: RunRequest) -> None:
+    """Drop the values ``attach_secrets`` put on ``request``, once its run ended."""
+    request.secret_values.clear()
+    request.redacted_values.clear()
 
 
 def _named(team: str, every: dict[str, str], names: list[str]) -> dict[str, str]:

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from orchestrator.dispatch.base import BaseDispatcher, Removal, workspace_refusals
+from orchestrator.errors import DispatchError
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.errors import WorkspaceError
@@ -25,7 +26,7 @@ from worker.run_store import (
 )
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
-from worker.secrets import SecretStore, attach_secrets
+from worker.secrets import SecretStore, attach_secrets, forget_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +94,16 @@ class InlineDispatcher(BaseDispatcher):
             redactor = await asyncio.to_thread(attach_secrets, request, self.secrets, record.owner)
             result = await runtime.run(request, allow_host_paths=trusted)
         except Exception as exc:  # bad input, an unusable runtime, a secret not there: the run fails with the reason
-            self.store.fail(request.run_id, redactor.text(f"{type(exc).__name__}: {exc}"), held)
+            said = f"{type(exc).__name__}: {exc}"
+            self.store.fail(request.run_id, redactor.text(said), held)
             await _clean_up(runtime, request)
+            if reraise and redactor.text(said) != said:  # the caller (a model's tool) sees the reason redacted
+                raise DispatchError(redactor.text(said)) from None
             if reraise:
                 raise
             return None
+        finally:
+            forget_secrets(request)
         redact_result(result, redactor)
         result.worker_id = self._who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)

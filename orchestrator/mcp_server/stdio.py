@@ -29,8 +29,9 @@ from orchestrator.skills.repository import BaseSkillRepository
 
 logger = logging.getLogger(__name__)
 
-STDIO_OWNER = "mcp"
-"""The owner a stdio server's runs and workspace are filed under (there is no team: the machine's user is the one)."""
+STDIO_OWNER = "MCP"
+"""The owner a stdio server's runs and workspace are filed under: there is no team (the machine's user is the one),
+and no team can be named so (team names are lower case), so none of a team's secrets reach it."""
 LINE_LIMIT = 64 * 1024 * 1024
 """The longest message line read from the client."""
 

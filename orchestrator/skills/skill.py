@@ -133,7 +133,7 @@ def validate_summary(data: dict, path: str) -> SkillSummary:
         raise SkillValidationError(path, "name", "must be a string")
     if len(name) > MAX_NAME_LENGTH:
         raise SkillValidationError(path, "name", f"is {len(name)} characters; at most {MAX_NAME_LENGTH} are allowed")
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise SkillValidationError(
             path, "name", f"{name!r} may only use lowercase letters, digits and single hyphens between them"
         )

@@ -34,6 +34,7 @@ from orchestrator.mcp_server.conversation import Conversation, Scope
 from orchestrator.mcp_server.stdio import STDIO_OWNER
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.skills.tools.skill_toolset import SkillToolSet
+from orchestrator.teams import TeamError
 from tests.attacks.held import py
 from tests.integration.conftest import worker_env  # noqa: F401 - the queue's worker settings
 from tests.integration.test_secrets_runtimes import _values
@@ -251,9 +252,6 @@ async def test_secret_bodies_of_wrong_types_nan_nul_or_past_64_kib_are_refused_a
     assert store.reveal("team-a", ["EDGE"]) == {"EDGE": "x" * (64 * 1024)}
 
 
-@pytest.mark.xfail(strict=True, reason="PUT /v1/secrets/{name} with a JSON value holding a lone surrogate "
-                   "('\\ud800') passes the schema, then check_value's value.encode() raises UnicodeEncodeError, which "
-                   "the route does not catch: a 500 (worker/secrets.py:54, orchestrator/api/routes/secrets.py:50)")
 async def test_a_value_holding_a_lone_surrogate_is_a_4xx_not_a_500(services):
     async with raw_client(services, new_team(services, "team-a")) as api:
         answer = await api.put("/v1/secrets/GH_TOKEN", content=b'{"value": "abcdefgh\\ud800ijk"}',
@@ -263,10 +261,6 @@ async def test_a_value_holding_a_lone_surrogate_is_a_4xx_not_a_500(services):
     assert 400 <= answer.status_code < 500, (answer.status_code, answer.text)
 
 
-@pytest.mark.xfail(strict=True, reason="env_name_problem (worker/env_names.py:27) and TEAM_NAME checks use re.match "
-                   "with '$', which also matches before a final newline: 'GH_TOKEN\\n' passes as a secret name in the "
-                   "store (skillrun secrets set), the run contract (skill_run) and a SKILL.md, and 'team-a\\n' as a "
-                   "team (SecretStore._team, TeamStore.create_team)")
 def test_a_name_or_team_with_a_trailing_newline_is_refused_everywhere(tmp_path, key, secret_library):
     store = FileSecretStore(tmp_path / "secrets", SecretBox(key))
     accepted = []
@@ -355,9 +349,6 @@ def test_the_file_store_folder_and_files_are_private_and_hold_no_value(tmp_path,
     assert sorted(p.name for p in folder.iterdir()) == ["team-a.json", "team-b.json"]  # no partial file left
 
 
-@pytest.mark.xfail(strict=True, reason="a malformed store file (<data dir>/secrets/<team>.json not JSON, or not an "
-                   "object) makes GET/PUT /v1/secrets answer a bare 500: FileSecretStore._entries (worker/secrets.py) "
-                   "lets JSONDecodeError/AttributeError out and the routes catch SecretError only")
 @pytest.mark.parametrize("content", ["{not json", "[]"])
 async def test_a_malformed_store_file_is_a_clear_error_not_a_500_and_other_teams_are_untouched(services, store,
                                                                                               content):
@@ -434,10 +425,6 @@ def test_concurrent_sets_of_one_name_leave_one_whole_value_that_decrypts(any_sto
     assert any_store.reveal("team-a", ["GH_TOKEN"])["GH_TOKEN"] in values
 
 
-@pytest.mark.xfail(strict=True, reason="FileSecretStore serializes writes with a threading.Lock of its own "
-                   "(FileSecretStore.__init__, worker/secrets.py): two processes on one data dir (the embedded API "
-                   "and `skillrun secrets set`, or two API processes) each read the team's file, add their secret "
-                   "and replace the file, and the first secret written is lost")
 def test_two_processes_sharing_the_file_store_lose_no_secret(tmp_path, key):
     folder = tmp_path / "secrets"
     api_process, cli_process = FileSecretStore(folder, SecretBox(key)), FileSecretStore(folder, SecretBox(key))
@@ -581,12 +568,10 @@ async def test_another_team_cannot_list_overwrite_delete_or_use_a_teams_secret_t
     assert store.list("team-a") == [created] and store.list("team-b") == []
 
 
-@pytest.mark.xfail(strict=True, reason="`skillrun mcp` (stdio) files its runs under the owner 'mcp' "
-                   "(orchestrator/mcp_server/stdio.py:32), which is a valid team name: when a team 'mcp' exists on "
-                   "the same data dir or Redis, any local MCP client's skill_run gets that team's secrets (the same "
-                   "goes for `skillrun chat`, whose user 'cli' is a valid team name too)")
 async def test_the_stdio_mcp_server_which_is_no_team_cannot_use_the_secrets_of_a_team_named_mcp(services, store):
-    async with client(services, new_team(services, STDIO_OWNER)) as api:
+    with pytest.raises(TeamError):  # its owner cannot be a team's name
+        services.teams.create_team(STDIO_OWNER)
+    async with client(services, new_team(services, "mcp")) as api:
         await put_secret(api, "GH_TOKEN", SECRET)
     scope = Scope(repository=services.repository, dispatcher=services.dispatcher, owner=STDIO_OWNER)
     conversation = Conversation()
@@ -599,7 +584,7 @@ async def test_the_stdio_mcp_server_which_is_no_team_cannot_use_the_secrets_of_a
             "skill": "github", "command": 'printf %s "$GH_TOKEN" | sha256sum', "secrets": ["GH_TOKEN"]})
     finally:
         await conversation.end()
-    assert sha(SECRET) not in json.dumps(answer) and "error" in answer, answer
+    assert sha(SECRET) not in json.dumps(answer) and "secrets belong to a team" in answer["error"], answer
 
 
 # ---- 4. what comes back --------------------------------------------------------------------------------------------
@@ -670,11 +655,6 @@ async def test_the_in_memory_record_keeps_no_revealed_value_once_the_run_is_over
     assert leaked(repr(services.dispatcher.store.__dict__)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="output file, artifact and skipped-file NAMES are not redacted "
-                   "(worker/redaction.py:redact_result redacts stdout, stderr and text contents only): "
-                   "`touch \"$OUTPUT_DIR/$GH_TOKEN\"` with output_files out/* returns the raw value as a file name "
-                   "in the run's answer, its record, its artifact list and the artifact store's keys, and a FIFO so "
-                   "named comes back in skipped_files")
 async def test_a_file_named_after_the_secret_does_not_show_its_value_in_names_or_skipped_files(services, caplog):
     caplog.set_level(logging.DEBUG)
     async with client(services, new_team(services, "team-a")) as api:
@@ -687,9 +667,6 @@ async def test_a_file_named_after_the_secret_does_not_show_its_value_in_names_or
     assert leaked(shown) == [] and leaked(caplog.text) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the model's tool result (and the session's SSE stream) holds output file "
-                   "names and skipped_files unredacted: a file named after the secret puts its value in the model's "
-                   "context (orchestrator/skills/tools/skill_toolset.py:322-325 via RunResult.tool_result)")
 async def test_the_model_and_the_session_stream_never_see_a_file_named_after_the_secret(services, model_server):  # noqa: F811
     model_server.add(
         {"tool_calls": [{"name": "skill_run", "arguments": {
@@ -707,11 +684,6 @@ async def test_the_model_and_the_session_stream_never_see_a_file_named_after_the
     assert leaked(json.dumps(model_server.requests) + streamed.text + session.text) == []
 
 
-@pytest.mark.xfail(strict=True, reason="artifacts are redacted only of the secrets the run NAMED "
-                   "(worker/runtimes/host.py:131 and cube_outputs.py:214 build Redactor(request.secret_values)), "
-                   "not of every secret of the team: a later run that names none copies a file an earlier run left "
-                   "in the workspace to out/ with save_as_artifacts, and GET .../artifacts/ serves the raw value "
-                   "(its inline copy is redacted)")
 async def test_an_artifact_of_a_run_not_naming_the_secret_holds_no_value_an_earlier_run_left(services):
     async with client(services, new_team(services, "team-a")) as api:
         await put_secret(api, "GH_TOKEN", SECRET)
@@ -724,9 +696,6 @@ async def test_an_artifact_of_a_run_not_naming_the_secret_holds_no_value_an_earl
     assert artifact.status_code == 200 and leaked(artifact.text) == [], artifact.text
 
 
-@pytest.mark.xfail(strict=True, reason="stdout is cut at limits.stdout_bytes before it is redacted "
-                   "(worker/runtimes/host.py decode_output, then worker/jobs.py/inline.py redact_result): a secret "
-                   "straddling the cap is no longer whole, so its first bytes come back as they are")
 async def test_stdout_cut_at_its_cap_keeps_no_prefix_of_the_secret(services):
     async with client(services, new_team(services, "team-a")) as api:
         await put_secret(api, "GH_TOKEN", SECRET)
@@ -737,10 +706,6 @@ async def test_stdout_cut_at_its_cap_keeps_no_prefix_of_the_secret(services):
     assert SECRET[:20] not in result["stdout"], result["stdout"]
 
 
-@pytest.mark.xfail(strict=True, reason="an output file's inline content is cut at limits.output_file_bytes "
-                   "(worker/collect/__init__.py:_read_one) before redact_result: a secret straddling the cap "
-                   "comes back as its first bytes (the MCP server's SKILLRUN_MCP_OUTPUT_FILE_BYTES cap is the same "
-                   "limit)")
 async def test_an_output_file_cut_at_its_cap_keeps_no_prefix_of_the_secret(services):
     async with client(services, new_team(services, "team-a")) as api:
         await put_secret(api, "GH_TOKEN", SECRET)
@@ -753,9 +718,6 @@ async def test_an_output_file_cut_at_its_cap_keeps_no_prefix_of_the_secret(servi
     assert SECRET[:20] not in shown, output
 
 
-@pytest.mark.xfail(strict=True, reason="a value holding a quote, a backslash or non-ASCII letters is not redacted "
-                   "once escaped, as a config or environment dump writes it (json.dumps, Python repr): the redactor "
-                   "knows the raw value, base64, hex and percent forms only (worker/redaction.py:_forms)")
 async def test_a_json_or_repr_dump_of_a_value_with_quotes_or_backslashes_is_redacted(services):
     async with client(services, new_team(services, "team-a")) as api:
         await put_secret(api, "QUOTED", QUOTED)
@@ -770,9 +732,6 @@ async def test_a_json_or_repr_dump_of_a_value_with_quotes_or_backslashes_is_reda
     assert json.dumps(QUOTED) not in stdout and repr(QUOTED) not in stdout, stdout
 
 
-@pytest.mark.xfail(strict=True, reason="urllib.parse.quote's default (safe='/') keeps '/', so a value holding '/' "
-                   "and another character to encode (an AWS secret key: '/' and '+') is percent-encoded in a form the "
-                   "redactor does not know (it knows quote(safe='') and quote_plus only, worker/redaction.py:68)")
 async def test_the_default_percent_encoding_of_a_value_with_a_slash_is_redacted(services):
     async with client(services, new_team(services, "team-a")) as api:
         await put_secret(api, "AWS_SECRET", AWS)
@@ -787,9 +746,6 @@ async def test_the_default_percent_encoding_of_a_value_with_a_slash_is_redacted(
     assert urllib.parse.quote(AWS) not in stdout, stdout
 
 
-@pytest.mark.xfail(strict=True, reason="coreutils base64 (and MIME base64, base64.encodebytes) wrap lines at 76 "
-                   "characters: a value over 57 bytes comes back base64-encoded one line at a time, and no line "
-                   "matches a form the redactor looks for (worker/redaction.py:_base64_pieces)")
 async def test_line_wrapped_base64_of_a_long_secret_is_redacted(services):
     async with client(services, new_team(services, "team-a")) as api:
         await put_secret(api, "LONG_KEY", LONG)
@@ -801,11 +757,6 @@ async def test_line_wrapped_base64_of_a_long_secret_is_redacted(services):
     assert first_line not in stdout, stdout
 
 
-@pytest.mark.xfail(strict=True, reason="a binary output file or artifact is not redacted (redact_result skips "
-                   "base64 content; redacting_sink stores non-text files as they are): the run's answer carries the "
-                   "secret's base64 and GET .../files/ and .../artifacts/ serve its raw bytes — and the README's "
-                   "'Team secrets' section does not say so (it lists what is redacted and says 'nothing the run gives "
-                   "back holds them')")
 async def test_a_binary_output_file_holding_the_secret_is_redacted_or_the_readme_says_it_is_not(services):
     async with client(services, new_team(services, "team-a")) as api:
         await put_secret(api, "GH_TOKEN", SECRET)
@@ -818,10 +769,6 @@ async def test_a_binary_output_file_holding_the_secret_is_redacted_or_the_readme
     assert leaked(shown) == [] or ("binary" in section and "not" in section), leaked(shown)
 
 
-@pytest.mark.xfail(strict=True, reason="a TEXT file is taken for binary by its extension alone (worker/mime.py "
-                   "detect_mime: a specific type from the name wins over libmagic's text/plain), so a key or "
-                   "certificate written as text to out/deploy.key, key.pem, cert.crt, token.asc or mail.eml is neither "
-                   "redacted inline (base64 content) nor as an artifact — exactly where a secret key is written")
 async def test_a_secret_written_as_text_to_a_key_or_pem_file_is_redacted(services):
     names = ["deploy.key", "key.pem", "cert.crt", "token.asc", "mail.eml"]
     async with client(services, new_team(services, "team-a")) as api:
@@ -972,8 +919,6 @@ async def test_mcp_another_team_cannot_use_a_teams_secret_and_the_teams_own_resu
     assert leaked(their_text + our_text + caplog.text) == []
 
 
-@pytest.mark.xfail(strict=True, reason="an MCP client's output file is cut at SKILLRUN_MCP_OUTPUT_FILE_BYTES before "
-                   "redaction: a secret straddling the cap comes back in the tool result as its first bytes")
 async def test_mcp_an_output_file_cut_at_the_mcp_cap_keeps_no_prefix_of_the_secret(mcp_api):
     services, mcp, url = mcp_api
     alpha = new_team(services, "team-a")

@@ -211,7 +211,7 @@ class CubeOutputs:
         )
         mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
         patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
-        sink = (redacting_sink(self.artifact_store, request.workspace_id, Redactor(request.secret_values))
+        sink = (redacting_sink(self.artifact_store, request.workspace_id, Redactor(request.redacted_values))
                 if request.save_as_artifacts else None)
         return collect_outputs(
             patterns,

@@ -36,7 +36,6 @@ from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
 from worker.workspace import Workspace, WorkspaceManager
 
-TRUNCATION_MARKER = "\n[skillrun: output truncated here; {omitted} more bytes were not kept]\n"
 COPY_CHUNK_BYTES = 1024 * 1024
 MAX_REMEMBERED_WORKSPACES = 4096
 AFTER_RESULT_SECONDS = 0.002
@@ -128,7 +127,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
 
         collection = Collection()
         if prepared.patterns:
-            sink = (redacting_sink(self.artifact_store, request.workspace_id, Redactor(request.secret_values))
+            sink = (redacting_sink(self.artifact_store, request.workspace_id, Redactor(request.redacted_values))
                     if request.save_as_artifacts else None)
             collection = await asyncio.to_thread(
                 collect_outputs, prepared.patterns, workspace_root=prepared.workspace.path,
@@ -347,5 +346,5 @@ def decode_output(data: bytes, omitted: int) -> str:
     """A command's captured output as text (invalid UTF-8 replaced), with a marker where it was cut."""
     text = data.decode("utf-8", "replace")
     if omitted:
-        text += TRUNCATION_MARKER.format(omitted=omitted)
+        text += defaults.TRUNCATION_MARKER.format(omitted=omitted)
     return text

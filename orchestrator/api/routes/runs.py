@@ -28,7 +28,7 @@ from orchestrator.errors import DispatchError, RunLostError, SkillNotFoundError,
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
 from worker.env_names import env_name_problem
-from worker.errors import ArtifactError, BlobStoreError, WorkerError
+from worker.errors import ArtifactError, BlobStoreError, SecretError, WorkerError
 from worker.run_store import ENDING_EVENTS, RunRecord, RunStatus
 from worker.validation import MAX_PATH_CHARS, validate_request
 
@@ -102,7 +102,10 @@ def _check_secrets(services: Services, team: Team, skill: str, names: list[str])
     if services.secrets is None:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "secrets are not set up on this server: its operator sets "
                                                          "SKILLRUN_SECRETS_KEY")
-    stored = {info.name for info in services.secrets.list(team.id)}
+    try:
+        stored = {info.name for info in services.secrets.list(team.id)}
+    except SecretError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     missing = [name for name in names if name not in stored]
     if missing:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, f"the team has no secret {', '.join(missing)}: store it with "

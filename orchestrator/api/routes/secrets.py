@@ -36,7 +36,10 @@ def _store(services: Services) -> SecretStore:
 @router.get("", response_model=SecretsPublic, responses=error_responses(400))
 async def list_secrets(team: Team = Depends(current_team), services: Services = Depends(get_services)) -> SecretsPublic:
     """The team's secrets: names and dates."""
-    found = await asyncio.to_thread(_store(services).list, team.id)
+    try:
+        found = await asyncio.to_thread(_store(services).list, team.id)
+    except SecretError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     return SecretsPublic(data=found, count=len(found))
 
 
