@@ -114,6 +114,9 @@ class Settings(BaseSettings):
                     "workspace removed.",
     )
     mcp_max_sessions: int = Field(default=1000, gt=0, description="MCP sessions /mcp holds at once; one more is refused.")
+    mcp_max_sessions_per_team: int = Field(
+        default=100, gt=0, description="MCP sessions one team may hold open at /mcp; one more is refused (429).",
+    )
     mcp_output_file_bytes: int = Field(
         default=1024 * 1024, ge=0, le=256 * 1024**2,
         description="Bytes of one output file an MCP skill_run returns (past it the file is cut).",

@@ -106,6 +106,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     mcp = McpEndpoint(
         services, McpCaps(settings.mcp_output_file_bytes, settings.mcp_output_total_bytes),
         idle_seconds=settings.mcp_session_idle_seconds, max_sessions=settings.mcp_max_sessions,
+        team_sessions=settings.mcp_max_sessions_per_team,
     )
 
     @asynccontextmanager

@@ -3,9 +3,12 @@
 Every request (initialize, each call, the event stream, the session's DELETE) shows ``Authorization: Bearer <team
 key>``; a missing, wrong or revoked key is answered 401 before MCP sees the request, as on ``/v1``. The team the key
 names is the request's scope: its current libraries (or the server's library), the API's dispatcher, its own runs
-and workspaces. An MCP session is bound to the team that opened it (``Conversation.claim``).
+and workspaces. An MCP session answers only the team that opened it: the team is the SDK's authenticated user, and
+another team's request with the session's id is answered 404 (``Conversation.claim`` checks again on each call).
+A body that is not JSON the server can read is answered 400 with a JSON-RPC parse error.
 
-Sessions are the SDK's (``StreamableHTTPSessionManager``): at most ``max_sessions`` at once (one more is refused),
+Sessions are the SDK's (``StreamableHTTPSessionManager``): at most ``max_sessions`` at once (one more is refused
+with 503), and ``team_sessions`` of one team (one more is refused with 429, so one team cannot lock the others out),
 each ended — its runs cancelled, its workspace removed — when the client closes it (``DELETE``) or after
 ``idle_seconds`` without a request.
 """
@@ -13,12 +16,18 @@ each ended — its runs cancelled, its workspace removed — when the client clo
 from __future__ import annotations
 
 import asyncio
+import json
 from contextlib import AbstractAsyncContextManager
 
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.types import PARSE_ERROR
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
 
 from orchestrator.api.responses import error_response
 from orchestrator.api.services import Services
@@ -34,8 +43,9 @@ class McpEndpoint:
     lifetime (the API's lifespan does)."""
 
     def __init__(self, services: Services, caps: McpCaps | None = None, *, idle_seconds: float = 900,
-                 max_sessions: int = 1000) -> None:
+                 max_sessions: int = 1000, team_sessions: int = 100) -> None:
         self.services = services
+        self.team_sessions = team_sessions
         self.server = SkillMcpServer(self._scope_of, caps)
         self.sessions = StreamableHTTPSessionManager(
             self.server, session_idle_timeout=idle_seconds, max_sessions=max_sessions, json_response=True,
@@ -55,7 +65,29 @@ class McpEndpoint:
             await _refuse("invalid or revoked API key", scope, receive, send)
             return
         scope.setdefault("state", {})[TEAM_STATE_KEY] = team
+        # The team as the SDK's authenticated user: a session answers only the credential that opened it (another
+        # team's POST, GET or DELETE with its id gets 404, as if there were none).
+        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=team.id, subject=team.id, scopes=[]))
+        if scope["method"] == "POST" and MCP_SESSION_ID_HEADER not in Headers(scope=scope) and self._full(team):
+            await error_response(429, f"team {team.id} has {self.team_sessions} MCP sessions open, the most it may: "
+                                      "close one (DELETE /mcp) or wait for one to idle out",
+                                 headers={"Retry-After": "60"})(scope, receive, send)
+            return
+        if scope["method"] == "POST":
+            body = await _whole_body(receive)
+            problem = _unparsable(body)
+            if problem is not None:
+                await JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": PARSE_ERROR, "message": problem}},
+                                   status_code=400)(scope, receive, send)
+                return
+            receive = _replaying(body, receive)
         await self.sessions.handle_request(scope, receive, send)
+
+    def _full(self, team: Team) -> bool:
+        """Whether ``team`` holds ``team_sessions`` sessions already (the sessions by their opener, as the SDK
+        keeps them for its per-credential check)."""
+        owners = getattr(self.sessions, "_session_owners", {})
+        return sum(1 for owner in owners.values() if owner and owner.get("client_id") == team.id) >= self.team_sessions
 
     async def _scope_of(self, request: Request | None) -> CallerScope:
         team: Team | None = getattr(request.state, TEAM_STATE_KEY, None) if request is not None else None
@@ -67,3 +99,40 @@ class McpEndpoint:
 
 async def _refuse(detail: str, scope: Scope, receive: Receive, send: Send) -> None:
     await error_response(401, detail, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+
+
+async def _whole_body(receive: Receive) -> bytes:
+    """The request's body (the API's body limit has bounded it)."""
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(parts)
+
+
+def _unparsable(body: bytes) -> str | None:
+    """Why ``body`` is no JSON, or ``None``: a parse error the SDK would answer 500 (nesting past the parser's
+    depth, bytes that are not UTF-8, integers past Python's digit limit) is answered 400 here."""
+    try:
+        json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        return f"Parse error: the body is not JSON the server can read ({type(exc).__name__})"
+    return None
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with ``body`` handed out first, as if it had not been read."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -35,6 +35,7 @@ from orchestrator.errors import SkillError
 from orchestrator.mcp_server.content import call_result
 from orchestrator.mcp_server.conversation import Conversation, ForeignSessionError, Scope
 from orchestrator.skills.repository import BaseSkillRepository
+from orchestrator.skills.skill import SKILL_FILE
 from orchestrator.skills.tools.skill_toolset import SkillToolSet
 from orchestrator.tools.base import BaseTool
 from orchestrator.tools.function_tool import wrap_result
@@ -181,7 +182,7 @@ class SkillMcpServer(Server):
 def _page_start(cursor: str | None) -> int:
     if cursor is None:
         return 0
-    if not cursor.isdigit() or len(cursor) > 9:
+    if not (cursor.isascii() and cursor.isdecimal()) or len(cursor) > 9:
         raise McpError(types.ErrorData(code=types.INVALID_PARAMS, message=f"invalid cursor {cursor[:40]!r}"))
     return int(cursor)
 
@@ -221,7 +222,7 @@ def _read(repository: BaseSkillRepository, uri: str) -> tuple[str, str]:
     except SkillError as exc:
         raise _not_found(str(exc)) from None
     if path == "SKILL.md":
-        return (skill.path / "SKILL.md").read_text(encoding="utf-8", errors="replace"), "text/markdown"
+        return (skill.path / SKILL_FILE).read_text(encoding="utf-8", errors="replace"), "text/markdown"
     doc = skill.doc(path)
     if doc is None:
         raise _not_found(f"skill {name!r} has no doc {path!r} (docs: {', '.join(skill.doc_names) or 'none'})")

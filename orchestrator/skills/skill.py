@@ -181,8 +181,11 @@ def parse_tools(body: str) -> list[str]:
 
 
 def list_docs(skill_dir: Path) -> list[Path]:
-    """The doc files of a skill folder: every ``.md``/``.txt`` but ``SKILL.md``, hidden folders skipped."""
+    """The doc files of a skill folder: every ``.md``/``.txt`` but ``SKILL.md``, hidden folders skipped, and links
+    that lead out of the folder skipped too (a doc is read and shown to models and MCP clients: a link to a host
+    file must not make it one)."""
     found: list[Path] = []
+    inside = os.path.realpath(skill_dir)
     for dirpath, dirnames, filenames in os.walk(skill_dir):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for filename in sorted(filenames):
@@ -190,6 +193,8 @@ def list_docs(skill_dir: Path) -> list[Path]:
             if filename.startswith(".") or not filename.lower().endswith(DOC_SUFFIXES):
                 continue
             if path.parent == skill_dir and filename == SKILL_FILE:
+                continue
+            if path.is_symlink() and os.path.commonpath([inside, os.path.realpath(path)]) != inside:
                 continue
             found.append(path)
     return found
@@ -199,6 +204,9 @@ def load_skill(skill_dir: Path, root: Path) -> Skill:
     """Parse and validate the skill in ``skill_dir``; raise ``SkillValidationError`` naming file and field."""
     skill_file = skill_dir / SKILL_FILE
     path = str(skill_file)
+    inside = os.path.realpath(skill_dir)
+    if os.path.commonpath([inside, os.path.realpath(skill_file)]) != inside:
+        raise SkillValidationError(path, "file", "is a link out of the skill's folder")
     try:
         text = skill_file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

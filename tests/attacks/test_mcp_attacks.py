@@ -50,6 +50,8 @@ TOTAL_CAP = 10_000
 """SKILLRUN_MCP_OUTPUT_TOTAL_BYTES of every server here."""
 MAX_SESSIONS = 4
 """SKILLRUN_MCP_MAX_SESSIONS of the API here."""
+TEAM_SESSIONS = 3
+"""SKILLRUN_MCP_MAX_SESSIONS_PER_TEAM of the API here."""
 WORKSPACE_LIMIT = 2
 """SKILLRUN_MAX_WORKSPACES_PER_TEAM of the API here."""
 RESOURCE_NOT_FOUND = -32002
@@ -208,6 +210,7 @@ async def start_api(work_root: Path, server_library: Path, monkeypatch):
               redis_url: str | None = None) -> Api:
         for name, value in {"SKILLRUN_MCP_OUTPUT_FILE_BYTES": FILE_CAP, "SKILLRUN_MCP_OUTPUT_TOTAL_BYTES": TOTAL_CAP,
                             "SKILLRUN_MCP_MAX_SESSIONS": MAX_SESSIONS,
+                            "SKILLRUN_MCP_MAX_SESSIONS_PER_TEAM": TEAM_SESSIONS,
                             "SKILLRUN_MCP_SESSION_IDLE_SECONDS": idle_seconds}.items():
             monkeypatch.setenv(name, str(value))
         get_settings.cache_clear()
@@ -292,16 +295,12 @@ async def test_mcp_a_foreign_key_on_a_session_sees_only_its_own_library_runs_and
     secret = give_private_library(api, "alpha", shared_dir)
     session = api.open(alpha)
     assert api.run(alpha, session, "echo alpha-was-here", skill="alpha-secret")["stdout"] == "alpha-was-here\n"
-    # beta, holding alpha's session id, looks through it
-    listed = api.rpc(beta, session, "resources/list", {})
-    read = api.rpc(beta, session, "resources/read", {"uri": "skill://alpha-secret/SKILL.md"})
-    tools = api.rpc(beta, session, "tools/list", {})
-    listing = api.tool(beta, session, "skill_list", {})
-    loaded = api.tool(beta, session, "skill_load", {"skill_name": "alpha-secret"})
-    seen = json.dumps([listed, read, tools, listing, loaded])
-    assert "alpha-secret" not in json.dumps(listed) and secret not in seen
-    assert read["error"]["code"] == RESOURCE_NOT_FOUND
-    assert listing["isError"] and loaded["isError"]  # the session is alpha's: beta's calls are refused
+    # beta, holding alpha's session id, looks through it: every request is answered as if there were no session
+    for method, params in (("resources/list", {}), ("resources/read", {"uri": "skill://alpha-secret/SKILL.md"}),
+                           ("tools/list", {}), ("tools/call", {"name": "skill_load",
+                                                              "arguments": {"skill_name": "alpha-secret"}})):
+        answer = api.post(beta, session, {"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        assert answer.status_code == 404 and secret not in answer.text and "alpha-secret" not in answer.text, method
     # beta's own views of runs and workspaces show nothing of alpha's
     beta_v1 = {"Authorization": f"Bearer {beta}"}
     assert httpx.get(f"{api.base}/v1/runs", headers=beta_v1).json()["count"] == 0
@@ -309,25 +308,19 @@ async def test_mcp_a_foreign_key_on_a_session_sees_only_its_own_library_runs_and
     assert api.runs_of(alpha) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an MCP session is bound to a team only by its first tools/call (Conversation.claim in SkillMcpServer._call_tool),"
-    " not when it is opened: another team holding the session id runs commands in it first and then owns it, and the"
-    " team that opened it is refused ('belongs to another team')"))
 async def test_mcp_a_session_refuses_another_teams_tool_call_even_before_its_owner_called_a_tool(api):
     alpha, beta = api.key("alpha"), api.key("beta")
     session = api.open(alpha)
     api.rpc(alpha, session, "tools/list", {})  # what a client does first: list, no call yet
     api.rpc(alpha, session, "resources/list", {})
-    hijack = api.tool(beta, session, "skill_run", {"skill": "notes", "command": "echo hijacked"})
+    hijack = api.post(beta, session, {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                      "params": {"name": "skill_run", "arguments": {"skill": "notes",
+                                                                                    "command": "echo hijacked"}}})
     mine = api.tool(alpha, session, "skill_list", {})
-    assert hijack.get("isError") and "belongs to another team" in hijack["content"][0]["text"]
+    assert hijack.status_code == 404 and "Session not found" in hijack.text  # as if there were no such session
     assert not mine.get("isError"), mine
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DELETE /mcp with another team's key ends the session: McpEndpoint authenticates the key but never checks the"
-    " session is that team's (scope['user'] is not set, so the SDK's per-credential session owner check is off); the"
-    " owner's runs are cancelled and its workspace removed"))
 async def test_mcp_another_teams_delete_does_not_end_a_session(api):
     alpha, beta = api.key("alpha"), api.key("beta")
     session = api.open(alpha)
@@ -337,10 +330,6 @@ async def test_mcp_another_teams_delete_does_not_end_a_session(api):
     assert api.run(alpha, session, "cat $WORK_DIR/state.txt")["stdout"] == "kept\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "GET /mcp with another team's key opens the session's event stream (200 text/event-stream): the session's"
-    " server-to-client messages go to the other team, the owner's own GET is then refused as a second stream, and"
-    " the held stream keeps the session from ever idling out"))
 async def test_mcp_another_team_cannot_open_a_sessions_event_stream(api):
     alpha, beta = api.key("alpha"), api.key("beta")
     session = api.open(alpha)
@@ -383,7 +372,9 @@ async def test_mcp_resources_refuse_traversal_encoded_slashes_other_schemes_and_
     beta_session = api.open(beta)
     own = api.rpc(beta, beta_session, "resources/read", {"uri": "skill://beta-secret/SKILL.md"})
     assert beta_secret in json.dumps(own)
-    assert "error" in api.rpc(alpha, beta_session, "resources/read", {"uri": "skill://beta-secret/SKILL.md"})
+    foreign = api.post(alpha, beta_session, {"jsonrpc": "2.0", "id": 1, "method": "resources/read",
+                                              "params": {"uri": "skill://beta-secret/SKILL.md"}})
+    assert foreign.status_code == 404 and beta_secret not in foreign.text  # another team's session: none for alpha
     assert api.alive(beta)
 
 
@@ -400,10 +391,6 @@ async def test_mcp_resource_cursors_that_are_bogus_or_huge_are_refused_or_an_emp
     assert api.alive(alpha)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a cursor of Unicode digits that are not decimal ('²') passes _page_start's str.isdigit() and int() raises: the"
-    " answer is an internal error (code 0, \"invalid literal for int()\") instead of invalid params; the check"
-    " should be cursor.isascii() and cursor.isdecimal() (orchestrator/mcp_server/server.py, _page_start)"))
 async def test_mcp_a_superscript_digit_cursor_is_an_invalid_params_error(api):
     alpha = api.key("alpha")
     session = api.open(alpha)
@@ -511,11 +498,6 @@ async def test_mcp_output_files_come_back_within_the_per_file_and_total_caps(api
     assert len(answer.content) < TOTAL_CAP * 4 // 3 + 64 * 1024, len(answer.content)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the answer to skill_run is not bounded by the MCP caps: every file past output_max_files (1000) and every"
-    " refused link is one skipped_files entry with its name (up to MAX_LISTED_ENTRIES, 100,000), and the summary goes"
-    " out twice (text and structuredContent); 20,000 files with 200-character names in out/ make a ~10 MB answer"
-    " under a 10,000-byte cap (100,000 of them, ~53 MB): content.py's _run_result should cap the listing"))
 async def test_mcp_the_whole_answer_stays_near_the_caps_whatever_out_holds(api):
     alpha = api.key("alpha")
     session = api.open(alpha)
@@ -734,12 +716,6 @@ async def test_mcp_malformed_json_rpc_gets_4xx_or_json_rpc_errors_never_a_500_an
     assert "notified" not in api.run(alpha, session, "ls $WORK_DIR")["stdout"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a body Python's json cannot decode for a reason other than JSONDecodeError — nesting past the recursion limit"
-    " (RecursionError), bytes that are not UTF-8 (UnicodeDecodeError), an integer of more than 4300 digits"
-    " (ValueError) — is answered 500 'Error handling POST request' by the SDK's StreamableHTTPServerTransport"
-    " (mcp/server/streamable_http.py, _handle_post_request catches only json.JSONDecodeError), and the exception is"
-    " pushed into the session's stream"))
 @pytest.mark.parametrize("body", [
     b"[" * 200_000,
     b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "\xff\xfe"}}',
@@ -807,11 +783,6 @@ async def test_mcp_a_non_finite_timeout_is_an_error_result_not_the_default(api):
     assert "ran" not in api.run(alpha, session, "ls $WORK_DIR")["stdout"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "skill_run through MCP records a run before it is validated (InlineDispatcher.run stores it, the runtime's"
-    " validate_request then refuses it; QueueDispatcher queues it for a worker to refuse): an invalid request — a 4"
-    " MiB command over /mcp, 64 MiB over stdio — is kept as a failed run in the run store for its TTL, where /v1/runs"
-    " refuses it before anything is stored; SkillToolSet.skill_run should call validate_request before dispatching"))
 async def test_mcp_an_invalid_run_is_refused_before_it_is_recorded(api):
     alpha = api.key("alpha")
     session = api.open(alpha)
@@ -821,25 +792,23 @@ async def test_mcp_an_invalid_run_is_refused_before_it_is_recorded(api):
 
 
 async def test_mcp_one_session_past_the_cap_is_refused_with_503_and_room_frees_when_one_ends(api):
-    alpha = api.key("alpha")
-    sessions = [api.open(alpha) for _ in range(MAX_SESSIONS)]
-    refused = httpx.post(api.url, headers=Api.headers(alpha), json=initialize(), timeout=HANG_GUARD)
+    alpha, beta = api.key("alpha"), api.key("beta")
+    sessions = [api.open(alpha) for _ in range(TEAM_SESSIONS)] + [api.open(beta)]  # every slot taken
+    refused = httpx.post(api.url, headers=Api.headers(beta), json=initialize(), timeout=HANG_GUARD)
     assert refused.status_code == 503 and "mcp-session-id" not in refused.headers
-    for session in sessions:  # the open ones are unaffected
+    for session in sessions[:TEAM_SESSIONS]:  # the open ones are unaffected
         assert "result" in api.rpc(alpha, session, "ping")
-    assert api.delete(alpha, sessions.pop()).status_code == 200
-    sessions.append(api.open(alpha))
-    assert httpx.post(api.url, headers=Api.headers(alpha), json=initialize(), timeout=HANG_GUARD).status_code == 503
+    assert api.delete(alpha, sessions.pop(0)).status_code == 200
+    sessions.append(api.open(beta))
+    assert httpx.post(api.url, headers=Api.headers(beta), json=initialize(), timeout=HANG_GUARD).status_code == 503
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SKILLRUN_MCP_MAX_SESSIONS is one pool for every team (the SDK's max_sessions in McpEndpoint): one team opening"
-    " that many sessions (initialize only, each kept for SKILLRUN_MCP_SESSION_IDLE_SECONDS, 900 s, or for ever"
-    " behind an open GET stream) locks every other team out of /mcp with 503; a per-team cap is needed"))
 async def test_mcp_one_team_cannot_hold_every_session_and_lock_the_others_out(api):
     alpha, beta = api.key("alpha"), api.key("beta")
-    for _ in range(MAX_SESSIONS):
+    for _ in range(TEAM_SESSIONS):
         api.open(alpha)
+    more = httpx.post(api.url, headers=Api.headers(alpha), json=initialize(), timeout=HANG_GUARD)
+    assert more.status_code == 429 and "MCP sessions open" in more.json()["detail"] and "Retry-After" in more.headers
     answer = httpx.post(api.url, headers=Api.headers(beta), json=initialize(), timeout=HANG_GUARD)
     assert answer.status_code == 200, (answer.status_code, answer.text)
 
@@ -991,11 +960,6 @@ def stdio(server_library: Path, stdio_env: dict[str, str], shared_dir: Path):
         server.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a doc that is a symlink out of its skill folder is served: list_docs/load_skill (orchestrator/skills/skill.py)"
-    " read every *.md/*.txt with read_text(), following links, so resources/list lists skill://leaky/notes.md and"
-    " resources/read and skill_load(docs=...) return the host file it points to (a git clone of a skill repository"
-    " can carry such links); docs should be opened with O_NOFOLLOW or resolved and kept inside the skill folder"))
 async def test_stdio_a_doc_linked_to_a_host_file_is_neither_listed_read_nor_loaded(stdio, secrets):
     server = stdio()
     listed = server.request(1, "resources/list", {})

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-from mcp import ClientSession, McpError, types
+from mcp import ClientSession, McpError
 from mcp.client.streamable_http import streamable_http_client
 
 from orchestrator.dispatch import QueueDispatcher
@@ -54,18 +53,6 @@ def library_archive(skill: str) -> bytes:
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
-
-
-def rpc(url: str, key: str, session_id: str, method: str, params: dict) -> dict:
-    """One JSON-RPC request on an existing MCP session, as plain HTTP; the response's JSON-RPC message."""
-    answer = httpx.post(f"{url}/mcp", headers={"Authorization": f"Bearer {key}", "Accept": ACCEPT,
-                                                "mcp-session-id": session_id, "mcp-protocol-version": "2025-06-18"},
-                        json={"jsonrpc": "2.0", "id": 99, "method": method, "params": params}, timeout=30)
-    assert answer.status_code == 200, answer.text
-    if answer.headers["content-type"].startswith("application/json"):
-        return answer.json()
-    data = [line[5:].strip() for line in answer.text.splitlines() if line.startswith("data:")]
-    return json.loads(data[-1])
 
 
 async def test_a_team_lists_reads_and_runs_a_skill_through_the_queue_and_receives_its_file(api, work_root):
@@ -145,10 +132,12 @@ async def test_a_session_answers_only_the_team_that_opened_it(api):
     alpha, beta = new_team(services, "alpha"), new_team(services, "beta")
     async with mcp_session(url, alpha) as (session, session_id):
         await session.call_tool("skill_list", {})
-        stolen = rpc(url, beta, session_id(), "tools/call", {"name": "skill_run", "arguments": {
-            "skill": "python-math", "command": "echo hijacked"}})
-    result = types.CallToolResult.model_validate(stolen["result"])
-    assert result.isError and "belongs to another team" in result.content[0].text
+        stolen = httpx.post(f"{url}/mcp", headers={"Authorization": f"Bearer {beta}", "Accept": ACCEPT,
+                                                    "mcp-session-id": session_id(), "mcp-protocol-version": "2025-06-18"},
+                            json={"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+                                "name": "skill_run", "arguments": {"skill": "python-math", "command": "echo hijacked"}}})
+        assert (await session.call_tool("skill_list", {})).isError is False  # the owner's session goes on
+    assert stolen.status_code == 404 and "Session not found" in stolen.text
 
 
 async def test_a_run_that_times_out_comes_back_as_an_error_result_with_its_partial_output(api):

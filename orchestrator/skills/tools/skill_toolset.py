@@ -39,8 +39,11 @@ from worker.contract import WORKSPACE_ID_PATTERN, RunRequest
 from worker.errors import WorkerError
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.staging import BaseSkillStager
+from worker.validation import validate_request
 
 Mode = Literal["add", "replace", "clear"]
+SKIPPED_SHOWN = 50
+"""Refused files a tool result lists (a command can leave thousands); the rest are counted."""
 RUN_TOOL_OPTIONS = {"save_as_artifacts", "omit_inline_content", "timeout", "runtime", "limits"}
 
 
@@ -314,6 +317,7 @@ class SkillToolSet(BaseToolSet):
                 skill=ref, command=command, output_files=output_files or [], env=env or {},
                 workspace_id=workspace_id_for(tool_context.session.user_id, tool_context.session.id), **fields,
             )
+            validate_request(request)  # refused before it is recorded or queued
             # The session's user owns the run and its workspace (the team, through the API), whatever its id
             result = await self.dispatcher.run(request, owner=tool_context.session.user_id)
         except (SkillError, WorkerError) as exc:
@@ -322,5 +326,7 @@ class SkillToolSet(BaseToolSet):
             return {"error": "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())}
         answer = result.tool_result()
         if result.skipped_files:
-            answer["skipped_files"] = [s.model_dump() for s in result.skipped_files]
+            answer["skipped_files"] = [s.model_dump() for s in result.skipped_files[:SKIPPED_SHOWN]]
+            if len(result.skipped_files) > SKIPPED_SHOWN:
+                answer["skipped_files_not_shown"] = len(result.skipped_files) - SKIPPED_SHOWN
         return answer
