@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
     ("skill_envs.py", ["without", "imports", "warm", "by hand", "build", "again"], ["--builds", "1"]),
     ("blob_store.py", ["filesystem 1MiB", "s3 1MiB"], ["--sizes", "1"]),
     ("mcp_roundtrip.py", ["direct", "mcp stdio", "mcp http"], []),
+    ("fairness.py", ["B alone", "B, A floods"], ["--flood", "10"]),
 ])
 def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra, request):
     if script == "docker_run.py":
