@@ -27,7 +27,8 @@ from orchestrator.dispatch import QueueDispatcher
 from orchestrator.documents import RedisDocuments
 from orchestrator.skills.tools import workspace_id_for
 from tests.conftest import IS_ROOT, workspace_dirs
-from tests.integration.test_queue import repo, worker_env, workers  # noqa: F401 - fixtures
+from tests.integration.conftest import worker_env, workers  # noqa: F401 - fixtures
+from tests.integration.test_queue import repo  # noqa: F401 - fixtures
 from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
 from tests.orchestrator.conftest import model_server  # noqa: F401 - fixture
 from tests.orchestrator.test_api_runs import held_user_ids

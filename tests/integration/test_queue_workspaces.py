@@ -14,7 +14,7 @@ from orchestrator.dispatch import QueueDispatcher, WorkspaceConflictError
 from orchestrator.dispatch import queue as dispatch_queue
 from orchestrator.documents import RedisDocuments
 from tests.conftest import IS_ROOT, workspace_dirs
-from tests.integration.test_queue import repo, worker_env, workers  # noqa: F401 - fixtures
+from tests.integration.test_queue import repo  # noqa: F401 - fixtures
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings

@@ -15,7 +15,7 @@ from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch import QueueDispatcher, stranded
 from orchestrator.dispatch.stranded import job_id_of
-from tests.integration.test_queue import burst, repo, worker_env  # noqa: F401 (fixtures)
+from tests.integration.test_queue import burst, repo  # noqa: F401 (fixtures)
 from worker.contract import RunRequest
 from worker.nodes import worker_beat_key
 from worker.run_store import RunStatus
