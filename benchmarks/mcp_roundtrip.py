@@ -156,7 +156,7 @@ async def main() -> None:
     print(f"{'series':<12} {'median ms':>10} {'p95 ms':>8} {'ratio':>7} {'added ms':>9}  target: <= {TARGET_MS:g} ms added")
     for name, values in samples.items():
         median, p95 = summary_ms(values)
-        added = f"{median - base:>9.2f}" if name.startswith(("direct", "mcp")) else f"{'':>9}"
+        added = f"{median - base:>9.2f}" if name.startswith("mcp ") else f"{'':>9}"
         print(f"{name:<12} {median:>10.2f} {p95:>8.2f} {median / base:>7.2f} {added}")
 
 

@@ -127,7 +127,8 @@ async def test_a_run_returns_its_files_as_content_of_their_kind_and_the_workspac
         first = await session.call_tool("skill_run", {
             "skill": "files",
             "command": "echo kept > $WORK_DIR/state.txt; printf 'hello' > $OUTPUT_DIR/a.txt; "
-                       "base64 -d pixel.b64 > $OUTPUT_DIR/p.png; head -c 300 /dev/urandom > $OUTPUT_DIR/blob.bin; "
+                       "base64 -d pixel.b64 > $OUTPUT_DIR/p.png; "
+                       "printf '\\000\\377%.0s' $(seq 150) > $OUTPUT_DIR/blob.bin; "
                        "head -c 10000 /dev/zero | tr '\\0' x > $OUTPUT_DIR/big.txt",
             "output_files": ["out/*"],
         })

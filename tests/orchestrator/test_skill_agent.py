@@ -97,7 +97,7 @@ async def test_seven_skill_tools_are_declared_with_their_arguments(model_server,
         "skill_list", "skill_list_tools", "skill_load", "skill_select_tools", "skill_list_docs", "skill_select_docs", "skill_run",
     ]
     assert tools["skill_run"]["required"] == ["skill", "command"]
-    assert set(tools["skill_run"]["properties"]) == {"skill", "command", "output_files", "env", "timeout"}
+    assert set(tools["skill_run"]["properties"]) == {"skill", "command", "output_files", "env", "timeout", "secrets"}
     assert tools["skill_select_tools"]["properties"]["mode"]["enum"] == ["add", "replace", "clear"]
     assert "tool_context" not in json.dumps(tools)
 

@@ -20,7 +20,7 @@ from worker.env_names import ENV_NAME, MAX_ENV_NAME_CHARS
 from worker.errors import SecretError
 from worker.secrets import SecretInfo, SecretStore
 
-router = APIRouter(prefix="/v1/secrets", tags=["secrets"], responses=error_responses(401, 422))
+router = APIRouter(prefix="/v1/secrets", tags=["secrets"], responses=error_responses(401, 403, 422))
 
 SecretName = Path(pattern=ENV_NAME.pattern, max_length=MAX_ENV_NAME_CHARS, description="The secret's name (a shell "
                                                                                           "variable name).")
@@ -28,8 +28,8 @@ SecretName = Path(pattern=ENV_NAME.pattern, max_length=MAX_ENV_NAME_CHARS, descr
 
 def _store(services: Services) -> SecretStore:
     if services.secrets is None:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, "secrets are not set up on this server: its operator sets "
-                                                         "SKILLRUN_SECRETS_KEY")
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "secrets are off on this server: its operator sets "
+                                                       "SKILLRUN_SECRETS_KEY")
     return services.secrets
 
 
