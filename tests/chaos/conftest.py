@@ -45,6 +45,7 @@ except ImportError:  # bash .ci/setup --test installs it (the test extra)
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "skills"
+WORKER_IMAGE = "skillrun/worker:latest"
 REDIS_IMAGE = "skillrun/chaos-redis"
 LABEL = "skillrun.chaos"
 """Label of every container and network these tests make (with the test's name), to find leftovers by."""
@@ -104,6 +105,19 @@ def redis_image(docker_engine: DockerEngine) -> str:  # noqa: F811 - the importe
             with contextlib.suppress(docker.errors.APIError):
                 client.images.remove(image.id)
     return tag
+
+
+@pytest.fixture(scope="session")
+def worker_image(docker_engine: DockerEngine) -> str:  # noqa: F811 - the imported fixture
+    """``skillrun/worker:latest`` as this checkout builds it (``images/worker``), built once per test session: the
+    engine's layer cache makes that quick when nothing changed, and an image left by an older checkout (without a
+    dependency added since) is never used."""
+    try:
+        docker_engine.client.images.build(path=str(REPO), dockerfile="images/worker/Dockerfile", rm=True,
+                                          buildargs={"BASE": BASE_IMAGE}, tag=WORKER_IMAGE)
+    except (docker.errors.BuildError, docker.errors.APIError) as exc:
+        unavailable(f"could not build {WORKER_IMAGE} from images/worker: {exc}")
+    return WORKER_IMAGE
 
 
 class RedisInDocker:
@@ -200,14 +214,15 @@ def chaos_network(docker_engine, request):  # noqa: F811 - the imported fixture
         network.remove()
 
 
-def worker_container(network: Network, redis_address: str, work_root: Path, artifacts: Path, name: str):  # noqa: ANN201
-    """A queue worker in the ``skillrun/worker`` image (a testcontainers ``DockerContainer``, not started) running
-    this checkout's ``worker/`` (mounted over the image's copy), as compose runs it, with its own work root and the
-    shared artifact store at the host's paths."""
+def worker_container(image: str, network: Network, redis_address: str, work_root: Path, artifacts: Path,  # noqa: ANN201
+                     name: str):
+    """A queue worker in the ``skillrun/worker`` image (``image``: the ``worker_image`` fixture's), a testcontainers
+    ``DockerContainer``, not started, running this checkout's ``worker/`` (mounted over the image's copy), as compose
+    runs it, with its own work root and the shared artifact store at the host's paths."""
     need_testcontainers()
     mounts = [(str(REPO / "worker"), "/opt/skillrun/app/worker", "ro"), (str(LIBRARY), str(LIBRARY), "ro"),
               (str(work_root), str(work_root), "rw"), (str(artifacts), str(artifacts), "rw")]
-    container = DockerContainer("skillrun/worker:latest", volumes=mounts).with_network(network)
+    container = DockerContainer(image, volumes=mounts).with_network(network)
     container.with_envs(SKILLRUN_REDIS_URL=f"redis://{redis_address}:6379/0", SKILLRUN_WORK_ROOT=str(work_root),
                         SKILLRUN_ARTIFACTS_DIR=str(artifacts), SKILLRUN_HEARTBEAT_TTL_SECONDS=str(HEARTBEAT_TTL_SECONDS),
                         PYTHONDONTWRITEBYTECODE="1")

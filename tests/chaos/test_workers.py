@@ -102,12 +102,13 @@ async def test_workers_sigkilled_during_50_runs_lose_none_and_double_none(redis_
 
 @pytest.mark.docker
 async def test_a_worker_partitioned_mid_run_and_healed_after_its_run_was_retried_elsewhere_overwrites_nothing(
-        docker_engine, chaos_network, redis_containers, workers, work_root, shared_dir, request):
+        docker_engine, chaos_network, redis_containers, workers, work_root, shared_dir, request, worker_image):
     server = redis_containers(persistent=False, network=chaos_network)
     far_root, artifacts = shared_dir / "container-work", shared_dir / "artifacts"
     far_root.mkdir(mode=0o755)
     artifacts.mkdir(mode=0o755)
-    far = worker_container(chaos_network, server.address_on(chaos_network), far_root, artifacts, request.node.name)
+    far = worker_container(worker_image, chaos_network, server.address_on(chaos_network), far_root, artifacts,
+                           request.node.name)
     dispatcher = QueueDispatcher(server.url(), max_attempts=2)
     dispatcher.start()  # its lost-run sweep
     far.start()
