@@ -55,7 +55,7 @@ def build_services(settings: Settings) -> Services:
     repository = create_default_skill_repository(settings.skills_roots(), use_cached_repository=True)
     documents = create_documents(settings)
     dispatcher, artifacts = dispatcher_for(settings)
-    secret_store = secret_store_for(settings)
+    secret_store = getattr(dispatcher, "secrets", None) or secret_store_for(settings)  # the inline runs' own
     if secret_store.box is None and secret_store.any_stored():
         raise SecretError("secrets are stored but SKILLRUN_SECRETS_KEY is not set: start the API with the key they "
                           "were stored with")

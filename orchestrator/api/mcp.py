@@ -55,7 +55,8 @@ class McpEndpoint:
         return self.sessions.run()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        authorization = Headers(scope=scope).get("authorization", "")
+        headers = Headers(scope=scope)
+        authorization = headers.get("authorization", "")
         kind, _, key = authorization.partition(" ")
         if kind.lower() != "bearer" or not key.strip():
             await _refuse("missing API key: send 'Authorization: Bearer <key>'", scope, receive, send)
@@ -68,7 +69,7 @@ class McpEndpoint:
         # The team as the SDK's authenticated user: a session answers only the credential that opened it (another
         # team's POST, GET or DELETE with its id gets 404, as if there were none).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=team.id, subject=team.id, scopes=[]))
-        if scope["method"] == "POST" and MCP_SESSION_ID_HEADER not in Headers(scope=scope) and self._full(team):
+        if scope["method"] == "POST" and MCP_SESSION_ID_HEADER not in headers and self._full(team):
             await error_response(429, f"team {team.id} has {self.team_sessions} MCP sessions open, the most it may: "
                                       "close one (DELETE /mcp) or wait for one to idle out",
                                  headers={"Retry-After": "60"})(scope, receive, send)

@@ -91,7 +91,8 @@ class InlineDispatcher(BaseDispatcher):
         held = Attempt.of(record)
         redactor = Redactor({})
         try:
-            redactor = await asyncio.to_thread(attach_secrets, request, self.secrets, record.owner)
+            if self.secrets is not None or request.secrets:  # a read of the team's secrets (a file, Redis)
+                redactor = await asyncio.to_thread(attach_secrets, request, self.secrets, record.owner)
             result = await runtime.run(request, allow_host_paths=trusted)
         except Exception as exc:  # bad input, an unusable runtime, a secret not there: the run fails with the reason
             said = f"{type(exc).__name__}: {exc}"

@@ -38,9 +38,9 @@ from worker.workspace import Workspace, WorkspaceManager
 
 COPY_CHUNK_BYTES = 1024 * 1024
 MAX_REMEMBERED_WORKSPACES = 4096
+"""Workspaces whose reuse a runtime remembers (a reused workspace gets spare run folders, and maybe a spawner)."""
 AFTER_RESULT_SECONDS = 0.002
 """How long after a run's result its housekeeping begins: time for the result to reach the caller's caller."""
-"""Workspaces whose reuse a runtime remembers (a reused workspace gets spare run folders, and maybe a spawner)."""
 
 
 class HostWorkspaceRuntime(BaseWorkspaceRuntime):
