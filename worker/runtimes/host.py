@@ -39,8 +39,6 @@ from worker.workspace import Workspace, WorkspaceManager
 COPY_CHUNK_BYTES = 1024 * 1024
 MAX_REMEMBERED_WORKSPACES = 4096
 """Workspaces whose reuse a runtime remembers (a reused workspace gets spare run folders, and maybe a spawner)."""
-AFTER_RESULT_SECONDS = 0.002
-"""How long after a run's result its housekeeping begins: time for the result to reach the caller's caller."""
 
 
 class HostWorkspaceRuntime(BaseWorkspaceRuntime):
@@ -67,7 +65,6 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         # Housekeeping off the runs' path, one job at a time; its thread starts with the first job.
         self._housekeeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillrun-housekeeping")
         self._background: set[Future] = set()
-        self._after_results: set[asyncio.TimerHandle] = set()
         self._lock = threading.Lock()
 
     @property
@@ -83,21 +80,9 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
                 result = await self._run(request, cancel)
         finally:
             self._cancels.pop(request.run_id, None)
-        # Once the result is on its way — through the caller's tasks and streams too (a dispatcher's task, an MCP
-        # server's response writer): the housekeeping, and the thread it wakes, contend for the interpreter.
-        self._after_result(self._prepare_next_run, request.workspace_id)
+        # Once the result is on its way: the housekeeping thread, woken by the job, contends for the interpreter.
+        asyncio.get_running_loop().call_soon(self._prepare_next_run, request.workspace_id)
         return result
-
-    def _after_result(self, work: Callable[..., object], *args: object) -> None:
-        """Call ``work(*args)`` on this loop shortly after a run's result has been handed back (``idle`` waits
-        for it; ``close`` drops it)."""
-
-        def call() -> None:
-            self._after_results.discard(handle)
-            work(*args)
-
-        handle = asyncio.get_running_loop().call_later(AFTER_RESULT_SECONDS, call)
-        self._after_results.add(handle)
 
     @contextlib.asynccontextmanager
     async def _holding_root(self, request: RunRequest) -> AsyncIterator[None]:
@@ -301,17 +286,13 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
 
     async def idle(self) -> None:
         """Wait until background housekeeping (spare run folders) is done."""
-        while self._after_results:  # the housekeeping asked for as the last runs' results went out
-            await asyncio.sleep(AFTER_RESULT_SECONDS)
+        await asyncio.sleep(0)  # the jobs asked for as the last runs' results went out are handed over
         if self._background:
             await asyncio.gather(*(asyncio.wrap_future(job) for job in list(self._background)), return_exceptions=True)
 
     async def close(self) -> None:
         for cancel in self._cancels.values():
             cancel.set()
-        for handle in self._after_results:
-            handle.cancel()
-        self._after_results.clear()
         await self.idle()
         self._housekeeper.shutdown(wait=False)
         await asyncio.to_thread(self.environments.close)

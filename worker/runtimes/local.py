@@ -380,10 +380,10 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
     async def idle(self) -> None:
         """Wait until background work is done: spare run folders, the ready shells being started, and the last runs'
         control groups, handed back once their processes are gone."""
-        await super().idle()  # first: the next ready shells are asked for shortly after the last runs' results
+        await asyncio.sleep(0)  # the next ready shells, asked for as the last runs ended, are under way
         if self._placements or self._endings:
             await asyncio.gather(*self._placements, *self._endings, return_exceptions=True)
-        await super().idle()  # spare run folders asked for since
+        await super().idle()
         with self._lock:
             shells = [spawner.waiting_shell for spawner in self._spawners.values()]
         for shell in shells:
