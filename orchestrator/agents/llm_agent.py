@@ -100,6 +100,8 @@ class LlmAgent(BaseAgent):
                 parallel_tool_calls=self.parallel_tool_calls,
                 stream=self.stream,
             )
+            for tool in tools.values():
+                await tool.process_request(tool_context=ctx, llm_request=request)
             if self.skill_options.load_mode is SkillLoadMode.ONCE:
                 consume_once(ctx.temp_state)
             response = await _call(self.before_model_callback, ctx, request)

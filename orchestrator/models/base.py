@@ -22,6 +22,12 @@ class LlmRequest:
     parallel_tool_calls: bool = True
     stream: bool = True
 
+    def append_instructions(self, instructions: list[str]) -> None:
+        """Add paragraphs to the system instruction (tools do this in ``process_request``)."""
+        text = "\n\n".join(i for i in instructions if i)
+        if text:
+            self.system_instruction = f"{self.system_instruction}\n\n{text}" if self.system_instruction else text
+
 
 @dataclass
 class LlmResponse:

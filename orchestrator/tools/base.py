@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.context import InvocationContext
+
+if TYPE_CHECKING:  # annotations only: importing the models package would load the model SDK
+    from orchestrator.models.base import LlmRequest
 
 
 class BaseTool(ABC):
@@ -31,6 +34,10 @@ class BaseTool(ABC):
     def declaration(self) -> dict[str, Any]:
         """The function declaration sent to the model."""
         return {"name": self.name, "description": self.description, "parameters": self.parameters_schema()}
+
+    async def process_request(self, *, tool_context: InvocationContext, llm_request: "LlmRequest") -> None:
+        """Adjust a model request this tool is declared in before it is sent (add instructions, say); by default
+        nothing."""
 
     async def run_async(self, *, tool_context: InvocationContext, args: dict[str, Any]) -> Any:
         return await self._run_async_impl(tool_context=tool_context, args=args)
