@@ -41,6 +41,10 @@ AfterModel = Callable[[InvocationContext, LlmResponse], Any]
 BeforeTool = Callable[[BaseTool, dict, InvocationContext], Any]
 AfterTool = Callable[[BaseTool, dict, InvocationContext, dict], Any]
 
+RETRY_MODEL_CALL = object()
+"""An after-model callback returns this to drop the answer (it is neither yielded nor stored) and call the model
+again in the same invocation; the retry counts toward ``max_steps`` (the goal tools' enforcement uses it)."""
+
 
 class LlmAgent(BaseAgent):
     """An agent driven by a chat model."""
@@ -122,6 +126,8 @@ class LlmAgent(BaseAgent):
                     yield Event(author=self.name, error_code="model_error", error_message="the model sent no answer")
                     return
             replaced = await _call(self.after_model_callback, ctx, response)
+            if replaced is RETRY_MODEL_CALL:
+                continue
             response = replaced if replaced is not None else response
             content = response.content or Content(role="model", parts=[])
             yield Event(author=self.name, content=content, usage=response.usage)
