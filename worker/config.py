@@ -95,6 +95,12 @@ class WorkerSettings(BaseSettings):
                                 "items (port 443 unless given), separated by commas; each must resolve to public "
                                 "addresses only (the index's host alone may be private).",
     )
+    egress_pinned_hosts: str = Field(
+        default="", description="For tests and private deployments only: name=address items (comma-separated) that "
+                                "egress proxies (builds' and runs') connect to for these names instead of resolving "
+                                "them, the address trusted even if private. A name must still be on the sandbox's "
+                                "allow-list. Empty (the default): every name is resolved and must be public.",
+    )
     env_ca_bundle: str | None = Field(
         default_factory=lambda: DEFAULT_CA_BUNDLE if os.path.isfile(DEFAULT_CA_BUNDLE) else None,
         description="CA bundle environment builds trust for the index (where TLS is intercepted, the one that "

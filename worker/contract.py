@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from worker import defaults
+from worker.egress.entries import MAX_ENTRIES, parse_entries
 from worker.env_names import env_name_problem
 from worker.runtime_name import RuntimeName
 
@@ -132,6 +133,12 @@ class RunRequest(BaseModel):
         description="Names of the team's secrets to give the command as environment variables; each must be declared "
                     "by the skill (metadata.secrets). Their values never appear in the run's output.",
     )
+    egress: list[str] = Field(
+        default_factory=list, max_length=MAX_ENTRIES,
+        description="The hosts the command may reach through the worker's egress proxy (host or *.domain, :port; "
+                    "443 unless given), its only way out. Set by the control plane, never by an API caller: the "
+                    "entries both the skill declares (metadata.egress) and the run's team allows. Empty: no network.",
+    )
     keep_workspace: bool = Field(
         default=True,
         description="Keep the workspace once the run's result is stored (default: kept when the caller named a "
@@ -172,6 +179,17 @@ class RunRequest(BaseModel):
             raise ValueError("a secret is named twice")
         return names
 
+    @field_validator("egress")
+    @classmethod
+    def _egress_entries(cls, entries: list[str]) -> list[str]:
+        return [str(entry) for entry in parse_entries(entries, "a run's egress allow-list")]
+
+    @model_validator(mode="after")
+    def _egress_alone(self) -> RunRequest:
+        if self.egress and self.network:
+            raise ValueError("a run with an egress allow-list reaches those hosts alone: it cannot ask for network too")
+        return self
+
     @field_validator("workspace_id")
     @classmethod
     def _valid_workspace_id(cls, value: str) -> str:
@@ -205,6 +223,13 @@ class SkippedFile(BaseModel):
     """A path an output glob matched that was refused, and why."""
 
     name: str
+    reason: str
+
+
+class EgressRefusal(BaseModel):
+    """A connection a run's egress proxy refused: where to (``host:port``, or what was asked) and why."""
+
+    destination: str
     reason: str
 
 
@@ -243,6 +268,9 @@ class RunResult(BaseModel):
     skipped_files: list[SkippedFile] = Field(default_factory=list)
     oom_killed: bool = False
     timings: RunTimings = Field(default_factory=RunTimings)
+    egress_refused: int = Field(default=0, description="Connections the run's egress proxy refused (all counted).")
+    egress_refusals: list[EgressRefusal] = Field(
+        default_factory=list, description="The first refused connections (at most 50): destination and reason.")
 
     def tool_result(self) -> dict:
         """The guide's ``WorkspaceRunResult`` shape, as the ``skill_run`` tool returns it to a model."""

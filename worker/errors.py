@@ -14,6 +14,7 @@ Every error the worker raises descends from one root::
     ├── CgroupError              a run's control group could not be made or used
     ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
     ├── SecretError              a team secret cannot be stored, found or decrypted (the operator key is missing or wrong)
+    ├── EgressError              an egress allow-list entry is malformed, too broad or private
     ├── ArtifactError            an artifact cannot be stored or read
     │   └── BlobStoreError       the blob store (S3) refused a request or could not be reached
     └── SkillRootError           a skills root URL cannot be fetched (also a RuntimeError, as the guide says)
@@ -94,3 +95,7 @@ class SpawnerError(WorkerError):
 
 class SecretError(WorkerError):
     """A team secret cannot be stored, found or decrypted; the message says what to do."""
+
+
+class EgressError(WorkerError, ValueError):
+    """An egress allow-list entry is malformed, too broad (an address range, ``*``) or private (``localhost``)."""

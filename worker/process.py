@@ -26,6 +26,7 @@ from worker import defaults
 from worker.cancellation import Cancellation
 from worker.cgroups import RunCgroup
 from worker.contract import RunLimits
+from worker.egress.proxy import Refusals
 from worker.errors import RuntimeUnavailableError
 from worker.fdwait import wait_readable
 from worker.launcher import Launcher
@@ -67,6 +68,8 @@ class ProcessOutcome:
     gives the held sandbox up)."""
     via: str = ""
     """How the command reached its sandbox, where a runtime has more than one way (``RunTimings.exec_via``)."""
+    egress: Refusals | None = None
+    """For a run with an egress allow-list: what its proxy refused (``worker.egress.proxy.Refusals``)."""
 
 
 SETPRIV_HARDENING = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all")

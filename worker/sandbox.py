@@ -22,7 +22,7 @@ blocked (``--block-fd``) and reports its init's pid and namespaces (``--json-sta
 the sandbox into the run's control group, and connect its network, before anything of the run executes
 (``release``); a served sandbox (``SandboxSpec.served``) gets a network namespace of its own with nothing but
 loopback, which the caller's server serves there instead (``served_by``: a build step's sandbox gets a listening
-socket of the worker's on its loopback, its only way out, to the package index: ``worker.environments.egress``).
+socket of the worker's on its loopback, its only way out, to the package index: ``worker.egress.proxy``).
 On the same pipe bwrap later says how the command ended (``SandboxStart.exit_code``), as soon as its init has
 reaped it: the caller need not wait for bwrap's own processes to end and the namespaces to be torn down.
 

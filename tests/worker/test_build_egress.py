@@ -1,4 +1,4 @@
-"""A build's way out (``worker.environments.egress``): the allow-list proxy on its own, then real builds behind it.
+"""A build's way out (``worker.egress.proxy``): the allow-list proxy on its own, then real builds behind it.
 
 The proxy is driven first over a listener on this host's loopback (no root needed): what it tunnels and forwards,
 what it refuses and that the refusal is its own, how many connections it serves at once, when it ends them. Then
@@ -19,9 +19,9 @@ import pytest
 from tests.conftest import IS_ROOT, write_skill
 from tests.integration.conftest import docker_engine  # noqa: F401 - the Docker tests' engine fixture
 from tests.package_index import PackageIndex, host_address, sdist
+from worker.egress.policy import PYPI_HOSTS, AllowList
+from worker.egress.proxy import MAX_CONNECTIONS, EgressProxy
 from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, local_target
-from worker.environments.egress import MAX_CONNECTIONS, EgressProxy
-from worker.environments.egress_policy import PYPI_HOSTS, AllowList
 from worker.environments.steps import SandboxSteps
 from worker.errors import DependencyError
 

@@ -5,7 +5,7 @@ outcome means; a step runner decides only where one ``uv`` command runs and how 
 is treated like a run (it runs code from the package index): its own unprivileged user, an environment made from
 scratch, nothing of the host but the build's folder, the ``uv`` binary and the CA bundle, a memory and a process
 limit, stopped at its timeout or when cancelled. Unlike a run, it may reach the package index, and nothing else:
-through the worker's allow-list proxy (``worker.environments.egress``), its only way out.
+through the worker's allow-list proxy (``worker.egress.proxy``), its only way out.
 
 ``SandboxSteps`` runs a step on this host: as the build's sandbox user in bubblewrap and a control group of its
 own, in a network namespace of its own served by the proxy (root hosts), or as the current user where the host has no
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupLimits, CgroupTree, RunCgroup
-from worker.environments.egress import EgressProxy, proxy_environment
-from worker.environments.egress_policy import AllowList
+from worker.egress.policy import AllowList
+from worker.egress.proxy import EgressProxy, proxy_environment
 from worker.environments.target import Target
 from worker.errors import CgroupError, DependencyError
 from worker.process import ProcessOutcome, run_process

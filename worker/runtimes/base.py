@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 from worker import defaults
 from worker.collect import Collection
-from worker.contract import InputFile, RunRequest, RunResult, RuntimeName, RunTimings
+from worker.contract import EgressRefusal, InputFile, RunRequest, RunResult, RuntimeName, RunTimings
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
 from worker.process import ProcessOutcome
 
@@ -93,6 +93,9 @@ def run_result(
         stderr_truncated=outcome.stderr_omitted > 0,
         skipped_files=collection.skipped,
         oom_killed=outcome.oom_killed,
+        egress_refused=outcome.egress.count if outcome.egress is not None else 0,
+        egress_refusals=[EgressRefusal(destination=where, reason=why) for where, why in outcome.egress.listed]
+        if outcome.egress is not None else [],
         timings=RunTimings(
             stage_ms=_ms(staged - started), exec_ms=_ms(executed - staged),
             collect_ms=_ms(finished - executed), total_ms=_ms(finished - started), exec_via=outcome.via[:1000],

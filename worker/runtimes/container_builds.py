@@ -14,11 +14,10 @@ naming the bundle) and nothing else of the host. At its timeout or on cancel the
 with everything in it; a coreutils ``timeout`` inside stops it too should the worker die first, and containers such
 a worker left are removed by the next runner.
 
-Its way out is the worker's allow-list proxy (``worker.environments.egress``), served for the step on a unix
-socket the worker makes in the build folder. In the container a relay (``RELAY``, the image's ``python3``) listens
-on the loopback port ``HTTPS_PROXY`` names, starts ``uv`` and carries each connection to that socket. The relay is
-no guard (it runs as the build's user, which may kill or bypass it and reach the socket itself): the proxy is. It
-needs no more of the engine than the build folder's bind mount does (no host PID namespace, no root worker).
+Its way out is the worker's allow-list proxy (``worker.egress.proxy``), served for the step on a unix
+socket the worker makes in the build folder, reached through the relay of ``worker.egress.relay`` (as runs with
+an egress allow-list reach theirs). It needs no more of the engine than the build folder's bind mount does (no host
+PID namespace, no root worker).
 
 ``docker_environments`` puts them together with the environment store into the runtime's ``SkillEnvironments``.
 """
@@ -29,7 +28,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -42,9 +40,10 @@ from docker.types import LogConfig
 from worker import defaults
 from worker.cancellation import Cancellation
 from worker.config import get_worker_settings
+from worker.egress.policy import AllowList
+from worker.egress.proxy import PROXY_PORT, EgressProxy, proxy_environment
+from worker.egress.relay import RELAY, listen_in_folder
 from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, build_settings
-from worker.environments.egress import BACKLOG, PROXY_PORT, EgressProxy, proxy_environment
-from worker.environments.egress_policy import AllowList
 from worker.environments.steps import BUILD_PROCESSES, OUTPUT_BYTES, StepRunner, installed_uv
 from worker.environments.target import PROBE, Target
 from worker.errors import DependencyError
@@ -71,50 +70,6 @@ LEFTOVER_SECONDS = 600.0
 """A build container stopped this long ago is a dead worker's leftover (a live one removes its own at once)."""
 TARGET_REFRESH_SECONDS = 30.0
 """How long the sandbox image's id is trusted before it is looked up again (an image built anew under its tag)."""
-RELAY = r"""
-import socket, subprocess, sys, threading
-path, port, command = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-listener = socket.socket()
-listener.bind(("127.0.0.1", port))
-listener.listen(64)
-
-def pipe(source, sink):
-    try:
-        data = source.recv(65536)
-        while data:
-            sink.sendall(data)
-            data = source.recv(65536)
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-
-def serve(client):
-    with client, socket.socket(socket.AF_UNIX) as proxy:
-        try:
-            proxy.connect(path)
-        except OSError:
-            return
-        back = threading.Thread(target=pipe, args=(proxy, client), daemon=True)
-        back.start()
-        pipe(client, proxy)
-        back.join()
-
-def accept():
-    while True:
-        client, _ = listener.accept()
-        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=serve, args=(client,), daemon=True).start()
-
-threading.Thread(target=accept, daemon=True).start()
-code = subprocess.call(command)
-sys.exit(128 - code if code < 0 else code)
-"""
-"""Run in the build container as ``python3 -I -c RELAY <socket> <port> uv <args>``: listens on the loopback port,
-runs the command, relays each connection to the proxy's unix socket (named relative to the build folder, its
-working folder: a socket's path may not be longer than 107 bytes), and exits as the command did. Its connections
-are TCP_NODELAY, as the proxy's are: a small reply held back for the client's delayed ACK costs a build ~80 ms."""
-
-
 class DockerTargets:
     """The Docker runtime's target (call it): the sandbox image's ``python3``, its id looked up at most every
     ``TARGET_REFRESH_SECONDS`` and its interpreter probed once per id. Safe to call from any thread; a caller on an
@@ -187,7 +142,7 @@ class ContainerSteps(StepRunner):
         proxy = EgressProxy(AllowList.for_step(env, self.allowed_hosts))
         name = f".skillrun-egress-{secrets.token_hex(6)}.sock"
         try:
-            proxy.serve(await asyncio.to_thread(_listen_in_folder, folder, name, uid))
+            proxy.serve(await asyncio.to_thread(listen_in_folder, folder, name, uid))
             container = await asyncio.to_thread(self._start, folder, uid, args, env, target, timeout, name)
             try:
                 state = await self._wait(container, started + timeout, cancel)
@@ -275,25 +230,6 @@ class ContainerSteps(StepRunner):
                 finished = client.api.inspect_container(summary["Id"])["State"]["FinishedAt"]
                 if time.time() - engine_time(finished) > LEFTOVER_SECONDS:
                     client.api.remove_container(summary["Id"], force=True)
-
-
-def _listen_in_folder(folder: Path, name: str, uid: int | None) -> socket.socket:
-    """A unix socket listening at ``folder/name``, which the build's user ``uid`` may connect to. Bound through
-    the folder's descriptor (the folder's own path may be longer than a socket's may be); nothing of the build runs
-    between steps, so nothing can be swapped in meanwhile, and the chown does not follow links anyway."""
-    directory = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(f"/proc/self/fd/{directory}/{name}")
-        if uid is not None:
-            os.chown(name, uid, uid, dir_fd=directory, follow_symlinks=False)
-        listener.listen(BACKLOG)
-    except BaseException:
-        listener.close()
-        raise
-    finally:
-        os.close(directory)
-    return listener
 
 
 def docker_environments(default_root: Path, client: Client, targets: DockerTargets,

@@ -2,7 +2,7 @@
 
 A build step's sandbox has a network namespace of its own with nothing but loopback (no route out); its way to the
 package index is a socket the worker listens on inside it and serves from its own network
-(``worker.environments.egress``). A socket belongs to the namespace it was made in, wherever it is used from, so
+(``worker.egress.proxy``). A socket belongs to the namespace it was made in, wherever it is used from, so
 making it takes a thread of the worker in that namespace for a moment. That thread is one of its own, which ends
 after: nothing else of the worker ever runs in a sandbox's namespace, even should leaving it fail.
 

@@ -1,8 +1,9 @@
-"""What a build may ask of its egress proxy (``worker.environments.egress``): the allow-list of hosts it may reach,
+"""What a sandbox may ask of its egress proxy (``worker.egress.proxy``): the allow-list of hosts it may reach,
 and the request heads the proxy reads, with the refusals it answers.
 
-The allow-list (``AllowList``) is made per step from the index the step's environment names (``INDEX_VARIABLE``;
-PyPI's two hosts without it) and the operator's ``SKILLRUN_ENV_ALLOWED_HOSTS``. A request head (``Request``) is
+The allow-list (``AllowList``) of a build step is made per step from the index the step's environment names
+(``INDEX_VARIABLE``; PyPI's two hosts without it) and the operator's ``SKILLRUN_ENV_ALLOWED_HOSTS``; a run's from
+the entries its request carries (``worker.egress.entries.run_allow_list``), wildcards (``*.example.com``) included. A request head (``Request``) is
 either ``CONNECT host:port`` or a plain-HTTP ``GET``/``HEAD`` with an absolute ``http://`` URI and no body;
 anything else is ``Refused`` with an HTTP status and a reason the build's own error message will show.
 """
@@ -32,10 +33,19 @@ Address = tuple[str, int]
 
 @dataclass(frozen=True)
 class AllowList:
-    """The hosts and ports a build may reach; those of ``index`` (the index's own) may have private addresses."""
+    """The hosts and ports a sandbox may reach: ``hosts`` by name, and every name under a ``suffixes`` entry
+    (``(".example.com", 443)`` for ``*.example.com``); those of ``index`` (a build's index) may have private
+    addresses. ``hint`` ends a refusal's message: what the sandbox may reach, and who may change it."""
 
     hosts: frozenset[Address]
     index: frozenset[Address]
+    suffixes: frozenset[Address] = frozenset()
+    hint: str = ""
+
+    def allows(self, destination: Address) -> bool:
+        host, port = destination
+        return destination in self.hosts or any(
+            port == allowed and host.endswith(suffix) for suffix, allowed in self.suffixes)
 
     @classmethod
     def for_step(cls, env: Mapping[str, str], allowed_hosts: str | None = None) -> AllowList:
@@ -71,7 +81,12 @@ class AllowList:
         return cls(frozenset(extra | {index}), frozenset({index}))
 
     def describe(self) -> str:
-        return ", ".join(sorted(f"{host}:{port}" for host, port in self.hosts))
+        return ", ".join(sorted([f"{host}:{port}" for host, port in self.hosts]
+                                + [f"*{suffix}:{port}" for suffix, port in self.suffixes]))
+
+    def refusal_hint(self) -> str:
+        return self.hint or (f"A build reaches only its package index ({self.describe()}); an operator may allow "
+                             f"more hosts with {ALLOWED_HOSTS_SETTING}.")
 
 
 def split_authority(text: str, default_port: int | None) -> Address:
@@ -96,14 +111,15 @@ def split_authority(text: str, default_port: int | None) -> Address:
 class Refused(Exception):
     """A request the proxy does not carry out: the HTTP status it answers with, and why."""
 
-    def __init__(self, status: int, reason: str, why: str) -> None:
+    def __init__(self, status: int, reason: str, why: str, destination: str = "") -> None:
         super().__init__(why)
         self.status = status
         self.reason = reason
+        self.destination = destination
+        """What was asked for (``host:port``, or the request's target), where the request got that far."""
 
     def response(self, allowed: AllowList) -> bytes:
-        body = (f"skillrun: {self}. A build reaches only its package index ({allowed.describe()}); an operator may "
-                f"allow more hosts with {ALLOWED_HOSTS_SETTING}.\n").encode()
+        body = f"skillrun: {self}. {allowed.refusal_hint()}\n".encode()
         return (f"HTTP/1.1 {self.status} {self.reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
                 f"Connection: close\r\n\r\n").encode() + body
 

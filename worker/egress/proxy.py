@@ -1,18 +1,22 @@
-"""A build's only way out: an allow-list HTTP proxy the worker serves on the loopback of the build's sandbox.
+"""A sandbox's only way out: an allow-list HTTP proxy the worker serves on the loopback of the sandbox.
+
+Build steps use it to reach the package index (below), and runs whose request carries an egress allow-list
+(``RunRequest.egress``, ``worker.egress.entries``) to reach those hosts: the same proxy, the same checks, the
+run's allow-list instead of the index's; each refusal is counted and listed (``refusals``) in the run's result.
 
 A build step runs untrusted code (a source distribution's build backend), so it runs with the isolation of a run
 except that it may reach the package index: the index, nothing else (not the worker's Redis, not the other hosts of
 the private network, not cloud metadata). Its sandbox has a network namespace of its own with nothing but loopback
 (``SandboxSpec.served``): no route, no DNS, and no capability to change that. Before the sandbox runs
 (``SandboxStart.release``, through ``served_by``) the worker places a listening socket on ``127.0.0.1:3128`` there
-(``worker.environments.namespace_listener``) and serves it from its own network (``EgressProxy``); ``HTTPS_PROXY``
+(``worker.egress.listener``) and serves it from its own network (``EgressProxy``); ``HTTPS_PROXY``
 and its kin in the step's environment point uv at it. (The Docker runtime's build containers reach it through a
 unix socket instead: ``worker.runtimes.container_builds``.)
 
 What passes: ``CONNECT host:port`` (a tunnel; TLS stays end to end, uv checks the index's certificate with its own
 CA bundle) and plain-HTTP ``GET``/``HEAD`` requests with an absolute URI (an ``http://`` index), when ``host:port``
 is on the allow-list (``AllowList``): the index's host and port (PyPI's two hosts by default) and the operator's
-``SKILLRUN_ENV_ALLOWED_HOSTS`` (both in ``worker.environments.egress_policy``). The proxy resolves the name itself, once per step, and connects to an address it
+``SKILLRUN_ENV_ALLOWED_HOSTS`` (both in ``worker.egress.policy``). The proxy resolves the name itself, once per step, and connects to an address it
 got: for the index's hosts whatever the worker's resolver says (the operator chose the index, and the network's
 DNS may well lead it to a private mirror or an intercepting gateway), for the other hosts public addresses only
 (``worker.addresses``), so such a name that resolves to a private address, now or on a second lookup (DNS
@@ -33,8 +37,9 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from worker.addresses import public_addresses, resolve
-from worker.environments.egress_policy import Address, AllowList, Refused, Request, split_authority
-from worker.environments.namespace_listener import listen_inside
+from worker.config import get_worker_settings
+from worker.egress.listener import listen_inside
+from worker.egress.policy import Address, AllowList, Refused, Request, split_authority
 from worker.errors import SandboxError, SkillRootError
 
 logger = logging.getLogger(__name__)
@@ -50,22 +55,55 @@ HEAD_SECONDS = 10.0
 CONNECT_SECONDS = 15.0
 IDLE_SECONDS = 120.0
 CLOSE_SECONDS = 5.0
+MAX_REFUSALS_LISTED = 50
+"""Refusals listed in a run's result (all are counted)."""
 
 Reader, Writer = asyncio.StreamReader, asyncio.StreamWriter
 
 
-def proxy_environment() -> dict[str, str]:
-    """What a step's environment gets for uv (and the build backends it runs) to go through the proxy."""
-    return {"HTTPS_PROXY": PROXY_URL, "HTTP_PROXY": PROXY_URL, "ALL_PROXY": PROXY_URL}
+def proxy_environment(url: str = PROXY_URL) -> dict[str, str]:
+    """What a sandbox's environment gets for its programs to go through the proxy (each name in both cases: curl
+    reads only the lowercase ``http_proxy``, Python and uv either)."""
+    names = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+    return {**{name: url for name in names}, **{name.lower(): url for name in names}}
+
+
+def pinned_hosts(text: str | None = None) -> dict[str, str]:
+    """The operator's ``SKILLRUN_EGRESS_PINNED_HOSTS`` (``name=address`` items) as a mapping; ``ValueError`` for a
+    bad item."""
+    text = get_worker_settings().egress_pinned_hosts if text is None else text
+    pinned = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, address = item.partition("=")
+        if not equals or not name.strip() or not address.strip():
+            raise ValueError(f"SKILLRUN_EGRESS_PINNED_HOSTS: {item!r} is not name=address")
+        pinned[name.strip().lower().rstrip(".")] = address.strip()
+    return pinned
+
+
+class Refusals:
+    """What a proxy refused: every refusal counted, the first ``MAX_REFUSALS_LISTED`` listed (destination, reason:
+    a run's ``RunResult.egress_refusals``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.listed: list[tuple[str, str]] = []
+
+    def add(self, refused: Refused) -> None:
+        self.count += 1
+        if len(self.listed) < MAX_REFUSALS_LISTED:
+            self.listed.append((refused.destination[:300], str(refused)[:500]))
 
 
 class EgressProxy:
     """One build step's proxy (see the module's description), from its first listener to ``close``."""
 
     def __init__(self, allowed: AllowList, *, max_connections: int = MAX_CONNECTIONS,
-                 idle_seconds: float = IDLE_SECONDS) -> None:
+                 idle_seconds: float = IDLE_SECONDS, pinned: dict[str, str] | None = None) -> None:
         self.allowed = allowed
         self.idle_seconds = idle_seconds
+        self.pinned = pinned_hosts() if pinned is None else pinned
+        self.refusals = Refusals()
         self._slots = asyncio.Semaphore(max_connections)
         self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task] = set()
@@ -80,7 +118,7 @@ class EgressProxy:
             raise
         except OSError as exc:
             raise SandboxError(
-                f"the build's way to the package index could not be set up in its sandbox ({exc.strerror or exc}): "
+                f"the sandbox's egress proxy could not be set up in it ({exc.strerror or exc}): "
                 "the worker must run as root with CAP_SYS_ADMIN (in a container: --cap-add SYS_ADMIN)"
             ) from exc
         self.serve(listener)
@@ -109,7 +147,7 @@ class EgressProxy:
     def _ended(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            logger.warning("a build's egress proxy failed", exc_info=task.exception())
+            logger.warning("a sandbox's egress proxy failed", exc_info=task.exception())
 
     async def _accept(self, listener: socket.socket) -> None:
         """Accept one connection per free slot: past ``MAX_CONNECTIONS`` the rest wait in the listen queue."""
@@ -135,7 +173,8 @@ class EgressProxy:
         try:
             await self._answer(reader, writer)
         except Refused as refused:
-            logger.info("a build's request was refused: %s", refused)
+            logger.info("a sandbox's request was refused: %s", refused)
+            self.refusals.add(refused)
             writer.write(refused.response(self.allowed))
             with contextlib.suppress(OSError, TimeoutError):
                 await asyncio.wait_for(writer.drain(), HEAD_SECONDS)
@@ -147,17 +186,22 @@ class EgressProxy:
 
     async def _answer(self, reader: Reader, writer: Writer) -> None:
         request = Request.parse(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_SECONDS))
-        if request.method == "CONNECT":
-            try:
-                destination = split_authority(request.target, None)
-            except ValueError as exc:
-                raise Refused(400, "Bad Request", str(exc)) from None
+        try:
+            if request.method == "CONNECT":
+                try:
+                    destination = split_authority(request.target, None)
+                except ValueError as exc:
+                    raise Refused(400, "Bad Request", str(exc)) from None
+            else:
+                destination = request.destination()
             upstream = await self._open(destination)
+        except Refused as refused:
+            refused.destination = refused.destination or request.target
+            raise
+        if request.method == "CONNECT":
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             await _Relay(self.idle_seconds).run((reader, writer), upstream, _copy)
             return
-        destination = request.destination()
-        upstream = await self._open(destination)
 
         async def requests(client: Reader, origin: Writer, relay: _Relay) -> None:
             """The client's requests, each head checked (the same destination) and rewritten for the origin."""
@@ -180,17 +224,20 @@ class EgressProxy:
     async def _open(self, destination: Address) -> tuple[Reader, Writer]:
         """A connection to ``destination`` if it is allowed, at an address the proxy resolved and vetted."""
         host, port = destination
-        if destination not in self.allowed.hosts:
-            raise Refused(403, "Forbidden", f"{host}:{port} is not on the allow-list")
+        where = f"{host}:{port}"
+        if not self.allowed.allows(destination):
+            raise Refused(403, "Forbidden", f"{where} is not on the allow-list", where)
         addresses = self._addresses.get(destination)
+        if addresses is None and host in self.pinned:
+            addresses = [self.pinned[host]]
         if addresses is None:
             vetting = resolve if destination in self.allowed.index else public_addresses
             try:
                 addresses = await asyncio.to_thread(vetting, host, port)
             except SkillRootError as exc:
-                raise Refused(403, "Forbidden", str(exc)) from None
+                raise Refused(403, "Forbidden", str(exc), where) from None
             except (OSError, UnicodeError) as exc:
-                raise Refused(502, "Bad Gateway", f"cannot resolve {host}: {exc}") from None
+                raise Refused(502, "Bad Gateway", f"cannot resolve {host}: {exc}", where) from None
             self._addresses[destination] = addresses
         failure: BaseException | None = None
         for address in addresses:
@@ -199,7 +246,7 @@ class EgressProxy:
                                               CONNECT_SECONDS)
             except (OSError, TimeoutError) as exc:
                 failure = exc
-        raise Refused(502, "Bad Gateway", f"cannot connect to {host}:{port}: {failure or 'no address'}")
+        raise Refused(502, "Bad Gateway", f"cannot connect to {where}: {failure or 'no address'}", where)
 
 
 Pump = Callable[[Reader, Writer, "_Relay"], Awaitable[None]]
@@ -261,4 +308,5 @@ async def _end(writer: Writer) -> None:
         writer.transport.abort()
 
 
-__all__ = ["BACKLOG", "MAX_CONNECTIONS", "PROXY_PORT", "EgressProxy", "proxy_environment"]
+__all__ = ["BACKLOG", "MAX_CONNECTIONS", "MAX_REFUSALS_LISTED", "PROXY_PORT", "EgressProxy", "Refusals",
+           "pinned_hosts", "proxy_environment"]
