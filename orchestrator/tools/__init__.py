@@ -20,6 +20,13 @@ _MCP_NAMES = {
     "SseConnectionParams": "orchestrator.tools.mcp_params",
     "StdioConnectionParams": "orchestrator.tools.mcp_params",
     "StreamableHTTPConnectionParams": "orchestrator.tools.mcp_params",
+    "TodoWriteTool": "orchestrator.tools.todo",
+    "get_todos": "orchestrator.tools.todo",
+    "render_todos": "orchestrator.tools.todo",
+    "TaskToolSet": "orchestrator.tools.tasks",
+    "get_task_store": "orchestrator.tools.tasks",
+    "render_task_list": "orchestrator.tools.tasks",
+    "GoalToolSet": "orchestrator.tools.goal_tools",
 }
 
 
@@ -34,6 +41,7 @@ __all__ = [
     "BaseTool",
     "BaseToolSet",
     "FunctionTool",
+    "GoalToolSet",
     "MCPTool",
     "MCPToolset",
     "McpStdioServerParameters",
@@ -41,6 +49,12 @@ __all__ = [
     "StdioConnectionParams",
     "StreamableHTTPConnectionParams",
     "StreamingFunctionTool",
+    "TaskToolSet",
+    "TodoWriteTool",
+    "get_task_store",
+    "get_todos",
     "get_tool",
     "register_tool",
+    "render_task_list",
+    "render_todos",
 ]
