@@ -33,8 +33,11 @@ carrying the engine's reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
+import secrets
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +47,9 @@ from worker import defaults
 from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
 from worker.contract import RunLimits, RunRequest, RunResult, RuntimeName
+from worker.egress import EgressProxy, proxy_environment, run_allow_list
+from worker.egress.proxy import PROXY_PORT
+from worker.egress.relay import RELAY, listen_in_folder
 from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatus
 from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
@@ -212,10 +218,32 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network",
                                          "network access is not allowed on this runtime (allow_network=False)")
+        if not request.egress:
+            return await self._in_turn(workspace, image, environment, request, cwd, env, cancel, None)
+        # No network; the proxy's unix socket in the workspace, which a relay in the container listens in front of.
+        proxy = EgressProxy(run_allow_list(request.egress))
+        name = f".skillrun-egress-{secrets.token_hex(6)}.sock"
+        try:
+            uid = workspace.uid if workspace.uid is not None else os.getuid()
+            proxy.serve(await asyncio.to_thread(listen_in_folder, workspace.path, name, uid))
+            outcome = await self._in_turn(workspace, image, environment, request, cwd,
+                                          {**env, **proxy_environment()}, cancel, str(workspace.path / name))
+        finally:
+            await proxy.close()
+            with contextlib.suppress(OSError):
+                os.unlink(workspace.path / name)
+        outcome.egress = proxy.refusals
+        return outcome
+
+    async def _in_turn(
+        self, workspace: Workspace, image: str, environment: Path | None, request: RunRequest, cwd: str,
+        env: dict[str, str], cancel: Cancellation, egress_socket: str | None,
+    ) -> ProcessOutcome:
+        """Run the command in the workspace's turn (``_exec`` in a thread), which ends when the run has."""
         release = await self._take_turn(workspace.path.name)
         try:
             job = asyncio.get_running_loop().run_in_executor(
-                None, self._exec, workspace, image, environment, request, cwd, env, cancel
+                None, self._exec, workspace, image, environment, request, cwd, env, cancel, egress_socket
             )
         except BaseException:
             release()
@@ -254,20 +282,24 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
 
     def _exec(
         self, workspace: Workspace, image: str, environment: Path | None, request: RunRequest, cwd: str,
-        env: dict[str, str], cancel: Cancellation,
+        env: dict[str, str], cancel: Cancellation, egress_socket: str | None = None,
     ) -> ProcessOutcome:
         """In the workspace's turn, ``docker exec`` the command in its container of ``image`` (which mounts
-        ``environment``), follow it, end the run (blocking: the Docker SDK is synchronous)."""
+        ``environment``), follow it, end the run (blocking: the Docker SDK is synchronous). With ``egress_socket``
+        the command runs under the relay to that proxy socket (``worker.egress.relay``)."""
         root = locate(request.skill).resolve()  # held in the cache for the whole run by the host runtime's run()
         with self.boxes.turn(workspace.path.name):
-            return self._exec_in_turn(workspace, image, environment, root, request, cwd, env, cancel)
+            return self._exec_in_turn(workspace, image, environment, root, request, cwd, env, cancel, egress_socket)
 
     def _exec_in_turn(
         self, workspace: Workspace, image: str, environment: Path | None, root: Path, request: RunRequest, cwd: str,
-        env: dict[str, str], cancel: Cancellation,
+        env: dict[str, str], cancel: Cancellation, egress_socket: str | None,
     ) -> ProcessOutcome:
         box = self._box(workspace, image, root, environment, request)
         script = self._script(request)
+        if egress_socket is not None:
+            script = shlex.join(["exec", "python3", "-I", "-c", RELAY, egress_socket, str(PROXY_PORT), "bash", "-c",
+                                 script])
         oom_before = box.host.oom_kills() if box.host else None
         problem = box.problem
         outcome = None

@@ -160,6 +160,11 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             raise InvalidRunRequestError(
                 "network", "network access is not allowed on this runtime (allow_internet_access=False)"
             )
+        if request.egress:
+            raise InvalidRunRequestError(
+                "egress", "the cube runtime cannot hold a run to an egress allow-list (the sandbox service has "
+                          "internet access or none, no per-host filter): run this skill on the local or docker runtime"
+            )
         cancel = Cancellation()
         with self._lock:
             self._cancels[request.run_id] = cancel

@@ -10,6 +10,7 @@ bubblewrap sandbox (``worker.sandbox``: its own, or once the workspace is reused
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -20,6 +21,7 @@ from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, RunCgroup
 from worker.contract import RunRequest, RuntimeName
+from worker.egress import EgressProxy, proxy_environment, run_allow_list
 from worker.environments import SkillEnvironments, local_environments
 from worker.errors import InvalidRunRequestError, SpawnerError
 from worker.launcher import Launcher, LauncherPool
@@ -35,7 +37,7 @@ from worker.process import (
 from worker.ready_shell import ReadyShell
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
-from worker.sandbox import SandboxSpec, find_bwrap
+from worker.sandbox import SandboxSpec, find_bwrap, served_by
 from worker.spawner import Spawner, spawner_python
 from worker.staging import BaseSkillStager
 from worker.user_network import find_slirp4netns
@@ -126,17 +128,39 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
     ) -> ProcessOutcome:
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
+        if request.egress and (not self.sandbox or workspace.uid is None):
+            raise InvalidRunRequestError("egress", "an egress allow-list needs the local runtime's sandbox (a worker "
+                                                   "running as root, with bubblewrap); this one has none")
         no_network = workspace.uid is not None and not request.network
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None) + request.command
         argv = [self._bash or find_bash(), "-c", script]
         sandbox = await self._sandbox(workspace, request, environment)
+        if request.egress:  # a sandbox of its own, whose only way out is the proxy (never the held sandbox)
+            proxy = EgressProxy(run_allow_list(request.egress))
+            try:
+                with served_by(functools.partial(proxy.serve_sandbox, workspace.uid)):
+                    outcome = await self._in_sandbox(workspace, request, argv, sandbox, cwd,
+                                                     {**env, **proxy_environment()}, cancel, no_network, spawned=False)
+            finally:
+                await proxy.close()
+            outcome.egress = proxy.refusals
+            return outcome
+        return await self._in_sandbox(workspace, request, argv, sandbox, cwd, env, cancel, no_network,
+                                      spawned=no_network or workspace.uid is None)
+
+    async def _in_sandbox(
+        self, workspace: Workspace, request: RunRequest, argv: list[str], sandbox: SandboxSpec | None, cwd: str,
+        env: dict[str, str], cancel: Cancellation, no_network: bool, *, spawned: bool,
+    ) -> ProcessOutcome:
+        """Run ``argv`` in ``sandbox`` (through the workspace's spawner where ``spawned``) and report its limits."""
+        script = argv[-1]
         limits = CgroupLimits(request.limits.memory_bytes, request.limits.processes, self.cpus)
         process_args = dict(
             cwd=cwd, env=env, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
             stderr_cap=request.limits.stderr_bytes, uid=workspace.uid, gid=workspace.gid, cancel=cancel,
             no_network=no_network, sandbox=sandbox,
         )
-        spawner = await self._spawner(workspace, sandbox) if no_network or workspace.uid is None else None
+        spawner = await self._spawner(workspace, sandbox) if spawned else None
         held = spawner is not None and spawner.sandbox is not None
         shell = await self._ready_shell(spawner, argv[0], script, env, cwd, limits, workspace.id) if spawner else None
         if held and shell is None:  # a held sandbox's spawner starts nothing but placed shells: a sandbox of its own
@@ -246,7 +270,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
         shown = tuple(str(folder) for folder in (source, environment) if folder is not None)
-        return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes, network=request.network)
+        return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes, network=request.network,
+                           served=bool(request.egress))
 
     def _new_cgroup(self, workspace_id: str, sandbox: SandboxSpec | None, limits: CgroupLimits) -> RunCgroup | None:
         """A control group for a run started now, with its limits; ``None`` where there are none."""
