@@ -1,7 +1,8 @@
-"""Tools: function tools, tool sets, the registry, agent tools, streaming tools, MCP servers' tools.
+"""Tools: function tools, tool sets, the registry, agent tools, streaming tools, MCP servers' tools, web fetch.
 
 The MCP names (``MCPToolset``, ``MCPTool`` and the connection parameters) load the ``mcp`` SDK, which takes most of
-a second to import; they are imported on first use, so agents without MCP do not pay for it.
+a second to import, and the web fetch tool loads httpx and an HTML parser; they are imported on first use, so agents
+without them do not pay for it.
 """
 
 from importlib import import_module
@@ -13,13 +14,15 @@ from orchestrator.tools.function_tool import FunctionTool, StreamingFunctionTool
 from orchestrator.tools.registry import get_tool, register_tool
 from orchestrator.tools.toolset import BaseToolSet
 
-_MCP_NAMES = {
+_LAZY_NAMES = {
     "MCPTool": "orchestrator.tools.mcp_toolset",
     "MCPToolset": "orchestrator.tools.mcp_toolset",
     "McpStdioServerParameters": "orchestrator.tools.mcp_params",
     "SseConnectionParams": "orchestrator.tools.mcp_params",
     "StdioConnectionParams": "orchestrator.tools.mcp_params",
     "StreamableHTTPConnectionParams": "orchestrator.tools.mcp_params",
+    "FetchResult": "orchestrator.tools.web_fetch",
+    "WebFetchTool": "orchestrator.tools.web_fetch",
     "TodoWriteTool": "orchestrator.tools.todo",
     "get_todos": "orchestrator.tools.todo",
     "render_todos": "orchestrator.tools.todo",
@@ -31,8 +34,8 @@ _MCP_NAMES = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MCP_NAMES:
-        return getattr(import_module(_MCP_NAMES[name]), name)
+    if name in _LAZY_NAMES:
+        return getattr(import_module(_LAZY_NAMES[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -40,6 +43,7 @@ __all__ = [
     "AgentTool",
     "BaseTool",
     "BaseToolSet",
+    "FetchResult",
     "FunctionTool",
     "GoalToolSet",
     "MCPTool",
@@ -51,6 +55,7 @@ __all__ = [
     "StreamingFunctionTool",
     "TaskToolSet",
     "TodoWriteTool",
+    "WebFetchTool",
     "get_task_store",
     "get_todos",
     "get_tool",
