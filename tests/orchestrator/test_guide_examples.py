@@ -452,3 +452,236 @@ async def test_mcp_http_toolset_examples(model_server, transport):
         seen = await consume(Runner(app_name="mcp_tools", agent=create_agent(), session_service=InMemorySessionService()), "q")
     _assert_guide_mcp_run(seen, model_server)
     assert model_server.requests[0]["model"] == "deepseek-chat"
+
+
+# --- TodoWriteTool, the Task tools, the Goal tools, LangChain tools ----------------------------------------------
+
+import json  # noqa: E402
+from typing import Any  # noqa: E402
+
+from orchestrator.tools import (  # noqa: E402
+    TaskToolSet,
+    TodoWriteTool,
+    get_task_store,
+    get_todos,
+    render_task_list,
+    render_todos,
+)
+from orchestrator.tools.goal_tools import (  # noqa: E402
+    GoalOptions,
+    RetryEvent,
+    get_goal_record,
+    render_goal,
+    setup_goal,
+    start_goal,
+)
+from tests.orchestrator import tavily_standin  # noqa: E402
+from tests.orchestrator.conftest import system_message, tool_messages  # noqa: E402
+
+
+async def turn(runner: Runner, session_id: str, query: str) -> list[str]:
+    """One user message in an existing session; the final answers."""
+    answers = []
+    async for event in runner.run_async(user_id="demo_user", session_id=session_id,
+                                        new_message=Content(parts=[Part.from_text(text=query)])):
+        if event.is_final_response():
+            answers.extend(p.text for p in event.content.parts if p.text)
+    return answers
+
+
+def guide_model(model_server) -> OpenAIModel:
+    # The guide's OpenAIModel(model_name="...", api_key="...", base_url="..."), pointed at the scripted server.
+    return OpenAIModel(model_name="deepseek-chat", api_key="test-key", base_url=model_server.base_url)
+
+
+def todo(content: str, active: str, status: str) -> dict:
+    return {"content": content, "activeForm": active, "status": status}
+
+
+async def test_todo_write_tool_example(model_server):
+    # examples/todo_tool: one session, several turns of "plan, then finish item by item", the list read back each time.
+    model_server.add(
+        {"tool_calls": [{"name": "todo_write", "arguments": {"todos": [
+            todo("设计接口", "设计接口中", "in_progress"), todo("编写实现", "编写实现中", "pending")]}}]},
+        {"text": "计划已建立。"},
+        {"tool_calls": [{"name": "todo_write", "arguments": {"todos": [
+            todo("设计接口", "设计接口中", "completed"), todo("编写实现", "编写实现中", "in_progress")]}}]},
+        {"text": "接口已完成。"},
+    )
+    agent = LlmAgent(
+        name="todo_planner",
+        model=guide_model(model_server),
+        instruction="你是规划型助手，多步任务请用 todo_write 维护清单。",
+        tools=[TodoWriteTool()],
+    )
+    service = InMemorySessionService()
+    runner = Runner(app_name="todo_demo", agent=agent, session_service=service)
+    await service.create_session(app_name="todo_demo", user_id="demo_user", session_id="s1")
+    assert await turn(runner, "s1", "做一个两步的小项目") == ["计划已建立。"]
+    session = await service.get_session(app_name="todo_demo", user_id="demo_user", session_id="s1")
+    todos = get_todos(session, branch=agent.name)
+    assert render_todos(todos) == "🔄 设计接口中\n⬜ 编写实现"
+    assert await turn(runner, "s1", "继续") == ["接口已完成。"]
+    session = await service.get_session(app_name="todo_demo", user_id="demo_user", session_id="s1")
+    assert render_todos(get_todos(session, branch=agent.name)) == "✅ 设计接口\n🔄 编写实现中"
+    assert "todo_write" in system_message(model_server.requests[0])
+    second = json.loads(tool_messages(model_server.requests[3])[-1]["content"])
+    assert [t["status"] for t in second["oldTodos"]] == ["in_progress", "pending"]
+    await runner.close()
+
+
+async def test_task_tool_set_example(model_server):
+    # The guide's board: #1 blocks #2 and #4, #2 blocks #3; completing #1 unblocks ['2', '4'], then #2 unblocks ['3'].
+    creates = [{"name": "task_create", "arguments": {"subject": s}} for s in ("设计表结构", "实现 API", "单元测试", "编写文档")]
+    model_server.add(
+        {"tool_calls": creates},
+        {"tool_calls": [{"name": "task_update", "arguments": {"taskId": "1", "addBlocks": ["2", "4"]}},
+                        {"name": "task_update", "arguments": {"taskId": "3", "addBlockedBy": ["2"]}}]},
+        {"tool_calls": [{"name": "task_update", "arguments": {"taskId": "1", "status": "in_progress"}}]},
+        {"tool_calls": [{"name": "task_update", "arguments": {"taskId": "1", "status": "completed"}}]},
+        {"tool_calls": [{"name": "task_update", "arguments": {"taskId": "2", "status": "in_progress"}}]},
+        {"text": "#1 完成，#2 进行中。"},
+        {"tool_calls": [{"name": "task_update", "arguments": {"taskId": "2", "status": "completed"}},
+                        {"name": "task_list", "arguments": {}}]},
+        {"text": "#2 完成。"},
+    )
+    agent = LlmAgent(
+        name="task_planner",
+        model=guide_model(model_server),
+        instruction="多步项目请用 task_create / task_update 维护看板。",
+        tools=[TaskToolSet()],
+        # parallel_tool_calls=True 时，同批多个 task 工具由 task_store_lock 保护 store 一致性
+    )
+    service = InMemorySessionService()
+    runner = Runner(app_name="task_demo", agent=agent, session_service=service)
+    await service.create_session(app_name="task_demo", user_id="demo_user", session_id="s1")
+    assert await turn(runner, "s1", "规划并开始") == ["#1 完成，#2 进行中。"]
+    session = await service.get_session(app_name="task_demo", user_id="demo_user", session_id="s1")
+    store = get_task_store(session, branch=agent.name)
+    assert render_task_list(store).splitlines()[:3] == ["✅ #1 设计表结构", "🔄 #2 实现 API", "⬜ #3 单元测试 (blocked by: 2)"]
+    assert json.loads(tool_messages(model_server.requests[4])[-1]["content"])["unblocked"] == ["2", "4"]
+    assert await turn(runner, "s1", "继续") == ["#2 完成。"]
+    completed_2, listed = (json.loads(m["content"]) for m in tool_messages(model_server.requests[-1])[-2:])
+    assert completed_2["unblocked"] == ["3"]
+    assert listed["stats"] == {"pending": 2, "in_progress": 0, "completed": 2}
+    assert all("description" not in t for t in listed["tasks"])
+    assert system_message(model_server.requests[0]).count("task_create, task_update, task_get, task_list") == 1
+    await runner.close()
+
+
+async def test_goal_tools_example(model_server, capsys):
+    def on_retry(event: RetryEvent) -> None:
+        if event.reason == "blocked":
+            print(f"拦截过早收尾 (attempt {event.attempt_number}/{event.max_retries})")
+
+    agent = LlmAgent(
+        name="goal_agent",
+        model=guide_model(model_server),
+        instruction="多步工程任务请用 goal 工具跟踪完成状态。",
+        tools=[FunctionTool(write_file)],  # 业务工具，如 BashTool / WriteTool
+    )
+    setup_goal(agent, GoalOptions(max_retries=3, on_retry=on_retry))
+
+    service = InMemorySessionService()
+    session_service = service
+    session_id = "s1"
+    goal = await start_goal(
+        session_service,
+        app_name="my_app",
+        user_id="user_1",
+        session_id=session_id,
+        objective="在当前目录创建 notes/ 并写入 summary.txt 与 example.py",
+        agent_name=agent.name,  # 与 LlmAgent.name 一致，用于 branch 隔离
+    )
+    assert goal.status.value == "active"
+    model_server.add(
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "notes/summary.txt", "content": "s"}}]},
+        {"text": "写好了 summary.txt。"},  # premature: the goal is open, example.py is missing
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "notes/example.py", "content": "e"}}]},
+        {"tool_calls": [{"name": "update_goal", "arguments": {"status": "complete"}}]},
+        {"text": "两个文件都已写好。"},
+    )
+    runner = Runner(app_name="my_app", agent=agent, session_service=session_service)
+    answers = []
+    async for event in runner.run_async(user_id="user_1", session_id=session_id,
+                                        new_message=Content(parts=[Part.from_text(text="开始")])):
+        if event.is_final_response():
+            answers.append(event.content.parts[0].text)
+    assert answers == ["两个文件都已写好。"]
+    assert capsys.readouterr().out == "拦截过早收尾 (attempt 1/3)\n"
+    nudged = model_server.requests[2]["messages"][-1]
+    assert nudged["role"] == "user" and nudged["content"].startswith("[goal reminder]")
+    assert "session goal tools" in system_message(model_server.requests[0])
+
+    session = await service.get_session(app_name="my_app", user_id="user_1", session_id=session_id)
+    goal = get_goal_record(session, branch=agent.name)
+    lines = render_goal(goal).splitlines()
+    assert lines[0] == "✅ Goal [complete]"
+    assert lines[1] == "   objective: 在当前目录创建 notes/ 并写入 summary.txt 与 example.py"
+    assert lines[2].startswith("   created:   ") and lines[3].startswith("   terminal:  ")
+    await runner.close()
+
+
+async def test_langchain_tavily_tool_example(model_server, monkeypatch):
+    # langchain_tavily calls Tavily's service; a stand-in on langchain_core answers here (tests/orchestrator/tavily_standin.py).
+    monkeypatch.setitem(sys.modules, "langchain_tavily", tavily_standin)
+    from langchain_tavily import TavilySearch
+
+    async def tavily_search(query: str, max_results: int = 5) -> dict[str, Any]:
+        """基于 Tavily 的联网搜索
+
+        Args:
+            query: 搜索查询
+            max_results: 返回结果条数上限
+
+        Returns:
+            结构化的搜索结果，包含命中列表与计数
+        """
+        try:
+            # 实例化 TavilySearch，传入最大结果数
+            tool = TavilySearch(max_results=max_results)
+            # 异步调用搜索，非阻塞
+            res = await tool.ainvoke(query)
+
+            # 兼容不同版本的返回格式：dict 带 "results" 键 / 直接返回 list / 其他
+            if isinstance(res, dict) and "results" in res:
+                items = res["results"]
+            elif isinstance(res, list):
+                items = res
+            else:
+                items = []
+
+            # 统一返回结构化结果
+            return {
+                "status": "success",
+                "query": query,
+                "result_count": len(items),
+                "results": items,
+            }
+        except Exception as e:  # pylint: disable=broad-except
+            # 捕获所有异常，返回错误信息而非抛出，避免中断对话流程
+            return {"status": "error", "error_message": str(e)}
+
+    def create_agent() -> LlmAgent:
+        """创建集成 LangChain Tavily 搜索工具的 Agent"""
+        agent = LlmAgent(
+            name="langchain_tavily_agent",
+            description="An assistant integrated with LangChain Tavily search tool",
+            model=guide_model(model_server),
+            instruction="You search the web with tavily_search and cite the results.",
+            tools=[FunctionTool(tavily_search)],
+        )
+        return agent
+
+    model_server.add(
+        {"tool_calls": [{"name": "tavily_search", "arguments": {"query": "trpc agent", "max_results": 2}},
+                        {"name": "tavily_search", "arguments": {"query": " "}}]},
+        {"text": "Found two pages."},
+    )
+    seen = await consume(Runner(app_name="langchain_tools", agent=create_agent(), session_service=InMemorySessionService()), "q")
+    declared = model_server.requests[0]["tools"][0]["function"]
+    assert declared["name"] == "tavily_search" and declared["parameters"]["required"] == ["query"]
+    assert seen["results"][0]["status"] == "success" and seen["results"][0]["result_count"] == 2
+    assert seen["results"][0]["results"][0]["url"] == "https://example.org/trpc-agent"
+    assert seen["results"][1] == {"status": "error", "error_message": "query must not be empty"}
+    assert seen["answers"] == ["Found two pages."]
