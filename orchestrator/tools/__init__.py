@@ -1,7 +1,8 @@
-"""Tools: function tools, tool sets, the registry, agent tools, streaming tools, MCP servers' tools, web fetch.
+"""Tools: function tools, tool sets, the registry, agent tools, streaming tools, MCP servers' tools, web fetch and
+search.
 
 The MCP names (``MCPToolset``, ``MCPTool`` and the connection parameters) load the ``mcp`` SDK, which takes most of
-a second to import, and the web fetch tool loads httpx and an HTML parser; they are imported on first use, so agents
+a second to import, and the web tools load httpx and an HTML parser; they are imported on first use, so agents
 without them do not pay for it.
 """
 
@@ -23,6 +24,9 @@ _LAZY_NAMES = {
     "StreamableHTTPConnectionParams": "orchestrator.tools.mcp_params",
     "FetchResult": "orchestrator.tools.web_fetch",
     "WebFetchTool": "orchestrator.tools.web_fetch",
+    "SearchHit": "orchestrator.tools.web_search",
+    "WebSearchResult": "orchestrator.tools.web_search",
+    "WebSearchTool": "orchestrator.tools.web_search",
     "TodoWriteTool": "orchestrator.tools.todo",
     "get_todos": "orchestrator.tools.todo",
     "render_todos": "orchestrator.tools.todo",
@@ -49,6 +53,7 @@ __all__ = [
     "MCPTool",
     "MCPToolset",
     "McpStdioServerParameters",
+    "SearchHit",
     "SseConnectionParams",
     "StdioConnectionParams",
     "StreamableHTTPConnectionParams",
@@ -56,6 +61,8 @@ __all__ = [
     "TaskToolSet",
     "TodoWriteTool",
     "WebFetchTool",
+    "WebSearchResult",
+    "WebSearchTool",
     "get_task_store",
     "get_todos",
     "get_tool",
