@@ -57,7 +57,7 @@ class TodoStatus(str, Enum):
 class TodoItem(BaseModel):
     """One item; ``active_form`` is ``activeForm`` on the wire and in state."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True)
 
     content: str
     active_form: str = Field(alias="activeForm")

@@ -306,3 +306,19 @@ async def test_todos_tasks_and_goal_survive_a_restart(service_factory, model_ser
     assert get_goal_record(session, branch=AGENT).status.value == "blocked"
     assert DEFAULT_TODO_PROMPT in system_message(model_server.requests[-1])
     await service.close()
+
+
+async def test_each_agent_branch_keeps_its_own_list_board_and_goal():
+    session = Session(app_name="app", user_id="u")
+    parent, child = context(session), context(session)
+    child.agent = type("Child", (), {"name": "helper"})()
+    for ctx, word in ((parent, "Plan"), (child, "Fetch")):
+        await call(TodoWriteTool(), ctx, todos=[item(word)])
+        await call((await tasks_of(TaskToolSet()))["task_create"], ctx, subject=word)
+        await call((await goal_tools())["create_goal"], ctx, objective=word)
+    assert [t.content for t in get_todos(session, branch=AGENT)] == ["Plan"]
+    assert [t.content for t in get_todos(session, branch="helper")] == ["Fetch"]
+    assert get_task_store(session, branch="helper").tasks["1"].subject == "Fetch"
+    assert get_goal_record(session, branch=AGENT).objective == "Plan"
+    assert {"todos:planner", "todos:helper", "tasks:planner", "tasks:helper", "goal:planner", "goal:helper"} == set(
+        session.state)
