@@ -15,6 +15,7 @@
     ├── ToolError                   a tool is misdeclared (bad schema, duplicate name)
     ├── McpConnectionError          an MCP server cannot be started or reached, or the connection was lost
     ├── TeamError                   (orchestrator.teams) an unknown team or key, a bad team name
+    ├── EgressListError             (orchestrator.egress) an egress allow-list entry that is refused
     └── LibraryError                (orchestrator.libraries) a library that cannot be registered or changed
 
 Errors of the execution plane (``worker.errors``) pass through unchanged; their root is ``WorkerError``.

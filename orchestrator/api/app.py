@@ -16,6 +16,7 @@ from orchestrator.api.limits import BodyLimitMiddleware
 from orchestrator.api.mcp import McpEndpoint
 from orchestrator.api.responses import error_response, error_responses, install_error_handlers
 from orchestrator.api.routes import (
+    egress,
     health,
     libraries,
     metrics,
@@ -129,7 +130,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         responses=error_responses(503),
     )
     app.state.services = services
-    for module in (health, metrics, libraries, skills, runs, sessions, workspaces, secrets, worker_libraries):
+    for module in (health, metrics, libraries, skills, runs, sessions, workspaces, secrets, egress,
+                   worker_libraries):
         app.include_router(module.router)
     app.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     app.add_middleware(BodyLimitMiddleware)

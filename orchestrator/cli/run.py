@@ -100,4 +100,7 @@ def _print_result(request: RunRequest, result: RunResult) -> None:
         lines.append(f"artifact {artifact.name} v{artifact.version} ({size(artifact.size)})")
     for skipped in result.skipped_files:
         lines.append(f"skipped {skipped.name}: {skipped.reason}")
+    if result.egress_refused:
+        lines.append(f"egress refused {result.egress_refused} connection(s):")
+        lines += [f"  {refusal.destination}: {refusal.reason}" for refusal in result.egress_refusals]
     write(sys.stderr, "\n".join(lines) + "\n")

@@ -21,11 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import SkillValidationError
+from worker.egress.entries import parse_entries
 from worker.env_names import env_name_problem
+from worker.errors import EgressError
 
 SKILL_FILE = "SKILL.md"
 SECRETS_KEY = "secrets"
 """The front matter's ``metadata`` key listing the team secrets a skill's commands may be given."""
+EGRESS_KEY = "egress"
+"""The front matter's ``metadata`` key listing the hosts a skill's commands may reach (``host[:port]`` or
+``*.domain[:port]``), within its team's egress allow-list (``orchestrator.egress``)."""
 MAX_NAME_LENGTH = 64
 MAX_DESCRIPTION_LENGTH = 1024
 MAX_DOC_BYTES = 1024 * 1024
@@ -80,6 +85,11 @@ class Skill:
         return list(self.metadata.get(SECRETS_KEY, []))
 
     @property
+    def egress(self) -> list[str]:
+        """The hosts the skill's commands may reach, within its team's allow-list (``metadata.egress``)."""
+        return list(self.metadata.get(EGRESS_KEY, []))
+
+    @property
     def doc_names(self) -> list[str]:
         return [doc.name for doc in self.docs]
 
@@ -94,6 +104,16 @@ def _check_secrets(declared: object, path: str) -> None:
         problem = env_name_problem(name)
         if problem is not None:
             raise SkillValidationError(path, f"metadata.{SECRETS_KEY}", problem)
+
+
+def _check_egress(declared: object, path: str) -> None:
+    if not isinstance(declared, list) or not all(isinstance(entry, str) for entry in declared):
+        raise SkillValidationError(path, f"metadata.{EGRESS_KEY}", "must be a list of hosts (host[:port] or "
+                                                                 "*.domain[:port])")
+    try:
+        parse_entries(declared, "the skill's egress declaration")
+    except EgressError as exc:
+        raise SkillValidationError(path, f"metadata.{EGRESS_KEY}", str(exc)) from None
 
 
 def split_front_matter(text: str, path: str) -> tuple[dict, str]:
@@ -224,6 +244,7 @@ def load_skill(skill_dir: Path, root: Path) -> Skill:
     if not isinstance(metadata, dict):
         raise SkillValidationError(path, "metadata", "must be a mapping")
     _check_secrets(metadata.get(SECRETS_KEY, []), path)
+    _check_egress(metadata.get(EGRESS_KEY, []), path)
     license_ = data.get("license")
     docs = []
     for doc_path in list_docs(skill_dir):

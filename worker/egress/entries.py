@@ -109,7 +109,7 @@ def _is_address(host: str) -> bool:
 
 def parse_entries(texts: Iterable[str], what: str = "an egress allow-list") -> list[Entry]:
     """Every entry of ``texts``, sorted, once each; ``EgressError`` for the first bad one, or too many."""
-    entries = sorted({parse_entry(text) for text in texts})
+    entries = sorted({parse_entry(text) for text in texts}, key=str)
     if len(entries) > MAX_ENTRIES:
         raise EgressError(f"{what} has {len(entries)} entries; it may have at most {MAX_ENTRIES}")
     return entries
@@ -121,7 +121,7 @@ def effective(declared: Iterable[str], team: Iterable[str]) -> list[str]:
     skill_entries, team_entries = parse_entries(declared), parse_entries(team)
     both = {mine for mine in skill_entries if any(theirs.covers(mine) for theirs in team_entries)}
     both |= {theirs for theirs in team_entries if any(mine.covers(theirs) for mine in skill_entries)}
-    return [str(entry) for entry in sorted(both)]
+    return sorted(str(entry) for entry in both)
 
 
 def run_allow_list(texts: Iterable[str]) -> AllowList:

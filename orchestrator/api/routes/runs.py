@@ -24,6 +24,7 @@ from orchestrator.api.environments import not_ready
 from orchestrator.api.responses import UNAVAILABLE_RETRY_AFTER_SECONDS, ErrorPublic, error_responses
 from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
+from orchestrator.egress import EgressStore
 from orchestrator.errors import DispatchError, RunLostError, SkillNotFoundError, UnavailableError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
@@ -112,6 +113,13 @@ def _check_secrets(services: Services, team: Team, skill: str, names: list[str])
                             f"PUT /v1/secrets/<name> or skillrun secrets set")
 
 
+def _egress(services: Services, team: Team, skill: str) -> list[str]:
+    """The hosts a run of ``skill`` may reach: those its skill declares (``metadata.egress``) and its team allows
+    (``orchestrator.egress``); the caller cannot set them."""
+    declared = services.repository_for(team).get(skill).egress
+    return EgressStore(services.teams.docs).for_run(team.id, declared) if declared else []
+
+
 BUILT_AHEAD = (RuntimeName.LOCAL, RuntimeName.DOCKER)
 """Runtimes whose environments the API can see before a run (the Cube runtime's are built in each sandbox)."""
 NOT_READY = {409: {"model": ErrorPublic, "description": "The skill's dependency environment is not ready and the "
@@ -139,13 +147,14 @@ async def submit_run(
         environment = await asyncio.to_thread(services.environments.skill_status, ref, body.runtime.value)
         if environment.state not in ("ready", "none"):
             raise HTTPException(status.HTTP_409_CONFLICT, not_ready(body.skill, environment))
+    egress = await asyncio.to_thread(_egress, services, team, body.skill)
     fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id", "keep_workspace"})
     keep = body.workspace_id is not None if body.keep_workspace is None else body.keep_workspace
     try:
         request = RunRequest(
             skill=ref, inputs=[InputFile(name=i.name, content=i.content) for i in body.inputs],
             workspace_id=f"{team.id}.{body.workspace_id or uuid.uuid4().hex[:16]}", keep_workspace=keep,
-            run_id=run_ids.mint(team.id), **fields,
+            run_id=run_ids.mint(team.id), egress=egress, **fields,
         )
         validate_request(request)
         record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)

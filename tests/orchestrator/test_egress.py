@@ -1,0 +1,204 @@
+"""Teams' egress allow-lists: checked when set (a bad entry stores nothing), managed with ``skillrun egress``, shown
+to a team by ``GET /v1/egress``, and given to a run as the entries both its skill declares and its team allows —
+never by the caller. A run through the API (local runtime, as root) then reaches its host and nothing else."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from orchestrator.dispatch import InlineDispatcher
+from orchestrator.documents import FileDocuments
+from orchestrator.egress import EgressListError, EgressStore
+from orchestrator.errors import SkillValidationError
+from orchestrator.skills import create_default_skill_repository
+from orchestrator.teams import TeamStore
+from tests.orchestrator.api_helpers import client, make_services, new_team
+from worker.config import get_worker_settings
+from worker.egress import effective
+from worker.runtimes.local import LocalWorkspaceRuntime
+
+BAD_ENTRIES = {
+    "10.0.0.0/8": "is an address range",
+    "192.168.1.10": "is an IP address",
+    "[::1]:443": "is an IP address",
+    "2130706433.example.com.1": "ends in a number",
+    "*": "is a wildcard for everything",
+    "*.*": "is a wildcard for everything",
+    "*.com": "allows a whole top-level domain",
+    "api.*.example.com": "is a wildcard for everything",
+    "localhost": "is a private or local name",
+    "metadata.google.internal": "is a private or local name",
+    "printer.local:631": "is a private or local name",
+    "intranet": "is a private or local name",
+    "api.example.com:0": "has a bad port",
+    "api.example.com:70000": "has a bad port",
+    "api.example.com:https": "has a bad port",
+    "user@api.example.com": "is not a host name",
+}
+
+
+@pytest.fixture
+def store(tmp_path) -> EgressStore:
+    return EgressStore(FileDocuments(tmp_path / "registry"))
+
+
+# --- the store and the entries --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", sorted(BAD_ENTRIES))
+def test_a_bad_entry_is_refused_with_the_reason_and_nothing_is_stored(store, entry):
+    store.set("team-a", ["api.github.com"])
+    with pytest.raises(EgressListError, match=f"{BAD_ENTRIES[entry]}.*; nothing was changed"):
+        store.set("team-a", ["pypi.org", entry])
+    assert store.get("team-a").entries == ["api.github.com:443"]  # the list as it was
+
+
+def test_entries_are_normalised_and_shown_back_and_cleared(store):
+    listed = store.set("team-a", ["API.GitHub.com.", "*.example.org:8443", "api.github.com:443"])
+    assert listed.entries == ["*.example.org:8443", "api.github.com:443"]
+    assert store.get("team-a").entries == listed.entries and store.get("team-b").entries == []
+    assert store.clear("team-a").entries == [] and store.get("team-a").entries == []
+    with pytest.raises(EgressListError, match="name at least one entry"):
+        store.set("team-a", [])
+    with pytest.raises(EgressListError, match="team name"):
+        store.get("../etc")
+
+
+def test_a_run_gets_what_both_its_skill_declares_and_its_team_allows():
+    team = ["*.example.com", "api.github.com", "pypi.org:8443"]
+    assert effective(["api.example.com", "*.github.com", "pypi.org", "other.org"], team) == [
+        "api.example.com:443", "api.github.com:443"]
+    assert effective([], team) == []  # a skill that declares nothing gets nothing
+    assert effective(["api.example.com"], []) == []  # a team with no list allows nothing
+
+
+def test_a_skill_declaring_a_bad_egress_entry_is_a_validation_error(tmp_path):
+    folder = tmp_path / "lib" / "wide"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: wide\ndescription: Too wide.\nmetadata:\n  egress: ['*']\n---\nx\n")
+    repository = create_default_skill_repository(str(tmp_path / "lib"))
+    with pytest.raises(SkillValidationError, match="metadata.egress.*wildcard for everything"):
+        repository.get("wide")
+
+
+# --- the CLI --------------------------------------------------------------------------------------------------------
+
+def _cli(data_dir, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLRUN_")}
+    env["SKILLRUN_DATA_DIR"] = str(data_dir)
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "egress", *args], capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+def test_the_cli_sets_shows_and_clears_a_team_list_and_refuses_bad_input(tmp_path):
+    data = tmp_path / "data"
+    TeamStore(FileDocuments(data / "registry")).create_team("team-a")
+    stored = _cli(data, "set", "team-a", "api.github.com", "*.example.org:8443")
+    assert stored.returncode == 0, stored.stderr
+    assert stored.stdout.split()[:2] == ["ENTRY", "SET"] and "*.example.org:8443" in stored.stdout
+    shown = json.loads(_cli(data, "show", "team-a", "--json").stdout)
+    assert shown["team"] == "team-a" and shown["entries"] == ["*.example.org:8443", "api.github.com:443"]
+    refused = _cli(data, "set", "team-a", "api.github.com", "169.254.169.254")
+    assert refused.returncode == 2
+    assert "egress entry '169.254.169.254' is an IP address" in refused.stderr and "nothing was changed" in refused.stderr
+    assert json.loads(_cli(data, "show", "team-a", "--json").stdout)["entries"] == shown["entries"]
+    unknown = _cli(data, "show", "team-z")
+    assert unknown.returncode == 2 and "no team 'team-z'" in unknown.stderr
+    cleared = _cli(data, "clear", "team-a")
+    assert cleared.returncode == 0 and "allows no egress" in cleared.stdout
+    assert "allows no egress" in _cli(data, "show", "team-a").stdout
+
+
+# --- the API --------------------------------------------------------------------------------------------------------
+
+ALLOWED = "api.allowed-egress.net"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+        self.send_response(200)
+        self.send_header("Content-Length", "7")
+        self.end_headers()
+        self.wfile.write(b"reached")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def allowed_port(monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SKILLRUN_EGRESS_PINNED_HOSTS", f"{ALLOWED}=127.0.0.1")
+    get_worker_settings.cache_clear()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    get_worker_settings.cache_clear()
+
+
+@pytest.fixture
+async def services(work_root, allowed_port):
+    library = work_root.parent / "egress-library"
+    for name, declared in (("fetcher", f"['{ALLOWED}:{allowed_port}', 'api.elsewhere.org']"), ("offline", "[]")):
+        (library / name).mkdir(parents=True)
+        (library / name / "SKILL.md").write_text(
+            f"---\nname: {name}\ndescription: The {name} skill.\nmetadata:\n  egress: {declared}\n---\nx\n")
+    for path in [library, *library.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    runtime = LocalWorkspaceRuntime(work_root)
+    built = make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data")
+    built.repository = create_default_skill_repository(str(library), use_cached_repository=True)
+    yield built
+    await built.close()
+
+
+FETCH = ("python3 -c \"import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read()"
+         ".decode())\" http://{host}:{port}/x; curl -sS -o /dev/null -w '%{{http_connect}}\\n' "
+         "https://api.elsewhere.org/ || true")
+
+
+async def test_a_team_sees_its_own_list_and_cannot_set_one_for_a_run(services):
+    alpha, beta = new_team(services, "team-a"), new_team(services, "team-b")
+    EgressStore(services.teams.docs).set("team-a", ["api.github.com"])
+    async with client(services, alpha) as api:
+        own = await api.get("/v1/egress")
+        forged = await api.post("/v1/runs", json={"skill": "offline", "command": "true", "egress": ["evil.example"]})
+        runs = (await api.get("/v1/runs")).json()
+    async with client(services, beta) as api:
+        other = await api.get("/v1/egress")
+    async with client(services, None) as api:
+        anonymous = await api.get("/v1/egress")
+    assert own.status_code == 200 and own.json()["entries"] == ["api.github.com:443"]
+    assert other.json() == {"team": "team-b", "entries": [], "updated_at": None}
+    assert anonymous.status_code == 401
+    assert forged.status_code == 422 and runs["count"] == 0  # egress is the control plane's, not the caller's
+
+
+@pytest.mark.root
+async def test_an_api_run_reaches_the_host_its_skill_and_team_both_allow_and_the_refusals_are_listed(
+    services, allowed_port
+):
+    key = new_team(services, "team-a")
+    EgressStore(services.teams.docs).set("team-a", [f"*.allowed-egress.net:{allowed_port}"])
+    async with client(services, key) as api:
+        submitted = await api.post("/v1/runs", json={
+            "skill": "fetcher", "command": FETCH.format(host=ALLOWED, port=allowed_port)})
+        record = (await api.get(f"/v1/runs/{submitted.json()['id']}", params={"wait": 60})).json()
+        offline = await api.post("/v1/runs", json={
+            "skill": "offline", "command": FETCH.format(host=ALLOWED, port=allowed_port)})
+        offline_record = (await api.get(f"/v1/runs/{offline.json()['id']}", params={"wait": 60})).json()
+    result = record["result"]
+    assert submitted.status_code == 202 and record["status"] == "finished", record
+    assert result["stdout"].splitlines() == ["reached", "403"]  # api.elsewhere.org: declared, not the team's
+    assert result["egress_refused"] == 1
+    assert result["egress_refusals"] == [{"destination": "api.elsewhere.org:443",
+                                          "reason": "api.elsewhere.org:443 is not on the allow-list"}]
+    assert "reached" not in offline_record["result"]["stdout"]  # a skill declaring nothing has no network
+    assert offline_record["result"]["egress_refused"] == 0
