@@ -273,7 +273,7 @@ class TaskUpdateTool(_TaskTool):
         for downstream in edits["removeBlocks"]:
             store.unlink(task_id, downstream)
         if cycle := store.cycle():
-            raise _Refused(f"INVALID_DEPENDENCY: dependency cycle {' -> '.join(cycle)}")
+            raise _Refused(f"INVALID_DEPENDENCY: dependency cycle (each blocked by the next): {' -> '.join(cycle)}")
         for name, attr in (("subject", "subject"), ("description", "description"), ("activeForm", "active_form"),
                            ("owner", "owner")):
             if fields[name] is not None:

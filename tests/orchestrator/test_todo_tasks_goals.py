@@ -140,7 +140,7 @@ async def test_task_create_get_list_shapes_and_soft_delete():
 @pytest.mark.parametrize(("args", "code", "words"), [
     ({"taskId": "9", "status": "completed"}, "NOT_FOUND", "task '9' does not exist"),
     ({"taskId": "3", "addBlockedBy": ["9"]}, "INVALID_DEPENDENCY", "task '9' does not exist"),
-    ({"taskId": "1", "addBlockedBy": ["3"]}, "INVALID_DEPENDENCY", "cycle"),
+    ({"taskId": "1", "addBlockedBy": ["3"]}, "INVALID_DEPENDENCY", "cycle (each blocked by the next): 1 -> 3 -> 2 -> 1"),
     ({"taskId": "3", "addBlocks": ["1"]}, "INVALID_DEPENDENCY", "cycle"),
     ({"taskId": "2", "addBlockedBy": ["2"]}, "INVALID_DEPENDENCY", "itself"),
     ({"taskId": "3", "status": "in_progress"}, "INVALID_STATUS", "blocked by unfinished task(s) 2"),
