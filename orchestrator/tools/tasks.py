@@ -113,12 +113,13 @@ class TaskStore(BaseModel):
         for task in self.ordered():
             if done_id in task.blocked_by:
                 task.blocked_by.remove(done_id)
-                if not self._open_blockers(task) and task.status is TaskStatus.PENDING:
+                if not self.open_blockers(task) and task.status is TaskStatus.PENDING:
                     unblocked.append(task.id)
         self.tasks[done_id].blocks = []
         return unblocked
 
-    def _open_blockers(self, task: TaskRecord) -> list[str]:
+    def open_blockers(self, task: TaskRecord) -> list[str]:
+        """The ids of ``task``'s upstream tasks that are neither completed nor deleted."""
         return [u for u in task.blocked_by if u in self.tasks and self.tasks[u].status not in _FINISHED]
 
     def link(self, upstream: str, downstream: str) -> None:
@@ -284,7 +285,7 @@ class TaskUpdateTool(_TaskTool):
         unblocked: list[str] = []
         if status is not None and status != task.status.value:
             new = TaskStatus(status)
-            if new in (TaskStatus.IN_PROGRESS, TaskStatus.COMPLETED) and (waiting := store._open_blockers(task)):
+            if new in (TaskStatus.IN_PROGRESS, TaskStatus.COMPLETED) and (waiting := store.open_blockers(task)):
                 raise _Refused(f"INVALID_STATUS: task {task_id!r} is blocked by unfinished task(s) "
                                f"{', '.join(waiting)}; finish those first")
             if new is TaskStatus.IN_PROGRESS and self.toolset.enforce_single_in_progress:

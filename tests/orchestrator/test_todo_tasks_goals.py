@@ -322,3 +322,17 @@ async def test_each_agent_branch_keeps_its_own_list_board_and_goal():
     assert get_goal_record(session, branch=AGENT).objective == "Plan"
     assert {"todos:planner", "todos:helper", "tasks:planner", "tasks:helper", "goal:planner", "goal:helper"} == set(
         session.state)
+
+
+async def test_goal_tool_set_alone_does_not_hold_the_answer_back(model_server, model):
+    # The guide: tools=[GoalToolSet()] gives the tools without "no final answer while the goal is active".
+    model_server.add({"tool_calls": [{"name": "create_goal", "arguments": {"objective": "Two files"}}]},
+                     {"text": "Done, I think."})
+    agent = LlmAgent(name=AGENT, model=model, tools=[GoalToolSet()])
+    runner = Runner(app_name="app", agent=agent, session_service=InMemorySessionService())
+    answers = [e.content.parts[0].text async for e in runner.run_async(
+        user_id="u", session_id="s", new_message=Content(parts=[Part.from_text("go")])) if e.is_final_response()]
+    assert answers == ["Done, I think."] and len(model_server.requests) == 2
+    session = await runner.session_service.get_session(app_name="app", user_id="u", session_id="s")
+    assert get_goal_record(session, branch=AGENT).status.value == "active"
+    await runner.close()
