@@ -6,9 +6,11 @@ OpenAI-compatible server (``OPENAI_BASE_URL`` points the string model names at i
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from typing_extensions import override
 
@@ -21,9 +23,19 @@ from orchestrator.runners import Runner
 from orchestrator.sessions import InMemorySessionService
 from orchestrator.skills import DynamicSkillToolSet, SkillToolSet, create_default_skill_repository
 from orchestrator.skills.tools import LinkSkillStager
-from orchestrator.tools import BaseTool, BaseToolSet, FunctionTool, StreamingFunctionTool, get_tool, register_tool
+from orchestrator.tools import (
+    BaseTool,
+    BaseToolSet,
+    FunctionTool,
+    StreamingFunctionTool,
+    WebFetchTool,
+    WebSearchTool,
+    get_tool,
+    register_tool,
+)
 from orchestrator.types import Content, Part
 from tests.orchestrator.weather_tools import ask_name_information
+from tests.web_server import WebServer
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 
@@ -685,6 +697,300 @@ async def test_langchain_tavily_tool_example(model_server, monkeypatch):
     assert seen["results"][0]["results"][0]["url"] == "https://example.org/trpc-agent"
     assert seen["results"][1] == {"status": "error", "error_message": "query must not be empty"}
     assert seen["answers"] == ["Found two pages."]
+
+
+# -- WebFetchTool and WebSearchTool ----------------------------------------------------------------------------------
+# The guide's agent/agent.py and run_agent.py for each tool, as written. There is no internet here: the pages and the
+# search APIs are local servers, reached through the options the tools have for that (``private_hosts`` and
+# ``resolver`` for the fetch tool, which refuses loopback by default; ``base_url`` for the search tool).
+
+WEB_INSTRUCTION = "When a tool returns an error field, repeat its code to the user and explain it; do not invent content."
+EXAMPLE_PAGE = b"""<html><head><title>Example Domain</title><script>var t = 1;</script></head><body>
+<h1>Example Domain</h1><p>This domain is for use in illustrative examples in documents.</p></body></html>"""
+
+
+@pytest.fixture
+def web():
+    server = WebServer().start()
+    server.routes["/"] = (200, {"Content-Type": "text/html; charset=UTF-8"}, EXAMPLE_PAGE)
+    yield server
+    server.stop()
+
+
+def get_model_config() -> tuple[str, str, str]:
+    """The guide's ``.config.get_model_config``: (api_key, url, model_name)."""
+    return os.environ["OPENAI_API_KEY"], os.environ["OPENAI_BASE_URL"], "deepseek-chat"
+
+
+def _create_model() -> LLMModel:
+    """创建 LLM 模型"""
+    api_key, url, model_name = get_model_config()
+    return OpenAIModel(model_name=model_name, api_key=api_key, base_url=url)
+
+
+def create_default_fetch_agent(**test_options) -> LlmAgent:
+    """创建 WebFetchTool Agent"""
+    web_fetch = WebFetchTool(
+        timeout=10.0, # 超时时间配置
+        user_agent="trpc-agent-python-webfetch-example/1.0", # User-Agent 头
+        max_content_length=4000, # 返回文本字符上限
+        max_response_bytes=1 * 1024 * 1024, # 读取的原始字节上限
+        follow_redirects=True, # 手动重定向循环
+        max_redirects=3, # 重定向最大跳数上限
+        block_private_network=True, # SSRF 防护开关
+        **test_options,
+    )
+    return LlmAgent(
+        name="default_webfetch_assistant",
+        description="Web-reading assistant that fetches a single URL and summarises its textual content.",
+        model=_create_model(),
+        instruction=WEB_INSTRUCTION,
+        tools=[web_fetch],
+    )
+
+
+async def _run_one_query(runner: Runner, *, label: str, query: str) -> None:
+    """Drive a single user query through ``runner`` and pretty-print events."""
+    session_id = str(uuid.uuid4())
+    await runner.session_service.create_session(
+        app_name=runner.app_name,
+        user_id="demo_user",
+        session_id=session_id,
+        state={"user_name": "demo_user"},
+    )
+
+    print(f"\n========== {label} ==========")
+    print(f"📝 User: {query}")
+    print("🤖 Assistant: ", end="", flush=True)
+
+    user_content = Content(parts=[Part.from_text(text=query)])
+    async for event in runner.run_async(
+            user_id="demo_user",
+            session_id=session_id,
+            new_message=user_content,
+    ):
+        if not event.content or not event.content.parts:
+            continue
+
+        if event.partial:
+            for part in event.content.parts:
+                if part.text:
+                    print(part.text, end="", flush=True)
+            continue
+
+        for part in event.content.parts:
+            # 跳过思考部分
+            if part.thought:
+                continue
+            # 打印工具调用
+            if part.function_call:
+                print(f"\n🔧 [Invoke Tool: {part.function_call.name}({part.function_call.args})]")
+            # 打印工具响应
+            elif part.function_response:
+                resp = part.function_response.response
+                print(f"📊 [Tool Result: {resp}]")
+
+    print("\n" + "-" * 40)
+
+
+async def _drive_agent(agent: LlmAgent, *, app_name: str, scenarios: list[tuple[str, str]]) -> None:
+    """驱动 Agent 执行场景"""
+    runner = Runner(
+        app_name=app_name,
+        agent=agent,
+        session_service=InMemorySessionService(),
+    )
+    for label, query in scenarios:
+        await _run_one_query(runner, label=label, query=query)
+    await runner.close()
+
+
+def _tool_results(model_server) -> list[dict]:
+    """What each tool call returned, as the model was sent it."""
+    return [json.loads(m["content"]) for body in model_server.requests for m in body["messages"] if m["role"] == "tool"]
+
+
+async def test_webfetch_tool_example_refuses_loopback_by_default(model_server, web, capsys):
+    url = f"http://localhost:{web.port}"
+    model_server.add({"tool_calls": [{"name": "webfetch", "arguments": {"url": url}}]},
+                     {"text": "The fetch was refused (SSRF_BLOCKED_URL)."})
+    await _drive_agent(create_default_fetch_agent(), app_name="webfetch_agent_demo", scenarios=[
+        ("Default · plain fetch", f"Fetch {url} and summarise the page in one short paragraph."),
+    ])
+    out = capsys.readouterr().out
+    assert f"🔧 [Invoke Tool: webfetch({{'url': '{url}'}})]" in out
+    assert "SSRF_BLOCKED_URL: localhost resolves to private/reserved address 127.0.0.1" in out
+    assert web.requests == []
+
+
+async def test_webfetch_tool_example_scenarios(model_server, web, capsys):
+    """The guide's full example: plain fetch, per-call max_length, a cache hit, allow- and block-list refusals."""
+    page = f"http://example.com:{web.port}/"
+    test_options = {"private_hosts": ["example.com"], "resolver": lambda host, port: ["127.0.0.1"]}
+    model_server.add(
+        {"tool_calls": [{"name": "webfetch", "arguments": {"url": page}}]}, {"text": "An example page."},
+        {"tool_calls": [{"name": "webfetch", "arguments": {"url": page, "max_length": 14}}]}, {"text": "Short."},
+    )
+    await _drive_agent(create_default_fetch_agent(**test_options), app_name="webfetch_agent_demo", scenarios=[
+        ("Default · plain fetch", f"Fetch {page} and summarise the page in one short paragraph."),
+        ("max_length override", f"Fetch {page} with max_length=14."),
+    ])
+    cached = create_default_fetch_agent(enable_cache=True, cache_ttl_seconds=120.0, cache_max_bytes=1024 * 1024, **test_options)
+    model_server.add(
+        {"tool_calls": [{"name": "webfetch", "arguments": {"url": page}}]}, {"text": "Fetched."},
+        {"tool_calls": [{"name": "webfetch", "arguments": {"url": f"http://www.example.com:{web.port}"}}]}, {"text": "Again."},
+    )
+    await _drive_agent(cached, app_name="webfetch_agent_demo", scenarios=[("LRU cache", "Fetch it"), ("LRU cache", "Again")])
+    allow = create_default_fetch_agent(allowed_domains=["python.org"], **test_options)
+    block = create_default_fetch_agent(blocked_domains=["example.com"], **test_options)
+    for agent in (allow, block):
+        model_server.add({"tool_calls": [{"name": "webfetch", "arguments": {"url": page}}]}, {"text": "Refused."})
+        await _drive_agent(agent, app_name="webfetch_agent_demo", scenarios=[("Domain policy", f"Fetch {page}")])
+
+    plain, short, first, again, allowed, blocked = _tool_results(model_server)
+    assert plain["url"] == page and plain["status_code"] == 200 and plain["status_text"] == "OK"
+    assert plain["content_type"] == "text/html" and plain["error"] == "" and plain["cached"] is False
+    assert plain["content"].startswith("Example Domain\n\n# Example Domain\n\nThis domain is for use in")
+    assert "var t" not in plain["content"] and plain["bytes"] == len(plain["content"].encode())
+    assert short["content"] == plain["content"][:14] and short["bytes"] == 14
+    assert first["cached"] is False and again["cached"] is True and again["content"] == first["content"]
+    for refused in (allowed, blocked):
+        assert refused["error"] == "BLOCKED_URL: 'example.com' is not permitted by the tool's domain policy"
+    assert len(web.requests) == 3  # plain, max_length, the first cached fetch
+    assert {r.headers["User-Agent"] for r in web.requests} == {"trpc-agent-python-webfetch-example/1.0"}
+    assert "📊 [Tool Result: {'url': " in capsys.readouterr().out
+
+
+DDG_LOOKUP = {
+    "Heading": "Python (programming language)", "AbstractSource": "Wikipedia",
+    "AbstractText": "Python is a high-level, general-purpose programming language.",
+    "AbstractURL": "https://en.wikipedia.org/wiki/Python_(programming_language)",
+    "RelatedTopics": [
+        {"FirstURL": "https://duckduckgo.com/Guido_van_Rossum", "Text": "Guido van Rossum - Creator of Python."},
+        {"FirstURL": "https://www.python.org/", "Text": "Python.org - Official site."},
+    ],
+}
+CSE_ANSWER = {"items": [
+    {"title": "What's New In Python 3.13", "link": "https://docs.python.org/3/whatsnew/3.13.html",
+     "snippet": "This article explains the new features in Python 3.13, compared to 3.12 ..."},
+    {"title": "Python 3.13.0 Release Notes", "link": "https://www.python.org/downloads/release/python-3130/",
+     "snippet": "Python 3.13 is the newest major release ..."},
+]}
+
+
+def create_ddg_agent(base_url: str) -> LlmAgent:
+    """创建基于 DuckDuckGo 的 WebSearchTool Agent"""
+    web_search = WebSearchTool(
+        provider="duckduckgo",     # keyless，适合定义/百科/事实类查询
+        results_num=3,             # 默认返回最多 3 条
+        snippet_len=300,           # 每条摘要最多 300 字符
+        title_len=80,              # 每条标题最多 80 字符
+        timeout=10.0,
+        base_url=base_url,         # 测试：本地的 DuckDuckGo 替身
+    )
+    return LlmAgent(
+        name="ddg_research_assistant",
+        description="Web research assistant powered by DuckDuckGo Instant Answers.",
+        model=_create_model(),
+        instruction=WEB_INSTRUCTION,
+        tools=[web_search],
+    )
+
+
+async def test_websearch_tool_ddg_example(model_server, web, capsys):
+    web.routes["/ddg"] = (200, {"Content-Type": "application/x-javascript"}, json.dumps(DDG_LOOKUP).encode())
+    model_server.add(
+        {"tool_calls": [{"name": "websearch", "arguments": {
+            "query": "Python (programming language)", "count": 3, "allowed_domains": ["wikipedia.org"]}}]},
+        {"text": "Python is a programming language.\n\nSources:\n- [Python](https://en.wikipedia.org/wiki/Python_(programming_language))"},
+        {"tool_calls": [{"name": "websearch", "arguments": {"query": "p"}}]}, {"text": "Too short."},
+    )
+    await _drive_agent(create_ddg_agent(web.url("/ddg")), app_name="websearch_agent_demo", scenarios=[
+        ("DuckDuckGo · plain lookup", "Look up the entity 'Python (programming language)' and summarise it in "
+                                      "one paragraph. Use count=1."),
+        ("DuckDuckGo · too short", "Search for 'p'."),
+    ])
+    found, too_short = _tool_results(model_server)
+    assert found == {
+        "query": "Python (programming language)", "provider": "duckduckgo",
+        "results": [{"title": "Python (programming language)", "url": "https://en.wikipedia.org/wiki/Python_(programming_language)",
+                     "snippet": "Python is a high-level, general-purpose programming language."}],
+        "summary": "Python is a high-level, general-purpose programming language. (source: Wikipedia)",
+    }
+    assert too_short == {"error": "INVALID_QUERY: query must be at least 2 characters"}
+    system = model_server.requests[0]["messages"][0]
+    assert system["role"] == "system" and system["content"].startswith(WEB_INSTRUCTION)
+    assert 'End your answer with a "Sources:" section' in system["content"]
+    declared = model_server.requests[0]["tools"][0]["function"]
+    assert declared["name"] == "websearch" and declared["parameters"]["required"] == ["query"]
+    assert "Sources:" in capsys.readouterr().out
+
+
+async def test_websearch_tool_google_example(model_server, web, monkeypatch):
+    web.routes["/customsearch/v1"] = (200, {"Content-Type": "application/json"}, json.dumps(CSE_ANSWER).encode())
+    monkeypatch.setenv("GOOGLE_CSE_API_KEY", "cse-key")
+    monkeypatch.setenv("GOOGLE_CSE_ENGINE_ID", "cse-cx")
+
+    def get_google_cse_config() -> tuple[str, str]:
+        return os.environ["GOOGLE_CSE_API_KEY"], os.environ["GOOGLE_CSE_ENGINE_ID"]
+
+    def get_http_proxy() -> str | None:
+        return None
+
+    # 业务侧创建并负责生命周期：程序退出前调用 await shared_client.aclose()
+    shared_client = httpx.AsyncClient(
+        timeout=15.0,
+        limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+    )
+
+    def create_google_agent() -> LlmAgent:
+        """创建基于 Google Custom Search 的 WebSearchTool Agent"""
+        api_key, engine_id = get_google_cse_config()
+        web_search = WebSearchTool(
+            provider="google", # 使用 Google Custom Search
+            api_key=api_key, # Google CSE API Key
+            engine_id=engine_id, # Google CSE Engine ID
+            user_agent="trpc-agent-python-websearch-demo/1.0 (+google-cse)", # User-Agent 头
+            proxy=get_http_proxy(),                # 可选：出口代理
+            lang="en", # 语言设定
+            http_client=shared_client,             # 复用连接池，需要调用方显式关闭
+            results_num=3, # 返回条数
+            snippet_len=240, # 单条摘要字符上限
+            title_len=80, # 单条标题字符上限
+            timeout=15.0, # 超时时间
+            dedup_urls=True, # 开启 URL 归一化去重
+            google_extra_params={"safe": "active"},       # 打开 Google SafeSearch
+            base_url=web.url("/customsearch/v1"),  # 测试：本地的 Custom Search 替身
+        )
+        return LlmAgent(
+            name="google_research_assistant",
+            description="Web research assistant powered by Google Custom Search (SafeSearch on).",
+            model=_create_model(),
+            instruction=WEB_INSTRUCTION,
+            tools=[web_search],
+        )
+
+    model_server.add(
+        {"tool_calls": [{"name": "websearch", "arguments": {"query": "Python 3.13 release highlights"}}]}, {"text": "Done."},
+        {"tool_calls": [{"name": "websearch", "arguments": {
+            "query": "Python 3.13", "allowed_domains": ["a.org"], "blocked_domains": ["b.org"]}}]}, {"text": "Oops."},
+    )
+    await _drive_agent(create_google_agent(), app_name="websearch_agent_demo", scenarios=[
+        ("Google · baseline", "What's new in Python 3.13?"), ("Google · both lists", "Search only a.org but not b.org"),
+    ])
+    assert not shared_client.is_closed
+    await shared_client.aclose()
+    found, both = _tool_results(model_server)
+    assert found == {"query": "Python 3.13 release highlights", "provider": "google", "summary": "", "results": [
+        {"title": "What's New In Python 3.13", "url": "https://docs.python.org/3/whatsnew/3.13.html",
+         "snippet": "This article explains the new features in Python 3.13, compared to 3.12 ..."},
+        {"title": "Python 3.13.0 Release Notes", "url": "https://www.python.org/downloads/release/python-3130/",
+         "snippet": "Python 3.13 is the newest major release ..."},
+    ]}
+    assert both == {"error": "INVALID_ARGS: cannot specify both allowed_domains and blocked_domains in the same request"}
+    asked = web.requests[0]
+    assert asked.query["safe"] == ["active"] and asked.query["hl"] == ["en"] and asked.query["key"] == ["cse-key"]
+    assert asked.headers["User-Agent"] == "trpc-agent-python-websearch-demo/1.0 (+google-cse)"
 
 
 async def test_langchain_tool_with_tool_context_example(model_server, monkeypatch):
