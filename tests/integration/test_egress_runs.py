@@ -183,9 +183,10 @@ async def test_a_local_run_without_a_sandbox_refuses_an_allow_list(work_root, al
 async def test_a_docker_run_reaches_its_allowed_host_and_nothing_else(docker_runtime_factory, allowed_server,
                                                                       probe_skill, work_root):
     runtime = docker_runtime_factory()
-    result = await runtime.run(_request(probe_skill, allowed_server, runtime=RuntimeName.DOCKER,
-                                        workspace_id="egress-docker"))
-    _check_contained(result, allowed_server)
+    for _ in range(2):  # the second in the same container, its loopback port reused after the first's connections
+        result = await runtime.run(_request(probe_skill, allowed_server, runtime=RuntimeName.DOCKER,
+                                            workspace_id="egress-docker"))
+        _check_contained(result, allowed_server)
     assert not list(work_root.rglob(".skillrun-egress-*"))  # the proxy's socket went with the run
 
 

@@ -22,6 +22,7 @@ folder, path = os.path.split(path)
 if folder:
     os.chdir(folder)
 listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # an earlier run's connections may be in TIME_WAIT
 listener.bind(("127.0.0.1", port))
 listener.listen(64)
 
