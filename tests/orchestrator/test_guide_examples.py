@@ -491,14 +491,25 @@ from tests.orchestrator import tavily_standin  # noqa: E402
 from tests.orchestrator.conftest import system_message, tool_messages  # noqa: E402
 
 
-async def turn(runner: Runner, session_id: str, query: str) -> list[str]:
-    """One user message in an existing session; the final answers."""
-    answers = []
-    async for event in runner.run_async(user_id="demo_user", session_id=session_id,
-                                        new_message=Content(parts=[Part.from_text(text=query)])):
-        if event.is_final_response():
-            answers.extend(p.text for p in event.content.parts if p.text)
-    return answers
+class Conversation:
+    """One session of the guide's multi-turn examples (their run_agent.py): say something, read the session back."""
+
+    def __init__(self, agent: LlmAgent, app_name: str) -> None:
+        self.service = InMemorySessionService()
+        self.runner = Runner(app_name=app_name, agent=agent, session_service=self.service)
+        self.app_name = app_name
+
+    async def say(self, query: str) -> list[str]:
+        """One user message (the runner creates the session on the first); the final answers."""
+        answers = []
+        async for event in self.runner.run_async(user_id="demo_user", session_id="s1",
+                                                 new_message=Content(parts=[Part.from_text(text=query)])):
+            if event.is_final_response():
+                answers.extend(p.text for p in event.content.parts if p.text)
+        return answers
+
+    async def session(self):
+        return await self.service.get_session(app_name=self.app_name, user_id="demo_user", session_id="s1")
 
 
 def guide_model(model_server) -> OpenAIModel:
@@ -526,20 +537,16 @@ async def test_todo_write_tool_example(model_server):
         instruction="你是规划型助手，多步任务请用 todo_write 维护清单。",
         tools=[TodoWriteTool()],
     )
-    service = InMemorySessionService()
-    runner = Runner(app_name="todo_demo", agent=agent, session_service=service)
-    await service.create_session(app_name="todo_demo", user_id="demo_user", session_id="s1")
-    assert await turn(runner, "s1", "做一个两步的小项目") == ["计划已建立。"]
-    session = await service.get_session(app_name="todo_demo", user_id="demo_user", session_id="s1")
-    todos = get_todos(session, branch=agent.name)
+    chat = Conversation(agent, "todo_demo")
+    assert await chat.say("做一个两步的小项目") == ["计划已建立。"]
+    todos = get_todos(await chat.session(), branch=agent.name)
     assert render_todos(todos) == "🔄 设计接口中\n⬜ 编写实现"
-    assert await turn(runner, "s1", "继续") == ["接口已完成。"]
-    session = await service.get_session(app_name="todo_demo", user_id="demo_user", session_id="s1")
-    assert render_todos(get_todos(session, branch=agent.name)) == "✅ 设计接口\n🔄 编写实现中"
+    assert await chat.say("继续") == ["接口已完成。"]
+    assert render_todos(get_todos(await chat.session(), branch=agent.name)) == "✅ 设计接口\n🔄 编写实现中"
     assert "todo_write" in system_message(model_server.requests[0])
     second = json.loads(tool_messages(model_server.requests[3])[-1]["content"])
     assert [t["status"] for t in second["oldTodos"]] == ["in_progress", "pending"]
-    await runner.close()
+    await chat.runner.close()
 
 
 async def test_task_tool_set_example(model_server):
@@ -564,21 +571,18 @@ async def test_task_tool_set_example(model_server):
         tools=[TaskToolSet()],
         # parallel_tool_calls=True 时，同批多个 task 工具由 task_store_lock 保护 store 一致性
     )
-    service = InMemorySessionService()
-    runner = Runner(app_name="task_demo", agent=agent, session_service=service)
-    await service.create_session(app_name="task_demo", user_id="demo_user", session_id="s1")
-    assert await turn(runner, "s1", "规划并开始") == ["#1 完成，#2 进行中。"]
-    session = await service.get_session(app_name="task_demo", user_id="demo_user", session_id="s1")
-    store = get_task_store(session, branch=agent.name)
+    chat = Conversation(agent, "task_demo")
+    assert await chat.say("规划并开始") == ["#1 完成，#2 进行中。"]
+    store = get_task_store(await chat.session(), branch=agent.name)
     assert render_task_list(store).splitlines()[:3] == ["✅ #1 设计表结构", "🔄 #2 实现 API", "⬜ #3 单元测试 (blocked by: 2)"]
     assert json.loads(tool_messages(model_server.requests[4])[-1]["content"])["unblocked"] == ["2", "4"]
-    assert await turn(runner, "s1", "继续") == ["#2 完成。"]
+    assert await chat.say("继续") == ["#2 完成。"]
     completed_2, listed = (json.loads(m["content"]) for m in tool_messages(model_server.requests[-1])[-2:])
     assert completed_2["unblocked"] == ["3"]
     assert listed["stats"] == {"pending": 2, "in_progress": 0, "completed": 2}
     assert all("description" not in t for t in listed["tasks"])
     assert system_message(model_server.requests[0]).count("task_create, task_update, task_get, task_list") == 1
-    await runner.close()
+    await chat.runner.close()
 
 
 async def test_goal_tools_example(model_server, capsys):
