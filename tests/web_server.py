@@ -7,6 +7,8 @@ huge body, say).
 
 from __future__ import annotations
 
+import select
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +70,56 @@ class WebServer:
                 self.wfile.write(payload)
 
             do_GET = do_POST = _answer
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class ConnectProxy:
+    """An HTTPS (CONNECT) proxy on loopback that resolves names through ``hosts`` and records each tunnel's target."""
+
+    def __init__(self, hosts: dict[str, str]) -> None:
+        self.hosts = hosts
+        self.tunnels: list[str] = []
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "ConnectProxy":
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_CONNECT(self) -> None:
+                host, _, port = self.path.rpartition(":")
+                proxy.tunnels.append(self.path)
+                upstream = socket.create_connection((proxy.hosts.get(host, host), int(port)))
+                self.send_response(200, "Connection established")
+                self.end_headers()
+                sockets = [self.connection, upstream]
+                try:
+                    while True:
+                        readable, _, _ = select.select(sockets, [], [], 5)
+                        if not readable:
+                            return
+                        for source in readable:
+                            data = source.recv(65536)
+                            if not data:
+                                return
+                            (upstream if source is self.connection else self.connection).sendall(data)
+                finally:
+                    upstream.close()
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

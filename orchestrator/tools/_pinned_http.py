@@ -7,8 +7,9 @@ spellings of an IPv4 host resolve to the address they mean and are vetted as tha
 of those very addresses: the address is put in the request URL, the name in the ``Host`` header and as the TLS
 server name, so certificates are still verified against the name and no second lookup can send the connection
 elsewhere (DNS rebinding). This works through any HTTP/1.1 ``httpx.AsyncClient``, a caller's shared one and one with a
-proxy included, because nothing below httpx's public request API is changed. (A client with ``http2=True`` would
-keep an HTTP/2 connection open for reuse under the bare address; don't share one with the web tools.)
+plain-HTTP proxy included, because nothing below httpx's public request API is changed. (A client with
+``http2=True`` would keep an HTTP/2 connection open for reuse under the bare address; don't share one with the web
+tools. HTTPS through a CONNECT proxy is the exception ``send_pinned(tunnelled=True)`` describes.)
 """
 
 from __future__ import annotations
@@ -69,14 +70,23 @@ def _public(address: str) -> bool:
 
 
 async def send_pinned(
-    client: httpx.AsyncClient, url: httpx.URL, headers: Mapping[str, str], timeout: float, policy: AddressPolicy
+    client: httpx.AsyncClient, url: httpx.URL, headers: Mapping[str, str], timeout: float, policy: AddressPolicy,
+    *, tunnelled: bool = False,
 ) -> httpx.Response:
-    """``GET url`` as a stream, connected to an address ``policy`` vetted; redirects are not followed."""
+    """``GET url`` as a stream, connected to an address ``policy`` vetted; redirects are not followed.
+
+    ``tunnelled``: the client reaches ``url`` through a CONNECT proxy (HTTPS through ``proxy``). httpcore names the
+    tunnel's TLS server after the URL's host, so the address cannot go in the URL: the name is vetted here and
+    sent as it is, and the proxy resolves it again — through a proxy, DNS rebinding is the proxy's to stop.
+    """
     if not policy.block_private_network:
         request = client.build_request("GET", url, headers=headers, timeout=timeout)
         return await client.send(request, stream=True, follow_redirects=False)
     host = url.raw_host.decode("ascii")
     addresses = await policy.addresses(host, url.port or (443 if url.scheme == "https" else 80))
+    if tunnelled:
+        request = client.build_request("GET", url, headers=headers, timeout=timeout)
+        return await client.send(request, stream=True, follow_redirects=False)
     pinned_headers = {**headers, "Host": url.netloc.decode("ascii")}
     extensions = {}
     if url.scheme == "https":

@@ -13,6 +13,8 @@ characters (or the call's ``max_length``) are returned. The result is always a `
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -134,6 +136,7 @@ class WebFetchTool(BaseTool):
         self.blocked_domains = clean_domains(blocked_domains)
         self.follow_redirects = bool(follow_redirects)
         self.max_redirects = max(0, int(max_redirects))
+        self._ssl_context: ssl.SSLContext | None = None
         self.policy = AddressPolicy.build(bool(block_private_network), private_hosts, resolver)
         self.cache: TTLCache[FetchResult] | None = (
             TTLCache(ttl_seconds=cache_ttl_seconds, max_bytes=cache_max_bytes) if enable_cache else None
@@ -179,17 +182,27 @@ class WebFetchTool(BaseTool):
     async def _fetch(self, url: httpx.URL, raw: str) -> FetchResult:
         started = time.monotonic()
         try:
-            if self.http_client is not None:
-                result = await self._follow(self.http_client, url)
-            else:
-                async with httpx.AsyncClient(proxy=self.proxy, follow_redirects=False) as client:
-                    result = await self._follow(client, url)
+            async with asyncio.timeout(self.timeout):  # the whole call: lookups, hops and a slowly dripping body
+                if self.http_client is not None:
+                    result = await self._follow(self.http_client, url)
+                else:
+                    async with self._client() as client:
+                        result = await self._follow(client, url)
         except _Refused as exc:
             result = FetchResult(url=raw, error=str(exc))
         except httpx.HTTPError as exc:
             result = FetchResult(url=raw, error=f"HTTP_ERROR: {type(exc).__name__}: {exc}")
+        except TimeoutError:
+            result = FetchResult(url=raw, error=f"HTTP_ERROR: the fetch took longer than {self.timeout:g} s")
         result.duration_ms = int((time.monotonic() - started) * 1000)
         return result
+
+    def _client(self) -> httpx.AsyncClient:
+        """The client of one call: ``proxy`` only (proxy variables in the environment are not read, so which hops
+        are tunnelled is known here); CA bundles from ``SSL_CERT_FILE``/``SSL_CERT_DIR`` still count."""
+        if self._ssl_context is None:
+            self._ssl_context = httpx.create_ssl_context()
+        return httpx.AsyncClient(proxy=self.proxy, trust_env=False, verify=self._ssl_context)
 
     async def _follow(self, client: httpx.AsyncClient, url: httpx.URL) -> FetchResult:
         """Each hop checked and sent through ``send_pinned``; the last one read into a result."""
@@ -197,8 +210,10 @@ class WebFetchTool(BaseTool):
             host = url_host(url)
             if not domain_permitted(host, self.allowed_domains, self.blocked_domains):
                 raise _Refused(f"BLOCKED_URL: {host!r} is not permitted by the tool's domain policy")
+            tunnelled = self.proxy is not None and self.http_client is None and url.scheme == "https"
             try:
-                response = await send_pinned(client, url, {"User-Agent": self.user_agent}, self.timeout, self.policy)
+                response = await send_pinned(client, url, {"User-Agent": self.user_agent}, self.timeout, self.policy,
+                                             tunnelled=tunnelled)
             except AddressRefused as exc:
                 raise _Refused(f"SSRF_BLOCKED_URL: {exc}") from None
             try:

@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from orchestrator.context import InvocationContext
 from orchestrator.tools import FetchResult, WebFetchTool
 from orchestrator.tools._ttl_cache import TTLCache
-from tests.web_server import WebServer
+from tests.web_server import ConnectProxy, WebServer
 
 PAGE = b"""<html><head><title>Example Domain</title><style>body{color:red}</style>
 <script>document.write('tracking')</script></head><body><h1>Example Domain</h1>
@@ -276,7 +276,28 @@ async def test_a_shared_client_is_used_with_the_tools_user_agent_and_left_open(w
 async def test_a_timeout_is_http_error(web):
     web.routes["/slow"] = lambda handler: time.sleep(1.5)
     result = await fetch(local(timeout=0.3), url=web.url("/slow"))
-    assert result["error"].startswith("HTTP_ERROR: ReadTimeout")
+    assert result["error"].startswith(("HTTP_ERROR: ReadTimeout", "HTTP_ERROR: the fetch took longer than 0.3 s"))
+
+
+async def test_a_body_dripping_slowly_is_cut_off_at_the_timeout(web):
+    def drip(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Content-Length", "1000")
+        handler.end_headers()
+        try:
+            for _ in range(1000):
+                handler.wfile.write(b"x")
+                handler.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass
+
+    web.routes["/drip"] = drip
+    started = time.monotonic()
+    result = await fetch(local(timeout=0.5), url=web.url("/drip"))
+    assert result["error"] == "HTTP_ERROR: the fetch took longer than 0.5 s"
+    assert time.monotonic() - started < 2
 
 
 def _certificate(name: str) -> tuple[bytes, bytes]:
@@ -295,13 +316,18 @@ def _certificate(name: str) -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), pem_key
 
 
-async def test_https_to_the_checked_address_verifies_the_certificate_against_the_name(web, tmp_path):
-    cert, key = _certificate("secure.test")
-    (tmp_path / "cert.pem").write_bytes(cert)
-    (tmp_path / "key.pem").write_bytes(key)
+def _serve_tls(web: WebServer, folder, name: str) -> None:
+    """Make ``web`` answer HTTPS with a self-signed certificate for ``name`` (``folder/cert.pem``)."""
+    cert, key = _certificate(name)
+    (folder / "cert.pem").write_bytes(cert)
+    (folder / "key.pem").write_bytes(key)
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server_context.load_cert_chain(folder / "cert.pem", folder / "key.pem")
     web._server.socket = server_context.wrap_socket(web._server.socket, server_side=True)
+
+
+async def test_https_to_the_checked_address_verifies_the_certificate_against_the_name(web, tmp_path):
+    _serve_tls(web, tmp_path, "secure.test")
     client_context = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
     resolver = {"secure.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]}
     async with httpx.AsyncClient(verify=client_context) as client:
@@ -312,6 +338,28 @@ async def test_https_to_the_checked_address_verifies_the_certificate_against_the
         assert wrong_name["error"].startswith("HTTP_ERROR: ConnectError") and "certificate" in wrong_name["error"].lower()
     assert web.requests[0].headers["Host"] == f"secure.test:{web.port}"
     assert ipaddress.ip_address("127.0.0.1")  # the server only ever listened on loopback
+
+
+async def test_https_through_a_connect_proxy_vets_the_name_and_tunnels_to_it(web, tmp_path, monkeypatch):
+    _serve_tls(web, tmp_path, "secure.test")
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "cert.pem"))
+    proxy = ConnectProxy({"secure.test": "127.0.0.1"}).start()
+    try:
+        tool = WebFetchTool(proxy=proxy.url, private_hosts=["secure.test"], resolver=lambda h, p: ["127.0.0.1"])
+        result = await fetch(tool, url=f"https://secure.test:{web.port}/page")
+        assert result["error"] == "" and "# Example Domain" in result["content"]
+        assert proxy.tunnels == [f"secure.test:{web.port}"]
+        refused = await fetch(WebFetchTool(proxy=proxy.url), url=f"https://localhost:{web.port}/page")
+        assert refused["error"].startswith("SSRF_BLOCKED_URL: localhost resolves to private/reserved address")
+        assert proxy.tunnels == [f"secure.test:{web.port}"]
+    finally:
+        proxy.stop()
+
+
+async def test_proxy_variables_in_the_environment_are_not_used(web, monkeypatch):
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    assert (await fetch(local(), url=web.url("/page")))["error"] == ""
 
 
 def test_fetch_result_defaults_match_the_guide():
