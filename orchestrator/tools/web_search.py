@@ -11,6 +11,7 @@ without its credentials answers with no results and says so in ``summary``.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 from dataclasses import asdict, dataclass, field
@@ -151,10 +152,14 @@ class WebSearchTool(BaseTool):
             result.summary = missing
             return asdict(result)
         try:
-            data = await self._ask(query)
+            async with asyncio.timeout(self.timeout):
+                data = await self._ask(query)
             answer = self.provider.parse(data, query)
         except (httpx.HTTPError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
             return {"error": f"HTTP_ERROR: {_describe(exc)}", "provider": name, "query": query.text}
+        except TimeoutError:
+            return {"error": f"HTTP_ERROR: the search took longer than {self.timeout:g} s", "provider": name,
+                    "query": query.text}
         result.summary = answer.summary
         result.results = self._select(answer.hits, query)
         return asdict(result)

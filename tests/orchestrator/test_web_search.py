@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -205,6 +206,15 @@ async def test_an_unreachable_provider_is_http_error(web):
     result = await search(WebSearchTool(base_url=f"http://127.0.0.1:{port}/", timeout=2), query="python")
     assert result["error"].startswith("HTTP_ERROR: ConnectError(") and result["provider"] == "duckduckgo"
     web.start()
+
+
+async def test_a_provider_that_answers_too_slowly_is_http_error(web):
+    def slow(handler):
+        time.sleep(1)
+
+    web.routes["/ddg/"] = slow
+    result = await search(ddg(web, timeout=0.3), query="python")
+    assert result["error"].startswith(("HTTP_ERROR: ReadTimeout(", "HTTP_ERROR: the search took longer than 0.3 s"))
 
 
 async def test_a_shared_client_is_used_left_open_and_given_the_tools_user_agent(web):
