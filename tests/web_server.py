@@ -28,8 +28,24 @@ class Seen:
     body: bytes = b""
 
 
+class _Served:
+    """Serving a handler class on a free loopback port from a thread of its own."""
+
+    port: int
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 @dataclass
-class WebServer:
+class WebServer(_Served):
     routes: dict[str, Route] = field(default_factory=dict)
     requests: list[Seen] = field(default_factory=list)
     port: int = 0
@@ -71,18 +87,11 @@ class WebServer:
 
             do_GET = do_POST = _answer
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self._serve(Handler)
         return self
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
-
-class ConnectProxy:
+class ConnectProxy(_Served):
     """An HTTPS (CONNECT) proxy on loopback that resolves names through ``hosts`` and records each tunnel's target."""
 
     def __init__(self, hosts: dict[str, str]) -> None:
@@ -121,12 +130,5 @@ class ConnectProxy:
                 finally:
                     upstream.close()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self._serve(Handler)
         return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
