@@ -158,7 +158,9 @@ class WebFetchTool(BaseTool):
         unexpected = sorted(set(args) - {"url", "max_length"})
         if unexpected:  # the domain lists and the SSRF guard are the tool's, never the model's
             return {"error": f"INVALID_ARGS: unexpected argument(s): {', '.join(unexpected)}"}
-        raw, cap = args.get("url"), args.get("max_length", self.max_content_length)
+        raw, cap = args.get("url"), args.get("max_length")
+        if cap is None:  # left out, or sent as null
+            cap = self.max_content_length
         if not isinstance(raw, str) or not raw.strip():
             return {"error": "INVALID_ARGS: `url` must be a non-empty string"}
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:

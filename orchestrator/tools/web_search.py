@@ -174,7 +174,9 @@ class WebSearchTool(BaseTool):
             return "INVALID_ARGS: `query` must be a string"
         if len(text.strip()) < MIN_QUERY_CHARS:
             return f"INVALID_QUERY: query must be at least {MIN_QUERY_CHARS} characters"
-        count = args.get("count", self.results_num)
+        count = args.get("count")
+        if count is None:  # left out, or sent as null
+            count = self.results_num
         if isinstance(count, bool) or not isinstance(count, int):
             return "INVALID_ARGS: `count` must be an integer"
         lists: dict[str, tuple[str, ...]] = {}

@@ -231,6 +231,7 @@ async def test_content_caps_and_the_calls_max_length(web):
     short = await fetch(tool, url=web.url("/long"), max_length=10)
     assert short["content"] == "x" * 10 and short["bytes"] == 10
     assert len((await fetch(tool, url=web.url("/long"), max_length=0))["content"]) == 5000
+    assert len((await fetch(tool, url=web.url("/long"), max_length=None))["content"]) == 1000
 
 
 async def test_the_cache_serves_equivalent_urls_until_the_ttl(web):

@@ -99,6 +99,8 @@ async def test_count_results_num_and_lengths_are_clamped(web):
     assert len(result["results"]) == 3
     assert all(len(h["snippet"]) <= 10 and len(h["title"]) <= 5 for h in result["results"])
     assert len((await search(tool, query="python", count=1))["results"]) == 1
+    nulls = await search(tool, query="python", count=None, lang=None, allowed_domains=None, blocked_domains=None)
+    assert len(nulls["results"]) == 3
     assert len((await search(tool, query="python", count=99))["results"]) == 4  # clamped to 10; 4 unique hits
     assert WebSearchTool(results_num=0, snippet_len=10**6, title_len=-1).results_num == 1
 
