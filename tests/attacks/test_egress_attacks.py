@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from tests.conftest import write_skill
+from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
 from tests.integration.conftest import docker_engine, docker_runtime_factory  # noqa: F401 - shared fixtures
-from tests.integration.test_egress_runs import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
 from worker.contract import RunRequest, RuntimeName, SkillRef
 from worker.egress.proxy import MAX_REFUSALS_LISTED
 from worker.runtimes.local import LocalWorkspaceRuntime

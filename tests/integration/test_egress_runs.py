@@ -10,26 +10,21 @@ resolve to public addresses). No traffic leaves the machine.
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 
 import pytest
 
 from tests.conftest import write_skill
+from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
 from tests.integration.conftest import (  # noqa: F401 - shared fixtures
     cube_runtime_factory,
     cube_standin,
     docker_engine,
     docker_runtime_factory,
 )
-from worker.config import get_worker_settings
 from worker.contract import RunRequest, RuntimeName, SkillRef
 from worker.errors import InvalidRunRequestError
 from worker.runtimes.local import LocalWorkspaceRuntime
-
-ALLOWED = "api.allowed-egress.net"
-"""The allowed host's name: pinned to the test's server on 127.0.0.1."""
 
 PROBE = r'''
 import json, os, socket, sys, urllib.request
@@ -89,33 +84,6 @@ attempt("proxy_admin", lambda: urllib.request.urlopen(
 found["env"] = {k: v for k, v in os.environ.items() if k.lower().endswith("_proxy")}
 print(json.dumps(found))
 '''.replace("ALLOWED", ALLOWED)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the http.server interface
-        body = f"reached {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def allowed_server(monkeypatch):
-    """An HTTP server on the host's loopback, reachable from runs as ``ALLOWED`` (pinned), for one test."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("SKILLRUN_EGRESS_PINNED_HOSTS", f"{ALLOWED}=127.0.0.1")
-    get_worker_settings.cache_clear()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
-    get_worker_settings.cache_clear()
 
 
 @pytest.fixture

@@ -4,12 +4,10 @@ never by the caller. A run through the API (local runtime, as root) then reaches
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -19,8 +17,8 @@ from orchestrator.egress import EgressListError, EgressStore
 from orchestrator.errors import SkillValidationError
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
+from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
 from tests.orchestrator.api_helpers import client, make_services, new_team
-from worker.config import get_worker_settings
 from worker.egress import effective
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -117,36 +115,10 @@ def test_the_cli_sets_shows_and_clears_a_team_list_and_refuses_bad_input(tmp_pat
 
 # --- the API --------------------------------------------------------------------------------------------------------
 
-ALLOWED = "api.allowed-egress.net"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the http.server interface
-        self.send_response(200)
-        self.send_header("Content-Length", "7")
-        self.end_headers()
-        self.wfile.write(b"reached")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def allowed_port(monkeypatch):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("SKILLRUN_EGRESS_PINNED_HOSTS", f"{ALLOWED}=127.0.0.1")
-    get_worker_settings.cache_clear()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
-    get_worker_settings.cache_clear()
-
-
-@pytest.fixture
-async def services(work_root, allowed_port):
+async def services(work_root, allowed_server):
     library = work_root.parent / "egress-library"
-    for name, declared in (("fetcher", f"['{ALLOWED}:{allowed_port}', 'api.elsewhere.org']"), ("offline", "[]")):
+    for name, declared in (("fetcher", f"['{ALLOWED}:{allowed_server}', 'api.elsewhere.org']"), ("offline", "[]")):
         (library / name).mkdir(parents=True)
         (library / name / "SKILL.md").write_text(
             f"---\nname: {name}\ndescription: The {name} skill.\nmetadata:\n  egress: {declared}\n---\nx\n")
@@ -183,20 +155,20 @@ async def test_a_team_sees_its_own_list_and_cannot_set_one_for_a_run(services):
 
 @pytest.mark.root
 async def test_an_api_run_reaches_the_host_its_skill_and_team_both_allow_and_the_refusals_are_listed(
-    services, allowed_port
+    services, allowed_server
 ):
     key = new_team(services, "team-a")
-    EgressStore(services.teams.docs).set("team-a", [f"*.allowed-egress.net:{allowed_port}"])
+    EgressStore(services.teams.docs).set("team-a", [f"*.allowed-egress.net:{allowed_server}"])
     async with client(services, key) as api:
         submitted = await api.post("/v1/runs", json={
-            "skill": "fetcher", "command": FETCH.format(host=ALLOWED, port=allowed_port)})
+            "skill": "fetcher", "command": FETCH.format(host=ALLOWED, port=allowed_server)})
         record = (await api.get(f"/v1/runs/{submitted.json()['id']}", params={"wait": 60})).json()
         offline = await api.post("/v1/runs", json={
-            "skill": "offline", "command": FETCH.format(host=ALLOWED, port=allowed_port)})
+            "skill": "offline", "command": FETCH.format(host=ALLOWED, port=allowed_server)})
         offline_record = (await api.get(f"/v1/runs/{offline.json()['id']}", params={"wait": 60})).json()
     result = record["result"]
     assert submitted.status_code == 202 and record["status"] == "finished", record
-    assert result["stdout"].splitlines() == ["reached", "403"]  # api.elsewhere.org: declared, not the team's
+    assert result["stdout"].splitlines() == ["reached /x", "403"]  # api.elsewhere.org: declared, not the team's
     assert result["egress_refused"] == 1
     assert result["egress_refusals"] == [{"destination": "api.elsewhere.org:443",
                                           "reason": "api.elsewhere.org:443 is not on the allow-list"}]
