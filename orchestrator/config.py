@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from orchestrator.quotas import TeamQuota
 from worker import defaults as run_defaults
 from worker.artifacts.location import BlobUrl
 from worker.tokens import usable_worker_token
@@ -22,6 +23,7 @@ DEFAULT_OVERVIEW_NAMES = 45  # further skills named (without description) in a c
 DEFAULT_SEARCH_PAGE_SIZE = 10  # skills per skill_search page
 DEFAULT_WORKSPACE_IDLE_SECONDS = 24 * 3600
 DEFAULT_MAX_WORKSPACES_PER_TEAM = 100
+DEFAULT_TEAM_MAX_QUEUED = 10_000
 DEFAULT_VERSIONS_KEPT = 10
 DEFAULT_MAX_LIBRARIES = 50
 LoadModeName = Literal["once", "turn", "session"]
@@ -78,6 +80,14 @@ class Settings(BaseSettings):
     max_workspaces_per_team: int = Field(
         default=DEFAULT_MAX_WORKSPACES_PER_TEAM, gt=0,
         description="Kept workspaces a team may have at once; a run that would make one more is refused (409).",
+    )
+    team_max_running: int = Field(
+        default=0, ge=0, le=100_000,
+        description="Default quota: runs of one team started at once (0: no cap); more wait their turn.",
+    )
+    team_max_queued: int = Field(
+        default=DEFAULT_TEAM_MAX_QUEUED, ge=0, le=10_000_000,
+        description="Default quota: runs of one team waiting to start (0: no limit); one more is refused (429).",
     )
     api_url: str = Field(default="http://127.0.0.1:8000", description="The API the command line's API commands "
                                                                        "(skillrun workspaces) talk to.")
@@ -144,6 +154,11 @@ class Settings(BaseSettings):
         if unknown or not names:
             raise ValueError(f"runtimes to prepare must be some of {', '.join(PREPARABLE_RUNTIMES)} (got {value!r})")
         return ",".join(dict.fromkeys(names))
+
+    def default_quota(self) -> TeamQuota:
+        """The quota of a team that has none of its own (``skillrun teams set-quota``)."""
+        return TeamQuota(max_running=self.team_max_running, max_queued=self.team_max_queued,
+                         max_workspaces=self.max_workspaces_per_team)
 
     def skills_roots(self) -> list[str]:
         return [part.strip() for part in self.skills_root.split(",") if part.strip()]

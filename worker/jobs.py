@@ -36,6 +36,7 @@ from worker.artifacts import create_artifact_store
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
 from worker.errors import ArtifactError, WorkerError, WorkspaceError
+from worker.fair_queue import TeamGate
 from worker.nodes import node_id, node_queue_name
 from worker.redaction import Redactor, redact_result
 from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspaces, RunRecord, RunStatus
@@ -97,25 +98,35 @@ def close_runtimes() -> None:
             logger.exception("closing the %s runtime failed", runtime.name.value)
 
 
-def execute_run(run_id: str, workspace_id: str | None = None) -> dict[str, Any]:
+def execute_run(run_id: str, workspace_id: str | None = None, team: str | None = None) -> dict[str, Any]:
     """Run the stored request ``run_id`` (in the kept workspace ``workspace_id``, if it names one); return a short
     summary (the result itself goes to the run store). A kept workspace not placed yet is placed on this worker's
     node; a run of one placed on another node (two runs of a new workspace taken by two nodes at once) is forwarded
-    to that node's queue."""
+    to that node's queue. Once the run started (or was found cancelled), and again when it ended, its ``team``'s
+    next run joins the queue if the team has room there (``worker.fair_queue``)."""
     job = get_current_job()
     if job is None:
         raise RuntimeError("execute_run runs inside an RQ job; call execute_stored_run directly otherwise")
     settings = get_worker_settings()
     store = RedisRunStore(job.connection, result_ttl=settings.result_ttl_seconds, heartbeat_ttl=settings.heartbeat_ttl_seconds)
+    gate = TeamGate(job.connection, store.keys.team_running)
     node = this_node()
     if workspace_id is not None and (placed := store.workspaces.place(workspace_id, node)) not in (None, node):
         runtime = job.origin.split(":")[1]  # skillrun:<runtime>[:node:<node>]
         queue = Queue(node_queue_name(runtime, placed), connection=job.connection, serializer=JSONSerializer)
-        queue.enqueue_call(execute_run, args=(run_id, workspace_id), job_id=job.id.removesuffix("-f") + "-f",
+        queue.enqueue_call(execute_run, args=(run_id, workspace_id, team), job_id=job.id.removesuffix("-f") + "-f",
                            timeout=job.timeout, result_ttl=defaults.JOB_RESULT_TTL_SECONDS,
                            failure_ttl=settings.result_ttl_seconds, at_front=True)
+        if team is not None:
+            gate.started(job.origin, team, job.id)
         return {"run_id": run_id, "forwarded": f"its workspace lives on node {placed}"}
-    return execute_stored_run(store, run_id, worker_id(), node)
+    if team is None:  # a job queued before teams took turns
+        return execute_stored_run(store, run_id, worker_id(), node)
+    try:
+        return execute_stored_run(store, run_id, worker_id(), node,
+                                  on_start=lambda: gate.started(job.origin, team, job.id))
+    finally:
+        gate.ended(job.origin, team)
 
 
 @functools.cache
@@ -124,8 +135,12 @@ def this_node() -> str:
     return node_id(get_worker_settings().work_root or default_work_root())
 
 
-def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | None = None) -> dict[str, Any]:
+def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | None = None,
+                       on_start: Callable[[], object] | None = None) -> dict[str, Any]:
+    """Start the run (``on_start()`` then, whether it started or was no longer queued), execute it, store its end."""
     record = store.start(run_id, who, node)
+    if on_start is not None:
+        on_start()
     if record is None:
         return {"run_id": run_id, "skipped": "not queued (cancelled or already taken)"}
     runtime = runtime_for(record.request.runtime.value)

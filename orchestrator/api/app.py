@@ -20,6 +20,7 @@ from orchestrator.api.routes import (
     health,
     libraries,
     metrics,
+    quota,
     runs,
     secrets,
     sessions,
@@ -34,6 +35,7 @@ from orchestrator.dispatch import WorkspaceConflictError, dispatcher_for, secret
 from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
 from orchestrator.libraries import LibraryRegistry
 from orchestrator.mcp_server import McpCaps
+from orchestrator.quotas import Quotas
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from worker.config import get_worker_settings
@@ -56,6 +58,7 @@ def build_services(settings: Settings) -> Services:
     repository = create_default_skill_repository(settings.skills_roots(), use_cached_repository=True)
     documents = create_documents(settings)
     dispatcher, artifacts = dispatcher_for(settings)
+    dispatcher.quotas = Quotas(documents, settings.default_quota())
     secret_store = getattr(dispatcher, "secrets", None) or secret_store_for(settings)  # the inline runs' own
     if secret_store.box is None and secret_store.any_stored():
         raise SecretError("secrets are stored but SKILLRUN_SECRETS_KEY is not set: start the API with the key they "
@@ -130,7 +133,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         responses=error_responses(503),
     )
     app.state.services = services
-    for module in (health, metrics, libraries, skills, runs, sessions, workspaces, secrets, egress,
+    for module in (health, metrics, libraries, skills, runs, sessions, workspaces, secrets, egress, quota,
                    worker_libraries):
         app.include_router(module.router)
     app.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)

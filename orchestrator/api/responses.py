@@ -29,6 +29,7 @@ _DESCRIPTIONS = {
     413: "The body is larger than this route accepts.",
     410: "The run was lost: its record vanished from the run store (Redis restarted without its data); submit it again.",
     422: "A field is missing, malformed or out of bounds; the message names it.",
+    429: "Over the team's quota: the message says which; with Retry-After, trying again then may succeed.",
     503: "A service the API needs (Redis, the blob store) cannot be reached; try again after Retry-After seconds.",
 }
 

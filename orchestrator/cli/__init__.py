@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.quotas import TeamQuota
 from worker.cli import add_arguments as add_worker_arguments
 from worker.errors import WorkerError
 
@@ -133,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     team_create.add_argument("name")
     team_create.set_defaults(handler="orchestrator.cli.teams:create_team")
     team_commands.add_parser("list", parents=[plain], help="list teams").set_defaults(handler="orchestrator.cli.teams:list_teams")
+    set_quota = team_commands.add_parser(
+        "set-quota", parents=[plain], help="change a team's quota (runs queued and running, ceilings, workspaces)",
+        description="Change fields of a team's quota; VALUE 'default' gives a field back to the operator's default "
+                    "(SKILLRUN_TEAM_MAX_*). Counts of 0 mean no limit.")
+    set_quota.add_argument("team")
+    for name, quota_field in TeamQuota.model_fields.items():
+        set_quota.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="VALUE", help=quota_field.description)
+    set_quota.set_defaults(handler="orchestrator.cli.teams:set_quota")
+    show_quota = team_commands.add_parser("quota", parents=[plain], help="a team's quota, field by field")
+    show_quota.add_argument("team")
+    show_quota.set_defaults(handler="orchestrator.cli.teams:show_quota")
     keys = commands.add_parser("keys", help="API keys of teams")
     key_commands = keys.add_subparsers(title="keys commands")
     key_create = key_commands.add_parser("create", parents=[plain], help="create a key for a team (shown once)")

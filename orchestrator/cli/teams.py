@@ -1,4 +1,5 @@
-"""``skillrun teams create|list`` and ``skillrun keys create|list|revoke``: who may use the API."""
+"""``skillrun teams create|list|set-quota|quota`` and ``skillrun keys create|list|revoke``: who may use the API, and
+how much."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import datetime
 from orchestrator.api.app import create_documents
 from orchestrator.cli.output import print_json, table
 from orchestrator.config import get_settings
-from orchestrator.teams import TeamStore
+from orchestrator.quotas import Quotas, TeamQuota
+from orchestrator.teams import TeamError, TeamStore
 
 
 def team_store() -> TeamStore:
@@ -60,4 +62,35 @@ def list_keys(args: argparse.Namespace) -> int:
 def revoke_key(args: argparse.Namespace) -> int:
     record = team_store().revoke_key(args.key_id)
     print_json(record.model_dump(exclude={"secret_sha256"})) if args.json else print(f"revoked key {record.id}")
+    return 0
+
+
+def quotas() -> Quotas:
+    settings = get_settings()
+    return Quotas(create_documents(settings), settings.default_quota())
+
+
+def set_quota(args: argparse.Namespace) -> int:
+    if team_store().get_team(args.team) is None:
+        raise TeamError(f"no team {args.team!r}; create it with: skillrun teams create {args.team}")
+    changes = {name: None if value == "default" else value
+               for name in TeamQuota.model_fields if (value := getattr(args, name)) is not None}
+    if not changes:
+        raise TeamError("nothing to change: give at least one field, such as --max-running 4 "
+                        "(see skillrun teams set-quota --help)")
+    quotas().set(args.team, changes)
+    return show_quota(args)
+
+
+def show_quota(args: argparse.Namespace) -> int:
+    if team_store().get_team(args.team) is None:
+        raise TeamError(f"no team {args.team!r}; create it with: skillrun teams create {args.team}")
+    book = quotas()
+    own, holds = book.stored(args.team), book.of(args.team)
+    if args.json:
+        print_json({"team": args.team, "quota": holds.model_dump(), "own": own.model_dump(exclude_none=True)})
+        return 0
+    rows = [[name, "-" if getattr(holds, name) is None else f"{getattr(holds, name):g}",
+             "team" if getattr(own, name) is not None else "default"] for name in TeamQuota.model_fields]
+    print(table(["FIELD", "VALUE", "FROM"], rows))
     return 0

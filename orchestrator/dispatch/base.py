@@ -25,6 +25,7 @@ from typing import Literal, TypeVar
 import redis
 
 from orchestrator.errors import DispatchError, OrchestratorError, RunLostError, UnavailableError
+from orchestrator.quotas import Quotas, TeamQuota, check_ceilings
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.run_store import (
@@ -92,13 +93,30 @@ class BaseDispatcher(ABC):
     """Set by ``stop_waiting``: waits answer at once, followers end."""
     workspace_idle_seconds: float | None = None
     """Kept workspaces unused this long are removed (``None``: never; a command line's dispatcher)."""
+    quotas: Quotas | None = None
+    """The teams' quotas (``orchestrator.quotas``), which each submission of a team is held to (``None``: none)."""
 
     @abstractmethod
     async def submit(
         self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
     ) -> RunRecord:
         """Accept ``request`` for execution. ``trusted`` callers (not a model) may use host paths for inputs;
-        ``owner`` (a team) is recorded so that only it sees the run."""
+        ``owner`` (a team) is recorded so that only it sees the run, and the submission is held to its quota
+        (``QuotaExceededError``)."""
+
+    async def _quota(self, request: RunRequest, owner: str | None) -> TeamQuota | None:
+        """The quota ``owner``'s submission of ``request`` is held to, once its ceilings are checked
+        (``QuotaExceededError``); ``None``: no quotas here, or no team."""
+        if self.quotas is None or owner is None:
+            return None
+        quota = self.quotas.cached(owner) or await asyncio.to_thread(self.quotas.of, owner)
+        check_ceilings(quota, request, owner)
+        return quota
+
+    async def usage(self, owner: str) -> tuple[int, int]:
+        """How many runs of ``owner`` are queued and started."""
+        with redis_errors():
+            return await asyncio.to_thread(self.store.team_usage, owner)
 
     @abstractmethod
     async def look(self, run_id: str) -> RunRecord | None:

@@ -1,15 +1,18 @@
 """``InlineDispatcher``: the embedded default — runs execute in this process, records live in memory, and so does
-the registry of kept workspaces, whose idle ones a background task removes in this process."""
+the registry of kept workspaces, whose idle ones a background task removes in this process. A team's quota holds
+here too (``orchestrator.quotas``): past its ``max_running`` its runs wait, queued, for one of its runs to end."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from orchestrator.dispatch.base import BaseDispatcher, Removal, workspace_refusals
 from orchestrator.errors import DispatchError
+from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.errors import WorkspaceError
@@ -56,6 +59,8 @@ class InlineDispatcher(BaseDispatcher):
         self.store = MemoryRunStore(on_change=self.waiters.notify_threadsafe, result_ttl=result_ttl,
                                     workspace_limit=workspace_limit)
         self._tasks: dict[str, asyncio.Task] = {}
+        self._turns: dict[str, asyncio.Condition] = {}
+        self._running: dict[str, int] = {}
         self._expiring: asyncio.Task | None = None
         self._who = worker_id()
 
@@ -74,15 +79,51 @@ class InlineDispatcher(BaseDispatcher):
         self, request: RunRequest, *, trusted: bool = False, priority: bool = False, owner: str | None = None
     ) -> RunRecord:
         runtime = self.runtime(request.runtime.value)
-        with workspace_refusals():
-            record = self.store.create(request, owner)
+        record, quota = await self._accept(request, owner)
         request = record.request  # as accepted (a run naming a kept workspace joins it)
-        task = asyncio.create_task(self._execute(runtime, request, trusted))
+        task = asyncio.create_task(self._execute(runtime, request, trusted, owner=owner, quota=quota))
         self._tasks[request.run_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(request.run_id, None))
         return record
 
+    async def _accept(self, request: RunRequest, owner: str | None) -> tuple[RunRecord, TeamQuota | None]:
+        """The new run's record, held to its team's quota (nothing awaited between the count and the record)."""
+        quota = await self._quota(request, owner)
+        if quota is not None and owner is not None and quota.max_queued and \
+                self.store.team_usage(owner)[0] >= quota.max_queued:
+            raise queued_refusal(owner, quota.max_queued, request.timeout)
+        with workspace_refusals():
+            return self.store.create(request, owner, quota.max_workspaces if quota is not None else None), quota
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, owner: str | None, quota: TeamQuota | None) -> AsyncIterator[None]:
+        """Wait until ``owner`` has fewer runs going than its quota's ``max_running`` (in order), and hold one. One
+        condition per team with a cap (teams are the operator's: bounded)."""
+        cap = quota.max_running if quota is not None and owner is not None else 0
+        if not cap:
+            yield
+            return
+        turn = self._turns.setdefault(owner, asyncio.Condition())
+        async with turn:
+            await turn.wait_for(lambda: self._running.get(owner, 0) < cap)
+            self._running[owner] = self._running.get(owner, 0) + 1
+        try:
+            yield
+        finally:
+            async with turn:
+                self._running[owner] -= 1
+                if not self._running[owner]:
+                    del self._running[owner]
+                turn.notify()
+
     async def _execute(
+        self, runtime: BaseWorkspaceRuntime, request: RunRequest, trusted: bool, *, reraise: bool = False,
+        owner: str | None = None, quota: TeamQuota | None = None,
+    ) -> RunResult | None:
+        async with self._turn(owner, quota):
+            return await self._execute_now(runtime, request, trusted, reraise=reraise)
+
+    async def _execute_now(
         self, runtime: BaseWorkspaceRuntime, request: RunRequest, trusted: bool, *, reraise: bool = False
     ) -> RunResult | None:
         record = self.store.start(request.run_id, self._who)
@@ -116,9 +157,11 @@ class InlineDispatcher(BaseDispatcher):
         """In process there is nothing to wait for: run at once; bad input raises as it is. A caller cancelled while
         the run goes on cancels it, and waits for it to end (its processes gone, its record cancelled)."""
         runtime = self.runtime(request.runtime.value)
-        with workspace_refusals():
-            request = self.store.create(request, owner).request  # as accepted (see submit)
-        task = asyncio.create_task(self._execute(runtime, request, trusted, reraise=True))
+        record, quota = await self._accept(request, owner)
+        request = record.request  # as accepted (see submit)
+        task = asyncio.create_task(self._execute(runtime, request, trusted, reraise=True, owner=owner, quota=quota))
+        self._tasks[request.run_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(request.run_id, None))
         try:
             result = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -129,13 +172,15 @@ class InlineDispatcher(BaseDispatcher):
 
     async def _end(self, task: asyncio.Task, run_id: str) -> None:
         await self.cancel(run_id)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await task
 
     async def cancel(self, run_id: str) -> RunRecord | None:
         record = await super().cancel(run_id)
         if record is not None and record.status == RunStatus.STARTED:
             self.runtime(record.request.runtime.value).cancel(run_id)
+        elif record is not None and record.started_at is None and run_id in self._tasks:
+            self._tasks[run_id].cancel()  # cancelled while it waited for its team's turn: it waits no more
         return record
 
     async def _remove_marked(self, entry: WorkspaceEntry) -> Removal:

@@ -19,6 +19,7 @@ from rq.serializers import JSONSerializer
 
 from worker.consumer import queue_name
 from worker.contract import RunRequest
+from worker.fair_queue import TeamGate
 from worker.nodes import NODE_FORGET_SECONDS, NODE_GONE_SECONDS, live_nodes, node_alive, node_queue_name, nodes_key
 from worker.run_store import RunRecord
 from worker.run_store.workspaces import RedisWorkspaces, WorkspaceEntry, WorkspaceRefusedError
@@ -35,9 +36,10 @@ def lost_reason(workspace_id: str, node: str) -> str:
 class Placement:
     """Placement of kept workspaces on nodes, and the queue each run goes to."""
 
-    def __init__(self, connection: redis.Redis, workspaces: RedisWorkspaces) -> None:
+    def __init__(self, connection: redis.Redis, workspaces: RedisWorkspaces, gate: TeamGate) -> None:
         self.redis = connection
         self.workspaces = workspaces
+        self.gate = gate
 
     def propose(self, request: RunRequest) -> str | None:
         """The node a new kept workspace of ``request`` would be placed on (``None``: no live node); a run of a
@@ -82,7 +84,8 @@ class Placement:
     def forget_gone(self, runtime: str) -> int:
         """Forget the nodes silent for ``NODE_FORGET_SECONDS``: their entries and queues; how many."""
         old = [n.decode() for n in self.redis.zrangebyscore(nodes_key(runtime), "-inf", time.time() - NODE_FORGET_SECONDS)]
-        for node in old:  # the queue with its jobs' records, then the node
+        for node in old:  # the queue with its jobs' records and its teams' lines, then the node
             Queue(node_queue_name(runtime, node), connection=self.redis, serializer=JSONSerializer).empty()
+            self.gate.forget(node_queue_name(runtime, node))
             self.redis.zrem(nodes_key(runtime), node)
         return len(old)

@@ -9,7 +9,9 @@ finished jobs); when the change subscription drops
 
 The same sweep puts back the jobs of queued runs that a dying worker took and never started
 (``orchestrator.dispatch.stranded``). Runs of a kept workspace go to the queue of the node it lives on
-(``orchestrator.dispatch.placement``).
+(``orchestrator.dispatch.placement``). On every queue the teams take turns (``worker.fair_queue``): a team's runs
+past its turn wait in its own line, which the same sweep keeps moving; a submission is held to its team's quota
+(``orchestrator.quotas``) in the transaction that enqueues it.
 
 A kept workspace lives on the workers of its node: its removal (asked for, or idle — looked for after each sweep,
 in one process at a time) is a job on that node's queue (on the runtime's workspaces queue,
@@ -37,9 +39,11 @@ from orchestrator.dispatch.base import BaseDispatcher, Removal, redis_errors, wo
 from orchestrator.dispatch.placement import Placement
 from orchestrator.dispatch.stranded import StrandedRuns, job_id_of
 from orchestrator.errors import DispatchError
+from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
 from worker.consumer import queue_name, workspaces_queue_name
 from worker.contract import RunRequest, RuntimeName
+from worker.fair_queue import FairQueue, TeamGate, team_of
 from worker.jobs import execute_run, remove_kept_workspace, remove_lost_runs_workspace
 from worker.nodes import node_queue_name
 from worker.run_store import (
@@ -92,7 +96,8 @@ class QueueDispatcher(BaseDispatcher):
         self.result_ttl = result_ttl
         self._background: dict[str, asyncio.Task] = {}
         self._holder = f"{worker_id()}:{uuid.uuid4().hex[:8]}"
-        self.placement = Placement(self.redis, self.store.workspaces)
+        self.gate = TeamGate(self.redis, self.store.keys.team_running)
+        self.placement = Placement(self.redis, self.store.workspaces, self.gate)
         self.stranded = StrandedRuns(self.redis, self.store, self.placement, lambda record: self._enqueue(record, True))
 
     def queue(self, runtime: str) -> Queue:
@@ -106,27 +111,65 @@ class QueueDispatcher(BaseDispatcher):
         if request.runtime.value not in RUNTIME_CLASSES:
             raise DispatchError(f"runtime {request.runtime.value!r} is not available in this installation "
                                 f"(available: {', '.join(sorted(RUNTIME_CLASSES))})")
+        quota = await self._quota(request, owner)
         with redis_errors(), workspace_refusals():
-            return await asyncio.to_thread(self._submit, request, priority, owner)
+            return await asyncio.to_thread(self._submit, request, priority, owner, quota)
 
-    def _submit(self, request: RunRequest, priority: bool, owner: str | None) -> RunRecord:
+    def _submit(self, request: RunRequest, priority: bool, owner: str | None, quota: TeamQuota | None) -> RunRecord:
         request = joining(self.store.workspaces, request)  # a run naming a kept workspace is one of its runs
         node = self.placement.propose(request) if request.keep_workspace else None
-        record = self.store.reserve(request, owner, node, joined=True)
-        with self.redis.pipeline(transaction=True) as pipe:  # enqueued and announced in one round trip
-            self._enqueue(record, priority, pipe)  # first: RQ starts the transaction (MULTI) itself
-            self.store.announce(pipe, record)
-            pipe.execute()
+        limit = quota.max_queued if quota is not None and owner is not None else 0
+        if limit and self.store.team_usage(owner)[0] >= limit:  # nothing stored for a team at its quota
+            raise queued_refusal(owner, limit, self._run_seconds())
+        record = self.store.reserve(request, owner, node, joined=True,
+                                    workspace_limit=quota.max_workspaces if quota is not None else None)
+        try:
+            self._admit(record, priority, limit, quota.max_running if quota is not None else 0)
+        except BaseException:
+            self.store.unreserve(record)
+            raise
         return record
 
-    def _enqueue(self, record: RunRecord, priority: bool = False, pipe: redis.client.Pipeline | None = None) -> bool:
-        """Put the run's next attempt on its queue; ``False`` (and the run failed) when it can never start there."""
+    def _admit(self, record: RunRecord, priority: bool, limit: int, cap: int) -> None:
+        """Enqueue and announce a reserved run in one transaction; with a quota of ``limit`` queued runs, only while
+        its team has fewer queued (``QuotaExceededError``): its count is watched, and the transaction is tried
+        again when another submission changed it meanwhile."""
+        waiting = self.store.keys.team_waiting(record.owner or "")
+        with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    if limit:
+                        pipe.watch(waiting)
+                        if pipe.zcard(waiting) >= limit:
+                            raise queued_refusal(record.owner or "", limit, self._run_seconds())
+                    pipe.multi()
+                    self._enqueue(record, priority, pipe, cap=cap, fresh=True)
+                    self.store.announce(pipe, record)
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue
+
+    def _run_seconds(self) -> float:
+        """How long runs take, on average (what a refused team is told to wait)."""
+        stats = self.store.stats()
+        ended = sum(stats["duration_buckets"].values())
+        return stats["duration_sum"] / ended if ended else 5.0
+
+    def _enqueue(self, record: RunRecord, priority: bool = False, pipe: redis.client.Pipeline | None = None, *,
+                 cap: int = 0, fresh: bool = False) -> bool:
+        """Put the run's next attempt on its queue; ``False`` (and the run failed) when it can never start there.
+        A ``fresh`` run (just submitted) takes its team's turn (``worker.fair_queue``, under a ``cap`` on its team's
+        runs at once); any other (a retry, a job put back) goes to the queue's front when ``priority``."""
         name, lost = self.placement.queue_of(record)
         if lost is not None and pipe is None:
             self.store.fail_waiting(record.id, lost)
             return False
-        Queue(name, connection=self.redis, serializer=JSONSerializer).enqueue_call(
-            execute_run, args=(record.id, record.request.workspace_id if record.request.keep_workspace else None),
+        team = team_of(record.owner)
+        queue = FairQueue(name, self.gate, team, cap=cap) if fresh else \
+            Queue(name, connection=self.redis, serializer=JSONSerializer)
+        queue.enqueue_call(
+            execute_run, args=(record.id, record.request.workspace_id if record.request.keep_workspace else None, team),
             job_id=job_id_of(record),
             timeout=int(record.request.timeout + defaults.JOB_TIMEOUT_MARGIN_SECONDS),
             result_ttl=defaults.JOB_RESULT_TTL_SECONDS, failure_ttl=self.result_ttl, at_front=priority,
@@ -186,6 +229,7 @@ class QueueDispatcher(BaseDispatcher):
             silent = await self.reader.silent_runs(SWEEP_LIMIT)
             await asyncio.to_thread(self._trim_finished_jobs)
             await asyncio.to_thread(self.requeue_stranded)
+            await asyncio.to_thread(self.gate.sweep)
         recovered = 0
         for run_id in silent:
             record = await self._recover(run_id)
@@ -254,7 +298,8 @@ class QueueDispatcher(BaseDispatcher):
 
     async def queue_depths(self) -> dict[str, int]:
         def count() -> dict[str, int]:
-            return {runtime.value: self.queue(runtime.value).count for runtime in RuntimeName}
+            return {runtime.value: self.queue(runtime.value).count + self.gate.depth(queue_name(runtime.value))
+                    for runtime in RuntimeName}
 
         with redis_errors():
             return await asyncio.to_thread(count)

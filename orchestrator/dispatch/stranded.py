@@ -5,7 +5,7 @@ in no list (RQ pops it; RQ's started-job registry entry of the dead worker stays
 RQ's failed jobs when the job had been marked started, else it stays, expired, for good). An entry whose worker no
 longer beats (``worker.nodes``) counts as expired at once. The sweep looks at the runs queued for
 ``STRANDED_SECONDS`` or more: one whose job (or a job forwarded for it, ``<id>-<attempt>-f``) is neither waiting in
-one of its runtime's queues — the shared one and its live nodes' — nor held by a live registry entry, seen so in two
+one of its runtime's queues — the shared one and its live nodes', or their teams' lines (``worker.fair_queue``) — nor held by a live registry entry, seen so in two
 sweeps at least ``STRANDED_SECONDS`` apart, is put back (event ``requeued``). A job that only looked lost is
 harmless twice: a run starts once (``store.start``). A run waiting in the queue of a gone node fails with
 ``workspace_lost`` (``orchestrator.dispatch.placement``).
@@ -143,8 +143,10 @@ class StrandedRuns:
             FailedJobRegistry(queue=Queue(name, connection=self.redis, serializer=JSONSerializer)).remove(job_id)
 
     def _waiting(self, name: str) -> dict[str, list[str]]:
-        """The runs whose jobs wait in queue ``name``, and those jobs."""
+        """The runs whose jobs wait in queue ``name`` or in its teams' lines, and those jobs."""
         runs: dict[str, list[str]] = {}
+        for job_id in self.placement.gate.waiting(name):
+            runs.setdefault(run_of(job_id), []).append(job_id)
         key = Queue(name, connection=self.redis, serializer=JSONSerializer).key
         start = 0
         while True:
@@ -158,6 +160,7 @@ class StrandedRuns:
     def _drop(self, name: str, jobs: list[str]) -> None:
         """Take the jobs of a failed run out of a gone node's queue, records and all."""
         queue = Queue(name, connection=self.redis, serializer=JSONSerializer)
+        self.placement.gate.drop(name, jobs)
         for job_id in jobs:
             queue.remove(job_id)
             with contextlib.suppress(NoSuchJobError):

@@ -35,7 +35,8 @@ class BaseRunStore(ABC):
     """The registry of kept workspaces, next to the records."""
 
     @abstractmethod
-    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord: ...
+    def create(self, request: RunRequest, owner: str | None = None, workspace_limit: int | None = None) -> RunRecord:
+        """A new queued run of ``owner`` (who keeps ``workspace_limit`` workspaces at most, when given)."""
 
     @abstractmethod
     def get(self, run_id: str) -> RunRecord | None: ...
@@ -57,6 +58,10 @@ class BaseRunStore(ABC):
     @abstractmethod
     def stats(self) -> dict[str, Any]:
         """Counts of runs by status, and a histogram of finished runs' durations (for ``/metrics``)."""
+
+    @abstractmethod
+    def team_usage(self, team: str) -> tuple[int, int]:
+        """How many runs of ``team`` are queued and started (what its quotas count)."""
 
     def heartbeat(self, run_id: str, attempt: Attempt) -> bool:
         """The worker of ``attempt`` is alive; ``False`` (nothing renewed) when it no longer holds the run."""
@@ -217,7 +222,7 @@ class MemoryRunStore(BaseRunStore):
         if self.on_change is not None:
             self.on_change(run_id)
 
-    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
+    def create(self, request: RunRequest, owner: str | None = None, workspace_limit: int | None = None) -> RunRecord:
         with self._lock:
             request = joining(self.workspaces, request)
             record = RunRecord(id=request.run_id, request=request, owner=owner)
@@ -225,7 +230,7 @@ class MemoryRunStore(BaseRunStore):
             if record.id in self._records:
                 raise ValueError(f"run {record.id!r} already exists")
             if request.keep_workspace:
-                self.workspaces.claim(request, owner)
+                self.workspaces.claim(request, owner, limit=workspace_limit)
             self._records[record.id] = record.model_copy(deep=True)
             self._events[record.id] = [RunEvent(type="queued")]
         self._changed(record.id)
@@ -263,6 +268,11 @@ class MemoryRunStore(BaseRunStore):
             records = sorted(self._records.values(), key=lambda r: r.created_at, reverse=True)
             return [r.model_copy(deep=True) for r in records
                     if (status is None or r.status == status) and (owner is None or r.owner == owner)][:limit]
+
+    def team_usage(self, team: str) -> tuple[int, int]:
+        with self._lock:
+            mine = [record.status for record in self._records.values() if record.owner == team]
+        return mine.count(RunStatus.QUEUED), mine.count(RunStatus.STARTED)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -4,7 +4,8 @@ Keys (``RunKeys``): ``<prefix>:<id>`` (the record as JSON), ``<prefix>:<id>:even
 ``<prefix>:<id>:heartbeat`` (expires when the worker stops beating), ``<prefix>:<id>:attempt`` (the fencing token
 of the started attempt), the indexes ``<prefix>:index`` (and one per owner), ``<prefix>:running`` (the started
 runs: what the lost-run sweep reads), ``<prefix>:waiting`` (the queued runs, by when they last entered the queue: what
-the stranded-job sweep reads) and the counts ``<prefix>:stats``. Every change is published on
+the stranded-job sweep reads), the same two per team (``<prefix>:running:<team>``, ``<prefix>:waiting:<team>``: what
+its quotas count) and the counts ``<prefix>:stats``. Every change is published on
 ``<prefix>:changes`` (``"<id> <event type>"``) for the API's waiters (``worker.run_store.watch``).
 
 Retention: an ended run's record and events expire ``result_ttl`` seconds after it ended. ``<prefix>:expiring``
@@ -51,6 +52,14 @@ class RunKeys:
     @property
     def waiting(self) -> str:
         return f"{self.prefix}:waiting"
+
+    def team_running(self, team: str) -> str:
+        """A team's started runs (by when they started): what its cap on runs at once counts."""
+        return f"{self.prefix}:running:{team}"
+
+    def team_waiting(self, team: str) -> str:
+        """A team's queued runs (by when they entered the queue): what its quota of queued runs counts."""
+        return f"{self.prefix}:waiting:{team}"
 
     @property
     def changes(self) -> str:
@@ -114,19 +123,20 @@ class RedisRunStore(BaseRunStore):
     def from_url(cls, url: str, **kwargs: Any) -> "RedisRunStore":
         return cls(redis.Redis.from_url(url), **kwargs)
 
-    def create(self, request: RunRequest, owner: str | None = None) -> RunRecord:
-        record = self.reserve(request, owner)
+    def create(self, request: RunRequest, owner: str | None = None, workspace_limit: int | None = None) -> RunRecord:
+        record = self.reserve(request, owner, workspace_limit=workspace_limit)
         with self.redis.pipeline(transaction=True) as pipe:
             self.announce(pipe, record)
             pipe.execute()
         return record
 
     def reserve(self, request: RunRequest, owner: str | None = None, node: str | None = None, *,
-                joined: bool = False) -> RunRecord:
+                joined: bool = False, workspace_limit: int | None = None) -> RunRecord:
         """Store a new run's record (refused if the id was ever used) and claim its kept workspace, placed on
-        ``node`` if it has no node yet (refused: ``WorkspaceRefusedError``, the record is gone again); ``announce``
-        then makes it known. ``joined``: the caller has already made ``request`` a run of the kept workspace it
-        names (``joining``), so the registry is not asked again."""
+        ``node`` if it has no node yet (refused: ``WorkspaceRefusedError``, the record is gone again; past
+        ``workspace_limit`` workspaces of its owner, when given); ``announce`` then makes it known, or ``unreserve``
+        takes it back. ``joined``: the caller has already made ``request`` a run of the kept workspace it names
+        (``joining``), so the registry is not asked again."""
         if not joined:
             request = joining(self.workspaces, request)
         record = RunRecord(id=request.run_id, request=request, owner=owner)
@@ -138,11 +148,19 @@ class RedisRunStore(BaseRunStore):
             raise ValueError(f"run {record.id!r} already exists")
         if request.keep_workspace:
             try:
-                self.workspaces.claim(request, owner, node)
+                self.workspaces.claim(request, owner, node, workspace_limit)
             except (WorkspaceRefusedError, redis.RedisError):
                 self.redis.delete(self.keys.record(record.id))
                 raise
         return record
+
+    def unreserve(self, record: RunRecord) -> None:
+        """Take back a run reserved and never announced: its record, and its claim on its kept workspace."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.record(record.id))
+            if record.request.keep_workspace:
+                self.workspaces.release(pipe, record.request.workspace_id, record.id)
+            pipe.execute()
 
     def announce(self, pipe: redis.client.Pipeline, record: RunRecord) -> None:
         """Add a reserved run to the indexes, the counts and its event stream, in ``pipe`` (which may also carry
@@ -151,6 +169,8 @@ class RedisRunStore(BaseRunStore):
         if record.owner is not None:
             pipe.zadd(self.keys.index(record.owner), {record.id: record.created_at})
         pipe.zadd(self.keys.waiting, {record.id: record.created_at})
+        if record.owner is not None:
+            pipe.zadd(self.keys.team_waiting(record.owner), {record.id: record.created_at})
         pipe.hincrby(self.keys.stats, f"status:{RunStatus.QUEUED.value}", 1)
         pipe.xadd(self.keys.part(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
 
@@ -188,13 +208,21 @@ class RedisRunStore(BaseRunStore):
             pipe.set(self.keys.part(record.id, "attempt"), token)
             pipe.set(self.keys.part(record.id, "heartbeat"), token, ex=self.heartbeat_ttl)
             pipe.zadd(self.keys.running, {record.id: record.started_at or 0})
+            if record.owner is not None:
+                pipe.zadd(self.keys.team_running(record.owner), {record.id: record.started_at or 0})
         elif previous == RunStatus.STARTED and not started:  # retried or ended: no attempt holds it any more
             pipe.delete(self.keys.part(record.id, "attempt"), self.keys.part(record.id, "heartbeat"))
             pipe.zrem(self.keys.running, record.id)
+            if record.owner is not None:
+                pipe.zrem(self.keys.team_running(record.owner), record.id)
         if record.status == RunStatus.QUEUED:  # (back) in the queue: from now on
             pipe.zadd(self.keys.waiting, {record.id: self.clock()})
+            if record.owner is not None:
+                pipe.zadd(self.keys.team_waiting(record.owner), {record.id: self.clock()})
         elif previous == RunStatus.QUEUED:
             pipe.zrem(self.keys.waiting, record.id)
+            if record.owner is not None:
+                pipe.zrem(self.keys.team_waiting(record.owner), record.id)
         pipe.set(self.keys.record(record.id), record.model_dump_json(), ex=ttl)
         pipe.xadd(self.keys.part(record.id, "events"), {"event": event.model_dump_json()})
         pipe.publish(self.keys.changes, f"{record.id} {event.type}")
@@ -227,6 +255,21 @@ class RedisRunStore(BaseRunStore):
             self.redis.zrem(self.keys.waiting, *gone)
         records = [RunRecord.model_validate_json(raw) for raw in raws if raw]
         return [record for record in records if record.status == RunStatus.QUEUED]
+
+    def team_usage(self, team: str) -> tuple[int, int]:
+        """How many runs of ``team`` are queued and started. Runs whose record is gone (removed by hand, a flushed
+        Redis) are taken out of its sets first, so they count no more."""
+        for key in (self.keys.team_waiting(team), self.keys.team_running(team)):
+            ids = [i.decode() for i in self.redis.zrange(key, 0, -1)]
+            found = self.redis.mget([self.keys.record(i) for i in ids]) if ids else []
+            gone = [run_id for run_id, raw in zip(ids, found) if not raw]
+            if gone:
+                self.redis.zrem(key, *gone)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(self.keys.team_waiting(team))
+            pipe.zcard(self.keys.team_running(team))
+            queued, started = pipe.execute()
+        return queued, started
 
     def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
         entries = self.redis.xrange(self.keys.part(run_id, "events"))

@@ -103,17 +103,18 @@ class MemoryWorkspaces:
         self._retry_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def claim(self, request: RunRequest, owner: str | None, node: str | None = None) -> None:
+    def claim(self, request: RunRequest, owner: str | None, node: str | None = None, limit: int | None = None) -> None:
         """Note a run accepted into its kept workspace (made on first use, placed on ``node`` when it has no node
-        yet); ``WorkspaceRefusedError`` when it may not be."""
+        yet); ``WorkspaceRefusedError`` when it may not be. ``limit``: the owner's own limit of workspaces."""
         owner = workspace_owner(request, owner)
+        limit = self.limit if limit is None else limit
         now = self.clock()
         with self._lock:
             entry = self._entries.get(request.workspace_id)
             if entry is None:
                 kept = sum(1 for e in self._entries.values() if e.owner == owner)
-                if owner is not None and self.limit and kept >= self.limit:
-                    raise refusal("limit", request, owner, self.limit)
+                if owner is not None and limit and kept >= limit:
+                    raise refusal("limit", request, owner, limit)
                 entry = self._entries[request.workspace_id] = WorkspaceEntry(
                     id=request.workspace_id, owner=owner, runtime=request.runtime, created_at=now, last_used_at=now)
             elif entry.state == "removing":
@@ -299,14 +300,16 @@ class RedisWorkspaces:
         self._forget = connection.register_script(FORGET)
         self._place = connection.register_script(PLACE)
 
-    def claim(self, request: RunRequest, owner: str | None, node: str | None = None) -> None:
+    def claim(self, request: RunRequest, owner: str | None, node: str | None = None, limit: int | None = None) -> None:
+        """``limit``: the owner's own limit of workspaces, instead of the registry's."""
         owner = workspace_owner(request, owner)
+        limit = self.limit if limit is None else limit
         keys = [self.keys.entry(request.workspace_id), self.keys.owner(owner or ""), self.keys.idle]
-        args = [request.workspace_id, owner or "", request.runtime.value, self.clock(), request.run_id, self.limit or 0,
+        args = [request.workspace_id, owner or "", request.runtime.value, self.clock(), request.run_id, limit or 0,
                 node or ""]
         said = self._claim(keys=keys, args=args).decode()
         if said != "ok":
-            raise refusal(said, request, owner, self.limit)
+            raise refusal(said, request, owner, limit)
 
     def release(self, pipe: redis.client.Pipeline, workspace_id: str, run_id: str) -> None:
         """In ``pipe`` (the transaction that ends the run)."""

@@ -26,6 +26,7 @@ from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.egress import EgressStore
 from orchestrator.errors import DispatchError, RunLostError, SkillNotFoundError, UnavailableError
+from orchestrator.quotas import QuotaExceededError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
 from worker.env_names import env_name_problem
@@ -127,7 +128,7 @@ NOT_READY = {409: {"model": ErrorPublic, "description": "The skill's dependency 
 
 
 @router.post("", response_model=RunPublic, status_code=status.HTTP_202_ACCEPTED,
-             responses={**error_responses(400, 404, 413), **NOT_READY})
+             responses={**error_responses(400, 404, 413, 429), **NOT_READY})
 async def submit_run(
     body: RunCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)
 ) -> Response:
@@ -136,7 +137,8 @@ async def submit_run(
     unless ``keep_workspace``). A run of the local or
     Docker runtime that will not wait for its skill's dependency environment is refused (409) while the environment
     (and on Docker the image of its Debian packages) is not ready;
-    a run that waits has it built first (one whose build fails ends failed, with the build's message)."""
+    a run that waits has it built first (one whose build fails ends failed, with the build's message). A run over
+    its team's quota (``GET /v1/quota``) is refused with 429, nothing of it stored."""
     try:
         ref = await asyncio.to_thread(_skill_ref, services, team, body.skill)  # reads the team's library records
     except SkillNotFoundError as exc:
@@ -158,6 +160,9 @@ async def submit_run(
         )
         validate_request(request)
         record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
+    except QuotaExceededError as exc:
+        retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc), headers=retry) from exc
     except (ValueError, DispatchError, WorkerError) as exc:
         raise HTTPException(422, str(exc)) from exc
     return _json(RunPublic.of(record), status.HTTP_202_ACCEPTED)

@@ -1,0 +1,34 @@
+"""A team's quota and what it uses of it, read-only: the operator sets quotas (``skillrun teams set-quota``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from pydantic import BaseModel, Field
+
+from orchestrator.api.auth import current_team
+from orchestrator.api.responses import error_responses
+from orchestrator.api.services import Services, get_services
+from orchestrator.quotas import QuotaUsage, TeamQuota
+from orchestrator.teams import Team
+
+router = APIRouter(prefix="/v1/quota", tags=["quota"], responses=error_responses(401))
+
+
+class QuotaPublic(BaseModel):
+    quota: TeamQuota = Field(description="The quota that holds for the team: its own over the operator's defaults "
+                                         "(0: no limit; null: only the server's own ceilings).")
+    usage: QuotaUsage
+
+
+@router.get("", response_model=QuotaPublic, responses=error_responses(403))
+async def get_quota(team: Team = Depends(current_team), services: Services = Depends(get_services)) -> QuotaPublic:
+    """The team's quota and its usage now: runs queued and running, workspaces kept."""
+    dispatcher = services.dispatcher
+    if dispatcher.quotas is None:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "quotas are off on this server")
+    quota = dispatcher.quotas.cached(team.id) or await asyncio.to_thread(dispatcher.quotas.of, team.id)
+    queued, running = await dispatcher.usage(team.id)
+    _, workspaces = await dispatcher.list_workspaces(team.id, 0, 1)
+    return QuotaPublic(quota=quota, usage=QuotaUsage(queued=queued, running=running, workspaces=workspaces))

@@ -1,0 +1,150 @@
+"""Team quotas: how many runs a team may have queued and running, the most each of its runs may ask for, and how many
+workspaces it keeps.
+
+A quota is stored per team (``skillrun teams set-quota``) over the operator's defaults (``SKILLRUN_TEAM_MAX_*``);
+a field the team's quota leaves unset takes the default. The dispatcher checks a submission against its team's
+quota before anything of it is stored (``QuotaExceededError``: HTTP 429, with what was exceeded and when to try
+again), and counts queued runs atomically with the submission, so a team at its quota that submits a hundred runs
+at once gets exactly as many in as it has room for. Past ``max_running`` a team's runs are not refused: they wait
+their turn in its line (``worker.fair_queue``).
+
+Quotas are read through a short cache (``CACHE_SECONDS``): a changed quota holds within that time in every API
+process.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.errors import DispatchError
+from worker import defaults
+
+if TYPE_CHECKING:  # the command line builds its options from TeamQuota: nothing heavier is imported
+    from orchestrator.documents import BaseDocuments
+    from worker.contract import RunRequest
+
+CACHE_SECONDS = 5.0
+KIND = "quotas"
+
+
+class TeamQuota(BaseModel):
+    """A team's quota. ``None`` takes the operator's default; a count of 0 means no limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_running: int | None = Field(default=None, ge=0, le=100_000, description=(
+        "Runs of the team started at once (0: no cap); more wait their turn."))
+    max_queued: int | None = Field(default=None, ge=0, le=10_000_000, description=(
+        "Runs of the team waiting to start (0: no limit); a submission past it is refused (429)."))
+    max_timeout_seconds: float | None = Field(default=None, gt=0, le=defaults.MAX_RUN_TIMEOUT_SECONDS,
+                                              allow_inf_nan=False, description="The most a run's `timeout` may be.")
+    max_memory_bytes: int | None = Field(default=None, gt=0, le=64 * 1024**3,
+                                         description="The most a run's `limits.memory_bytes` may be.")
+    max_cpu_seconds: int | None = Field(default=None, gt=0, le=24 * 3600,
+                                        description="The most a run's `limits.cpu_seconds` may be.")
+    max_disk_bytes: int | None = Field(default=None, gt=0, le=64 * 1024**3, description=(
+        "The most a run's `limits.file_size_bytes` (the largest file it may write) may be."))
+    max_output_bytes: int | None = Field(default=None, ge=0, le=1024**3, description=(
+        "The most each of a run's `limits.stdout_bytes`, `stderr_bytes` and `output_total_bytes` may be."))
+    max_workspaces: int | None = Field(default=None, gt=0, le=100_000,
+                                       description="Kept workspaces the team may have at once.")
+
+    def over(self, defaults_: "TeamQuota") -> "TeamQuota":
+        """This quota with its unset fields taken from ``defaults_``."""
+        return defaults_.model_copy(update=self.model_dump(exclude_none=True))
+
+
+class QuotaUsage(BaseModel):
+    queued: int = Field(description="Runs of the team waiting to start.")
+    running: int = Field(description="Runs of the team started and not ended.")
+    workspaces: int = Field(description="Kept workspaces of the team.")
+
+
+class QuotaExceededError(DispatchError):
+    """A submission over its team's quota: ``what`` names the quota; ``retry_after`` (seconds) when trying again
+    may help (``None``: it will not, lower the request)."""
+
+    def __init__(self, what: str, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.what = what
+        self.retry_after = retry_after
+
+
+CEILINGS: tuple[tuple[str, str], ...] = (
+    ("max_timeout_seconds", "timeout"),
+    ("max_memory_bytes", "limits.memory_bytes"),
+    ("max_cpu_seconds", "limits.cpu_seconds"),
+    ("max_disk_bytes", "limits.file_size_bytes"),
+    ("max_output_bytes", "limits.stdout_bytes"),
+    ("max_output_bytes", "limits.stderr_bytes"),
+    ("max_output_bytes", "limits.output_total_bytes"),
+)
+"""Each ceiling of a quota and the request fields it caps."""
+
+
+def check_ceilings(quota: TeamQuota, request: RunRequest, team: str) -> None:
+    """``QuotaExceededError`` naming the first field of ``request`` over its ceiling in ``quota``."""
+    for name, path in CEILINGS:
+        ceiling = getattr(quota, name)
+        if ceiling is None:
+            continue
+        value = request
+        for part in path.split("."):
+            value = getattr(value, part)
+        if value > ceiling:
+            raise QuotaExceededError(name, f"{path} is {value:g}, over team {team}'s quota {name} ({ceiling:g}): "
+                                           f"ask for at most {ceiling:g}")
+
+
+def queued_refusal(team: str, limit: int, retry_after: float) -> QuotaExceededError:
+    seconds = max(1, min(60, math.ceil(retry_after)))
+    return QuotaExceededError("max_queued", f"team {team} has {limit} runs waiting to start, its quota max_queued: "
+                                            f"try again in {seconds} s, when some have started", seconds)
+
+
+class Quotas:
+    """The teams' quotas in ``documents`` over the operator's ``defaults``."""
+
+    def __init__(self, documents: BaseDocuments, defaults_: TeamQuota) -> None:
+        self.docs = documents
+        self.defaults = defaults_
+        self._cache: dict[str, tuple[float, TeamQuota]] = {}
+        self._lock = threading.Lock()
+
+    def stored(self, team: str) -> TeamQuota:
+        """What the team's own quota sets (unset fields ``None``)."""
+        doc = self.docs.get(KIND, team)
+        return TeamQuota.model_validate(doc) if doc else TeamQuota()
+
+    def cached(self, team: str) -> TeamQuota | None:
+        """The team's quota if the cache holds it (no I/O), else ``None``."""
+        with self._lock:
+            cached = self._cache.get(team)
+        return cached[1] if cached is not None and cached[0] > time.monotonic() else None
+
+    def of(self, team: str) -> TeamQuota:
+        """The quota that holds for ``team`` (its own over the defaults), cached ``CACHE_SECONDS``."""
+        now = time.monotonic()
+        quota = self.cached(team)
+        if quota is not None:
+            return quota
+        quota = self.stored(team).over(self.defaults)
+        with self._lock:
+            if len(self._cache) > 10_000:  # teams come and go: the cache stays bounded
+                self._cache.clear()
+            self._cache[team] = (now + CACHE_SECONDS, quota)
+        return quota
+
+    def set(self, team: str, changes: dict[str, object]) -> TeamQuota:
+        """Change fields of the team's own quota (a value of ``None`` goes back to the default); its new quota.
+        A bad value raises pydantic's ``ValidationError`` and stores nothing."""
+        quota = TeamQuota.model_validate({**self.stored(team).model_dump(exclude_none=True), **changes})
+        self.docs.put(KIND, team, quota.model_dump(exclude_none=True))
+        with self._lock:
+            self._cache.pop(team, None)
+        return quota
