@@ -17,7 +17,6 @@ which runs a step in a throwaway container of the sandbox image, is
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import secrets
 import shutil
@@ -27,11 +26,12 @@ from pathlib import Path
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupLimits, CgroupTree, RunCgroup
 from worker.egress.policy import AllowList
-from worker.egress.proxy import EgressProxy, proxy_environment
+from worker.egress.proxy import proxy_environment
+from worker.egress.serving import serving_sandbox
 from worker.environments.target import Target
 from worker.errors import CgroupError, DependencyError
 from worker.process import ProcessOutcome, run_process
-from worker.sandbox import SandboxSpec, find_bwrap, served_by
+from worker.sandbox import SandboxSpec, find_bwrap
 
 OUTPUT_BYTES = 256 * 1024
 """What is kept of a build step's stdout and stderr (its messages end up in the error)."""
@@ -84,18 +84,17 @@ class SandboxSteps(StepRunner):
         if not self.sandboxed:
             return await run_process([uv, *args], cwd=str(folder), env=env, timeout=timeout, stdout_cap=OUTPUT_BYTES,
                                      stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel)
-        proxy = EgressProxy(AllowList.for_step(env, self.allowed_hosts))
+        allowed = AllowList.for_step(env, self.allowed_hosts)
         sandbox, cgroup = await asyncio.to_thread(self._sandbox, folder, uv)
         try:
             # A network namespace with loopback alone; the proxy listens there before the step runs.
-            with served_by(functools.partial(proxy.serve_sandbox, uid)):
+            async with serving_sandbox(allowed, uid):
                 return await run_process(
                     [uv, *args], cwd=str(folder), env={**env, **proxy_environment()}, timeout=timeout,
                     stdout_cap=OUTPUT_BYTES, stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel,
                     sandbox=sandbox, cgroup=cgroup,
                 )
         finally:
-            await proxy.close()
             if cgroup is not None:
                 await asyncio.to_thread(cgroup.remove)
 

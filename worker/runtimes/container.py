@@ -33,10 +33,8 @@ carrying the engine's reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
-import secrets
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -47,9 +45,10 @@ from worker import defaults
 from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
 from worker.contract import RunLimits, RunRequest, RunResult, RuntimeName
-from worker.egress import EgressProxy, proxy_environment, run_allow_list
+from worker.egress import proxy_environment, run_allow_list
 from worker.egress.proxy import PROXY_PORT
-from worker.egress.relay import RELAY, listen_in_folder
+from worker.egress.relay import RELAY
+from worker.egress.serving import serving_folder
 from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatus
 from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
@@ -221,17 +220,10 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         if not request.egress:
             return await self._in_turn(workspace, image, environment, request, cwd, env, cancel, None)
         # No network; the proxy's unix socket in the workspace, which a relay in the container listens in front of.
-        proxy = EgressProxy(run_allow_list(request.egress))
-        name = f".skillrun-egress-{secrets.token_hex(6)}.sock"
-        try:
-            uid = workspace.uid if workspace.uid is not None else os.getuid()
-            proxy.serve(await asyncio.to_thread(listen_in_folder, workspace.path, name, uid))
+        uid = workspace.uid if workspace.uid is not None else os.getuid()
+        async with serving_folder(run_allow_list(request.egress), workspace.path, uid) as (proxy, name):
             outcome = await self._in_turn(workspace, image, environment, request, cwd,
                                           {**env, **proxy_environment()}, cancel, str(workspace.path / name))
-        finally:
-            await proxy.close()
-            with contextlib.suppress(OSError):
-                os.unlink(workspace.path / name)
         outcome.egress = proxy.refusals
         return outcome
 

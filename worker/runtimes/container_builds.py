@@ -41,8 +41,9 @@ from worker import defaults
 from worker.cancellation import Cancellation
 from worker.config import get_worker_settings
 from worker.egress.policy import AllowList
-from worker.egress.proxy import PROXY_PORT, EgressProxy, proxy_environment
-from worker.egress.relay import RELAY, listen_in_folder
+from worker.egress.proxy import PROXY_PORT, proxy_environment
+from worker.egress.relay import RELAY
+from worker.egress.serving import serving_folder
 from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, build_settings
 from worker.environments.steps import BUILD_PROCESSES, OUTPUT_BYTES, StepRunner, installed_uv
 from worker.environments.target import PROBE, Target
@@ -139,20 +140,13 @@ class ContainerSteps(StepRunner):
     async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
                   timeout: float, cancel: Cancellation) -> ProcessOutcome:
         started = time.monotonic()
-        proxy = EgressProxy(AllowList.for_step(env, self.allowed_hosts))
-        name = f".skillrun-egress-{secrets.token_hex(6)}.sock"
-        try:
-            proxy.serve(await asyncio.to_thread(listen_in_folder, folder, name, uid))
+        async with serving_folder(AllowList.for_step(env, self.allowed_hosts), folder, uid) as (_, name):
             container = await asyncio.to_thread(self._start, folder, uid, args, env, target, timeout, name)
             try:
                 state = await self._wait(container, started + timeout, cancel)
                 return await asyncio.to_thread(self._outcome, container, state, started)
             finally:
                 await asyncio.to_thread(self._remove, container)
-        finally:
-            await proxy.close()
-            with contextlib.suppress(OSError):
-                os.unlink(folder / name)
 
     def _start(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], target: Target,
                timeout: float, proxy_socket: str) -> str:

@@ -10,7 +10,6 @@ bubblewrap sandbox (``worker.sandbox``: its own, or once the workspace is reused
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -21,7 +20,8 @@ from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
 from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, RunCgroup
 from worker.contract import RunRequest, RuntimeName
-from worker.egress import EgressProxy, proxy_environment, run_allow_list
+from worker.egress import proxy_environment, run_allow_list
+from worker.egress.serving import serving_sandbox
 from worker.environments import SkillEnvironments, local_environments
 from worker.errors import InvalidRunRequestError, SpawnerError
 from worker.launcher import Launcher, LauncherPool
@@ -37,7 +37,7 @@ from worker.process import (
 from worker.ready_shell import ReadyShell
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
-from worker.sandbox import SandboxSpec, find_bwrap, served_by
+from worker.sandbox import SandboxSpec, find_bwrap
 from worker.spawner import Spawner, spawner_python
 from worker.staging import BaseSkillStager
 from worker.user_network import find_slirp4netns
@@ -136,13 +136,9 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         argv = [self._bash or find_bash(), "-c", script]
         sandbox = await self._sandbox(workspace, request, environment)
         if request.egress:  # a sandbox of its own, whose only way out is the proxy (never the held sandbox)
-            proxy = EgressProxy(run_allow_list(request.egress))
-            try:
-                with served_by(functools.partial(proxy.serve_sandbox, workspace.uid)):
-                    outcome = await self._in_sandbox(workspace, request, argv, sandbox, cwd,
-                                                     {**env, **proxy_environment()}, cancel, no_network, spawned=False)
-            finally:
-                await proxy.close()
+            async with serving_sandbox(run_allow_list(request.egress), workspace.uid) as proxy:
+                outcome = await self._in_sandbox(workspace, request, argv, sandbox, cwd,
+                                                 {**env, **proxy_environment()}, cancel, no_network, spawned=False)
             outcome.egress = proxy.refusals
             return outcome
         return await self._in_sandbox(workspace, request, argv, sandbox, cwd, env, cancel, no_network,
