@@ -54,7 +54,7 @@ async def flood(dispatcher: QueueDispatcher, runs: int, seconds: float) -> list:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--flood", type=int, default=200)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=0.05)

@@ -152,8 +152,12 @@ class TeamGate:
               client: Any = None) -> None:
         """A fresh run's job: onto the RQ queue if its team has room there, else to the end (``at_front``: the
         front) of the team's line. In ``client`` (a pipeline, say) if given."""
-        self._admit(keys=[*self._keys(queue, team), QUEUES], args=[job_id, team, self.share, int(at_front), queue, cap],
-                    client=client or self.redis)
+        keys = [*self._keys(queue, team), QUEUES]
+        args = [job_id, team, self.share, int(at_front), queue, cap]
+        if client is None:
+            self._admit(keys=keys, args=args)
+        else:  # EVAL in a transaction: a registered script would cost a SCRIPT EXISTS round trip on every execute
+            client.eval(ADMIT, len(keys), *keys, *args)
 
     def started(self, queue: str, team: str, job_id: str) -> int:
         """A worker took ``job_id`` off the RQ queue ``queue``: the team's next runs join the queue while it has

@@ -119,7 +119,7 @@ class QueueDispatcher(BaseDispatcher):
         request = joining(self.store.workspaces, request)  # a run naming a kept workspace is one of its runs
         node = self.placement.propose(request) if request.keep_workspace else None
         limit = quota.max_queued if quota is not None and owner is not None else 0
-        if limit and self.store.team_usage(owner)[0] >= limit:  # nothing stored for a team at its quota
+        if limit and self.redis.zcard(self.store.keys.team_waiting(owner)) >= limit:  # nothing stored at its quota
             raise queued_refusal(owner, limit, self._run_seconds())
         record = self.store.reserve(request, owner, node, joined=True,
                                     workspace_limit=quota.max_workspaces if quota is not None else None)
