@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from orchestrator.documents import BaseDocuments
 from orchestrator.errors import OrchestratorError
 from worker.contract import TEAM_NAME
-from worker.egress.entries import effective, parse_entries
+from worker.egress.entries import parse_entries
 from worker.errors import EgressError
 
 KIND = "egress"
@@ -64,12 +64,6 @@ class EgressStore:
         listed = EgressList(team=_team(team), entries=[], updated_at=time.time())
         self.docs.put(KIND, team, listed.model_dump())
         return listed
-
-    def for_run(self, team: str, declared: list[str]) -> list[str]:
-        """What a run of ``team`` of a skill declaring ``declared`` may reach (nothing when either is empty)."""
-        if not declared:
-            return []
-        return effective(declared, self.get(team).entries)
 
 
 def _team(team: str) -> str:

@@ -29,6 +29,7 @@ from orchestrator.errors import DispatchError, RunLostError, SkillNotFoundError,
 from orchestrator.quotas import QuotaExceededError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
+from worker.egress import effective
 from worker.env_names import env_name_problem
 from worker.errors import ArtifactError, BlobStoreError, SecretError, WorkerError
 from worker.run_store import ENDING_EVENTS, RunRecord, RunStatus
@@ -117,8 +118,8 @@ def _check_secrets(services: Services, team: Team, skill: str, names: list[str])
 def _egress(services: Services, team: Team, skill: str) -> list[str]:
     """The hosts a run of ``skill`` may reach: those its skill declares (``metadata.egress``) and its team allows
     (``orchestrator.egress``); the caller cannot set them."""
-    declared = services.repository_for(team).get(skill).egress
-    return EgressStore(services.teams.docs).for_run(team.id, declared) if declared else []
+    allowed = EgressStore(services.teams.docs).get(team.id).entries  # read first: most teams have none
+    return effective(services.repository_for(team).get(skill).egress, allowed) if allowed else []
 
 
 BUILT_AHEAD = (RuntimeName.LOCAL, RuntimeName.DOCKER)
