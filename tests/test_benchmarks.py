@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
     ("blob_store.py", ["filesystem 1MiB", "s3 1MiB"], ["--sizes", "1"]),
     ("mcp_roundtrip.py", ["direct", "mcp stdio", "mcp http"], []),
     ("fairness.py", ["B alone", "B, A floods"], ["--flood", "10"]),
+    pytest.param("egress.py", ["host https", "run https (local)", "no redaction", "redaction"],
+                 ["--requests", "5", "--megabytes", "1"], marks=pytest.mark.root),
 ])
 def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra, request):
     if script == "docker_run.py":
