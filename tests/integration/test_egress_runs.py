@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from orchestrator.dispatch import QueueDispatcher
 from tests.conftest import write_skill
 from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
 from tests.integration.conftest import (  # noqa: F401 - shared fixtures
@@ -24,6 +25,7 @@ from tests.integration.conftest import (  # noqa: F401 - shared fixtures
 )
 from worker.contract import RunRequest, RuntimeName, SkillRef
 from worker.errors import InvalidRunRequestError
+from worker.run_store import RunStatus
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 PROBE = r'''
@@ -163,3 +165,19 @@ async def test_a_cube_run_with_an_allow_list_is_refused_before_anything_runs(cub
     with pytest.raises(InvalidRunRequestError, match="egress: the cube runtime cannot hold a run to an egress "
                                                      "allow-list"):
         await runtime.run(_request(probe_skill, 443, runtime=RuntimeName.CUBE))
+
+
+@pytest.mark.root
+async def test_a_queued_run_carries_its_allow_list_to_a_worker_and_its_refusals_back(redis_url, workers,
+                                                                                    allowed_server, probe_skill):
+    workers.env["SKILLRUN_EGRESS_PINNED_HOSTS"] = f"{ALLOWED}=127.0.0.1"  # the worker process's own setting
+    workers.start()
+    dispatcher = QueueDispatcher(redis_url)
+    try:
+        record = await dispatcher.submit(_request(probe_skill, allowed_server), owner="team-a")
+        record = await dispatcher.wait(record.id, 120)
+    finally:
+        await dispatcher.close()
+    assert record.status == RunStatus.FINISHED, record.error
+    assert record.request.egress == [f"{ALLOWED}:{allowed_server}"]
+    _check_contained(record.result, allowed_server)
