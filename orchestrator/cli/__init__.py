@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace", metavar="ID", help="reuse the workspace of this id (work/ and out/ persist)")
     run.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
     run.add_argument("--artifacts", action="store_true", help="also store the output files as artifacts")
+    run.add_argument("--egress", action="append", default=[], metavar="HOST[:PORT]",
+                     help="let the command reach this host (or *.domain) through the worker's egress proxy, and "
+                          "nothing else (local runtime as root, docker); port 443 unless given")
     run.add_argument("--runtime", choices=["local", "docker", "cube"], default="local",
                      help="where the command runs: a local process (default), a Docker container, or a Cube (E2B) "
                           "sandbox configured by E2B_API_URL, E2B_API_KEY and CUBE_TEMPLATE_ID")

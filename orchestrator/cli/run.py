@@ -41,7 +41,7 @@ def run_skill(args: argparse.Namespace) -> int:
     fields: dict = {
         "skill": ref, "command": args.command, "env": env, "output_files": args.output, "inputs": inputs,
         "workspace_id": args.workspace or uuid.uuid4().hex[:12], "keep_workspace": args.workspace is not None,
-        "save_as_artifacts": args.artifacts,
+        "save_as_artifacts": args.artifacts, "egress": args.egress,
     }
     if args.timeout is not None:
         fields["timeout"] = args.timeout

@@ -11,6 +11,9 @@ resolve to public addresses). No traffic leaves the machine.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -181,3 +184,22 @@ async def test_a_queued_run_carries_its_allow_list_to_a_worker_and_its_refusals_
     assert record.status == RunStatus.FINISHED, record.error
     assert record.request.egress == [f"{ALLOWED}:{allowed_server}"]
     _check_contained(record.result, allowed_server)
+
+
+@pytest.mark.root
+def test_skillrun_run_with_egress_prints_the_refusals(allowed_server, probe_skill, work_root):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKILLRUN_", "SKILLS_"))}
+    env["SKILLRUN_EGRESS_PINNED_HOSTS"] = f"{ALLOWED}=127.0.0.1"
+    argv = [sys.executable, "-m", "orchestrator.cli", "run", "probe", f"python3 probe.py {allowed_server}",
+            "--skills-root", probe_skill.root, "--work-root", str(work_root), "--egress",
+            f"{ALLOWED}:{allowed_server}"]
+    shown = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["get"] == "reached /plain"
+    assert "egress refused 5 connection(s):" in shown.stderr
+    assert "  refused.example.org:443: refused.example.org:443 is not on the allow-list" in shown.stderr
+    as_json = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, env=env,
+                                        timeout=120).stdout)
+    assert as_json["egress_refused"] == 5 and len(as_json["egress_refusals"]) == 5
+    refused = subprocess.run([*argv[:-1], "10.0.0.0/8"], capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "egress entry '10.0.0.0/8' is an address range" in refused.stderr
