@@ -163,6 +163,14 @@ async def test_a_docker_run_reaches_its_allowed_host_and_nothing_else(docker_run
     assert not list(work_root.rglob(".skillrun-egress-*"))  # the proxy's socket went with the run
 
 
+
+@pytest.mark.docker
+async def test_a_docker_run_under_gvisor_refuses_an_allow_list(docker_runtime_factory, allowed_server, probe_skill):
+    runtime = docker_runtime_factory(oci_runtime="runsc")
+    with pytest.raises(InvalidRunRequestError, match="egress: .* cannot reach the worker's proxy under gVisor"):
+        await runtime.run(_request(probe_skill, allowed_server, runtime=RuntimeName.DOCKER))
+
+
 async def test_a_cube_run_with_an_allow_list_is_refused_before_anything_runs(cube_runtime_factory, probe_skill):
     runtime = cube_runtime_factory()
     with pytest.raises(InvalidRunRequestError, match="egress: the cube runtime cannot hold a run to an egress "

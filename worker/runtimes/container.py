@@ -217,6 +217,10 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network",
                                          "network access is not allowed on this runtime (allow_network=False)")
+        if request.egress and self.gvisor:
+            raise InvalidRunRequestError("egress", "a run with an egress allow-list cannot reach the worker's proxy "
+                                                   "under gVisor (runsc may make unix sockets on mounts, not connect "
+                                                   "to the worker's): run it on runc (SKILLRUN_DOCKER_OCI_RUNTIME)")
         if not request.egress:
             return await self._in_turn(workspace, image, environment, request, cwd, env, cancel, None)
         # No network; the proxy's unix socket in the workspace, which a relay in the container listens in front of.
