@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -40,7 +41,7 @@ from worker.addresses import public_addresses, resolve
 from worker.config import get_worker_settings
 from worker.egress.listener import listen_inside
 from worker.egress.policy import Address, AllowList, Refused, Request, split_authority
-from worker.errors import SandboxError, SkillRootError
+from worker.errors import EgressError, SandboxError, SkillRootError
 
 logger = logging.getLogger(__name__)
 
@@ -69,15 +70,19 @@ def proxy_environment(url: str = PROXY_URL) -> dict[str, str]:
 
 
 def pinned_hosts(text: str | None = None) -> dict[str, str]:
-    """The operator's ``SKILLRUN_EGRESS_PINNED_HOSTS`` (``name=address`` items) as a mapping; ``ValueError`` for a
+    """The operator's ``SKILLRUN_EGRESS_PINNED_HOSTS`` (``name=address`` items) as a mapping; ``EgressError`` for a
     bad item."""
     text = get_worker_settings().egress_pinned_hosts if text is None else text
     pinned = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        name, equals, address = item.partition("=")
-        if not equals or not name.strip() or not address.strip():
-            raise ValueError(f"SKILLRUN_EGRESS_PINNED_HOSTS: {item!r} is not name=address")
-        pinned[name.strip().lower().rstrip(".")] = address.strip()
+        name, _, address = (part.strip() for part in item.partition("="))
+        try:
+            if not name:
+                raise ValueError(item)
+            pinned[name.lower().rstrip(".")] = str(ipaddress.ip_address(address))
+        except ValueError:
+            raise EgressError(f"SKILLRUN_EGRESS_PINNED_HOSTS: {item!r} is not name=address (an IP address, such "
+                              "as api.internal.example=10.0.0.5)") from None
     return pinned
 
 
