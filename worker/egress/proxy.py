@@ -16,11 +16,13 @@ unix socket instead: ``worker.runtimes.container_builds``.)
 What passes: ``CONNECT host:port`` (a tunnel; TLS stays end to end, uv checks the index's certificate with its own
 CA bundle) and plain-HTTP ``GET``/``HEAD`` requests with an absolute URI (an ``http://`` index), when ``host:port``
 is on the allow-list (``AllowList``): the index's host and port (PyPI's two hosts by default) and the operator's
-``SKILLRUN_ENV_ALLOWED_HOSTS`` (both in ``worker.egress.policy``). The proxy resolves the name itself, once per step, and connects to an address it
-got: for the index's hosts whatever the worker's resolver says (the operator chose the index, and the network's
-DNS may well lead it to a private mirror or an intercepting gateway), for the other hosts public addresses only
-(``worker.addresses``), so such a name that resolves to a private address, now or on a second lookup (DNS
-rebinding), gets nowhere. Anything else is answered with an error status and the reason.
+``SKILLRUN_ENV_ALLOWED_HOSTS`` (both in ``worker.egress.policy``). The proxy resolves the name itself, once per
+step or run, and connects to an address it got: for the index's hosts whatever the worker's resolver says (the
+operator chose the index, and the network's DNS may well lead it to a private mirror or an intercepting gateway),
+for the other hosts public addresses only (``worker.addresses``), so such a name that resolves to a private
+address, now or on a second lookup (DNS rebinding), gets nowhere; a name the operator pinned
+(``SKILLRUN_EGRESS_PINNED_HOSTS``, for tests and private deployments) goes to its pinned address without a lookup.
+Anything else is answered with an error status and the reason.
 
 Bounds: ``MAX_CONNECTIONS`` served at once per step (more wait in the listen queue), a request head within
 ``HEAD_SECONDS`` and ``READ_BYTES``, a connection idle both ways for ``IDLE_SECONDS`` ended, ``READ_BYTES`` buffered
