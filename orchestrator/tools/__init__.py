@@ -1,5 +1,5 @@
 """Tools: function tools, tool sets, the registry, agent tools, streaming tools, MCP servers' tools, web fetch and
-search.
+search, file tools (host folder or the session's workspace).
 
 The MCP names (``MCPToolset``, ``MCPTool`` and the connection parameters) load the ``mcp`` SDK, which takes most of
 a second to import, and the web tools load httpx and an HTML parser; they are imported on first use, so agents
@@ -34,6 +34,14 @@ _LAZY_NAMES = {
     "get_task_store": "orchestrator.tools.tasks",
     "render_task_list": "orchestrator.tools.tasks",
     "GoalToolSet": "orchestrator.tools.goal_tools",
+    "FileToolSet": "orchestrator.tools.file_tools",
+    "ReadTool": "orchestrator.tools.file_tools",
+    "WriteTool": "orchestrator.tools.file_tools",
+    "EditTool": "orchestrator.tools.file_tools",
+    "GrepTool": "orchestrator.tools.file_tools",
+    "BashTool": "orchestrator.tools.file_tools",
+    "GlobTool": "orchestrator.tools.file_tools",
+    "WorkspaceFileToolSet": "orchestrator.tools.file_tools",
 }
 
 
@@ -47,12 +55,18 @@ __all__ = [
     "AgentTool",
     "BaseTool",
     "BaseToolSet",
+    "BashTool",
+    "EditTool",
     "FetchResult",
+    "FileToolSet",
     "FunctionTool",
+    "GlobTool",
     "GoalToolSet",
+    "GrepTool",
     "MCPTool",
     "MCPToolset",
     "McpStdioServerParameters",
+    "ReadTool",
     "SearchHit",
     "SseConnectionParams",
     "StdioConnectionParams",
@@ -63,6 +77,8 @@ __all__ = [
     "WebFetchTool",
     "WebSearchResult",
     "WebSearchTool",
+    "WorkspaceFileToolSet",
+    "WriteTool",
     "get_task_store",
     "get_todos",
     "get_tool",

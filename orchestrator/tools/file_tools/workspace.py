@@ -1,0 +1,123 @@
+"""Workspace mode (ours): the file tools act inside the session's workspace — the one ``skill_run`` uses — through
+the same dispatcher and runtime, so they have its sandbox, its limits and no host access.
+
+Each call is one run in the workspace (``<user>.<session>``, as ``skill_run``): ``Bash`` runs its command with
+``cwd`` inside the workspace; the others run ``_ops`` (its source, passed as ``python3 -c``) with ``$WORKSPACE_DIR`` as
+their root, their arguments on the command line (or, when large, as an input file the operation removes), and read
+its JSON answer from stdout. Paths are relative to the workspace root (``work/notes.txt``, ``out/report.md``); the
+answers show them that way. The run stages a skill: the library's ``skill`` when given, else an empty one shipped
+here (``workspace_skill/``; a queue worker on another machine needs ``skill`` from the library instead).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.context import InvocationContext
+from orchestrator.errors import OrchestratorError
+from orchestrator.skills.tools.skill_toolset import SkillToolSet, workspace_id_for
+from orchestrator.tools.file_tools import _ops
+from orchestrator.tools.file_tools.backends import BaseFileBackend, bash_answer, check_timeout
+from orchestrator.tools.file_tools.toolset import FileToolSet
+from worker.contract import InputFile, RunLimits, RunRequest, SkillRef
+from worker.errors import WorkerError
+
+OPS_SOURCE = Path(_ops.__file__).read_text(encoding="utf-8")
+WORKSPACE_SKILL = Path(__file__).resolve().parent / "workspace_skill"
+INLINE_ARGS_CHARS = 32 * 1024
+"""Arguments up to this long travel on the command line; longer ones (a large Write) as an input file."""
+ANSWER_BYTES = 32 * 1024 * 1024
+"""An operation's answer (a 10 MB Read, escaped as JSON) must fit the run's stdout."""
+ARGS_FOLDER = ".file-tools"
+
+
+class WorkspaceFileBackend(BaseFileBackend):
+    """The session's workspace, reached through ``skill_tools``' dispatcher (its runtime, limits and
+    ``run_tool_kwargs``: runtime, limits, timeout)."""
+
+    def __init__(self, skill_tools: SkillToolSet, *, skill: str | None = None) -> None:
+        self.skill_tools = skill_tools
+        self.skill = skill
+
+    def _skill_ref(self) -> SkillRef:
+        if self.skill is not None:
+            return self.skill_tools.repository.skill_ref(self.skill)
+        return SkillRef(name="file-tools", root=str(WORKSPACE_SKILL))
+
+    def _request(self, tool_context: InvocationContext | None, *, stdout_bytes: int | None = None,
+                 **fields: Any) -> RunRequest:
+        """A run in the session's workspace with ``skill_tools``' runtime, limits and timeout (``fields`` win)."""
+        if tool_context is None or tool_context.session is None:
+            raise _ops.Refused("workspace file tools need a session (they act in the session's workspace)")
+        kwargs = self.skill_tools.run_tool_kwargs
+        limits = RunLimits.model_validate(kwargs.get("limits") or {})
+        if stdout_bytes is not None:
+            limits = limits.model_copy(update={"stdout_bytes": max(limits.stdout_bytes, stdout_bytes)})
+        options = {k: kwargs[k] for k in ("runtime", "timeout") if k in kwargs}
+        session = tool_context.session
+        return RunRequest(skill=self._skill_ref(), workspace_id=workspace_id_for(session.user_id, session.id),
+                          limits=limits, **{**options, **fields})
+
+    async def _dispatch(self, request: RunRequest, tool_context: InvocationContext):
+        return await self.skill_tools.dispatcher.run(request, owner=tool_context.session.user_id)
+
+    async def operate(self, operation: str, args: dict[str, Any], tool_context: InvocationContext | None) -> dict:
+        raw = json.dumps(args)
+        inputs, argument = [], shlex.quote(raw)
+        if len(raw) > INLINE_ARGS_CHARS:  # the file's name is ours (no quoting needed); $WORK_DIR is expanded
+            name = f"{ARGS_FOLDER}/{uuid.uuid4().hex}.json"
+            inputs.append(InputFile(name=name, content=raw.encode("utf-8")))
+            argument = f'"@$WORK_DIR/inputs/{name}"'
+        command = f'exec python3 -I -S -c {shlex.quote(OPS_SOURCE)} "$WORKSPACE_DIR" {operation} {argument}'
+        try:
+            request = self._request(tool_context, command=command, inputs=inputs, stdout_bytes=ANSWER_BYTES)
+            result = await self._dispatch(request, tool_context)
+        except _ops.Refused as exc:
+            return _ops.failure(str(exc))
+        except (WorkerError, OrchestratorError) as exc:
+            return _ops.failure(f"{operation} could not run in the workspace: {exc}")
+        lines = result.stdout.strip().splitlines()
+        if result.exit_code == 0 and lines:
+            try:
+                return json.loads(lines[-1])
+            except ValueError:
+                pass
+        why = "it timed out" if result.timed_out else f"exit code {result.exit_code}: {result.stderr.strip()[-500:]}"
+        return _ops.failure(f"{operation} failed in the workspace ({why})")
+
+    async def bash(self, command: str, cwd: str | None, timeout: float | None,
+                   tool_context: InvocationContext | None) -> dict:
+        try:
+            seconds = check_timeout(timeout)
+            where = posixpath.normpath(cwd or ".")
+            if posixpath.isabs(where) or where == ".." or where.startswith("../"):
+                raise _ops.Refused(f"cwd {cwd!r} is outside the workspace; only folders inside it may be used")
+            request = self._request(tool_context, command=command, timeout=seconds,
+                                    cwd="$WORKSPACE_DIR" if where == "." else f"$WORKSPACE_DIR/{where}")
+            result = await self._dispatch(request, tool_context)
+        except _ops.Refused as exc:
+            return _ops.failure(str(exc))
+        except ValidationError as exc:
+            return _ops.failure("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+        except (WorkerError, OrchestratorError) as exc:
+            return _ops.failure(str(exc))
+        return bash_answer(command, where, result.stdout, result.stderr, result.exit_code, result.timed_out, seconds)
+
+
+class WorkspaceFileToolSet(FileToolSet):
+    """The six file tools in the session's workspace, next to a ``SkillToolSet`` (whose dispatcher, runtime and
+    limits they share): ``tools=[skill_tools, WorkspaceFileToolSet(skill_tools)]``."""
+
+    def __init__(self, skill_tools: SkillToolSet, *, skill: str | None = None, name: str = "workspace_file_tools",
+                 filters_name: list[str] | None = None) -> None:
+        super().__init__(backend=WorkspaceFileBackend(skill_tools, skill=skill), name=name, filters_name=filters_name)
+
+
+__all__ = ["WorkspaceFileBackend", "WorkspaceFileToolSet"]
