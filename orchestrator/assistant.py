@@ -7,6 +7,8 @@ and three-tier injection shaped by the ``SKILLRUN_SKILL_*`` settings (overview s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from orchestrator.agents import LlmAgent
 from orchestrator.config import Settings
 from orchestrator.dispatch import BaseDispatcher
@@ -24,14 +26,16 @@ report what the commands produced. When the skill list is cut and none of the li
 skill_search. Write outputs to $OUTPUT_DIR and collect them with output_files."""
 
 
-def create_assistant(settings: Settings, repository: BaseSkillRepository, dispatcher: BaseDispatcher | None = None) -> LlmAgent:
+def create_assistant(settings: Settings, repository: BaseSkillRepository, dispatcher: BaseDispatcher | None = None,
+                     egress: Callable[[str], list[str]] | None = None) -> LlmAgent:
+    """The assistant; ``egress`` looks up a team's egress allow-list for its ``skill_run`` (``SkillToolSet``)."""
     model = OpenAIModel(model_name=settings.model, api_key=settings.openai_api_key, base_url=settings.openai_base_url)
     return LlmAgent(
         name="skillrun_assistant",
         description="An assistant that uses the team's Agent Skills.",
         model=model,
         instruction=INSTRUCTION,
-        tools=[SkillToolSet(repository, dispatcher=dispatcher)],
+        tools=[SkillToolSet(repository, dispatcher=dispatcher, egress=egress)],
         skill_repository=repository,
         skill_options=SkillOptions.from_settings(settings),
         max_steps=settings.max_steps,

@@ -33,6 +33,7 @@ from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.config import Settings, get_settings, libraries_dir
 from orchestrator.dispatch import WorkspaceConflictError, dispatcher_for, secret_store_for
 from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
+from orchestrator.egress import EgressStore
 from orchestrator.libraries import LibraryRegistry
 from orchestrator.mcp_server import McpCaps
 from orchestrator.quotas import Quotas
@@ -67,7 +68,8 @@ def build_services(settings: Settings) -> Services:
         repository=repository,
         dispatcher=dispatcher,
         session_service=create_session_service(settings),
-        agent_factory=lambda repo: create_assistant(settings, repo, dispatcher),
+        agent_factory=lambda repo: create_assistant(settings, repo, dispatcher,
+                                                    egress=lambda team: EgressStore(documents).get(team).entries),
         app_name=settings.app_name,
         artifact_store=artifacts,
         teams=TeamStore(documents),

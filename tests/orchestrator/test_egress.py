@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from orchestrator.assistant import create_assistant
+from orchestrator.config import Settings
 from orchestrator.dispatch import InlineDispatcher
 from orchestrator.documents import FileDocuments
 from orchestrator.egress import EgressListError, EgressStore
@@ -19,6 +21,7 @@ from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
 from tests.orchestrator.api_helpers import client, make_services, new_team
+from tests.orchestrator.test_api_sessions import parse_sse
 from worker.egress import effective
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -116,7 +119,7 @@ def test_the_cli_sets_shows_and_clears_a_team_list_and_refuses_bad_input(tmp_pat
 # --- the API --------------------------------------------------------------------------------------------------------
 
 @pytest.fixture
-async def services(work_root, allowed_server):
+async def services(work_root, allowed_server, model_server):
     library = work_root.parent / "egress-library"
     for name, declared in (("fetcher", f"['{ALLOWED}:{allowed_server}', 'api.elsewhere.org']"), ("offline", "[]")):
         (library / name).mkdir(parents=True)
@@ -125,8 +128,12 @@ async def services(work_root, allowed_server):
     for path in [library, *library.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     runtime = LocalWorkspaceRuntime(work_root)
-    built = make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data")
+    built = make_services(InlineDispatcher({"local": runtime}), runtime.artifact_store, work_root.parent / "data",
+                          model_url=model_server.base_url)
     built.repository = create_default_skill_repository(str(library), use_cached_repository=True)
+    settings = Settings(model="m", openai_api_key="k", openai_base_url=model_server.base_url)
+    built.agent_factory = lambda repo: create_assistant(  # as build_services makes it
+        settings, repo, built.dispatcher, egress=lambda team: EgressStore(built.teams.docs).get(team).entries)
     yield built
     await built.close()
 
@@ -174,3 +181,22 @@ async def test_an_api_run_reaches_the_host_its_skill_and_team_both_allow_and_the
                                           "reason": "api.elsewhere.org:443 is not on the allow-list"}]
     assert "reached" not in offline_record["result"]["stdout"]  # a skill declaring nothing has no network
     assert offline_record["result"]["egress_refused"] == 0
+
+
+@pytest.mark.root
+async def test_an_agent_sessions_skill_run_gets_the_same_allow_list(services, model_server, allowed_server):
+    model_server.add(
+        {"tool_calls": [{"name": "skill_run", "arguments": {
+            "skill": "fetcher", "command": FETCH.format(host=ALLOWED, port=allowed_server)}}]},
+        {"tool_calls": [{"name": "skill_run", "arguments": {
+            "skill": "offline", "command": FETCH.format(host=ALLOWED, port=allowed_server)}}]},
+        {"text": "Done."},
+    )
+    key = new_team(services, "team-a")
+    EgressStore(services.teams.docs).set("team-a", [f"{ALLOWED}:{allowed_server}"])
+    async with client(services, key) as api:
+        await api.post("/v1/sessions", json={"session_id": "s1"})
+        streamed = await api.post("/v1/sessions/s1/messages", json={"text": "fetch it"})
+    fetched, offline = [data["response"] for kind, data in parse_sse(streamed.text) if kind == "tool_result"]
+    assert fetched["stdout"].splitlines() == ["reached /x", "403"], fetched
+    assert "reached" not in offline["stdout"]  # a skill declaring nothing has no network

@@ -11,8 +11,10 @@ mode, loaded cap, content in tool results, search page size) are read from the i
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -36,6 +38,7 @@ from orchestrator.tools.base import BaseTool
 from orchestrator.tools.function_tool import FunctionTool
 from orchestrator.tools.toolset import BaseToolSet
 from worker.contract import WORKSPACE_ID_PATTERN, RunRequest
+from worker.egress import effective
 from worker.errors import WorkerError
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.staging import BaseSkillStager
@@ -66,7 +69,11 @@ class SkillToolSet(BaseToolSet):
         run_tool_kwargs: dict[str, Any] | None = None,
         dispatcher: BaseDispatcher | None = None,
         name: str = "skill_tools",
+        egress: Callable[[str], list[str]] | None = None,
     ) -> None:
+        """``egress``: the control plane's look-up of a team's egress allow-list (``orchestrator.egress``); a run
+        of a skill declaring hosts (``metadata.egress``) then reaches those its team's list also allows. Without
+        it, runs have no network."""
         super().__init__(name=name)
         unknown = set(run_tool_kwargs or {}) - RUN_TOOL_OPTIONS
         if unknown:
@@ -76,6 +83,7 @@ class SkillToolSet(BaseToolSet):
         self.run_tool_kwargs = dict(run_tool_kwargs or {})
         self._dispatcher = dispatcher
         self._owns_dispatcher = dispatcher is None
+        self.egress = egress
         self._tools: list[BaseTool] = [
             FunctionTool(f) for f in (
                 self.skill_list, self.skill_list_tools, self.skill_load, self.skill_select_tools,
@@ -280,6 +288,11 @@ class SkillToolSet(BaseToolSet):
             touch(tool_context.state, tool_context.actions.state_delta, skill_name, options.load_mode,
                   options.max_loaded_skills)
 
+    def _egress(self, skill: str, owner: str) -> list[str]:
+        """What a run of ``skill`` for ``owner`` may reach: its team's list read first (most teams have none)."""
+        allowed = self.egress(owner)
+        return effective(self.repository.get(skill).egress, allowed) if allowed else []
+
     async def skill_run(
         self,
         skill: str,
@@ -313,6 +326,8 @@ class SkillToolSet(BaseToolSet):
                     return {"error": f"skill {skill!r} does not declare the secret {', '.join(undeclared)} (it "
                                      f"declares: {', '.join(declared) or 'none'})"}
                 fields["secrets"] = secrets
+            if self.egress is not None:
+                fields["egress"] = await asyncio.to_thread(self._egress, skill, tool_context.session.user_id)
             request = RunRequest(
                 skill=ref, command=command, output_files=output_files or [], env=env or {},
                 workspace_id=workspace_id_for(tool_context.session.user_id, tool_context.session.id), **fields,
