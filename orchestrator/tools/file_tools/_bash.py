@@ -51,16 +51,35 @@ def host_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+async def _reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=CHUNK_BYTES)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                os.fdopen(fd, "rb", buffering=0))
+    return reader, transport
+
+
 async def run_bash(command: str, cwd: str, timeout: float, *, env: dict[str, str],
                    output_bytes: int = MAX_OUTPUT_BYTES) -> BashOutcome:
+    """Pipes of our own, not asyncio's: its ``wait`` would last as long as a background child holds them open."""
     started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        shutil.which("bash") or "/bin/bash", "-c", command, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-    )
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            shutil.which("bash") or "/bin/bash", "-c", command, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=out_write, stderr=err_write, start_new_session=True,
+        )
+    except BaseException:
+        for fd in (out_read, err_read):
+            os.close(fd)
+        raise
+    finally:
+        os.close(out_write)
+        os.close(err_write)
     pgid = process.pid  # a new session: its group id is its pid
-    readers = [asyncio.ensure_future(_drain(process.stdout, output_bytes)),
-               asyncio.ensure_future(_drain(process.stderr, output_bytes))]
+    pipes = [await _reader(fd) for fd in (out_read, err_read)]
+    readers = [asyncio.ensure_future(_drain(reader, output_bytes)) for reader, _ in pipes]
     timed_out = False
     try:
         await asyncio.wait_for(process.wait(), timeout)
@@ -74,5 +93,7 @@ async def run_bash(command: str, cwd: str, timeout: float, *, env: dict[str, str
     done, pending = await asyncio.wait(readers, timeout=1.0)
     for reader in pending:
         reader.cancel()
+    for _, transport in pipes:
+        transport.close()
     stdout, stderr = (r.result() if r in done else "" for r in readers)
     return BashOutcome(stdout, stderr, process.returncode, timed_out, int((time.monotonic() - started) * 1000))
