@@ -1027,3 +1027,124 @@ async def test_langchain_tool_with_tool_context_example(model_server, monkeypatc
     parameters = model_server.requests[0]["tools"][0]["function"]["parameters"]
     assert set(parameters["properties"]) == {"query", "max_results"}
     assert seen["results"][0]["result_count"] == 3 and seen["results"][0]["query"] == "runtimes"
+
+
+# The guide's file tools: every argument example of its six tools, in the order it shows them.
+FILE_TOOL_CALLS = [
+    ("Read", {"path": "config.ini"}),
+    ("Read", {"path": "app.py", "start_line": 10, "end_line": 20}),
+    ("Write", {"path": "output.txt", "content": "Hello, World!\n"}),
+    ("Write", {"path": "log.txt", "content": "New log entry\n", "append": True}),
+    ("Edit", {"path": "config.ini", "old_string": "host=localhost", "new_string": "host=production-server"}),
+    ("Grep", {"pattern": "def.*function", "path": "src/", "case_sensitive": False}),
+    ("Grep", {"pattern": "TODO|FIXME", "path": ".", "max_results": 50}),
+    ("Bash", {"command": "ls -la", "cwd": "src/"}),
+    ("Bash", {"command": "git status", "timeout": 60}),
+    ("Bash", {"command": "find . -name '*.py' | head -10"}),
+    ("Glob", {"pattern": "*.txt"}),
+    ("Glob", {"pattern": "**/*.py"}),
+    ("Glob", {"pattern": "**/*.{py,js}"}),
+]
+
+
+def _project(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.ini").write_text("[server]\nport=8080\nhost=localhost\n")
+    (folder / "app.py").write_text("".join(f"x{i} = {i}\n" for i in range(1, 31)))
+    (folder / "log.txt").write_text("first entry\n")
+    (folder / "src").mkdir(exist_ok=True)
+    (folder / "src" / "main.py").write_text("# TODO: tidy\ndef My_Function():\n    pass\n")
+    (folder / "web").mkdir(exist_ok=True)
+    (folder / "web" / "ui.js").write_text("// FIXME\n")
+    return folder
+
+
+def _assert_guide_file_results(results: list[dict], folder: Path) -> None:
+    real = folder.resolve()
+    read, ranged, written, appended, edited, grep1, grep2, ls, git, find, txt, py, pyjs = results
+    assert read == {"success": True, "content": "[server]\nport=8080\nhost=localhost\n", "total_lines": 3,
+                    "read_range": "1-3"}
+    assert ranged["read_range"] == "10-20" and ranged["content"].startswith("x10 = 10\n") and ranged["total_lines"] == 30
+    assert written == {"success": True, "message": "SUCCESS: file output.txt written to successfully (14 bytes)",
+                       "path": str(real / "output.txt")}
+    assert appended["success"] and (folder / "log.txt").read_text() == "first entry\nNew log entry\n"
+    assert edited == {"success": True, "message": "SUCCESS: file config.ini modified successfully",
+                      "line_range": "3-3", "changed_line_ranges": [[3, 3]]}
+    assert grep1 == {"success": True, "matches": [{"file": "src/main.py", "line": 2, "content": "def My_Function():"}],
+                     "total_matches": 1}
+    assert grep2["total_matches"] == 2 and {m["file"] for m in grep2["matches"]} == {"src/main.py", "web/ui.js"}
+    assert ls["success"] and "main.py" in ls["stdout"] and ls["cwd"] == str(real / "src") and ls["return_code"] == 0
+    assert git["command"] == "git status" and set(git) >= {"success", "stdout", "stderr", "return_code", "cwd"}
+    assert find["success"] and sorted(find["stdout"].split()) == ["./app.py", "./src/main.py"]
+    assert txt == {"success": True, "matches": [str(real / "log.txt"), str(real / "output.txt")], "count": 2,
+                   "truncated": False, "pattern": "*.txt"}
+    assert py["matches"] == [str(real / "app.py"), str(real / "src/main.py")]
+    assert pyjs["count"] == 3 and str(real / "web/ui.js") in pyjs["matches"]
+
+
+async def test_file_tool_set_example(model_server, tmp_path):
+    from orchestrator.tools.file_tools import FileToolSet  # the guide's import (this module has its own FileToolSet)
+
+    workspace = _project(tmp_path / "workspace")
+    model_server.add(*({"tool_calls": [{"name": n, "arguments": a}]} for n, a in FILE_TOOL_CALLS), {"text": "完成"})
+    # 创建工具集，指定工作目录（可选）
+    file_tools = FileToolSet(cwd=str(workspace))
+
+    # 在 Agent 中使用
+    agent = LlmAgent(
+        name="file_assistant",
+        model=OpenAIModel(model_name="deepseek-v3-local-II"),
+        instruction="你是一个文件操作助手，可以帮助用户读写、编辑文件。",
+        tools=[file_tools],  # 添加文件工具集
+    )
+    seen = await consume(Runner(app_name="file_tools", agent=agent, session_service=InMemorySessionService()), "整理项目")
+    assert seen["calls"] == [name for name, _ in FILE_TOOL_CALLS] and seen["answers"] == ["完成"]
+    assert sorted(declared := [t["function"]["name"] for t in model_server.requests[0]["tools"]]) == sorted(
+        ["Read", "Write", "Edit", "Grep", "Bash", "Glob"]), declared
+    _assert_guide_file_results([json.loads(m["content"]) for m in tool_messages(model_server.requests[-1])], workspace)
+
+
+async def test_single_file_tools_example(model_server, tmp_path):
+    from orchestrator.tools.file_tools import BashTool, EditTool, GlobTool, GrepTool, ReadTool, WriteTool
+
+    INSTRUCTION = "你是一个文件操作助手。"
+    # 创建工作目录
+    work_dir = str(_project(tmp_path / "workspace"))
+
+    # 创建工具实例，每个工具都可以独立配置
+    read_tool = ReadTool(cwd=work_dir)      # Read file contents
+    write_tool = WriteTool(cwd=work_dir)     # Write or append to files
+    edit_tool = EditTool(cwd=work_dir)       # Replace text blocks in files
+    grep_tool = GrepTool(cwd=work_dir)       # Search for patterns using regex
+    bash_tool = BashTool(cwd=work_dir)       # Execute shell commands
+    glob_tool = GlobTool(cwd=work_dir)       # Find files matching glob patterns
+
+    # 在 Agent 中逐个添加工具
+    agent = LlmAgent(
+        name="file_assistant",
+        description="File operations assistant with file operation tools",  # Agent 描述信息
+        model=_create_model(),
+        instruction=INSTRUCTION,
+        tools=[read_tool, write_tool, edit_tool, grep_tool, bash_tool, glob_tool],
+    )
+    model_server.add(*({"tool_calls": [{"name": n, "arguments": a}]} for n, a in FILE_TOOL_CALLS), {"text": "完成"})
+    seen = await consume(Runner(app_name="file_tools", agent=agent, session_service=InMemorySessionService()), "整理项目")
+    assert seen["calls"] == [name for name, _ in FILE_TOOL_CALLS]
+    _assert_guide_file_results([json.loads(m["content"]) for m in tool_messages(model_server.requests[-1])],
+                               Path(work_dir))
+
+
+async def test_file_tools_best_practice_separate_projects_and_failure_shape(model_server, tmp_path):
+    from orchestrator.tools.file_tools import FileToolSet
+
+    # 为不同项目使用不同目录
+    project_a_tools = FileToolSet(cwd=str(_project(tmp_path / "project_a")))
+    project_b_tools = FileToolSet(cwd=str(tmp_path / "project_b"))
+    assert project_a_tools.cwd != project_b_tools.cwd
+    model_server.add({"tool_calls": [{"name": "Read", "arguments": {"path": "../project_a/config.ini"}}]},
+                     {"text": "不能读取"})
+    agent = LlmAgent(name="b", model=_create_model(), instruction="", tools=[project_b_tools])
+    seen = await consume(Runner(app_name="file_tools", agent=agent, session_service=InMemorySessionService()), "读")
+    # 失败时 {"success": False, "error": "错误信息..."}
+    assert seen["results"][0]["success"] is False and set(seen["results"][0]) == {"success", "error"}
+    assert "outside the working directory" in seen["results"][0]["error"]
