@@ -31,6 +31,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from orchestrator.api.responses import error_response
 from orchestrator.api.services import Services
+from orchestrator.egress import EgressStore
 from orchestrator.mcp_server.conversation import Scope as CallerScope
 from orchestrator.mcp_server.server import McpCaps, SkillMcpServer
 from orchestrator.teams import Team
@@ -95,7 +96,11 @@ class McpEndpoint:
         if team is None:  # every request passed __call__, which puts the team there
             raise PermissionError("an MCP request without a team")
         repository = await asyncio.to_thread(self.services.repository_for, team)
-        return CallerScope(repository=repository, dispatcher=self.services.dispatcher, owner=team.id)
+        return CallerScope(repository=repository, dispatcher=self.services.dispatcher, owner=team.id,
+                           egress=self._egress)
+
+    def _egress(self, team: str) -> list[str]:
+        return EgressStore(self.services.teams.docs).get(team).entries
 
 
 async def _refuse(detail: str, scope: Scope, receive: Receive, send: Send) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,8 @@ class Scope:
     repository: BaseSkillRepository
     dispatcher: BaseDispatcher
     owner: str
+    egress: Callable[[str], list[str]] | None = None
+    """The control plane's look-up of a team's egress allow-list (``SkillToolSet``'s ``egress``); none: no network."""
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ class SkillMcpServer(Server):
         toolset = self._toolsets.get(scope.repository)
         if toolset is None:
             toolset = SkillToolSet(scope.repository, dispatcher=scope.dispatcher,
-                                   run_tool_kwargs={"limits": self.caps.limits()})
+                                   run_tool_kwargs={"limits": self.caps.limits()}, egress=scope.egress)
             self._toolsets[scope.repository] = toolset
         return toolset
 

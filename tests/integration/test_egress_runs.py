@@ -14,10 +14,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from orchestrator.dispatch import QueueDispatcher
+from orchestrator.egress import EgressStore
+from orchestrator.skills import create_default_skill_repository
 from tests.conftest import write_skill
 from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
 from tests.integration.conftest import (  # noqa: F401 - shared fixtures
@@ -26,6 +29,9 @@ from tests.integration.conftest import (  # noqa: F401 - shared fixtures
     docker_engine,
     docker_runtime_factory,
 )
+from tests.integration.test_mcp_http import mcp_session
+from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
+from worker.artifacts import FileArtifactStore
 from worker.contract import RunRequest, RuntimeName, SkillRef
 from worker.errors import InvalidRunRequestError
 from worker.run_store import RunStatus
@@ -211,3 +217,27 @@ def test_skillrun_run_with_egress_prints_the_refusals(allowed_server, probe_skil
     assert as_json["egress_refused"] == 5 and len(as_json["egress_refusals"]) == 5
     refused = subprocess.run([*argv[:-1], "10.0.0.0/8"], capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode == 2 and "egress entry '10.0.0.0/8' is an address range" in refused.stderr
+
+
+@pytest.mark.root
+async def test_an_mcp_skill_run_gets_its_teams_allow_list_through_the_queue(redis_url, workers, allowed_server,
+                                                                            probe_skill, shared_dir):
+    workers.env["SKILLRUN_EGRESS_PINNED_HOSTS"] = f"{ALLOWED}=127.0.0.1"
+    workers.start()
+    (Path(probe_skill.root) / "probe" / "SKILL.md").write_text(
+        f"---\nname: probe\ndescription: Probes.\nmetadata:\n  egress: ['{ALLOWED}:{allowed_server}']\n---\nx\n")
+    services = make_services(QueueDispatcher(redis_url), FileArtifactStore(shared_dir / "artifacts"),
+                             shared_dir / "data")
+    services.repository = create_default_skill_repository(probe_skill.root, use_cached_repository=True)
+    key = new_team(services, "team-a")
+    EgressStore(services.teams.docs).set("team-a", [f"*.allowed-egress.net:{allowed_server}"])
+    try:
+        with api_in_a_thread(services) as url:
+            async with mcp_session(url, key) as (session, _):
+                result = await session.call_tool("skill_run", {"skill": "probe",
+                                                               "command": f"python3 probe.py {allowed_server}"})
+    finally:
+        await services.close()
+    assert not result.isError, result.content[0].text
+    found = json.loads(result.structuredContent["stdout"])
+    assert found["get"] == "reached /plain" and found["connect_refused_host"] == "403"
