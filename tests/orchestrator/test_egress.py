@@ -199,4 +199,6 @@ async def test_an_agent_sessions_skill_run_gets_the_same_allow_list(services, mo
         streamed = await api.post("/v1/sessions/s1/messages", json={"text": "fetch it"})
     fetched, offline = [data["response"] for kind, data in parse_sse(streamed.text) if kind == "tool_result"]
     assert fetched["stdout"].splitlines() == ["reached /x", "403"], fetched
+    assert fetched["egress_refused"] == 1 and fetched["egress_refusals"] == [
+        {"destination": "api.elsewhere.org:443", "reason": "api.elsewhere.org:443 is not on the allow-list"}]
     assert "reached" not in offline["stdout"]  # a skill declaring nothing has no network

@@ -344,4 +344,7 @@ class SkillToolSet(BaseToolSet):
             answer["skipped_files"] = [s.model_dump() for s in result.skipped_files[:SKIPPED_SHOWN]]
             if len(result.skipped_files) > SKIPPED_SHOWN:
                 answer["skipped_files_not_shown"] = len(result.skipped_files) - SKIPPED_SHOWN
+        if result.egress_refused:  # what the run tried to reach and could not, so the model need not guess
+            answer["egress_refused"] = result.egress_refused
+            answer["egress_refusals"] = [r.model_dump() for r in result.egress_refusals[:SKIPPED_SHOWN]]
         return answer
