@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
     ("skill_envs.py", ["without", "imports", "warm", "by hand", "build", "again"], ["--builds", "1"]),
     ("blob_store.py", ["filesystem 1MiB", "s3 1MiB"], ["--sizes", "1"]),
     ("mcp_roundtrip.py", ["direct", "mcp stdio", "mcp http"], []),
+    ("file_tools.py", ["Read host", "Read workspace (local)", "Write host", "Write workspace (local)", "Bash host",
+                       "Bash workspace (local)"], []),
     ("fairness.py", ["B alone", "B, A floods"], ["--flood", "10"]),
     pytest.param("egress.py", ["host https", "run https (local)", "no redaction", "redaction"],
                  ["--requests", "5", "--megabytes", "1"], marks=pytest.mark.root),
