@@ -13,6 +13,7 @@ from orchestrator.context import InvocationContext
 from orchestrator.sessions import Session
 from orchestrator.skills import SkillToolSet, create_default_skill_repository
 from orchestrator.tools import WorkspaceFileToolSet
+from orchestrator.tools.file_tools import _ops as file_ops
 from orchestrator.tools.file_tools import workspace as workspace_mode
 from worker.runtimes.local import LocalWorkspaceRuntime
 
@@ -123,3 +124,17 @@ async def test_bash_past_its_timeout_is_killed_in_the_workspace(skill_tools):
 async def test_without_a_session_the_tools_refuse(skill_tools):
     tool = next(t for t in await WorkspaceFileToolSet(skill_tools).get_tools() if t.name == "Read")
     refused(await tool.run_async(tool_context=None, args={"path": "work/x"}), "need a session")
+
+
+async def test_read_refuses_binary_and_over_the_cap_and_reads_other_encodings(skill_tools, monkeypatch):
+    ctx = context()
+    call = Tools(skill_tools, ctx)
+    await skill_tools.skill_run(skill=SKILL, tool_context=ctx, command=(
+        "printf '\\211PNG\\r\\n\\032\\n\\000\\000' > $WORK_DIR/image.png; head -c 3000 /dev/zero | tr '\\0' a > "
+        "$WORK_DIR/big.txt; printf '\\304\\343\\272\\303\\n' > $WORK_DIR/zh.txt; mkdir $WORK_DIR/folder"))
+    refused(await call("Read", path="work/image.png"), "binary")
+    assert (await call("Read", path="work/zh.txt"))["content"] == "你好\n"  # GB18030
+    refused(await call("Read", path="work/folder"), "work/folder")
+    monkeypatch.setattr(file_ops, "MAX_READ_BYTES", 2000)
+    refused(await call("Read", path="work/big.txt"), "3000 bytes", "up to 2000 bytes")
+    refused(await call("Read", path="work/missing.txt"), "not found")

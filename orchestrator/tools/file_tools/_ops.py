@@ -90,10 +90,19 @@ def read(root: Root, path: str, start_line: int | None = None, end_line: int | N
     _regular(real, path)
     size = os.path.getsize(real)
     if size > MAX_READ_BYTES:
-        raise Refused(f"{path} is {size} bytes; Read takes files up to {MAX_READ_BYTES} bytes (use Grep to search "
-                      f"it, or read a line range of a smaller file)")
+        raise Refused(over_read_cap(path, size))
     with open(real, "rb") as handle:
-        text = _decode(handle.read(MAX_READ_BYTES + 1), path)
+        return read_answer(handle.read(MAX_READ_BYTES + 1), path, start_line, end_line)
+
+
+def over_read_cap(path: str, size: int) -> str:
+    return (f"{path} is {size} bytes; Read takes files up to {MAX_READ_BYTES} bytes (use Grep to search it, or Bash "
+            f"to cut out a part)")
+
+
+def read_answer(data: bytes, path: str, start_line: int | None = None, end_line: int | None = None) -> dict:
+    """Read's answer for a file's bytes: refused when binary or out of range."""
+    text = _decode(data, path)
     lines = text.splitlines(keepends=True)
     total = len(lines)
     first = 1 if start_line is None else start_line

@@ -11,6 +11,7 @@ here (``workspace_skill/``; a queue worker on another machine needs ``skill`` fr
 
 from __future__ import annotations
 
+import base64
 import json
 import posixpath
 import shlex
@@ -36,6 +37,8 @@ INLINE_ARGS_CHARS = 32 * 1024
 ANSWER_BYTES = 32 * 1024 * 1024
 """An operation's answer (a 10 MB Read, escaped as JSON) must fit the run's stdout."""
 ARGS_FOLDER = ".file-tools"
+GLOB_CHARACTERS = frozenset("*?[]{}")
+"""A path with these is read by the operations module (collection would take it for a pattern)."""
 
 
 class WorkspaceFileBackend(BaseFileBackend):
@@ -52,7 +55,7 @@ class WorkspaceFileBackend(BaseFileBackend):
         return SkillRef(name="file-tools", root=str(WORKSPACE_SKILL))
 
     def _request(self, tool_context: InvocationContext | None, *, stdout_bytes: int | None = None,
-                 **fields: Any) -> RunRequest:
+                 limits_update: dict[str, int] | None = None, **fields: Any) -> RunRequest:
         """A run in the session's workspace with ``skill_tools``' runtime, limits and timeout (``fields`` win)."""
         if tool_context is None or tool_context.session is None:
             raise _ops.Refused("workspace file tools need a session (they act in the session's workspace)")
@@ -60,6 +63,8 @@ class WorkspaceFileBackend(BaseFileBackend):
         limits = RunLimits.model_validate(kwargs.get("limits") or {})
         if stdout_bytes is not None:
             limits = limits.model_copy(update={"stdout_bytes": max(limits.stdout_bytes, stdout_bytes)})
+        if limits_update:
+            limits = limits.model_copy(update=limits_update)
         options = {k: kwargs[k] for k in ("runtime", "timeout") if k in kwargs}
         session = tool_context.session
         return RunRequest(skill=self._skill_ref(), workspace_id=workspace_id_for(session.user_id, session.id),
@@ -69,6 +74,10 @@ class WorkspaceFileBackend(BaseFileBackend):
         return await self.skill_tools.dispatcher.run(request, owner=tool_context.session.user_id)
 
     async def operate(self, operation: str, args: dict[str, Any], tool_context: InvocationContext | None) -> dict:
+        if operation == "read" and not GLOB_CHARACTERS.intersection(args["path"]):
+            answer = await self._collect_read(args, tool_context)
+            if answer is not None:
+                return answer
         raw = json.dumps(args)
         inputs, argument = [], shlex.quote(raw)
         if len(raw) > INLINE_ARGS_CHARS:  # the file's name is ours (no quoting needed); $WORK_DIR is expanded
@@ -92,13 +101,44 @@ class WorkspaceFileBackend(BaseFileBackend):
         why = "it timed out" if result.timed_out else f"exit code {result.exit_code}: {result.stderr.strip()[-500:]}"
         return _ops.failure(f"{operation} failed in the workspace ({why})")
 
+    async def _collect_read(self, args: dict[str, Any], tool_context: InvocationContext | None) -> dict | None:
+        """Read as a run that only collects the file (the runtime's collection: capped, never following a link out
+        of the workspace) — no interpreter started. ``None`` for a file that is not UTF-8 (collection would replace
+        what it cannot decode): the operations module reads it."""
+        path = args["path"]
+        try:
+            where = _inside(path, "path")
+            request = self._request(tool_context, command=":", output_files=[f"$WORKSPACE_DIR/{where}"],
+                                    limits_update={"output_file_bytes": _ops.MAX_READ_BYTES,
+                                                   "output_total_bytes": _ops.MAX_READ_BYTES})
+            result = await self._dispatch(request, tool_context)
+            if result.skipped_files:
+                reason = result.skipped_files[0].reason
+                if "outside the workspace" in reason:
+                    raise _ops.Refused(f"path {path!r} is outside the workspace; only paths inside it may be used")
+                raise _ops.Refused(f"{path} {reason}")
+            if not result.output_files:
+                raise _ops.Refused(f"file not found: {path}")
+            found = result.output_files[0]
+            if found.truncated or found.size > _ops.MAX_READ_BYTES:
+                raise _ops.Refused(_ops.over_read_cap(path, found.size))
+            if found.encoding == "base64":
+                data = base64.b64decode(found.content)
+            elif "\ufffd" in found.content:
+                return None
+            else:
+                data = found.content.encode("utf-8")
+            return _ops.read_answer(data, path, args.get("start_line"), args.get("end_line"))
+        except _ops.Refused as exc:
+            return _ops.failure(str(exc))
+        except (WorkerError, OrchestratorError) as exc:
+            return _ops.failure(f"read could not run in the workspace: {exc}")
+
     async def bash(self, command: str, cwd: str | None, timeout: float | None,
                    tool_context: InvocationContext | None) -> dict:
         try:
             seconds = check_timeout(timeout)
-            where = posixpath.normpath(cwd or ".")
-            if posixpath.isabs(where) or where == ".." or where.startswith("../"):
-                raise _ops.Refused(f"cwd {cwd!r} is outside the workspace; only folders inside it may be used")
+            where = _inside(cwd or ".", "cwd")
             request = self._request(tool_context, command=command, timeout=seconds,
                                     cwd="$WORKSPACE_DIR" if where == "." else f"$WORKSPACE_DIR/{where}")
             result = await self._dispatch(request, tool_context)
@@ -109,6 +149,14 @@ class WorkspaceFileBackend(BaseFileBackend):
         except (WorkerError, OrchestratorError) as exc:
             return _ops.failure(str(exc))
         return bash_answer(command, where, result.stdout, result.stderr, result.exit_code, result.timed_out, seconds)
+
+
+def _inside(path: str, what: str) -> str:
+    """``path`` normalised, lexically inside the workspace root (links are checked where the run resolves it)."""
+    where = posixpath.normpath(path)
+    if posixpath.isabs(where) or where == ".." or where.startswith("../"):
+        raise _ops.Refused(f"{what} {path!r} is outside the workspace; only paths inside it may be used")
+    return where
 
 
 class WorkspaceFileToolSet(FileToolSet):
