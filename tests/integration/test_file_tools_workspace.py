@@ -107,6 +107,7 @@ async def test_paths_outside_the_workspace_are_refused(skill_tools):
         refused(await call("Read", path=path), "outside the workspace")
         refused(await call("Write", path=path, content="planted"), "outside the workspace")
         refused(await call("Edit", path=path, old_string="a", new_string="b"), "outside the workspace")
+    refused(await call("Write", path="work", content="x"), "is a directory")
     refused(await call("Glob", pattern="../*"), "may not contain '..'")
     refused(await call("Grep", pattern="root", path="work/etc-link"), "outside the workspace")
     for cwd in ("..", "/etc", "work/../.."):

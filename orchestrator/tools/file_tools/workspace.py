@@ -37,6 +37,15 @@ INLINE_ARGS_CHARS = 32 * 1024
 ANSWER_BYTES = 32 * 1024 * 1024
 """An operation's answer (a 10 MB Read, escaped as JSON) must fit the run's stdout."""
 ARGS_FOLDER = ".file-tools"
+WRITE_OUTSIDE, WRITE_FOLDER = 90, 91
+WRITE_SCRIPT = """\
+src="$WORK_DIR/inputs/{staged}"; trap 'rm -f -- "$src"' EXIT
+root=$(realpath -- "$WORKSPACE_DIR") && target=$(realpath -m -- "$root"/{target}) || exit 1
+case "$target" in "$root"/*) ;; *) exit 90 ;; esac
+[ -d "$target" ] && exit 91
+mkdir -p -- "$(dirname -- "$target")" && cat -- "$src" {redirect} "$target" && printf '%s\\n' "${{target#"$root"/}}"
+"""
+"""Write in the workspace: exit 90 for a target outside it, 91 for a folder; prints the path it wrote."""
 GLOB_CHARACTERS = frozenset("*?[]{}")
 """A path with these is read by the operations module (collection would take it for a pattern)."""
 
@@ -78,6 +87,8 @@ class WorkspaceFileBackend(BaseFileBackend):
             answer = await self._collect_read(args, tool_context)
             if answer is not None:
                 return answer
+        if operation == "write":
+            return await self._staged_write(args, tool_context)
         raw = json.dumps(args)
         inputs, argument = [], shlex.quote(raw)
         if len(raw) > INLINE_ARGS_CHARS:  # the file's name is ours (no quoting needed); $WORK_DIR is expanded
@@ -133,6 +144,35 @@ class WorkspaceFileBackend(BaseFileBackend):
             return _ops.failure(str(exc))
         except (WorkerError, OrchestratorError) as exc:
             return _ops.failure(f"read could not run in the workspace: {exc}")
+
+    async def _staged_write(self, args: dict[str, Any], tool_context: InvocationContext | None) -> dict:
+        """Write as a staged input moved into place by a short shell script (no interpreter started): the target's
+        fully resolved path must be inside the workspace (``realpath``, so a link out — of the file or a folder
+        above it — is refused), and the staged input is removed whatever happens."""
+        path, data = args["path"], args["content"].encode("utf-8")
+        try:
+            where = _inside(path, "path")
+            if len(data) > _ops.MAX_WRITE_BYTES:
+                raise _ops.Refused(f"content is {len(data)} bytes; Write takes up to {_ops.MAX_WRITE_BYTES} bytes")
+            staged = f"{ARGS_FOLDER}/{uuid.uuid4().hex}"
+            script = WRITE_SCRIPT.format(staged=staged, target=shlex.quote(where),
+                                         redirect=">>" if args.get("append") else ">")
+            request = self._request(tool_context, command=script, inputs=[InputFile(name=staged, content=data)])
+            result = await self._dispatch(request, tool_context)
+            if result.exit_code == WRITE_OUTSIDE:
+                raise _ops.Refused(f"path {path!r} is outside the workspace; only paths inside it may be used")
+            if result.exit_code == WRITE_FOLDER:
+                raise _ops.Refused(f"{path} is a directory")
+            if result.exit_code != 0 or not result.stdout.strip():
+                raise _ops.Refused(f"write failed in the workspace: {result.stderr.strip()[-500:]}")
+        except _ops.Refused as exc:
+            return _ops.failure(str(exc))
+        except (WorkerError, OrchestratorError) as exc:
+            return _ops.failure(f"write could not run in the workspace: {exc}")
+        name = result.stdout.strip().splitlines()[-1]
+        verb = "appended to" if args.get("append") else "written to"
+        return {"success": True, "message": f"SUCCESS: file {name} {verb} successfully ({len(data)} bytes)",
+                "path": name}
 
     async def bash(self, command: str, cwd: str | None, timeout: float | None,
                    tool_context: InvocationContext | None) -> dict:
