@@ -271,6 +271,15 @@ def _alive(pid: int) -> bool:
         return stat.read().split(") ")[1][0] != "Z"
 
 
+def assert_gone(pid_file: Path) -> None:
+    """The process whose id the command wrote is gone within a few seconds."""
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
 async def test_bash_past_its_timeout_kills_the_whole_process_group(root, ctx):
     started = time.monotonic()
     answer = await call(BashTool(cwd=root), ctx, command="sleep 60 & echo $! > bg.pid; echo started; sleep 60",
@@ -278,21 +287,13 @@ async def test_bash_past_its_timeout_kills_the_whole_process_group(root, ctx):
     assert time.monotonic() - started < 10
     assert answer["success"] is False and "timed out after 1 seconds" in answer["error"]
     assert answer["stdout"] == "started\n"
-    background = int((root / "bg.pid").read_text())
-    deadline = time.monotonic() + 5
-    while _alive(background) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(background)
+    assert_gone(root / "bg.pid")
 
 
 async def test_bash_leaves_no_background_child_after_it_ends(root, ctx):
     answer = await call(BashTool(cwd=root), ctx, command="sleep 60 & echo $! > bg.pid")
     assert answer["success"] is True
-    background = int((root / "bg.pid").read_text())
-    deadline = time.monotonic() + 5
-    while _alive(background) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(background)
+    assert_gone(root / "bg.pid")
 
 
 async def test_bash_output_is_capped(root, ctx):
