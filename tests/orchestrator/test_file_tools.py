@@ -102,7 +102,7 @@ async def test_read_refuses_bad_ranges_and_missing_files(root, ctx):
     assert_refused(await call(tool, ctx, path="nope.txt"), "not found")
     assert_refused(await call(tool, ctx, path="."), "not a regular file")
     assert_refused(await call(tool, ctx), "missing required argument: path")
-    assert_refused(await call(tool, ctx, path="a.txt", start_line="x"), "start_line must be a integer")
+    assert_refused(await call(tool, ctx, path="a.txt", start_line="x"), "start_line must be an integer")
 
 
 async def test_read_decodes_gb18030_and_stops_at_the_line_cap(root, ctx, monkeypatch):

@@ -57,7 +57,7 @@ class BaseFileTool(BaseTool):
         for name, value in args.items():
             kind = self.PARAMETERS[name]["type"]
             if value is not None and (not isinstance(value, _TYPES[kind]) or (kind != "boolean" and isinstance(value, bool))):
-                return f"{name} must be a {kind}"
+                return f"{name} must be {'an' if kind == 'integer' else 'a'} {kind}"
         return None
 
     async def _run_async_impl(self, *, tool_context: InvocationContext, args: dict[str, Any]) -> Any:

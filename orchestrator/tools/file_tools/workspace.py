@@ -1,12 +1,19 @@
 """Workspace mode (ours): the file tools act inside the session's workspace — the one ``skill_run`` uses — through
 the same dispatcher and runtime, so they have its sandbox, its limits and no host access.
 
-Each call is one run in the workspace (``<user>.<session>``, as ``skill_run``): ``Bash`` runs its command with
-``cwd`` inside the workspace; the others run ``_ops`` (its source, passed as ``python3 -c``) with ``$WORKSPACE_DIR`` as
-their root, their arguments on the command line (or, when large, as an input file the operation removes), and read
-its JSON answer from stdout. Paths are relative to the workspace root (``work/notes.txt``, ``out/report.md``); the
-answers show them that way. The run stages a skill: the library's ``skill`` when given, else an empty one shipped
-here (``workspace_skill/``; a queue worker on another machine needs ``skill`` from the library instead).
+Each call is one run in the workspace (``<user>.<session>``, as ``skill_run``), and no host path is touched:
+
+* ``Read`` — a run of ``:`` whose output collection takes the file (capped at the read cap; a link out of the
+  workspace is refused by the collection); its bytes are answered here as host mode answers them.
+* ``Write`` — the content staged as an input, moved into place by a short script that resolves the target
+  (``realpath``) and refuses it outside the workspace; the staged input is removed whatever happens.
+* ``Edit``, ``Grep``, ``Glob`` (and a Read that collection cannot serve) — ``_ops`` itself, run in the sandbox
+  (``python3 -I -S -c <its source>``) with ``$WORKSPACE_DIR`` as its root; large arguments travel as an input.
+* ``Bash`` — the command, with ``cwd`` inside the workspace and the run's timeout (the runtime kills it whole).
+
+Paths are relative to the workspace root (``work/notes.txt``, ``out/report.md``), and answers show them that way.
+The run stages a skill: the library's ``skill`` when given, else an empty one shipped here (``workspace_skill/``;
+a queue worker on another machine needs ``skill`` from the library instead).
 """
 
 from __future__ import annotations
