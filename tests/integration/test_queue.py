@@ -202,9 +202,12 @@ async def test_a_run_out_of_attempts_fails_with_the_reason_and_a_worker_removes_
     redis_url, workers, repo, work_root
 ):
     dispatcher = QueueDispatcher(redis_url, max_attempts=1)
+    # Killed once its command began: its folder appears before the workspace is laid out and indexed, and a worker
+    # killed in between leaves a half-made folder no removal finds by the workspace's id
     run_id = await _lose_a_started_run(
-        workers, dispatcher, RunRequest(skill=repo.skill_ref("python-math"), command="sleep 60", timeout=120),
-        command_began=lambda: len(workspace_dirs(work_root)) == 1)  # killed once its workspace exists
+        workers, dispatcher, RunRequest(skill=repo.skill_ref("python-math"), command="touch $WORK_DIR/began; sleep 60",
+                                        timeout=120),
+        command_began=lambda: any(work_root.glob("ws_*/work/began")))
     done = await dispatcher.wait(run_id, 60)
     assert done.status == RunStatus.FAILED
     assert "stopped beating" in done.error
