@@ -4,6 +4,7 @@ workspace."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 from pathlib import Path
 
@@ -139,3 +140,11 @@ async def test_read_refuses_binary_and_over_the_cap_and_reads_other_encodings(sk
     monkeypatch.setattr(file_ops, "MAX_READ_BYTES", 2000)
     refused(await call("Read", path="work/big.txt"), "3000 bytes", "up to 2000 bytes")
     refused(await call("Read", path="work/missing.txt"), "not found")
+
+
+async def test_writes_of_awkward_content_arrive_byte_for_byte(skill_tools):
+    call = Tools(skill_tools, context())
+    for content in ("it's {a} %s $HOME `id` \\n -x\n", "'" * (workspace_mode.INLINE_ARGS_CHARS // 2), "nul\0inside"):
+        assert (await call("Write", path="work/odd.txt", content=content))["success"]
+        run = await call("Bash", command="base64 -w0 odd.txt", cwd="work")
+        assert base64.b64decode(run["stdout"]) == content.encode()

@@ -40,19 +40,19 @@ from worker.errors import WorkerError
 OPS_SOURCE = Path(_ops.__file__).read_text(encoding="utf-8")
 WORKSPACE_SKILL = Path(__file__).resolve().parent / "workspace_skill"
 INLINE_ARGS_CHARS = 32 * 1024
-"""Arguments up to this long travel on the command line; longer ones (a large Write) as an input file."""
+"""Arguments up to this long (quoted for the shell) travel on the command line; longer ones as an input file."""
 ANSWER_BYTES = 32 * 1024 * 1024
 """An operation's answer (a 10 MB Read, escaped as JSON) must fit the run's stdout."""
 ARGS_FOLDER = ".file-tools"
 WRITE_OUTSIDE, WRITE_FOLDER = 90, 91
 WRITE_SCRIPT = """\
-src="$WORK_DIR/inputs/{staged}"; trap 'rm -f -- "$src"' EXIT
-root=$(realpath -- "$WORKSPACE_DIR") && target=$(realpath -m -- "$root"/{target}) || exit 1
+{prelude}root=$(realpath -- "$WORKSPACE_DIR") && target=$(realpath -m -- "$root"/{target}) || exit 1
 case "$target" in "$root"/*) ;; *) exit 90 ;; esac
 [ -d "$target" ] && exit 91
-mkdir -p -- "$(dirname -- "$target")" && cat -- "$src" {redirect} "$target" && printf '%s\\n' "${{target#"$root"/}}"
+mkdir -p -- "$(dirname -- "$target")" && {source} {redirect} "$target" && printf '%s\\n' "${{target#"$root"/}}"
 """
-"""Write in the workspace: exit 90 for a target outside it, 91 for a folder; prints the path it wrote."""
+"""Write in the workspace: exit 90 for a target outside it, 91 for a folder; prints the path it wrote. Content up to
+``INLINE_ARGS_CHARS`` is in the script (a run without inputs takes the runtime's quick path), more is staged."""
 GLOB_CHARACTERS = frozenset("*?[]{}")
 """A path with these is read by the operations module (collection would take it for a pattern)."""
 
@@ -98,7 +98,7 @@ class WorkspaceFileBackend(BaseFileBackend):
             return await self._staged_write(args, tool_context)
         raw = json.dumps(args)
         inputs, argument = [], shlex.quote(raw)
-        if len(raw) > INLINE_ARGS_CHARS:  # the file's name is ours (no quoting needed); $WORK_DIR is expanded
+        if len(argument) > INLINE_ARGS_CHARS:  # the file's name is ours (no quoting needed); $WORK_DIR is expanded
             name = f"{ARGS_FOLDER}/{uuid.uuid4().hex}.json"
             inputs.append(InputFile(name=name, content=raw.encode("utf-8")))
             argument = f'"@$WORK_DIR/inputs/{name}"'
@@ -161,10 +161,15 @@ class WorkspaceFileBackend(BaseFileBackend):
             where = _inside(path, "path")
             if len(data) > _ops.MAX_WRITE_BYTES:
                 raise _ops.Refused(f"content is {len(data)} bytes; Write takes up to {_ops.MAX_WRITE_BYTES} bytes")
-            staged = f"{ARGS_FOLDER}/{uuid.uuid4().hex}"
-            script = WRITE_SCRIPT.format(staged=staged, target=shlex.quote(where),
+            inputs, prelude, source = [], "", f"printf '%s' {shlex.quote(args['content'])}"
+            if len(source) > INLINE_ARGS_CHARS or b"\0" in data:  # bash arguments hold no NUL
+                staged = f"{ARGS_FOLDER}/{uuid.uuid4().hex}"
+                inputs.append(InputFile(name=staged, content=data))
+                prelude = f"src=\"$WORK_DIR/inputs/{staged}\"; trap 'rm -f -- \"$src\"' EXIT\n"
+                source = 'cat -- "$src"'
+            script = WRITE_SCRIPT.format(prelude=prelude, target=shlex.quote(where), source=source,
                                          redirect=">>" if args.get("append") else ">")
-            request = self._request(tool_context, command=script, inputs=[InputFile(name=staged, content=data)])
+            request = self._request(tool_context, command=script, inputs=inputs)
             result = await self._dispatch(request, tool_context)
             if result.exit_code == WRITE_OUTSIDE:
                 raise _ops.Refused(f"path {path!r} is outside the workspace; only paths inside it may be used")
