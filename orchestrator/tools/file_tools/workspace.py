@@ -41,9 +41,16 @@ OPS_SOURCE = Path(_ops.__file__).read_text(encoding="utf-8")
 WORKSPACE_SKILL = Path(__file__).resolve().parent / "workspace_skill"
 INLINE_ARGS_CHARS = 32 * 1024
 """Arguments up to this long (quoted for the shell) travel on the command line; longer ones as an input file."""
+QUICK_COMMAND_CHARS = 2048
+"""A command this short fits, with the run's variables, in one atomic pipe write (``PIPE_BUF``, 4 KiB) to the
+workspace's ready shell (``worker.ready_shell``); a longer one starts a sandbox of its own (about 35 ms more here).
+Write puts its content in the script only up to this, and stages more as an input."""
 ANSWER_BYTES = 32 * 1024 * 1024
 """An operation's answer (a 10 MB Read, escaped as JSON) must fit the run's stdout."""
 ARGS_FOLDER = ".file-tools"
+ROOT = "$WORKSPACE_DIR"
+"""Where every run of the tools starts (Bash's default too): one folder, so the ready shell a call leaves behind
+fits the next call, whichever tool it is (``ReadyShell.fits``)."""
 WRITE_OUTSIDE, WRITE_FOLDER = 90, 91
 WRITE_SCRIPT = """\
 {prelude}root=$(realpath -- "$WORKSPACE_DIR") && target=$(realpath -m -- "$root"/{target}) || exit 1
@@ -51,8 +58,8 @@ case "$target" in "$root"/*) ;; *) exit 90 ;; esac
 [ -d "$target" ] && exit 91
 mkdir -p -- "$(dirname -- "$target")" && {source} {redirect} "$target" && printf '%s\\n' "${{target#"$root"/}}"
 """
-"""Write in the workspace: exit 90 for a target outside it, 91 for a folder; prints the path it wrote. Content up to
-``INLINE_ARGS_CHARS`` is in the script (a run without inputs takes the runtime's quick path), more is staged."""
+"""Write in the workspace: exit 90 for a target outside it, 91 for a folder; prints the path it wrote. Short content
+is in the script (see ``QUICK_COMMAND_CHARS``), more is staged."""
 GLOB_CHARACTERS = frozenset("*?[]{}")
 """A path with these is read by the operations module (collection would take it for a pattern)."""
 
@@ -104,7 +111,7 @@ class WorkspaceFileBackend(BaseFileBackend):
             argument = f'"@$WORK_DIR/inputs/{name}"'
         command = f'exec python3 -I -S -c {shlex.quote(OPS_SOURCE)} "$WORKSPACE_DIR" {operation} {argument}'
         try:
-            request = self._request(tool_context, command=command, inputs=inputs, stdout_bytes=ANSWER_BYTES)
+            request = self._request(tool_context, command=command, inputs=inputs, cwd=ROOT, stdout_bytes=ANSWER_BYTES)
             result = await self._dispatch(request, tool_context)
         except _ops.Refused as exc:
             return _ops.failure(str(exc))
@@ -126,7 +133,7 @@ class WorkspaceFileBackend(BaseFileBackend):
         path = args["path"]
         try:
             where = _inside(path, "path")
-            request = self._request(tool_context, command=":", output_files=[f"$WORKSPACE_DIR/{where}"],
+            request = self._request(tool_context, command=":", output_files=[f"$WORKSPACE_DIR/{where}"], cwd=ROOT,
                                     limits_update={"output_file_bytes": _ops.MAX_READ_BYTES,
                                                    "output_total_bytes": _ops.MAX_READ_BYTES})
             result = await self._dispatch(request, tool_context)
@@ -162,14 +169,14 @@ class WorkspaceFileBackend(BaseFileBackend):
             if len(data) > _ops.MAX_WRITE_BYTES:
                 raise _ops.Refused(f"content is {len(data)} bytes; Write takes up to {_ops.MAX_WRITE_BYTES} bytes")
             inputs, prelude, source = [], "", f"printf '%s' {shlex.quote(args['content'])}"
-            if len(source) > INLINE_ARGS_CHARS or b"\0" in data:  # bash arguments hold no NUL
+            if len(source) > QUICK_COMMAND_CHARS - len(WRITE_SCRIPT) - len(where) or b"\0" in data:  # no NUL in bash
                 staged = f"{ARGS_FOLDER}/{uuid.uuid4().hex}"
                 inputs.append(InputFile(name=staged, content=data))
                 prelude = f"src=\"$WORK_DIR/inputs/{staged}\"; trap 'rm -f -- \"$src\"' EXIT\n"
                 source = 'cat -- "$src"'
             script = WRITE_SCRIPT.format(prelude=prelude, target=shlex.quote(where), source=source,
                                          redirect=">>" if args.get("append") else ">")
-            request = self._request(tool_context, command=script, inputs=inputs)
+            request = self._request(tool_context, command=script, inputs=inputs, cwd=ROOT)
             result = await self._dispatch(request, tool_context)
             if result.exit_code == WRITE_OUTSIDE:
                 raise _ops.Refused(f"path {path!r} is outside the workspace; only paths inside it may be used")
@@ -192,7 +199,7 @@ class WorkspaceFileBackend(BaseFileBackend):
             seconds = check_timeout(timeout)
             where = _inside(cwd or ".", "cwd")
             request = self._request(tool_context, command=command, timeout=seconds,
-                                    cwd="$WORKSPACE_DIR" if where == "." else f"$WORKSPACE_DIR/{where}")
+                                    cwd=ROOT if where == "." else f"{ROOT}/{where}")
             result = await self._dispatch(request, tool_context)
         except _ops.Refused as exc:
             return _ops.failure(str(exc))
