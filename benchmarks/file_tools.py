@@ -8,7 +8,9 @@ Each call goes through the tool's ``run_async``, as an agent's call does: a 4 Ki
 workspace mode's are each a run (a sandboxed process, as root) — Read and Write start the operations' interpreter
 (``python3 -I -S``) in it.
 
-Usage: .venv/bin/python benchmarks/file_tools.py [--runs N] [--docker]
+With ``--all``, also Edit, Grep and Glob (in the workspace they run the operations module: ``python3`` in the sandbox).
+
+Usage: .venv/bin/python benchmarks/file_tools.py [--runs N] [--docker] [--all]
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ CALLS = {
     "Write": {"path": "work/written.txt", "content": CONTENT},
     "Bash": {"command": "echo hello"},
 }
+MORE_CALLS = {  # with --all: the tools that run the operations module in the workspace
+    "Edit": {"path": "work/edited.txt", "old_string": "0123", "new_string": "3210"},
+    "Grep": {"pattern": "abcdef$", "path": "work/data.txt", "max_results": 5},
+    "Glob": {"pattern": "**/*.{txt,md}"},
+}
 
 
 async def tools_of(tool_set) -> dict:
@@ -45,7 +52,9 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--docker", action="store_true", help="also the Docker runtime (needs an engine and the image)")
+    parser.add_argument("--all", action="store_true", help="also Edit, Grep and Glob")
     args = parser.parse_args()
+    calls = {**CALLS, **(MORE_CALLS if args.all else {})}
 
     scratch = scratch_dir("skillrun-bench-files-")
     (scratch / "host" / "work").mkdir(parents=True)
@@ -63,17 +72,20 @@ async def main() -> None:
         tools = await tools_of(WorkspaceFileToolSet(skill_tools))
         modes[f"workspace ({name})"] = (tools, runtime)
         await tools["Write"].run_async(tool_context=ctx, args={"path": "work/data.txt", "content": CONTENT})
-    samples = {(tool, mode): [] for tool in CALLS for mode in modes}
+    samples = {(tool, mode): [] for tool in calls for mode in modes}
     try:
         for _ in range(3):  # warm-up: spare run folders, spawners, ready shells
-            for tool, call in CALLS.items():
+            for tool, call in calls.items():
                 for tools, _runtime in modes.values():
                     await tools[tool].run_async(tool_context=ctx, args=call)
         order = list(modes)
         for i in range(args.runs):
             turn = order[i % len(order):] + order[:i % len(order)]
-            for tool, call in CALLS.items():
+            for tool, call in calls.items():
                 for mode in turn:
+                    if tool == "Edit":  # one match each time: the file is put back first (not timed)
+                        await modes[mode][0]["Write"].run_async(
+                            tool_context=ctx, args={"path": "work/edited.txt", "content": "0123 once\n"})
                     tools, runtime = modes[mode]
                     if runtime is not None:
                         await runtime.idle()
@@ -89,7 +101,7 @@ async def main() -> None:
             await runtime.close()
 
     print(f"{'series':<28}  {'median ms':>9}  {'p95 ms':>9}  {'vs host':>8}")
-    for tool in CALLS:
+    for tool in calls:
         host_median, _ = summary_ms(samples[(tool, "host")])
         for mode in modes:
             median, p95 = summary_ms(samples[(tool, mode)])
