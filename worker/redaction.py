@@ -21,6 +21,7 @@ README's security model).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -50,22 +51,23 @@ class Redactor:
                 forms.setdefault(form, PLACEHOLDER.format(name=name))
         self._forms = forms
         self._longest_first = sorted(forms, key=len, reverse=True)
-        self._pattern = re.compile("|".join(map(re.escape, self._longest_first))) if forms else None
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return bool(self._forms)
 
     def text(self, text: str, *, cut: bool = False) -> str:
         """``text`` redacted; ``cut``: it ends where a cap cut it, so a form's start at its end goes too."""
-        if self._pattern is None or not text:
+        if not self._forms or not text:
             return text
-        text = self._pattern.sub(lambda match: self._forms[match.group(0)], text)
+        present = tuple(form for form in self._longest_first if form in text)  # a substring search: fast
+        if present:  # a pattern of the forms found (Python's re tries every alternative at each position)
+            text = _pattern_of(present).sub(lambda match: self._forms[match.group(0)], text)
         return self._clear_end(text) if cut else text
 
     def data(self, data: bytes, *, cut: bool = False) -> bytes:
         """``data`` redacted as bytes (what is not UTF-8 is kept as it is, so binary content stays intact except
         where a form of a value appears)."""
-        if self._pattern is None or not data:
+        if not self._forms or not data:
             return data
         return self.text(data.decode("utf-8", "surrogateescape"), cut=cut).encode("utf-8", "surrogateescape")
 
@@ -75,6 +77,12 @@ class Redactor:
                 if text.endswith(form[:length]):
                     return text[:-length] + self._forms[form]
         return text
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern_of(forms: tuple[str, ...]) -> re.Pattern[str]:
+    """One pattern matching any of ``forms`` (longest first)."""
+    return re.compile("|".join(map(re.escape, forms)))
 
 
 def _forms(value: str) -> set[str]:
