@@ -14,8 +14,8 @@ from orchestrator.context import InvocationContext
 from orchestrator.sessions import Session
 from orchestrator.skills import SkillToolSet, create_default_skill_repository
 from orchestrator.tools import WorkspaceFileToolSet
-from orchestrator.tools.file_tools import _ops as file_ops
 from orchestrator.tools.file_tools import workspace as workspace_mode
+from orchestrator.tools.file_tools.workspace_skill import ops as file_ops
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
@@ -148,3 +148,17 @@ async def test_writes_of_awkward_content_arrive_byte_for_byte(skill_tools):
         assert (await call("Write", path="work/odd.txt", content=content))["success"]
         run = await call("Bash", command="base64 -w0 odd.txt", cwd="work")
         assert base64.b64decode(run["stdout"]) == content.encode()
+
+
+async def test_with_a_library_skill_staged_the_operations_travel_in_the_command(skill_tools):
+    ctx = context()
+    tool_set = WorkspaceFileToolSet(skill_tools, skill=SKILL)
+    tools = {t.name: t for t in await tool_set.get_tools()}
+    assert (await tools["Write"].run_async(tool_context=ctx, args={"path": "work/a.md", "content": "x = 1\n"}))["success"]
+    edited = await tools["Edit"].run_async(tool_context=ctx, args={"path": "work/a.md", "old_string": "1",
+                                                                    "new_string": "2"})
+    assert edited["success"], edited
+    globbed = await tools["Glob"].run_async(tool_context=ctx, args={"pattern": "work/*.md"})
+    assert globbed["matches"] == ["work/a.md"]
+    refused(await tools["Edit"].run_async(tool_context=ctx, args={"path": "../a.md", "old_string": "1",
+                                                                   "new_string": "2"}), "outside the workspace")

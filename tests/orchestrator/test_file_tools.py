@@ -21,8 +21,8 @@ from orchestrator.tools.file_tools import (
     GrepTool,
     ReadTool,
     WriteTool,
-    _ops,
 )
+from orchestrator.tools.file_tools.workspace_skill import ops as _ops
 
 
 @pytest.fixture

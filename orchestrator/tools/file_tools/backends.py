@@ -9,8 +9,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from orchestrator.context import InvocationContext
-from orchestrator.tools.file_tools import _ops
 from orchestrator.tools.file_tools._bash import DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS, host_environment, run_bash
+from orchestrator.tools.file_tools.workspace_skill import ops as _ops
 
 
 def check_timeout(timeout: float | None) -> float:

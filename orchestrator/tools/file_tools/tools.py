@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 from orchestrator.context import InvocationContext
 from orchestrator.tools.base import BaseTool
-from orchestrator.tools.file_tools import _ops
 from orchestrator.tools.file_tools.backends import BaseFileBackend, HostFileBackend
+from orchestrator.tools.file_tools.workspace_skill import ops as _ops
 
 _TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,)}
 

@@ -7,8 +7,9 @@ Each call is one run in the workspace (``<user>.<session>``, as ``skill_run``), 
   workspace is refused by the collection); its bytes are answered here as host mode answers them.
 * ``Write`` — the content staged as an input, moved into place by a short script that resolves the target
   (``realpath``) and refuses it outside the workspace; the staged input is removed whatever happens.
-* ``Edit``, ``Grep``, ``Glob`` (and a Read that collection cannot serve) — ``_ops`` itself, run in the sandbox
-  (``python3 -I -S -c <its source>``) with ``$WORKSPACE_DIR`` as its root; large arguments travel as an input.
+* ``Edit``, ``Grep``, ``Glob`` (and a Read that collection cannot serve) — the operations module host mode calls,
+  run in the sandbox (``python3 -I -S``, as the staged empty skill's ``ops.py``, or as ``-c <its source>`` when
+  a library skill is staged instead) with ``$WORKSPACE_DIR`` as its root; large arguments travel as an input.
 * ``Bash`` — the command, with ``cwd`` inside the workspace and the run's timeout (the runtime kills it whole).
 
 Paths are relative to the workspace root (``work/notes.txt``, ``out/report.md``), and answers show them that way.
@@ -31,20 +32,22 @@ from pydantic import ValidationError
 from orchestrator.context import InvocationContext
 from orchestrator.errors import OrchestratorError
 from orchestrator.skills.tools.skill_toolset import SkillToolSet, workspace_id_for
-from orchestrator.tools.file_tools import _ops
 from orchestrator.tools.file_tools.backends import BaseFileBackend, bash_answer, check_timeout
 from orchestrator.tools.file_tools.toolset import FileToolSet
+from orchestrator.tools.file_tools.workspace_skill import ops as _ops
 from worker.contract import InputFile, RunLimits, RunRequest, SkillRef
 from worker.errors import WorkerError
 
 OPS_SOURCE = Path(_ops.__file__).read_text(encoding="utf-8")
+OPS_SCRIPT = '"$SKILLS_DIR/file-tools/ops.py"'
+"""The operations as the staged empty skill carries them: a short command, which the workspace's ready shell takes
+(``QUICK_COMMAND_CHARS``); with a library ``skill`` staged instead, their source goes on the command line."""
 WORKSPACE_SKILL = Path(__file__).resolve().parent / "workspace_skill"
-INLINE_ARGS_CHARS = 32 * 1024
-"""Arguments up to this long (quoted for the shell) travel on the command line; longer ones as an input file."""
 QUICK_COMMAND_CHARS = 2048
 """A command this short fits, with the run's variables, in one atomic pipe write (``PIPE_BUF``, 4 KiB) to the
-workspace's ready shell (``worker.ready_shell``); a longer one starts a sandbox of its own (about 35 ms more here).
-Write puts its content in the script only up to this, and stages more as an input."""
+workspace's ready shell (``worker.ready_shell``); a longer one starts a sandbox of its own (about 35 ms more here)."""
+INLINE_ARGS_CHARS = QUICK_COMMAND_CHARS // 2
+"""Arguments (quoted for the shell) up to this long travel in the command; longer ones as an input file."""
 ANSWER_BYTES = 32 * 1024 * 1024
 """An operation's answer (a 10 MB Read, escaped as JSON) must fit the run's stdout."""
 ARGS_FOLDER = ".file-tools"
@@ -109,7 +112,8 @@ class WorkspaceFileBackend(BaseFileBackend):
             name = f"{ARGS_FOLDER}/{uuid.uuid4().hex}.json"
             inputs.append(InputFile(name=name, content=raw.encode("utf-8")))
             argument = f'"@$WORK_DIR/inputs/{name}"'
-        command = f'exec python3 -I -S -c {shlex.quote(OPS_SOURCE)} "$WORKSPACE_DIR" {operation} {argument}'
+        program = f"-c {shlex.quote(OPS_SOURCE)}" if self.skill is not None else OPS_SCRIPT
+        command = f'exec python3 -I -S {program} "$WORKSPACE_DIR" {operation} {argument}'
         try:
             request = self._request(tool_context, command=command, inputs=inputs, cwd=ROOT, stdout_bytes=ANSWER_BYTES)
             result = await self._dispatch(request, tool_context)

@@ -1,8 +1,8 @@
 """The file operations behind ``Read``, ``Write``, ``Edit``, ``Grep`` and ``Glob``, confined to one root folder.
 
 Standard library only, and no import of the package: host mode calls these functions in a thread; workspace mode runs
-this very file inside the session's sandbox (``python3 -c <this source> <json>``, see ``workspace.py``), so both
-modes share one implementation, its limits and its answers. Every answer is the guide's dict: ``{"success": True,
+this very file inside the session's sandbox (it is the script of the empty skill its runs stage, beside its
+``SKILL.md``; see ``workspace.py``), so both modes share one implementation, its limits and its answers. Every answer is the guide's dict: ``{"success": True,
 ...}`` or ``{"success": False, "error": "..."}``.
 
 A path is relative to the root, or absolute inside it. It is refused when it leaves the root: ``..``, an absolute path
