@@ -314,3 +314,18 @@ async def test_unknown_and_wrongly_typed_arguments_are_refused(root, ctx):
 def test_cwd_and_backend_together_are_a_mistake(root):
     with pytest.raises(ValueError):
         ReadTool(cwd=root, backend=file_tools.HostFileBackend(root))
+
+
+async def test_glob_does_not_follow_link_loops_and_stops_at_its_visit_cap(root, ctx, monkeypatch):
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "x.py").write_text("")
+    (root / ".hidden.py").write_text("")
+    for name in ("loop1", "loop2"):
+        (root / "a" / name).symlink_to(root, target_is_directory=True)
+    started = time.monotonic()
+    answer = await call(GlobTool(cwd=root), ctx, pattern="**/*.py")
+    assert time.monotonic() - started < 5
+    assert answer["matches"] == [str(root.resolve() / "a/b/x.py")] and answer["truncated"] is False
+    assert (await call(GlobTool(cwd=root), ctx, pattern=".*.py"))["count"] == 1
+    monkeypatch.setattr(_ops, "MAX_GLOB_VISITS", 2)
+    assert (await call(GlobTool(cwd=root), ctx, pattern="**/*.py"))["truncated"] is True

@@ -11,7 +11,7 @@ elsewhere, a symlink (of the file or of any folder above it) pointing out — th
 
 from __future__ import annotations
 
-import glob as _glob
+import fnmatch
 import json
 import os
 import re
@@ -25,6 +25,8 @@ MAX_WRITE_BYTES = 10 * 1024 * 1024
 MAX_GREP_RESULTS = 100
 MAX_GREP_LINE_CHARS = 500
 MAX_GLOB_RESULTS = 1000
+MAX_GLOB_VISITS = 200_000
+"""Entries one Glob looks at, at most (a huge tree answers what it found, ``truncated``)."""
 MAX_BRACE_EXPANSIONS = 256
 SNIFF_BYTES = 8192
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules"})
@@ -283,24 +285,54 @@ def expand_braces(pattern: str) -> list[str]:
     return [pattern]
 
 
+def _segments_match(parts: tuple[str, ...], segments: tuple[str, ...]) -> bool:
+    """Whether path ``parts`` match pattern ``segments``: ``**`` is any number of folders, the others are
+    ``fnmatch`` patterns of one name each; a name starting with ``.`` only matches a segment starting with ``.``."""
+    if not segments:
+        return not parts
+    if segments[0] == "**":
+        return any(_segments_match(parts[i:], segments[1:]) for i in range(len(parts) + 1)
+                   if not any(p.startswith(".") for p in parts[:i]))
+    return (bool(parts) and parts[0].startswith(".") <= segments[0].startswith(".")
+            and fnmatch.fnmatchcase(parts[0], segments[0]) and _segments_match(parts[1:], segments[1:]))
+
+
 def glob(root: Root, pattern: str, path: str = ".", max_results: int = MAX_GLOB_RESULTS) -> dict:
+    """Files and folders under ``path`` matching ``pattern``, walked without following links to folders (a link
+    loop cannot make it run away) and at most ``MAX_GLOB_VISITS`` entries looked at (``truncated`` past that)."""
     if not pattern:
         raise Refused("pattern must not be empty")
     if max_results < 1:
         raise Refused("max_results must be 1 or more")
     base = root.resolve(path)
-    found: dict[str, str] = {}  # real path → the shortest way to it (a linked folder is not listed twice)
+    patterns = []
     for one in expand_braces(pattern):
-        if os.path.isabs(one) or ".." in one.replace("\\", "/").split("/"):
+        parts = tuple(p for p in one.replace("\\", "/").split("/") if p not in ("", "."))
+        if os.path.isabs(one) or ".." in parts:
             raise Refused(f"pattern {pattern!r} must be relative and may not contain '..'")
-        for hit in _glob.iglob(one, root_dir=base, recursive=True):
-            real = os.path.realpath(os.path.join(base, hit))
-            shown = os.path.normpath(os.path.join(base, hit))
-            if root.inside(real) and (real not in found or len(shown) < len(found[real])):
-                found[real] = shown
-    ordered = sorted(found.values())
-    return {"success": True, "matches": [root.shown(p) for p in ordered[:max_results]],
-            "count": min(len(ordered), max_results), "truncated": len(ordered) > max_results, "pattern": pattern}
+        patterns.append(parts)
+    deepest = None if any("**" in p for p in patterns) else max(len(p) for p in patterns)
+    found, visited, cut = [], 0, False
+    for folder, dirs, files in os.walk(base):
+        rel = () if folder == base else tuple(os.path.relpath(folder, base).split(os.sep))
+        if deepest is not None and len(rel) >= deepest:
+            dirs[:] = []
+        dirs.sort()
+        for name in sorted(dirs + files):
+            visited += 1
+            if visited > MAX_GLOB_VISITS:
+                cut = True
+                break
+            parts = rel + (name,)
+            if any(_segments_match(parts, p) for p in patterns):
+                full = os.path.join(folder, name)
+                if root.inside(os.path.realpath(full)):
+                    found.append(full)
+        if cut:
+            break
+    found.sort()
+    return {"success": True, "matches": [root.shown(p) for p in found[:max_results]],
+            "count": min(len(found), max_results), "truncated": cut or len(found) > max_results, "pattern": pattern}
 
 
 OPERATIONS = {"read": read, "write": write, "edit": edit, "grep": grep, "glob": glob}
