@@ -10,12 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agents import LlmAgent
 from orchestrator.context import InvocationContext
-from orchestrator.sessions import Session
+from orchestrator.models import OpenAIModel
+from orchestrator.runners import Runner
+from orchestrator.sessions import InMemorySessionService, Session
 from orchestrator.skills import SkillToolSet, create_default_skill_repository
 from orchestrator.tools import WorkspaceFileToolSet
 from orchestrator.tools.file_tools import workspace as workspace_mode
 from orchestrator.tools.file_tools.workspace_skill import ops as file_ops
+from orchestrator.types import Content, Part
+from tests.model_server import ScriptedModelServer
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
@@ -162,3 +167,34 @@ async def test_with_a_library_skill_staged_the_operations_travel_in_the_command(
     assert globbed["matches"] == ["work/a.md"]
     refused(await tools["Edit"].run_async(tool_context=ctx, args={"path": "../a.md", "old_string": "1",
                                                                    "new_string": "2"}), "outside the workspace")
+
+
+async def test_an_agent_writes_runs_and_reads_back_in_its_sessions_workspace(skill_tools):
+    # An agent on the platform: the skill tools and the workspace file tools side by side, driven by the real openai
+    # client against the scripted model; the file the model writes is what its skill_run reads, and the reverse.
+    server = ScriptedModelServer().start()
+    try:
+        server.add(
+            {"tool_calls": [{"name": "Write", "arguments": {"path": "work/in.txt", "content": "3 4\n"}}]},
+            {"tool_calls": [{"name": "skill_run", "arguments": {
+                "skill": SKILL, "command": "awk '{print $1*$2}' $WORK_DIR/in.txt > $OUTPUT_DIR/product.txt"}}]},
+            {"tool_calls": [{"name": "Read", "arguments": {"path": "out/product.txt"}}]},
+            {"text": "12"},
+        )
+        model = OpenAIModel(model_name="test-model", api_key="k", base_url=server.base_url)
+        agent = LlmAgent(name="builder", model=model, instruction="",
+                         tools=[skill_tools, WorkspaceFileToolSet(skill_tools)])
+        runner = Runner(app_name="files", agent=agent, session_service=InMemorySessionService())
+        await runner.session_service.create_session(app_name="files", user_id="alice", session_id="chat-1")
+        results = []
+        async for event in runner.run_async(user_id="alice", session_id="chat-1",
+                                            new_message=Content(parts=[Part.from_text(text="multiply")])):
+            for part in (event.content.parts if event.content else []):
+                if part.function_response:
+                    results.append(part.function_response.response)
+        await runner.close()
+    finally:
+        server.stop()
+    written, ran, read = results
+    assert written["success"] and ran["exit_code"] == 0, (written, ran)
+    assert read == {"success": True, "content": "12\n", "total_lines": 1, "read_range": "1-1"}
