@@ -159,7 +159,7 @@ class RedisRunStore(BaseRunStore):
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.record(record.id))
             if record.request.keep_workspace:
-                self.workspaces.release(pipe, record.request.workspace_id, record.id)
+                self.workspaces.unclaim(pipe, record.request.workspace_id, record.id)
             pipe.execute()
 
     def announce(self, pipe: redis.client.Pipeline, record: RunRecord) -> None:

@@ -241,6 +241,29 @@ return 0
 """
 """``KEYS = [entry, idle index]``, ``ARGV = [id, run id, now]``: never makes an entry that is gone."""
 
+UNCLAIM = """
+if redis.call('HDEL', KEYS[1], 'run:' .. ARGV[2]) == 0 then
+    return 0
+end
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, 4) == 'run:' then
+        return 0
+    end
+end
+local created, used, owner = unpack(redis.call('HMGET', KEYS[1], 'created_at', 'last_used_at', 'owner'))
+if created ~= used then
+    return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if owner and owner ~= '' then
+    redis.call('ZREM', ARGV[3] .. owner, ARGV[1])
+end
+return 1
+"""
+"""``KEYS = [entry, idle index]``, ``ARGV = [id, run id, owner index prefix]``: takes back a claim of a run never
+announced (refused after its claim: a quota); a workspace that claim made, used by no run since, goes with it."""
+
 MARK_REMOVING = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {'gone'}
@@ -296,6 +319,7 @@ class RedisWorkspaces:
         self.clock = clock
         self._claim = connection.register_script(CLAIM)
         self._release = connection.register_script(RELEASE)
+        self._unclaim = connection.register_script(UNCLAIM)
         self._mark = connection.register_script(MARK_REMOVING)
         self._forget = connection.register_script(FORGET)
         self._place = connection.register_script(PLACE)
@@ -315,6 +339,12 @@ class RedisWorkspaces:
         """In ``pipe`` (the transaction that ends the run)."""
         self._release(keys=[self.keys.entry(workspace_id), self.keys.idle], args=[workspace_id, run_id, self.clock()],
                       client=pipe)
+
+    def unclaim(self, pipe: redis.client.Pipeline, workspace_id: str, run_id: str) -> None:
+        """In ``pipe``: take back the claim of a run never announced; a workspace it made goes with it (else a
+        refused run would leave a kept workspace counted against its owner's limit)."""
+        self._unclaim(keys=[self.keys.entry(workspace_id), self.keys.idle],
+                      args=[workspace_id, run_id, self.keys.owner("")], client=pipe)
 
     def get(self, workspace_id: str) -> WorkspaceEntry | None:
         return _entry(self.redis.hgetall(self.keys.entry(workspace_id)))
