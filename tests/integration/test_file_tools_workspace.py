@@ -1,6 +1,6 @@
 """Workspace mode: the file tools act in the session's workspace through ``skill_run``'s dispatcher and runtime, on
-the local runtime and on Docker — what ``Write`` writes the next ``skill_run`` reads, and nothing leaves the
-workspace."""
+the local runtime, Docker and Cube — what ``Write`` writes the next ``skill_run`` reads, and nothing leaves the
+workspace (the Cube runtime against its local stand-in)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = "python-math"
 
 
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker), "cube"])
 async def skill_tools(request, work_root):
     if request.param == "local":
         runtime = LocalWorkspaceRuntime(work_root / "local")
     else:
-        runtime = request.getfixturevalue("docker_runtime_factory")()
+        runtime = request.getfixturevalue(f"{request.param}_runtime_factory")()
     tool_set = SkillToolSet(create_default_skill_repository(str(LIBRARY), workspace_runtime=runtime))
     yield tool_set
     await tool_set.close()
