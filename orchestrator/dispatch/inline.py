@@ -105,7 +105,11 @@ class InlineDispatcher(BaseDispatcher):
             return
         turn = self._turns.setdefault(owner, asyncio.Condition())
         async with turn:
-            await turn.wait_for(lambda: self._running.get(owner, 0) < cap)
+            try:
+                await turn.wait_for(lambda: self._running.get(owner, 0) < cap)
+            except asyncio.CancelledError:  # cancelled (maybe once handed the turn: Python 3.11 loses that notice)
+                turn.notify()  # the next waiting run looks again
+                raise
             self._running[owner] = self._running.get(owner, 0) + 1
         try:
             yield

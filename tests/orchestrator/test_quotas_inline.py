@@ -123,3 +123,29 @@ async def test_a_run_the_model_waits_on_holds_its_teams_turn_too(dispatcher, mak
     caller = asyncio.create_task(dispatcher.run(second, owner="team-a"))
     await dispatcher.cancel(long.id)
     assert (await caller).stdout == "second\n"
+
+
+async def test_a_run_cancelled_just_as_its_turn_comes_hands_the_turn_on(dispatcher, make_request, monkeypatch):
+    """The turn handed to a waiting run (the one notified when a run of its team ended) is not lost when that run
+    is cancelled before it takes it: the next waiting run starts."""
+    dispatcher.quotas.set("team-a", {"max_running": 1})
+    long = await dispatcher.submit(make_request("sleep 60", timeout=120), owner="team-a")
+    await until(lambda: status(dispatcher, long) == RunStatus.STARTED, "team-a's first run never started")
+    unlucky = await dispatcher.submit(make_request("echo unlucky"), owner="team-a")
+    after = await dispatcher.submit(make_request("echo after"), owner="team-a")
+    await until(lambda: len(dispatcher._turns["team-a"]._waiters) == 2, "the runs never waited for their turn")
+    turn = dispatcher._turns["team-a"]
+    notify = turn.notify
+
+    def notify_then_cancel(n: int = 1) -> None:  # the cancel lands between the turn handed over and taken
+        notify(n)
+        if dispatcher.store.get(unlucky.id).status == RunStatus.QUEUED:
+            dispatcher.store.request_cancel(unlucky.id)  # what dispatcher.cancel does, at that very moment
+            dispatcher._tasks[unlucky.id].cancel()
+
+    monkeypatch.setattr(turn, "notify", notify_then_cancel)
+    await dispatcher.cancel(long.id)
+    assert (await dispatcher.wait(unlucky.id, 60)).status == RunStatus.CANCELLED
+    done = await dispatcher.wait(after.id, 30)
+    assert done.status == RunStatus.FINISHED, "the turn went with the cancelled run: the next one waits for ever"
+    assert done.result.stdout == "after\n"
