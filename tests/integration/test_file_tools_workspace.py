@@ -198,3 +198,17 @@ async def test_an_agent_writes_runs_and_reads_back_in_its_sessions_workspace(ski
     written, ran, read = results
     assert written["success"] and ran["exit_code"] == 0, (written, ran)
     assert read == {"success": True, "content": "12\n", "total_lines": 1, "read_range": "1-1"}
+
+
+async def test_an_answer_over_the_runs_output_limit_says_so(work_root):
+    runtime = LocalWorkspaceRuntime(work_root / "small")
+    tool_set = SkillToolSet(create_default_skill_repository(str(LIBRARY), workspace_runtime=runtime),
+                            run_tool_kwargs={"limits": {"stdout_bytes": 2000}})
+    try:
+        call = Tools(tool_set, context())
+        await call("Write", path="work/many.txt", content="match\n" * 1000)
+        refused(await call("Grep", pattern="match", max_results=1000), "larger than the run's output limit (2000")
+        assert (await call("Grep", pattern="match", max_results=5))["total_matches"] == 1000
+    finally:
+        await tool_set.close()
+        await runtime.close()

@@ -48,8 +48,6 @@ QUICK_COMMAND_CHARS = 2048
 workspace's ready shell (``worker.ready_shell``); a longer one starts a sandbox of its own (about 35 ms more here)."""
 INLINE_ARGS_CHARS = QUICK_COMMAND_CHARS // 2
 """Arguments (quoted for the shell) up to this long travel in the command; longer ones as an input file."""
-ANSWER_BYTES = 32 * 1024 * 1024
-"""An operation's answer (a 10 MB Read, escaped as JSON) must fit the run's stdout."""
 ARGS_FOLDER = ".file-tools"
 ROOT = "$WORKSPACE_DIR"
 """Where every run of the tools starts (Bash's default too): one folder, so the ready shell a call leaves behind
@@ -80,15 +78,13 @@ class WorkspaceFileBackend(BaseFileBackend):
             return self.skill_tools.repository.skill_ref(self.skill)
         return SkillRef(name="file-tools", root=str(WORKSPACE_SKILL))
 
-    def _request(self, tool_context: InvocationContext | None, *, stdout_bytes: int | None = None,
-                 limits_update: dict[str, int] | None = None, **fields: Any) -> RunRequest:
+    def _request(self, tool_context: InvocationContext | None, *, limits_update: dict[str, int] | None = None,
+                 **fields: Any) -> RunRequest:
         """A run in the session's workspace with ``skill_tools``' runtime, limits and timeout (``fields`` win)."""
         if tool_context is None or tool_context.session is None:
             raise _ops.Refused("workspace file tools need a session (they act in the session's workspace)")
         kwargs = self.skill_tools.run_tool_kwargs
         limits = RunLimits.model_validate(kwargs.get("limits") or {})
-        if stdout_bytes is not None:
-            limits = limits.model_copy(update={"stdout_bytes": max(limits.stdout_bytes, stdout_bytes)})
         if limits_update:
             limits = limits.model_copy(update=limits_update)
         options = {k: kwargs[k] for k in ("runtime", "timeout") if k in kwargs}
@@ -115,7 +111,7 @@ class WorkspaceFileBackend(BaseFileBackend):
         program = f"-c {shlex.quote(OPS_SOURCE)}" if self.skill is not None else OPS_SCRIPT
         command = f'exec python3 -I -S {program} "$WORKSPACE_DIR" {operation} {argument}'
         try:
-            request = self._request(tool_context, command=command, inputs=inputs, cwd=ROOT, stdout_bytes=ANSWER_BYTES)
+            request = self._request(tool_context, command=command, inputs=inputs, cwd=ROOT)
             result = await self._dispatch(request, tool_context)
         except _ops.Refused as exc:
             return _ops.failure(str(exc))
@@ -127,6 +123,9 @@ class WorkspaceFileBackend(BaseFileBackend):
                 return json.loads(lines[-1])
             except ValueError:
                 pass
+        if result.stdout_truncated:
+            return _ops.failure(f"{operation}'s answer is larger than the run's output limit ({request.limits.stdout_bytes}"
+                                f" bytes): ask for less (a line range, a narrower pattern, fewer results)")
         why = "it timed out" if result.timed_out else f"exit code {result.exit_code}: {result.stderr.strip()[-500:]}"
         return _ops.failure(f"{operation} failed in the workspace ({why})")
 
@@ -138,8 +137,7 @@ class WorkspaceFileBackend(BaseFileBackend):
         try:
             where = _inside(path, "path")
             request = self._request(tool_context, command=":", output_files=[f"$WORKSPACE_DIR/{where}"], cwd=ROOT,
-                                    limits_update={"output_file_bytes": _ops.MAX_READ_BYTES,
-                                                   "output_total_bytes": _ops.MAX_READ_BYTES})
+                                    limits_update={"output_file_bytes": _ops.MAX_READ_BYTES})
             result = await self._dispatch(request, tool_context)
             if result.skipped_files:
                 reason = result.skipped_files[0].reason
