@@ -97,8 +97,13 @@ def check_ceilings(quota: TeamQuota, request: RunRequest, team: str) -> None:
         for part in path.split("."):
             value = getattr(value, part)
         if value > ceiling:
-            raise QuotaExceededError(name, f"{path} is {value:g}, over team {team}'s quota {name} ({ceiling:g}): "
-                                           f"ask for at most {ceiling:g}")
+            raise QuotaExceededError(name, f"{path} is {shown(value)}, over team {team}'s quota {name} "
+                                           f"({shown(ceiling)}): ask for at most {shown(ceiling)}")
+
+
+def shown(value: float) -> str:
+    """A quota's number as written: a count of bytes in full (``:g`` alone rounds 536870913 to 5.36871e+08)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def queued_refusal(team: str, limit: int, retry_after: float) -> QuotaExceededError:

@@ -48,6 +48,7 @@ def test_set_quota_stores_fields_shows_them_and_default_gives_one_back(cli):
     rows = {line.split()[0]: line.split()[1:] for line in answer.stdout.splitlines()[1:]}
     assert answer.stdout.splitlines()[0].split() == ["FIELD", "VALUE", "FROM"]
     assert rows["max_running"] == ["2", "team"] and rows["max_timeout_seconds"] == ["90.5", "team"]
+    assert rows["max_memory_bytes"] == [str(256 * 1024**2), "team"]  # in full, not 2.68435e+08
     assert rows["max_queued"] == ["0", "team"]  # 0: no limit, set by the team's own quota
     assert rows["max_cpu_seconds"] == ["-", "default"] and rows["max_workspaces"][1] == "default"
     data = shown(cli)

@@ -9,7 +9,7 @@ import datetime
 from orchestrator.api.app import create_documents
 from orchestrator.cli.output import print_json, table
 from orchestrator.config import get_settings
-from orchestrator.quotas import Quotas, TeamQuota
+from orchestrator.quotas import Quotas, TeamQuota, shown
 from orchestrator.teams import TeamError, TeamStore
 
 
@@ -90,7 +90,7 @@ def show_quota(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"team": args.team, "quota": holds.model_dump(), "own": own.model_dump(exclude_none=True)})
         return 0
-    rows = [[name, "-" if getattr(holds, name) is None else f"{getattr(holds, name):g}",
+    rows = [[name, "-" if getattr(holds, name) is None else shown(getattr(holds, name)),
              "team" if getattr(own, name) is not None else "default"] for name in TeamQuota.model_fields]
     print(table(["FIELD", "VALUE", "FROM"], rows))
     return 0

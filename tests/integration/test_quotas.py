@@ -257,6 +257,8 @@ async def test_a_run_over_a_ceiling_of_its_teams_quota_is_refused_naming_both_an
         assert refused.status_code == 429, refused.text
         detail = refused.json()["detail"]
         assert field in detail and quota in detail and "team-a" in detail
+        asked = body["timeout"] if field == "timeout" else body["limits"][field.split(".")[1]]
+        assert f"is {asked:g}" in detail if field == "timeout" else f"is {asked}," in detail  # exact, not rounded
         assert "Retry-After" not in refused.headers  # trying again will not help: ask for less
         assert stored.records() == {} and stored.event_streams() == set() and stored.job_hashes() == set()
         assert (await api.get("/v1/quota")).json()["usage"] == {"queued": 0, "running": 0, "workspaces": 0}
