@@ -20,7 +20,8 @@ its front directly, as before: they had their turn. A priority run of a team goe
 team has room there, else takes its team's turn in the queue (the run it displaces goes back to the front of the
 line): it starts before the team's other runs, never before another team's turn.
 
-The queue dispatcher's sweep (``TeamGate.sweep``, every few seconds) repairs what a worker that died between
+A run cancelled while it waits is taken out of its line (``TeamGate.withdraw``). The queue dispatcher's sweep
+(``TeamGate.sweep``, every few seconds) repairs what a worker that died between
 taking a run and noting it left: a run it took counts no more, and the team's line moves on.
 
 Keys: ``skillrun:fair:queues`` (the queues with lines), ``skillrun:fair:<queue>:teams`` (the teams with a line
@@ -128,6 +129,18 @@ return promote(tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0'))
 """``KEYS`` as ``ADMIT``'s (but the last), ``ARGV = [job id that left the RQ queue or '', team, share, '1' to forget
 the team's jobs no longer in the RQ queue (the sweep)]``: how many runs moved from the line to the queue."""
 
+WITHDRAW = _ROOM + """
+local gone = redis.call('LREM', KEYS[3], 0, ARGV[1])
+if gone == 0 and redis.call('LREM', KEYS[1], 0, ARGV[1]) > 0 then
+    redis.call('SREM', KEYS[2], ARGV[1])
+    gone = 1
+end
+promote(tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0'))
+return gone
+"""
+"""``KEYS`` as ``PROMOTE``'s, ``ARGV = [job id, team, share]``: 1 when the job was taken out of the team's line or
+the RQ queue (its run was cancelled while it waited), and the line moves on."""
+
 
 def team_of(owner: str | None) -> str:
     return owner or NO_TEAM
@@ -143,6 +156,7 @@ class TeamGate:
         self.share = share
         self._admit = connection.register_script(ADMIT)
         self._promote = connection.register_script(PROMOTE)
+        self._withdraw = connection.register_script(WITHDRAW)
 
     def _keys(self, queue: str, team: str) -> list[str]:
         return [f"rq:queue:{queue}", f"{PREFIX}:{queue}:in:{team}", line_key(queue, team), teams_key(queue),
@@ -167,6 +181,11 @@ class TeamGate:
     def ended(self, queue: str, team: str) -> int:
         """A run of ``team`` ended: under a cap on runs at once, its next run may join the queue."""
         return int(self._promote(keys=self._keys(queue, team), args=["", team, self.share, 0]))
+
+    def withdraw(self, queue: str, team: str, job_id: str) -> bool:
+        """Take a job whose run was cancelled while it waited out of its team's line (or the RQ queue), so that
+        cancelled runs never pile up there; whether it was found."""
+        return bool(self._withdraw(keys=self._keys(queue, team), args=[job_id, team, self.share]))
 
     def sweep(self) -> int:
         """Every line: the jobs a dead worker took count no more, and the line moves on; how many runs joined a

@@ -186,6 +186,22 @@ class QueueDispatcher(BaseDispatcher):
         self.start()
         return super().watch(run_id)
 
+    async def cancel(self, run_id: str) -> RunRecord | None:
+        """As every dispatcher does; a run cancelled before it started leaves its queue or its team's line at once,
+        its job with it."""
+        record = await super().cancel(run_id)
+        if record is not None and record.status == RunStatus.CANCELLED and record.started_at is None:
+            with redis_errors():
+                await asyncio.to_thread(self._withdraw, record)
+        return record
+
+    def _withdraw(self, record: RunRecord) -> None:
+        name, _ = self.placement.queue_of(record)
+        job_id = job_id_of(record)
+        if self.gate.withdraw(name, team_of(record.owner), job_id):
+            with contextlib.suppress(NoSuchJobError):
+                Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer).delete(remove_from_queue=False)
+
     async def look(self, run_id: str) -> RunRecord | None:
         with redis_errors():
             record, beating = await self.reader.get_beating(run_id)

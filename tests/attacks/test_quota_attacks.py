@@ -116,10 +116,6 @@ async def test_cancelling_queued_runs_frees_max_queued_at_once_and_no_more(servi
     assert stored.waiting("team-a") == {r.id for r in queued[:3] + queued[6:]} | accepted
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a cancelled queued run's job stays in its team's line (and its RQ job hash stays): a team that submits and "
-    "cancels in a loop grows its line and Redis without bound, and its later runs wait behind the dead jobs; "
-    "QueueDispatcher.cancel does not take the job out of the line (worker/fair_queue.py has no withdraw)"))
 async def test_cancelled_runs_do_not_pile_up_in_the_teams_line(services, stored, skill):
     dispatcher = services.dispatcher
     dispatcher.quotas.set("team-a", {"max_queued": 10})
