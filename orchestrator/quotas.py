@@ -87,18 +87,26 @@ CEILINGS: tuple[tuple[str, str], ...] = (
 """Each ceiling of a quota and the request fields it caps."""
 
 
-def check_ceilings(quota: TeamQuota, request: RunRequest, team: str) -> None:
-    """``QuotaExceededError`` naming the first field of ``request`` over its ceiling in ``quota``."""
+def apply_ceilings(quota: TeamQuota, request: RunRequest, team: str) -> None:
+    """Hold ``request`` to the ceilings of ``quota``: a field left at its default is lowered to its ceiling (a team
+    whose ceiling is under the default need not ask for less on every run); a field asked for above its ceiling is
+    ``QuotaExceededError``, naming it."""
     for name, path in CEILINGS:
         ceiling = getattr(quota, name)
         if ceiling is None:
             continue
-        value = request
-        for part in path.split("."):
-            value = getattr(value, part)
-        if value > ceiling:
-            raise QuotaExceededError(name, f"{path} is {shown(value)}, over team {team}'s quota {name} "
-                                           f"({shown(ceiling)}): ask for at most {shown(ceiling)}")
+        *parents, field = path.split(".")
+        holder = request
+        for part in parents:
+            holder = getattr(holder, part)
+        value = getattr(holder, field)
+        if value <= ceiling:
+            continue
+        if value == type(holder).model_fields[field].default:
+            setattr(holder, field, type(value)(ceiling))
+            continue
+        raise QuotaExceededError(name, f"{path} is {shown(value)}, over team {team}'s quota {name} "
+                                       f"({shown(ceiling)}): ask for at most {shown(ceiling)}")
 
 
 def shown(value: float) -> str:

@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 import redis
 
 from orchestrator.errors import DispatchError, OrchestratorError, RunLostError, UnavailableError
-from orchestrator.quotas import Quotas, TeamQuota, check_ceilings
+from orchestrator.quotas import Quotas, TeamQuota, apply_ceilings
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.run_store import (
@@ -105,12 +105,12 @@ class BaseDispatcher(ABC):
         (``QuotaExceededError``)."""
 
     async def _quota(self, request: RunRequest, owner: str | None) -> TeamQuota | None:
-        """The quota ``owner``'s submission of ``request`` is held to, once its ceilings are checked
-        (``QuotaExceededError``); ``None``: no quotas here, or no team."""
+        """The quota ``owner``'s submission of ``request`` is held to, once its ceilings are applied (defaults
+        lowered to them, ``QuotaExceededError`` past them); ``None``: no quotas here, or no team."""
         if self.quotas is None or owner is None:
             return None
         quota = self.quotas.cached(owner) or await asyncio.to_thread(self.quotas.of, owner)
-        check_ceilings(quota, request, owner)
+        apply_ceilings(quota, request, owner)
         return quota
 
     async def usage(self, owner: str) -> tuple[int, int]:

@@ -204,7 +204,7 @@ async def test_hostile_submissions_at_and_over_the_quota_never_make_the_api_answ
         {**RUN30, "limits": {"stdout_bytes": 0, "stderr_bytes": 0, "output_total_bytes": 0}},
         {**RUN30, "limits": {"stdout_bytes": 0, "stderr_bytes": 0, "output_total_bytes": 0}, "priority": True,
          "workspace_id": "w"},
-        {**RUN30},  # the default output limits, over a ceiling of 0
+        {**RUN30, "limits": {"stdout_bytes": 5}},  # asked for over a ceiling of 0
         {**RUN30, "timeout": 1e308}, {**RUN30, "timeout": -1}, {**RUN30, "timeout": "NaN"}, {**RUN30, "timeout": None},
         {**RUN30, "limits": {"memory_bytes": 10**30}}, {**RUN30, "limits": {"cpu_seconds": -1}},
         {**RUN30, "limits": None}, {**RUN30, "priority": "yes please"}, {**RUN30, "priority": None},

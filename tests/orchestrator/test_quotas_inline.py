@@ -149,3 +149,14 @@ async def test_a_run_cancelled_just_as_its_turn_comes_hands_the_turn_on(dispatch
     done = await dispatcher.wait(after.id, 30)
     assert done.status == RunStatus.FINISHED, "the turn went with the cancelled run: the next one waits for ever"
     assert done.result.stdout == "after\n"
+
+
+async def test_a_ceiling_under_a_default_lowers_the_default_and_refuses_only_what_is_asked_for_past_it(dispatcher,
+                                                                                                      make_request):
+    dispatcher.quotas.set("team-a", {"max_timeout_seconds": 30, "max_memory_bytes": 256 * 1024**2})
+    record = await dispatcher.submit(make_request("true"), owner="team-a")  # the defaults: 300 s, 4 GiB
+    assert (record.request.timeout, record.request.limits.memory_bytes) == (30, 256 * 1024**2)
+    assert (await dispatcher.wait(record.id, 60)).status == RunStatus.FINISHED
+    with pytest.raises(QuotaExceededError, match=r"timeout is 31, over team team-a's quota max_timeout_seconds"):
+        await dispatcher.submit(make_request("true", timeout=31), owner="team-a")
+    assert dispatcher.store.team_usage("team-a") == (0, 0) and len(dispatcher.store.list(owner="team-a")) == 1
