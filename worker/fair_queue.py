@@ -12,7 +12,9 @@ neither place, and none in both.
 
 A team's cap on runs at once (its quota's ``max_running``) holds here too: a run joins the queue only while the
 team's runs started and waiting in the queue are fewer than the cap, so past it the team's runs wait in its line
-(not refused), and each run that ends lets the next one in (``TeamGate.ended``). The cap is the one the team's last
+(not refused), and each run that ends lets the next one in (``TeamGate.ended``). The cap counts the team's runs in
+every queue (the shared one and the nodes'); a line of another queue than the ended run's moves on at the next
+sweep. The cap is the one the team's last
 submission carried (``skillrun:fair:caps``): a changed quota holds from the team's next submission.
 
 Runs that go back to a queue — a retry, a stranded job put back, a run forwarded to its workspace's node — go to
@@ -26,6 +28,7 @@ taking a run and noting it left: a run it took counts no more, and the team's li
 
 Keys: ``skillrun:fair:queues`` (the queues with lines), ``skillrun:fair:<queue>:teams`` (the teams with a line
 there), ``…:line:<team>`` (job ids), ``…:in:<team>`` (the team's job ids waiting in the RQ queue),
+``skillrun:fair:team:<team>:in`` (the same in every queue: job id → the queue's key),
 ``skillrun:fair:caps`` (team → cap on runs at once; 0 none). A line, and a queue's team set, is gone once empty.
 """
 
@@ -47,12 +50,19 @@ QUEUES = f"{PREFIX}:queues"
 CAPS = f"{PREFIX}:caps"
 
 _ROOM = """
+local function add(job)
+    redis.call('SADD', KEYS[2], job)
+    redis.call('HSET', KEYS[7], job, KEYS[1])
+end
+local function rem(job)
+    redis.call('SREM', KEYS[2], job)
+    redis.call('HDEL', KEYS[7], job)
+end
 local function room(cap)
-    local waiting = redis.call('SCARD', KEYS[2])
-    if waiting >= tonumber(ARGV[3]) then
+    if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[3]) then
         return false
     end
-    return cap <= 0 or redis.call('ZCARD', KEYS[5]) + waiting < cap
+    return cap <= 0 or redis.call('ZCARD', KEYS[5]) + redis.call('HLEN', KEYS[7]) < cap
 end
 local function promote(cap)
     local moved = 0
@@ -62,7 +72,7 @@ local function promote(cap)
             break
         end
         redis.call('RPUSH', KEYS[1], job)
-        redis.call('SADD', KEYS[2], job)
+        add(job)
         moved = moved + 1
     end
     if redis.call('LLEN', KEYS[3]) == 0 then
@@ -85,7 +95,7 @@ if redis.call('LLEN', KEYS[3]) == 0 and room(cap) then
     else
         redis.call('RPUSH', KEYS[1], ARGV[1])
     end
-    redis.call('SADD', KEYS[2], ARGV[1])
+    add(ARGV[1])
     return 1
 end
 local displaced = ARGV[1]
@@ -94,8 +104,8 @@ if ARGV[4] == '1' then
         local at = redis.call('LPOS', KEYS[1], job)
         if at then
             redis.call('LSET', KEYS[1], at, ARGV[1])
-            redis.call('SREM', KEYS[2], job)
-            redis.call('SADD', KEYS[2], ARGV[1])
+            rem(job)
+            add(ARGV[1])
             displaced = job
             break
         end
@@ -105,22 +115,28 @@ else
     redis.call('RPUSH', KEYS[3], ARGV[1])
 end
 redis.call('SADD', KEYS[4], ARGV[2])
-redis.call('SADD', KEYS[7], ARGV[5])
+redis.call('SADD', KEYS[8], ARGV[5])
 return 0
 """
-"""``KEYS = [rq queue, in, line, teams, team's running runs, caps, queues]``, ``ARGV = [job id, team, share, at
+"""``KEYS = [rq queue, in, line, teams, team's running runs, caps, the team's jobs in any RQ queue, queues]``, ``ARGV = [job id, team, share, at
 front '1'|'0', queue name, cap]``: 1 when the job went onto the RQ queue, 0 to the team's line. A job at the front
 (a priority run) without room takes the place of one of its team's jobs in the RQ queue, which goes to the front
 of the line."""
 
 PROMOTE = _ROOM + """
 if ARGV[1] ~= '' then
-    redis.call('SREM', KEYS[2], ARGV[1])
+    rem(ARGV[1])
 end
 if ARGV[4] == '1' then
     for _, job in ipairs(redis.call('SMEMBERS', KEYS[2])) do
         if not redis.call('LPOS', KEYS[1], job) then
-            redis.call('SREM', KEYS[2], job)
+            rem(job)
+        end
+    end
+    local held = redis.call('HGETALL', KEYS[7])
+    for i = 1, #held, 2 do
+        if not redis.call('LPOS', held[i + 1], held[i]) then
+            redis.call('HDEL', KEYS[7], held[i])
         end
     end
 end
@@ -132,7 +148,7 @@ the team's jobs no longer in the RQ queue (the sweep)]``: how many runs moved fr
 WITHDRAW = _ROOM + """
 local gone = redis.call('LREM', KEYS[3], 0, ARGV[1])
 if gone == 0 and redis.call('LREM', KEYS[1], 0, ARGV[1]) > 0 then
-    redis.call('SREM', KEYS[2], ARGV[1])
+    rem(ARGV[1])
     gone = 1
 end
 promote(tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0'))
@@ -160,7 +176,7 @@ class TeamGate:
 
     def _keys(self, queue: str, team: str) -> list[str]:
         return [f"rq:queue:{queue}", f"{PREFIX}:{queue}:in:{team}", line_key(queue, team), teams_key(queue),
-                self.running_key(team), CAPS]
+                self.running_key(team), CAPS, team_in_key(team)]
 
     def admit(self, queue: str, team: str, job_id: str, *, at_front: bool = False, cap: int = 0,
               client: Any = None) -> None:
@@ -223,6 +239,10 @@ class TeamGate:
     def forget(self, queue: str) -> None:
         """``queue`` is gone (its node's): its lines go with it."""
         teams = [t.decode() for t in self.redis.smembers(teams_key(queue))]
+        for team in teams:
+            jobs = self.redis.smembers(f"{PREFIX}:{queue}:in:{team}")
+            if jobs:
+                self.redis.hdel(team_in_key(team), *jobs)
         self.redis.delete(teams_key(queue), *(line_key(queue, t) for t in teams),
                           *(f"{PREFIX}:{queue}:in:{t}" for t in teams))
         self.redis.srem(QUEUES, queue)
@@ -230,6 +250,11 @@ class TeamGate:
 
 def line_key(queue: str, team: str) -> str:
     return f"{PREFIX}:{queue}:line:{team}"
+
+
+def team_in_key(team: str) -> str:
+    """The team's jobs waiting in any RQ queue (job id → the queue's key): what its cap on runs at once counts."""
+    return f"{PREFIX}:team:{team}:in"
 
 
 def teams_key(queue: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
 
 from orchestrator.dispatch import QueueDispatcher, WorkspaceConflictError
 from orchestrator.quotas import QuotaExceededError
@@ -176,10 +175,6 @@ async def test_priority_runs_cannot_starve_another_team(services, skill, worker_
     assert order.index(b.id) <= 1, "team-b's run waited behind team-a's priority runs"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "max_running is counted per queue: a run joins a queue while the team's started runs plus its runs waiting in "
-    "THAT queue are under the cap (worker/fair_queue.py room()), so a team with runs on the shared queue and on "
-    "a node's queue (a kept workspace placed there) has one run waiting in each and runs two at once with cap 1"))
 async def test_max_running_holds_across_the_shared_queue_and_a_nodes_queue(services, skill, workers):  # noqa: F811
     dispatcher = services.dispatcher
     workers.start()
