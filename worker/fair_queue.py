@@ -13,8 +13,7 @@ neither place, and none in both.
 A team's cap on runs at once (its quota's ``max_running``) holds here too: a run joins the queue only while the
 team's runs started and waiting in the queue are fewer than the cap, so past it the team's runs wait in its line
 (not refused), and each run that ends lets the next one in (``TeamGate.ended``). The cap counts the team's runs in
-every queue (the shared one and the nodes'); a line of another queue than the ended run's moves on at the next
-sweep. The cap is the one the team's last
+every queue (the shared one and the nodes'), and a run that ends moves the team's line on in each. The cap is the one the team's last
 submission carried (``skillrun:fair:caps``): a changed quota holds from the team's next submission.
 
 Runs that go back to a queue — a retry, a stranded job put back, a run forwarded to its workspace's node — go to
@@ -195,8 +194,14 @@ class TeamGate:
         return int(self._promote(keys=self._keys(queue, team), args=[job_id, team, self.share, 0]))
 
     def ended(self, queue: str, team: str) -> int:
-        """A run of ``team`` ended: under a cap on runs at once, its next run may join the queue."""
-        return int(self._promote(keys=self._keys(queue, team), args=["", team, self.share, 0]))
+        """A run of ``team`` ended: under a cap on runs at once, its next run may join the queue — its own queue's,
+        or (a team with a cap) another's where the team has a line."""
+        moved = int(self._promote(keys=self._keys(queue, team), args=["", team, self.share, 0]))
+        if self.redis.hexists(CAPS, team):
+            for other in (q.decode() for q in self.redis.smembers(QUEUES)):
+                if other != queue and self.redis.sismember(teams_key(other), team):
+                    moved += int(self._promote(keys=self._keys(other, team), args=["", team, self.share, 0]))
+        return moved
 
     def withdraw(self, queue: str, team: str, job_id: str) -> bool:
         """Take a job whose run was cancelled while it waited out of its team's line (or the RQ queue), so that
