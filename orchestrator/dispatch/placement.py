@@ -15,6 +15,7 @@ import time
 
 import redis
 from rq import Queue
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from worker.consumer import queue_name
@@ -86,6 +87,9 @@ class Placement:
         old = [n.decode() for n in self.redis.zrangebyscore(nodes_key(runtime), "-inf", time.time() - NODE_FORGET_SECONDS)]
         for node in old:  # the queue with its jobs' records and its teams' lines, then the node
             Queue(node_queue_name(runtime, node), connection=self.redis, serializer=JSONSerializer).empty()
+            lined = self.gate.waiting(node_queue_name(runtime, node))
+            if lined:  # the jobs' records, as the queue's went with it
+                self.redis.delete(*(Job.key_for(job_id) for job_id in lined))
             self.gate.forget(node_queue_name(runtime, node))
             self.redis.zrem(nodes_key(runtime), node)
         return len(old)

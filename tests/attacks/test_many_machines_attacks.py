@@ -595,7 +595,8 @@ async def test_what_runs_queued_on_a_gone_node_leave_in_redis_goes_with_the_node
             response = await c.post("/v1/runs", json={"skill": "python-math", "command": "true", "workspace_id": "w"})
             assert response.status_code == 202
     queue_key = Queue.redis_queue_namespace_prefix + nodes.node_queue_name("local", node)
-    assert connection.llen(queue_key) == 5
+    queued = connection.llen(queue_key) + dispatcher.gate.depth(nodes.node_queue_name("local", node))
+    assert queued == 5  # on the node's queue, and in the team's line beside it
     _beat(connection, node, ago=nodes.NODE_GONE_SECONDS + 5)
     dispatcher.requeue_stranded()  # the runs fail: workspace_lost
     _beat(connection, node, ago=nodes.NODE_FORGET_SECONDS + 5)
