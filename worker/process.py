@@ -18,6 +18,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -188,7 +189,9 @@ def _start_direct(
     def release() -> None:
         proc.stdout.close()
         proc.stderr.close()
-        proc.poll()  # a command killed because its caller gave up is reaped here or by subprocess later
+        if proc.poll() is None:  # bwrap said how the command ended before its own exit (or the caller gave up):
+            # reaped by a thread when it comes, as this loop may be idle by then (a queue worker between jobs)
+            threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
 
     return _Started(proc.stdout.fileno(), proc.stderr.fileno(), pid, status, release, start)
 

@@ -157,3 +157,45 @@ def _mount_namespaces_held() -> int:
         except OSError:
             continue
     return held
+
+
+def _zombie_children() -> list[int]:
+    """This process's children that have ended and are not reaped."""
+    zombies = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            zombies.append(int(entry))
+    return zombies
+
+
+def test_a_runs_own_sandbox_is_reaped_while_the_event_loop_sits_idle_after_the_run(work_root, make_request,
+                                                                                    monkeypatch):
+    """A queue worker runs its event loop only during a job: bwrap may exit only after the run has ended on its
+    report (as on a loaded machine), and must be reaped then all the same, not left a zombie until the next job."""
+    import asyncio
+    import subprocess
+    import time
+
+    loop = asyncio.new_event_loop()
+    runtime = LocalWorkspaceRuntime(work_root, spawners="off")
+    try:
+        loop.run_until_complete(runtime.run(make_request("true", workspace_id="idle-loop")))  # bwrap probed
+        with monkeypatch.context() as patched:  # bwrap has not exited yet whenever the run looks
+            patched.setattr(subprocess.Popen, "poll", lambda self: None)
+            for _ in range(3):
+                result = loop.run_until_complete(runtime.run(make_request("echo x", workspace_id="idle-loop")))
+                assert result.stdout == "x\n"
+        deadline = time.monotonic() + 10  # a hang guard: bwrap ends within milliseconds of its report
+        while _zombie_children() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the loop is not run meanwhile
+        assert _zombie_children() == []
+    finally:
+        loop.run_until_complete(runtime.close())
+        loop.close()
