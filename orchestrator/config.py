@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "SKILLRUN_OPENAI_BASE_URL")
     )
     app_name: str = Field(default="skillrun", description="The app name sessions are filed under.")
+    console_session_seconds: int = Field(
+        default=8 * 3600, gt=0, le=30 * 24 * 3600,
+        description="How long a web console sign-in lasts (signing out or revoking its key ends it sooner).",
+    )
+    console_sessions_per_team: int = Field(
+        default=50, ge=1, description="Console sign-ins a team keeps at once; one more ends the team's oldest.",
+    )
     max_attempts: int = Field(default=run_defaults.MAX_ATTEMPTS, ge=1, description="Tries of a run whose worker was lost.")
     result_ttl_seconds: int = Field(default=run_defaults.RESULT_TTL_SECONDS, gt=0, description="How long run records are kept.")
     workspace_idle_seconds: float = Field(

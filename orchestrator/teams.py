@@ -81,6 +81,11 @@ class TeamStore:
 
     def authenticate(self, key: str) -> Team | None:
         """The team of a valid, unrevoked key, else ``None``."""
+        found = self.authenticate_key(key)
+        return found[0] if found else None
+
+    def authenticate_key(self, key: str) -> tuple[Team, str] | None:
+        """The team of a valid, unrevoked key and the key's id (what a console session keeps), else ``None``."""
         match = _KEY.match(key or "")
         if match is None:
             return None
@@ -90,7 +95,15 @@ class TeamStore:
         record = ApiKey(**doc)
         if record.revoked_at is not None or not hmac.compare_digest(record.secret_sha256, _hash(match.group(2))):
             return None
-        return self.get_team(record.team_id)
+        team = self.get_team(record.team_id)
+        return (team, record.id) if team else None
+
+    def team_of_key(self, key_id: str) -> Team | None:
+        """The team of the unrevoked key ``key_id`` (a session signed in with it lasts only as long as the key)."""
+        doc = self.docs.get("keys", key_id) if re.fullmatch(r"[0-9a-f]{12}", key_id) else None
+        if doc is None or doc.get("revoked_at") is not None:
+            return None
+        return self.get_team(doc["team_id"])
 
 
 def _hash(secret: str) -> str:

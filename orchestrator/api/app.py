@@ -31,6 +31,7 @@ from orchestrator.api.routes import (
 from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.config import Settings, get_settings, libraries_dir
+from orchestrator.console import BaseConsoleSessions, MemoryConsoleSessions, RedisConsoleSessions, mount_console
 from orchestrator.dispatch import WorkspaceConflictError, dispatcher_for, secret_store_for
 from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
 from orchestrator.egress import EgressStore
@@ -82,6 +83,14 @@ def build_services(settings: Settings) -> Services:
     )
 
 
+def console_sessions_for(settings: Settings) -> BaseConsoleSessions:
+    """Console sign-ins: in Redis when configured (every API process shares them), else in this process."""
+    options = {"ttl_seconds": settings.console_session_seconds, "per_team": settings.console_sessions_per_team}
+    if settings.redis_url:
+        return RedisConsoleSessions(settings.redis_url, **options)
+    return MemoryConsoleSessions(**options)
+
+
 def _on_stop_signals(stop: Callable[[], None]) -> Callable[[], None]:
     """Call ``stop`` as soon as SIGTERM or SIGINT arrives, before the server (uvicorn) waits for open requests to
     end, so that waits answer and event streams close at once; then the server's own handler runs. Returns what
@@ -109,6 +118,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     settings = settings or get_settings()
     services = services or build_services(settings)
 
+    console = console_sessions_for(settings)
     mcp = McpEndpoint(
         services, McpCaps(settings.mcp_output_file_bytes, settings.mcp_output_total_bytes),
         idle_seconds=settings.mcp_session_idle_seconds, max_sessions=settings.mcp_max_sessions,
@@ -125,12 +135,14 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         restore_signals()
         dispatcher.stop_waiting()
         await services.close()
+        await console.aclose()
 
     app = FastAPI(
         title="Skillrun",
         version="0.1.0",
         description="Run Agent Skills safely: skill libraries, agent sessions, isolated runs. The team's skill "
-                    "library is also served to MCP clients at /mcp (streamable HTTP, the same bearer key).",
+                    "library is also served to MCP clients at /mcp (streamable HTTP, the same bearer key), and "
+                    "the web console at /ui (sign in with the same key).",
         lifespan=lifespan,
         responses=error_responses(503),
     )
@@ -142,6 +154,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.add_middleware(BodyLimitMiddleware)
     install_error_handlers(app)
     app.add_exception_handler(WorkspaceConflictError, _workspace_conflict)
+    mount_console(app, console)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -26,7 +26,7 @@ RUN_BODY_BYTES = 4 * math.ceil(defaults.INPUT_FILE_BYTES / 3) + JSON_BODY_BYTES
 UPLOAD_BODY_BYTES = FetchLimits.max_download_bytes
 """``POST /v1/libraries/{name}/upload``: as large as a library archive fetched from a URL may be."""
 
-_UPLOAD_PATH = re.compile(r"^/v1/libraries/[^/]+/upload$")
+_UPLOAD_PATH = re.compile(r"^/v1/libraries/[^/]+/upload$|^/ui/libraries/upload$")
 
 
 def body_limit(method: str, path: str) -> int:

@@ -6,10 +6,10 @@ queue changes one object, not its callers: ``InlineDispatcher`` (the embedded de
 ``dispatcher_for`` (``factory``) picks one from the settings.
 """
 
-from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkspaceConflictError, redis_errors
+from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkerStatus, WorkspaceConflictError, redis_errors
 from orchestrator.dispatch.factory import dispatcher_for, secret_store_for
 from orchestrator.dispatch.inline import InlineDispatcher
 from orchestrator.dispatch.queue import QueueDispatcher
 
-__all__ = ["BaseDispatcher", "InlineDispatcher", "QueueDispatcher", "Removal", "WorkspaceConflictError", "dispatcher_for",
-           "redis_errors", "secret_store_for"]
+__all__ = ["BaseDispatcher", "InlineDispatcher", "QueueDispatcher", "Removal", "WorkerStatus", "WorkspaceConflictError",
+           "dispatcher_for", "redis_errors", "secret_store_for"]

@@ -20,6 +20,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import redis
@@ -53,6 +54,20 @@ IDLE_BATCH = 100
 Removal = Literal["removed", "removing"]
 """What became of a workspace asked to go: removed now, or handed to a worker of its runtime."""
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """A process that executes runs, as the operator sees it."""
+
+    name: str
+    queues: list[str]
+    state: str
+    """idle, busy, or what the queue says (suspended...)."""
+    last_heartbeat: float | None
+    alive: bool
+    """Beating now (a worker's own beat has not expired)."""
+    current_run: str | None = None
 
 
 class WorkspaceConflictError(OrchestratorError):
@@ -247,6 +262,10 @@ class BaseDispatcher(ABC):
         for record in queued:
             depths[record.request.runtime.value] = depths.get(record.request.runtime.value, 0) + 1
         return depths
+
+    @abstractmethod
+    async def workers(self) -> list[WorkerStatus]:
+        """The processes that execute this dispatcher's runs and how they are."""
 
     async def run(self, request: RunRequest, *, trusted: bool = False, owner: str | None = None) -> RunResult:
         """Submit ``request`` (for ``owner``, see ``submit``) and return its result once done. A caller cancelled

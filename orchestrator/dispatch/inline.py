@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from orchestrator.dispatch.base import BaseDispatcher, Removal, workspace_refusals
+from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkerStatus, workspace_refusals
 from orchestrator.errors import DispatchError
 from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
@@ -63,6 +64,13 @@ class InlineDispatcher(BaseDispatcher):
         self._running: dict[str, int] = {}
         self._expiring: asyncio.Task | None = None
         self._who = worker_id()
+
+    async def workers(self) -> list[WorkerStatus]:
+        """This process: it executes the runs itself."""
+        running = sorted(run_id for run_id, task in self._tasks.items() if not task.done())
+        return [WorkerStatus(name=f"{self._who} (this API process)", queues=sorted(self._runtimes) or ["local"],
+                             state="busy" if running else "idle", last_heartbeat=time.time(), alive=True,
+                             current_run=running[0] if running else None)]
 
     def runtime(self, name: str) -> BaseWorkspaceRuntime:
         if name not in self._runtimes:

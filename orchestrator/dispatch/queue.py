@@ -29,13 +29,13 @@ import uuid
 
 import redis
 import redis.asyncio as aioredis
-from rq import Queue
+from rq import Queue, Worker
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
-from orchestrator.dispatch.base import BaseDispatcher, Removal, redis_errors, workspace_refusals
+from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkerStatus, redis_errors, workspace_refusals
 from orchestrator.dispatch.placement import Placement
 from orchestrator.dispatch.stranded import StrandedRuns, job_id_of
 from orchestrator.errors import DispatchError
@@ -45,7 +45,7 @@ from worker.consumer import queue_name, workspaces_queue_name
 from worker.contract import RunRequest, RuntimeName
 from worker.fair_queue import FairQueue, TeamGate, team_of
 from worker.jobs import execute_run, remove_kept_workspace, remove_lost_runs_workspace
-from worker.nodes import node_queue_name
+from worker.nodes import node_queue_name, worker_beat_key
 from worker.run_store import (
     AsyncRunReader,
     RedisRunStore,
@@ -319,6 +319,22 @@ class QueueDispatcher(BaseDispatcher):
 
         with redis_errors():
             return await asyncio.to_thread(count)
+
+    async def workers(self) -> list[WorkerStatus]:
+        """The queue's workers as RQ registers them, each alive while its own beat lasts."""
+        def read() -> list[WorkerStatus]:
+            found = Worker.all(connection=self.redis, serializer=JSONSerializer)
+            with self.redis.pipeline(transaction=False) as pipe:
+                for worker in found:
+                    pipe.exists(worker_beat_key(worker.name))
+                beating = pipe.execute()
+            return [WorkerStatus(name=w.name, queues=w.queue_names(), state=str(w.get_state()),
+                                 last_heartbeat=w.last_heartbeat.timestamp() if w.last_heartbeat else None,
+                                 alive=bool(beat), current_run=w.get_current_job_id())
+                    for w, beat in zip(found, beating, strict=True)]
+
+        with redis_errors():
+            return sorted(await asyncio.to_thread(read), key=lambda w: w.name)
 
     async def close(self) -> None:
         self.reader.stop()

@@ -38,14 +38,14 @@ def _environments(library: Library, version: int, report: EnvironmentsReport) ->
                                      problems=report.problems, done=all(s.state != "building" for s in report.skills))
 
 
-async def _registered(services: Services, library: Library) -> LibraryRegistered:
+async def registered(services: Services, library: Library) -> LibraryRegistered:
     """The library, with its new current version's environments set building (in the background)."""
     version = library.version()
     report = await services.environments.prepare(services.libraries.root(version))
     return LibraryRegistered(**_public(library).model_dump(), environments=_environments(library, version.version, report))
 
 
-def _refused(exc: LibraryError) -> HTTPException:
+def refused(exc: LibraryError) -> HTTPException:
     """409 for a team at its library limit, else 422 (the archive or its fetch was wrong)."""
     return HTTPException(409 if isinstance(exc, LibraryLimitError) else 422, str(exc))
 
@@ -57,8 +57,8 @@ async def register_library(body: LibraryCreate, team: Team = Depends(current_tea
     try:
         library = await asyncio.to_thread(services.libraries.add_from_url, team.id, body.name, body.url)
     except LibraryError as exc:
-        raise _refused(exc) from exc
-    return await _registered(services, library)
+        raise refused(exc) from exc
+    return await registered(services, library)
 
 
 @router.post("/{name}/upload", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED,
@@ -80,8 +80,8 @@ async def upload_library(
         try:
             library = await asyncio.to_thread(services.libraries.add_from_file, team.id, name, archive, filename)
         except LibraryError as exc:
-            raise _refused(exc) from exc
-    return await _registered(services, library)
+            raise refused(exc) from exc
+    return await registered(services, library)
 
 
 @router.get("", response_model=list[LibraryPublic])

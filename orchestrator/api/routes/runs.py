@@ -49,7 +49,7 @@ _INLINE_TYPES = {"text/plain", "text/csv", "application/json"}
 """Types a browser shows without running anything; every other type is sent as a download."""
 
 
-def _served_headers(mime_type: str, name: str) -> dict[str, str]:
+def served_headers(mime_type: str, name: str) -> dict[str, str]:
     """How a run's file is sent to a browser: never sniffed into another type; HTML, SVG, XML, scripts and any type
     not known to be passive are downloaded (``attachment``), never shown on the API's origin."""
     base = mime_type.split(";")[0].strip().lower()
@@ -62,7 +62,7 @@ def _served_headers(mime_type: str, name: str) -> dict[str, str]:
     }
 
 
-async def _record(services: Services, run_id: str, team: Team) -> RunRecord:
+async def team_run(services: Services, run_id: str, team: Team) -> RunRecord:
     """The team's run ``run_id``; another team's run is answered as if it did not exist."""
     record = await services.dispatcher.get(run_id)
     if record is None or record.owner != team.id:
@@ -140,6 +140,12 @@ async def submit_run(
     (and on Docker the image of its Debian packages) is not ready;
     a run that waits has it built first (one whose build fails ends failed, with the build's message). A run over
     its team's quota (``GET /v1/quota``) is refused with 429, nothing of it stored."""
+    return _json(RunPublic.of(await accept_run(body, team, services)), status.HTTP_202_ACCEPTED)
+
+
+async def accept_run(body: RunCreate, team: Team, services: Services) -> RunRecord:
+    """Check and submit a team's run (what ``POST /v1/runs`` and the console's run form do); refusals are
+    HTTP exceptions saying what was wrong."""
     try:
         ref = await asyncio.to_thread(_skill_ref, services, team, body.skill)  # reads the team's library records
     except SkillNotFoundError as exc:
@@ -166,7 +172,7 @@ async def submit_run(
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc), headers=retry) from exc
     except (ValueError, DispatchError, WorkerError) as exc:
         raise HTTPException(422, str(exc)) from exc
-    return _json(RunPublic.of(record), status.HTTP_202_ACCEPTED)
+    return record
 
 
 @router.get("", response_model=RunsPublic)
@@ -192,7 +198,7 @@ async def get_run(
     """A run; with ``wait`` the answer comes when the run ends or after that many seconds (sooner, with the run as
     it stands, when the API shuts down). 410: the run was lost (its record vanished), not an unknown id."""
     if not wait:
-        return _json(RunPublic.of(await _record(services, run_id, team)))
+        return _json(RunPublic.of(await team_run(services, run_id, team)))
     waiting = asyncio.ensure_future(services.dispatcher.wait(run_id, wait, owner=team.id))
     leaving = asyncio.ensure_future(_until_client_leaves(request))
     try:
@@ -211,7 +217,7 @@ async def get_run(
 @router.post("/{run_id}/cancel", response_model=RunPublic, responses=FOUND)
 async def cancel_run(run_id: str = RunId, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> RunPublic:
     """Cancel a run: a queued one at once, a started one is stopped (its processes killed) by its worker."""
-    await _record(services, run_id, team)
+    await team_run(services, run_id, team)
     record = await services.dispatcher.cancel(run_id)
     if record is None:  # vanished since it was read
         raise RunLostError(run_id)
@@ -226,15 +232,15 @@ EVENTS = {"content": {"text/event-stream": {}}, "description": "queued, started,
 @router.get("/{run_id}/events", response_class=StreamingResponse, responses={200: EVENTS, **FOUND})
 async def run_events(run_id: str = RunId, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
     """The run's events as server-sent events (with timings), until it ends."""
-    await _record(services, run_id, team)
-    return StreamingResponse(_events(services, run_id), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    await team_run(services, run_id, team)
+    return StreamingResponse(event_stream(services, run_id), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _sse(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
-async def _events(services: Services, run_id: str) -> AsyncIterator[str]:
+async def event_stream(services: Services, run_id: str) -> AsyncIterator[str]:
     last = None
     try:
         async for event in services.dispatcher.follow(run_id):
@@ -254,7 +260,12 @@ async def _events(services: Services, run_id: str) -> AsyncIterator[str]:
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."}, **FOUND})
 async def get_file(run_id: str = RunId, name: str = FileName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
     """An output file of a finished run, with its MIME type (``X-Skillrun-Truncated`` when it was capped)."""
-    record = await _record(services, run_id, team)
+    return output_file(await team_run(services, run_id, team), name)
+
+
+def output_file(record: RunRecord, name: str) -> Response:
+    """The answer that sends output file ``name`` of a run (404 when it has none such, or kept no content)."""
+    run_id = record.id
     found = next((f for f in (record.result.output_files if record.result else []) if f.name == name), None)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} has no output file {name!r}")
@@ -262,7 +273,7 @@ async def get_file(run_id: str = RunId, name: str = FileName, team: Team = Depen
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{name!r} was collected without content; save it as an artifact")
     data = base64.b64decode(found.content) if found.encoding == "base64" else found.content.encode()
     return Response(data, media_type=found.mime_type, headers={
-        "X-Skillrun-Truncated": str(found.truncated).lower(), **_served_headers(found.mime_type, name)})
+        "X-Skillrun-Truncated": str(found.truncated).lower(), **served_headers(found.mime_type, name)})
 
 
 @router.get("/{run_id}/artifacts/{name:path}", response_class=StreamingResponse,
@@ -270,7 +281,12 @@ async def get_file(run_id: str = RunId, name: str = FileName, team: Team = Depen
 async def get_artifact(run_id: str = RunId, name: str = FileName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
     """An artifact a run saved, byte for byte, with its MIME type and length, streamed from the artifact store (404
     when the store no longer has it, 503 when the store cannot be reached)."""
-    record = await _record(services, run_id, team)
+    return await artifact_file(services, await team_run(services, run_id, team), name)
+
+
+async def artifact_file(services: Services, record: RunRecord, name: str) -> StreamingResponse:
+    """The answer that streams artifact ``name`` of a run from the artifact store."""
+    run_id = record.id
     found = next((a for a in (record.result.artifact_files if record.result else []) if a.name == name), None)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} has no artifact {name!r}")
@@ -282,4 +298,4 @@ async def get_artifact(run_id: str = RunId, name: str = FileName, team: Team = D
     except ArtifactError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     return StreamingResponse(opened.chunks(), media_type=found.mime_type, headers={
-        "Content-Length": str(opened.size), **_served_headers(found.mime_type, name)})
+        "Content-Length": str(opened.size), **served_headers(found.mime_type, name)})

@@ -1,0 +1,110 @@
+"""The console's libraries: each library's versions (digest, size, skills, date), making one current, uploading an
+archive and registering a URL — the API's own registry calls, with its refusals shown on the page."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, Request, UploadFile
+from fastapi.responses import HTMLResponse, Response
+
+from orchestrator.api.routes.libraries import refused, registered
+from orchestrator.api.schemas import MAX_URL_CHARS
+from orchestrator.api.services import Services, get_services
+from orchestrator.console.auth import PREFIX, checked, signed_in
+from orchestrator.console.render import page
+from orchestrator.libraries import Library, LibraryError
+from orchestrator.teams import Team
+
+router = APIRouter(prefix=f"{PREFIX}/libraries", include_in_schema=False)
+
+MAX_NAME_CHARS = 64
+
+
+async def _libraries_page(request: Request, services: Services, team: Team, *, error: str | None = None,
+                          notice: str | None = None, status_code: int = 200) -> HTMLResponse:
+    libraries = await asyncio.to_thread(services.libraries.list, team.id)
+    return page(request, "libraries.html", status_code, libraries=libraries, error=error, notice=notice)
+
+
+@router.get("", response_class=HTMLResponse)
+async def libraries_page(request: Request, team: Team = Depends(signed_in),
+                         services: Services = Depends(get_services)) -> HTMLResponse:
+    return await _libraries_page(request, services, team)
+
+
+def _field(form: dict, name: str, limit: int) -> str:
+    value = form.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise LibraryError(f"{name}: required")
+    if len(value) > limit:
+        raise LibraryError(f"{name}: at most {limit} characters")
+    return value.strip()
+
+
+async def _done(request: Request, services: Services, team: Team, library: Library, how: str) -> HTMLResponse:
+    version = (await registered(services, library)).current
+    return await _libraries_page(request, services, team,
+                                 notice=f"library {library.name!r}: version {version} {how}, now current")
+
+
+def _save(upload: UploadFile, folder: str) -> Path:
+    path = Path(folder) / "archive"
+    with open(path, "wb") as out:
+        shutil.copyfileobj(upload.file, out, 1024 * 1024)
+    return path
+
+
+@router.post("/upload", response_class=HTMLResponse)
+async def upload(request: Request, team: Team = Depends(checked),
+                 services: Services = Depends(get_services)) -> Response:
+    """A new version from an uploaded archive (.tar.gz, .tgz, .zip); its body bound is the API upload's."""
+    form = await request.form()
+    archive = form.get("archive")
+    try:
+        name = _field(form, "name", MAX_NAME_CHARS)
+        if not isinstance(archive, UploadFile) or not archive.filename:
+            raise LibraryError("archive: choose a .tar.gz, .tgz or .zip file")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = await asyncio.to_thread(_save, archive, tmp)
+            library = await asyncio.to_thread(services.libraries.add_from_file, team.id, name, path,
+                                              Path(archive.filename).name[:255])
+    except LibraryError as exc:
+        refusal = refused(exc)
+        return await _libraries_page(request, services, team, error=str(refusal.detail),
+                                     status_code=refusal.status_code)
+    return await _done(request, services, team, library, "uploaded")
+
+
+@router.post("/register", response_class=HTMLResponse)
+async def register(request: Request, team: Team = Depends(checked),
+                   services: Services = Depends(get_services)) -> Response:
+    """A new version fetched from a URL, with the API's fetch limits and address checks."""
+    form = await request.form()
+    try:
+        name, url = _field(form, "name", MAX_NAME_CHARS), _field(form, "url", MAX_URL_CHARS)
+        library = await asyncio.to_thread(services.libraries.add_from_url, team.id, name, url)
+    except LibraryError as exc:
+        refusal = refused(exc)
+        return await _libraries_page(request, services, team, error=str(refusal.detail),
+                                     status_code=refusal.status_code)
+    return await _done(request, services, team, library, "fetched")
+
+
+@router.post("/{name}/current", response_class=HTMLResponse)
+async def make_current(request: Request, name: str, team: Team = Depends(checked),
+                       services: Services = Depends(get_services)) -> Response:
+    form = await request.form()
+    try:
+        version = int(_field(form, "version", 12))
+        if await asyncio.to_thread(services.libraries.get, team.id, name) is None:
+            return await _libraries_page(request, services, team, error=f"no library {name!r}", status_code=404)
+        await asyncio.to_thread(services.libraries.set_current, team.id, name, version)
+    except ValueError:
+        return await _libraries_page(request, services, team, error="version: a whole number", status_code=422)
+    except LibraryError as exc:
+        return await _libraries_page(request, services, team, error=str(exc), status_code=422)
+    return await _libraries_page(request, services, team, notice=f"library {name!r}: version {version} is current")

@@ -1,0 +1,63 @@
+"""Putting the console into the API app: its pages under ``/ui``, its static files, its sessions, and error pages
+instead of the API's JSON for every ``/ui`` address."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orchestrator.console import auth, libraries, operator, runs, skills
+from orchestrator.console.auth import PREFIX, ConsoleError, SignInRequired
+from orchestrator.console.render import SECURITY_HEADERS, page
+from orchestrator.console.sessions import BaseConsoleSessions
+
+
+class _StaticFiles(StaticFiles):
+    """The console's CSS and script, with the console's headers."""
+
+    async def get_response(self, path: str, scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(SECURITY_HEADERS)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def _console(request: Request) -> bool:
+    return request.url.path == PREFIX or request.url.path.startswith(f"{PREFIX}/")
+
+
+def mount_console(app: FastAPI, sessions: BaseConsoleSessions) -> None:
+    """Serve the console at ``/ui`` (after the API's error handlers are installed: it wraps them)."""
+    app.state.console_sessions = sessions
+    for module in (auth, skills, runs, libraries, operator):
+        app.include_router(module.router)
+    app.mount(f"{PREFIX}/static", _StaticFiles(directory=Path(__file__).parent / "static"), name="console-static")
+    api_http_error = app.exception_handlers[StarletteHTTPException]
+    api_validation_error = app.exception_handlers[RequestValidationError]
+
+    async def sign_in(request: Request, exc: SignInRequired) -> Response:
+        return RedirectResponse(f"{PREFIX}/login", status_code=303, headers=SECURITY_HEADERS)
+
+    async def refused(request: Request, exc: ConsoleError) -> Response:
+        return page(request, "error.html", exc.status_code, message=str(exc), status=exc.status_code)
+
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if not _console(request):
+            return await api_http_error(request, exc)
+        return page(request, "error.html", exc.status_code, message=str(exc.detail), status=exc.status_code)
+
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if not _console(request):
+            return await api_validation_error(request, exc)
+        message = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return page(request, "error.html", 422, message=message or "invalid request", status=422)
+
+    app.add_exception_handler(SignInRequired, sign_in)
+    app.add_exception_handler(ConsoleError, refused)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
