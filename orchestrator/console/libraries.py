@@ -8,8 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, Request, UploadFile
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response
+from starlette.datastructures import UploadFile
 
 from orchestrator.api.routes.libraries import refused, registered
 from orchestrator.api.schemas import MAX_URL_CHARS
