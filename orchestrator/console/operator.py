@@ -13,6 +13,7 @@ from orchestrator.api.services import Services, get_services
 from orchestrator.console.auth import PREFIX, signed_in
 from orchestrator.console.render import page
 from orchestrator.teams import Team
+from worker.contract import RuntimeName
 from worker.run_store import RunRecord, RunStatus
 
 router = APIRouter(prefix=f"{PREFIX}/operator", include_in_schema=False)
@@ -48,7 +49,7 @@ def per_minute(records: list[RunRecord], now: float, minutes: int = MINUTES) -> 
 @router.get("", response_class=HTMLResponse)
 async def operator_page(request: Request, team: Team = Depends(signed_in),
                         services: Services = Depends(get_services)) -> HTMLResponse:
-    depths = await services.dispatcher.queue_depths()
+    depths = {runtime.value: 0 for runtime in RuntimeName} | await services.dispatcher.queue_depths()
     workers = await services.dispatcher.workers()
     recent = await services.dispatcher.list(None, SCANNED)
     minutes = per_minute(recent, time.time())
