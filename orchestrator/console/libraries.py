@@ -52,6 +52,12 @@ async def _done(request: Request, services: Services, team: Team, library: Libra
                                  notice=f"library {library.name!r}: version {version} {how}, now current")
 
 
+async def _refusal(request: Request, services: Services, team: Team, exc: LibraryError) -> HTMLResponse:
+    """The libraries page with the API's refusal (its status: 409 at the team's limit, else 422)."""
+    refusal = refused(exc)
+    return await _libraries_page(request, services, team, error=str(refusal.detail), status_code=refusal.status_code)
+
+
 def _save(upload: UploadFile, folder: str) -> Path:
     path = Path(folder) / "archive"
     with open(path, "wb") as out:
@@ -74,9 +80,7 @@ async def upload(request: Request, team: Team = Depends(checked),
             library = await asyncio.to_thread(services.libraries.add_from_file, team.id, name, path,
                                               Path(archive.filename).name[:255])
     except LibraryError as exc:
-        refusal = refused(exc)
-        return await _libraries_page(request, services, team, error=str(refusal.detail),
-                                     status_code=refusal.status_code)
+        return await _refusal(request, services, team, exc)
     return await _done(request, services, team, library, "uploaded")
 
 
@@ -89,9 +93,7 @@ async def register(request: Request, team: Team = Depends(checked),
         name, url = _field(form, "name", MAX_NAME_CHARS), _field(form, "url", MAX_URL_CHARS)
         library = await asyncio.to_thread(services.libraries.add_from_url, team.id, name, url)
     except LibraryError as exc:
-        refusal = refused(exc)
-        return await _libraries_page(request, services, team, error=str(refusal.detail),
-                                     status_code=refusal.status_code)
+        return await _refusal(request, services, team, exc)
     return await _done(request, services, team, library, "fetched")
 
 

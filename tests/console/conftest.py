@@ -9,12 +9,9 @@ those with httpx against the same server, with the browser's session cookie (``s
 from __future__ import annotations
 
 import contextlib
-import io
 import re
-import tarfile
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,30 +223,6 @@ def wait_until_ended(driver: WebDriver) -> str:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Skill libraries
-
-
-def skill_md(name: str, body: str = "Run scripts/go.sh.\n", description: str | None = None) -> bytes:
-    description = description or f"The {name} skill."
-    return f"---\nname: {name}\ndescription: {description!r}\n---\n{body}".encode()
-
-
-def tar_gz(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o755
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def zipped(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -25,14 +25,13 @@ from tests.console.conftest import (
     open_page,
     serving,
     sign_in,
-    skill_md,
     start_chromium,
     submit_run,
-    tar_gz,
     wait_for,
     wait_until_ended,
 )
 from tests.orchestrator.api_helpers import make_services
+from tests.orchestrator.test_api_teams import skill_md, tar_gz
 from worker.folders import remove_tree
 from worker.runtimes.local import LocalWorkspaceRuntime
 

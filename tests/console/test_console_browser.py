@@ -35,19 +35,17 @@ from tests.console.conftest import (
     session_cookie,
     set_field,
     sign_in,
-    skill_md,
     submit_login,
     submit_run,
-    tar_gz,
     texts,
     wait_for,
     wait_for_download,
     wait_for_path,
     wait_until_ended,
-    zipped,
 )
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import new_team
+from tests.orchestrator.test_api_teams import skill_md, tar_gz, zipped
 
 pytestmark = pytest.mark.slow  # each test starts a server and Chromium: a few seconds apiece
 

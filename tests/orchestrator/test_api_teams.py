@@ -15,8 +15,9 @@ from tests.orchestrator.api_helpers import client, new_team
 from worker.roots import FetchLimits
 
 
-def skill_md(name: str) -> bytes:
-    return f"---\nname: {name}\ndescription: The {name} skill.\n---\nRun scripts/go.sh.\n".encode()
+def skill_md(name: str, body: str = "Run scripts/go.sh.\n", description: str | None = None) -> bytes:
+    description = description or f"The {name} skill."
+    return f"---\nname: {name}\ndescription: {description!r}\n---\n{body}".encode()
 
 
 def tar_gz(files: dict[str, bytes]) -> bytes:
