@@ -41,6 +41,9 @@ WAIT_SECONDS = 15
 RUN_SECONDS = 60
 """How long a test waits for a run page to show the run ended."""
 RUN_PAGE = r"/ui/runs/([A-Za-z0-9_-]+)"
+REPO_SKILLS = ["data-chart", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops",
+               "weather-tools"]
+"""The skills of the repo's ``skills/`` library (which the embedded default serves), as the console lists them."""
 
 
 def chromium_binaries() -> tuple[str, str]:
@@ -105,6 +108,12 @@ def wait_for_path(driver: WebDriver, pattern: str, seconds: float = WAIT_SECONDS
     return path_of(driver)
 
 
+def wait_for_message(driver: WebDriver, css: str) -> str:
+    """The text of the element at ``css`` (``#error``, ``#notice``) once it is there and not empty."""
+    element = wait_for(driver, lambda d: (d.find_elements(By.CSS_SELECTOR, css) or [None])[0], css)
+    return wait_for(driver, lambda d: element.text.strip(), f"a message in {css}")
+
+
 def texts(driver: WebDriver, css: str) -> list[str]:
     return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
 
@@ -144,6 +153,12 @@ def sign_in(driver: WebDriver, base_url: str, key: str) -> None:
     """Sign in on the login page with ``key`` and wait for the skills overview the console lands on."""
     submit_login(driver, base_url, key)
     wait_for_path(driver, r"/ui/skills")
+
+
+def signed_in(browser, console: Console, team: str = "team-a") -> WebDriver:
+    driver = browser()
+    sign_in(driver, console.url, console.keys[team])
+    return driver
 
 
 def submit_login(driver: WebDriver, base_url: str, key: str) -> None:
@@ -219,6 +234,29 @@ def wait_until_ended(driver: WebDriver) -> str:
     # A page that reloads itself once the run ended: wait for the reloaded page to hold the run's events too.
     wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#events li.event"), "the run's events")
     return run_status(driver)[0]
+
+
+def output_file_row(driver: WebDriver, name: str):
+    rows = driver.find_elements(By.CSS_SELECTOR, f'table#files tr.output-file[data-name="{name}"]')
+    assert len(rows) == 1, f"{len(rows)} rows for {name}: {texts(driver, 'table#files tr.output-file')}"
+    return rows[0]
+
+
+def api_run(console: Console, body: dict, team: str = "team-a", wait: bool = True) -> dict:
+    """A run submitted through the JSON API (and, with ``wait``, ended)."""
+    with console.api(team) as api:
+        run = api.post("/v1/runs", json=body)
+        assert run.status_code == 202, run.text
+        if not wait:
+            return run.json()
+        done = api.get(f"/v1/runs/{run.json()['id']}", params={"wait": RUN_SECONDS}).json()
+    assert done["status"] in {"finished", "failed", "cancelled"}, done
+    return done
+
+
+def runs_of(console: Console, team: str = "team-a") -> list[dict]:
+    with console.api(team) as api:
+        return api.get("/v1/runs").json()["data"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
