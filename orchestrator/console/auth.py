@@ -4,7 +4,9 @@ The login form posts the key once; the answer sets ``skillrun_session`` (HTTP-on
 ``/ui``, ``Secure`` over HTTPS) to a session token (``orchestrator.console.sessions``). Each page finds the team from
 that session and the key it was opened with (a revoked key ends its sessions). Every form that changes something
 carries the session's CSRF token in a hidden ``csrf`` field, compared in constant time; the login form carries one
-from a short-lived cookie of its own (double submit), so no page of another site can sign a browser in either.
+from a short-lived cookie of its own (double submit). A post the browser says came from another site
+(``Sec-Fetch-Site``, ``Origin``) is refused before either is looked at, so a cookie planted from a sibling host
+cannot sign a browser in to another team either.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import secrets
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from orchestrator.api.services import Services, get_services
-from orchestrator.console.render import SECURITY_HEADERS, page
+from orchestrator.console.render import page
 from orchestrator.console.sessions import BaseConsoleSessions, ConsoleSession
 from orchestrator.teams import Team
 
@@ -64,8 +67,24 @@ async def signed_in(
     return team
 
 
+def cross_site(request: Request) -> str | None:
+    """Why a form post comes from another site, or ``None``: the browser's own word (``Sec-Fetch-Site``), else (an
+    older browser) its ``Origin`` against the address the form was posted to. Requests with neither (not from a
+    browser) pass on their tokens alone."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return None if site in ("same-origin", "none") else f"the form was sent from another site ({site})"
+    origin = request.headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        return "the form was sent from another origin"
+    return None
+
+
 async def checked(request: Request, team: Team = Depends(signed_in)) -> Team:
-    """The signed-in team, for a form that changes something: its ``csrf`` field must be the session's (403)."""
+    """The signed-in team, for a form that changes something: sent from the console's own pages, with the
+    session's ``csrf`` token (403 otherwise)."""
+    if (reason := cross_site(request)) is not None:
+        raise ConsoleError(403, f"{reason}: use the console's own pages")
     form = await request.form()
     session: ConsoleSession = request.state.console
     sent = form.get("csrf")
@@ -103,6 +122,8 @@ async def login(
     csrf: str = Form(default="", max_length=100),
     services: Services = Depends(get_services), sessions: BaseConsoleSessions = Depends(console_sessions),
 ) -> Response:
+    if (reason := cross_site(request)) is not None:
+        return _login_page(request, f"{reason}: sign in on this page", 403)
     expected = request.cookies.get(LOGIN_COOKIE, "")
     if not expected or not hmac.compare_digest(csrf.encode(), expected.encode()):
         return _login_page(request, "the sign-in form expired: enter the key again", 403)
@@ -112,7 +133,7 @@ async def login(
                                     "'skillrun keys create TEAM'", 401)
     team, key_id = found
     token, _ = await sessions.open(team.id, key_id)
-    response = RedirectResponse(f"{PREFIX}/skills", status_code=303, headers=SECURITY_HEADERS)
+    response = RedirectResponse(f"{PREFIX}/skills", status_code=303)
     response.set_cookie(SESSION_COOKIE, token, max_age=sessions.ttl_seconds, path=PREFIX, httponly=True,
                         samesite="strict", secure=_secure(request))
     response.delete_cookie(LOGIN_COOKIE, path=PREFIX)
@@ -123,6 +144,6 @@ async def login(
 async def logout(request: Request, _: Team = Depends(checked),
                  sessions: BaseConsoleSessions = Depends(console_sessions)) -> Response:
     await sessions.close(request.cookies.get(SESSION_COOKIE, ""))
-    response = RedirectResponse(f"{PREFIX}/login", status_code=303, headers=SECURITY_HEADERS)
+    response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=PREFIX)
     return response

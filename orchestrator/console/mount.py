@@ -9,7 +9,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.console import auth, libraries, operator, runs, skills
 from orchestrator.console.auth import PREFIX, ConsoleError, SignInRequired
@@ -17,18 +19,32 @@ from orchestrator.console.render import SECURITY_HEADERS, page
 from orchestrator.console.sessions import BaseConsoleSessions
 
 
-class _StaticFiles(StaticFiles):
-    """The console's CSS and script, with the console's headers."""
+class ConsoleHeaders:
+    """Every answer under ``/ui`` carries the console's security headers (``SECURITY_HEADERS``) — pages, redirects,
+    error pages, static files, event streams, downloads and answers made before a route runs (a slash redirect, a
+    body over its limit); a header a route set itself is kept (a download's ``Content-Security-Policy: sandbox``)."""
 
-    async def get_response(self, path: str, scope) -> Response:
-        response = await super().get_response(path, scope)
-        response.headers.update(SECURITY_HEADERS)
-        response.headers["Cache-Control"] = "no-cache"
-        return response
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _console(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if name not in headers:
+                        headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
-def _console(request: Request) -> bool:
-    return request.url.path == PREFIX or request.url.path.startswith(f"{PREFIX}/")
+def _console(path: str) -> bool:
+    return path == PREFIX or path.startswith(f"{PREFIX}/")
 
 
 def mount_console(app: FastAPI, sessions: BaseConsoleSessions) -> None:
@@ -36,23 +52,24 @@ def mount_console(app: FastAPI, sessions: BaseConsoleSessions) -> None:
     app.state.console_sessions = sessions
     for module in (auth, skills, runs, libraries, operator):
         app.include_router(module.router)
-    app.mount(f"{PREFIX}/static", _StaticFiles(directory=Path(__file__).parent / "static"), name="console-static")
+    app.mount(f"{PREFIX}/static", StaticFiles(directory=Path(__file__).parent / "static"), name="console-static")
+    app.add_middleware(ConsoleHeaders)  # outermost: it sees the body limit's answers too
     api_http_error = app.exception_handlers[StarletteHTTPException]
     api_validation_error = app.exception_handlers[RequestValidationError]
 
     async def sign_in(request: Request, exc: SignInRequired) -> Response:
-        return RedirectResponse(f"{PREFIX}/login", status_code=303, headers=SECURITY_HEADERS)
+        return RedirectResponse(f"{PREFIX}/login", status_code=303)
 
     async def refused(request: Request, exc: ConsoleError) -> Response:
         return page(request, "error.html", exc.status_code, message=str(exc), status=exc.status_code)
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if not _console(request):
+        if not _console(request.url.path):
             return await api_http_error(request, exc)
         return page(request, "error.html", exc.status_code, message=str(exc.detail), status=exc.status_code)
 
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-        if not _console(request):
+        if not _console(request.url.path):
             return await api_validation_error(request, exc)
         message = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return page(request, "error.html", 422, message=message or "invalid request", status=422)

@@ -26,11 +26,11 @@ CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-SECURITY_HEADERS = {
+SECURITY_HEADERS = {  # on every answer under /ui (``orchestrator.console.mount.ConsoleHeaders``)
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # with no-referrer, a browser's form posts say Origin: null
     "Cache-Control": "no-store",
 }
 
@@ -43,7 +43,9 @@ _ATTRIBUTES = {"a": {"href", "title"}, "img": {"src", "alt", "title"}, "code": {
                "td": {"align"}, "ol": {"start"}}
 _markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table").enable("strikethrough")
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+"""C0 and C1 controls but newline and tab, zero-width and bidi controls (every Bidi_Control: ALM, LRM, RLM, the
+embeddings, overrides and isolates), line and paragraph separators, and the byte-order mark."""
 
 
 def markdown(text: str) -> Markup:
@@ -94,4 +96,4 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
     """A console page; ``context`` fills the template (the signed-in session, if any, is ``request.state``'s)."""
     context.setdefault("session", getattr(request.state, "console", None))
     context.setdefault("team", getattr(request.state, "console_team", None))
-    return templates.TemplateResponse(request, template, context, status_code=status_code, headers=SECURITY_HEADERS)
+    return templates.TemplateResponse(request, template, context, status_code=status_code)

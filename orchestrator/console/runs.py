@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from orchestrator.api.routes.runs import FileName, RunId, artifact_file, event_stream, output_file, team_run
 from orchestrator.api.services import Services, get_services
 from orchestrator.console.auth import PREFIX, ConsoleError, checked, signed_in
-from orchestrator.console.render import SECURITY_HEADERS, page
+from orchestrator.console.render import page
 from orchestrator.errors import RunLostError
 from orchestrator.teams import Team
 from worker.contract import OutputFile
@@ -91,21 +91,20 @@ async def _team_run(services: Services, run_id: str, team: Team) -> RunRecord:
 async def run_events(run_id: str = RunId, team: Team = Depends(signed_in),
                      services: Services = Depends(get_services)) -> StreamingResponse:
     """The run's events as server-sent events, as ``GET /v1/runs/{id}/events`` sends them."""
-    await team_run(services, run_id, team)
-    return StreamingResponse(event_stream(services, run_id), media_type="text/event-stream",
-                             headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
+    await _team_run(services, run_id, team)
+    return StreamingResponse(event_stream(services, run_id), media_type="text/event-stream")
 
 
 @router.get("/{run_id}/files/{name:path}", response_class=Response)
 async def run_file(run_id: str = RunId, name: str = FileName, team: Team = Depends(signed_in),
                    services: Services = Depends(get_services)) -> Response:
-    return output_file(await team_run(services, run_id, team), name)
+    return output_file(await _team_run(services, run_id, team), name)
 
 
 @router.get("/{run_id}/artifacts/{name:path}", response_class=StreamingResponse)
 async def run_artifact(run_id: str = RunId, name: str = FileName, team: Team = Depends(signed_in),
                        services: Services = Depends(get_services)) -> StreamingResponse:
-    return await artifact_file(services, await team_run(services, run_id, team), name)
+    return await artifact_file(services, await _team_run(services, run_id, team), name)
 
 
 @router.post("/{run_id}/cancel", response_class=RedirectResponse)
