@@ -75,8 +75,10 @@ def cross_site(request: Request) -> str | None:
     if site is not None:
         return None if site in ("same-origin", "none") else f"the form was sent from another site ({site})"
     origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
-        return "the form was sent from another origin"
+    if origin is not None:
+        sent = urlsplit(origin)
+        if (sent.scheme, sent.netloc) != (request.url.scheme, request.headers.get("host")):
+            return "the form was sent from another origin"
     return None
 
 

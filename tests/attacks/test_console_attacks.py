@@ -7,7 +7,7 @@ in-process through ``httpx.ASGITransport`` with the app's lifespan running, sign
 login form's double-submit cookie, then the session cookie). Runs are never executed here: the dispatcher only
 accepts them (``submit`` records the run), and the runs whose pages are attacked are planted in its run store with
 the output, files, events and artifacts an attacking skill could produce. Each test's name says what it defends;
-a test marked ``xfail(strict=True)`` is an attack that still gets through (its reason says what).
+a test marked ``xfail(strict=True)`` would be an attack that still gets through (its reason saying what); none is.
 """
 
 from __future__ import annotations
@@ -828,10 +828,6 @@ async def test_the_console_s_own_forms_still_work_from_its_own_pages(console, he
     assert cancel.status_code == 303 and console.services.dispatcher.store.get(queued).status != RunStatus.QUEUED
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "auth.py cross_site() compares only Origin's host:port with the Host header, not its scheme: a post from "
-    "http://HOST to the console served over https://HOST (a page an on-path attacker injects into plain-http "
-    "traffic to the same host) passes when the browser sends no Sec-Fetch-Site"))
 async def test_a_login_posted_from_the_same_host_over_plain_http_is_refused_on_an_https_console(console):
     attacker = console.client(https=True)
     attacker.cookies.set(LOGIN_COOKIE, "planted-over-http", domain=HOST, path="/ui")
