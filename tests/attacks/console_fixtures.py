@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
-import json
 import re
 import secrets
-import tarfile
 import time
 import urllib.parse
 from collections.abc import Awaitable
@@ -30,6 +27,7 @@ import pytest
 
 from orchestrator.api import create_app, run_ids
 from orchestrator.console.sessions import BaseConsoleSessions, RedisConsoleSessions
+from tests.orchestrator.test_api_teams import tar_gz
 from worker.contract import OutputFile, RunRequest, RunResult, RuntimeName, SkillRef
 from worker.run_store import RunEvent, RunRecord, RunStatus
 
@@ -192,21 +190,6 @@ def text_file(name: str, content: str, mime: str = "text/plain") -> OutputFile:
 def binary_file(name: str, data: bytes, mime: str) -> OutputFile:
     return OutputFile(name=name, content=base64.b64encode(data).decode(), encoding="base64", mime_type=mime,
                       size=len(data))
-
-
-def tar_gz(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def skill_md(name: str, body: str, description: str | None = None) -> bytes:
-    description = json.dumps(description or f"The {name} skill.")
-    return f"---\nname: {name}\ndescription: {description}\n---\n{body}".encode()
 
 
 def install_library(console: Console, team: str, name: str, files: dict[str, bytes],

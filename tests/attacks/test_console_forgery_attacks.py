@@ -30,9 +30,8 @@ from tests.attacks.console_fixtures import (
     install_library,
     plant_run,
     runs_of,
-    skill_md,
-    tar_gz,
 )
+from tests.orchestrator.test_api_teams import skill_md, tar_gz
 from worker.run_store import RunStatus
 
 # ----------------------------------------------------------------------------------------------------------------

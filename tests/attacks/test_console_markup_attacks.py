@@ -28,10 +28,9 @@ from tests.attacks.console_fixtures import (
     console,  # noqa: F401 - the fixture
     install_library,
     plant_run,
-    skill_md,
-    tar_gz,
     text_file,
 )
+from tests.orchestrator.test_api_teams import skill_md, tar_gz
 from worker.contract import SkippedFile
 from worker.run_store import RunStatus
 

@@ -36,9 +36,9 @@ from tests.attacks.console_fixtures import (
     install_library,
     plant_run,
     runs_of,
-    skill_md,
     text_file,
 )
+from tests.orchestrator.test_api_teams import skill_md
 from worker.run_store import RunStatus
 
 EIGHT_HOURS = 8 * 3600

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 import time
 import zipfile
@@ -16,8 +17,8 @@ from worker.roots import FetchLimits
 
 
 def skill_md(name: str, body: str = "Run scripts/go.sh.\n", description: str | None = None) -> bytes:
-    description = description or f"The {name} skill."
-    return f"---\nname: {name}\ndescription: {description!r}\n---\n{body}".encode()
+    description = json.dumps(description or f"The {name} skill.")  # a YAML string too, escapes and all
+    return f"---\nname: {name}\ndescription: {description}\n---\n{body}".encode()
 
 
 def tar_gz(files: dict[str, bytes]) -> bytes:
