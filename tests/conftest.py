@@ -20,13 +20,24 @@ from orchestrator.dispatch import InlineDispatcher
 from tests.artifact_stores import CREDENTIALS, S3Server
 from tests.orchestrator.api_helpers import make_services
 from tests.package_index import PackageIndex, wheel
-from tests.services import RedisServer, unavailable
+from tests.services import RedisServer, docker_engine_for, unavailable
 from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.contract import RunRequest, SkillRef
 from worker.folders import remove_tree
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 IS_ROOT = os.geteuid() == 0
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With Docker tests among those to run, start the engine and build the images now, before any test: a first
+    build (debootstrap, a few minutes) does not fit in one test's timeout, so it is not left to a fixture."""
+    if session.config.option.collectonly or not any(item.get_closest_marker("docker") for item in session.items):
+        return
+    try:
+        docker_engine_for(str(Path(__file__).resolve().parents[1]))
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        pass  # the Docker tests' fixture says so again, in each test
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -117,7 +117,8 @@ def docker_engine_for(repo_root: str) -> "DockerEngine":
     the tests start is known as theirs wherever it was first asked for)."""
     global _ENGINE
     if _ENGINE is None:
-        _ENGINE = DockerEngine(repo_root)
+        _ENGINE = DockerEngine(repo_root)  # kept before the images are built: a dockerd it started stays known as ours
+    _ENGINE.ensure_images()
     return _ENGINE
 
 
@@ -133,7 +134,7 @@ class DockerEngine:
         self.repo_root = repo_root
         self.started: subprocess.Popen | None = None
         self.client = self._connect() or self._start_engine()
-        self._ensure_image(repo_root)
+        self._images_ready = False
 
     def _connect(self):  # noqa: ANN202 - a DockerClient or None
         try:
@@ -177,9 +178,14 @@ class DockerEngine:
                         f"\"{self._runsc()}\", \"runtimeArgs\": {json.dumps(list(GVISOR_ARGS))}}}}} and restart dockerd "
                         "(the tests do it when they start dockerd themselves)")
 
-    def _ensure_image(self, repo_root: str) -> None:
+    def ensure_images(self) -> None:
         """Build the images when one is missing or the base image's packages are not those of
-        ``images/base/packages.txt`` (then ``images/build.sh`` builds the base again)."""
+        ``images/base/packages.txt`` (then ``images/build.sh`` builds the base again); once per session."""
+        if not self._images_ready:
+            self._ensure_image(self.repo_root)
+            self._images_ready = True
+
+    def _ensure_image(self, repo_root: str) -> None:
         with open(os.path.join(repo_root, "images", "base", "packages.txt")) as f:
             packages = ",".join(line.strip() for line in f if line.strip() and not line.startswith("#"))
         try:
