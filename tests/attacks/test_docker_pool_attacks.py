@@ -413,17 +413,20 @@ async def test_a_worker_that_died_mid_make_leaves_no_reserved_folder_or_uid(dock
 @pytest.mark.root
 async def test_another_workers_reaper_leaves_a_live_pools_warm_containers(docker_runtime_factory, docker_engine,
                                                                            library):
-    owner = docker_runtime_factory(pool_size=1, idle_seconds=2)
-    other = type(owner)(owner.work_root, client=docker_engine.client, idle_seconds=2)
+    # The pool renews at half the idle time; the idle time leaves a renewal 2 s to make its container on a
+    # loaded machine before the one it replaces comes of the reaper's age.
+    owner = docker_runtime_factory(pool_size=1, idle_seconds=4)
+    other = type(owner)(owner.work_root, client=docker_engine.client, idle_seconds=4)
     try:
         await _filled(owner, library)
         (warm,) = _untaken(docker_engine, owner)
         assert owner.pool.holds(warm.labels[LABEL])
-        await asyncio.sleep(3)  # past the idle time: the live pool has renewed what it holds meanwhile
-        await owner.idle()
+        await asyncio.sleep(5)  # past the idle time: the live pool has renewed what it holds meanwhile
         await other.run(_request(library, "other-worker"))  # its reaper looks
+        # A renewal makes the new container before it removes the old: whenever the reaper looked, one was held.
         held = [c for c in _untaken(docker_engine, owner) if owner.pool.holds(c.labels[LABEL])]
         assert len(held) == 1, "reaped under its live pool"
+        assert held[0].id != warm.id, "not renewed"
         assert all(c.status == "running" and (owner.work_root / c.labels[LABEL]).is_dir() for c in held)
     finally:
         await other.close()

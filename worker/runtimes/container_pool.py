@@ -13,9 +13,11 @@ libraries do not make it churn), making room by dropping the oldest of others. U
 a warm container but its executor, and its folder is empty; it serves one workspace and goes with it.
 
 The pool holds at most ``size`` containers (a container holds its executor, ~10 MB, and the engine's share), is
-refilled in the background after each take, and renews what it holds before ``max_age`` (half the idle time, so
-other workers' idle reapers, which remove a gone worker's warm containers older than the idle time, leave a live
-pool's alone). It drops containers whose executor ended (an engine restart: the pool is filled again), makes no
+refilled in the background after each take, and renews what it holds once it is ``max_age`` old (half the idle
+time, so other workers' idle reapers, which remove a gone worker's warm containers older than the idle time, leave a
+live pool's alone). A container's age counts from before it was made, as the engine's creation time does; a
+replacement is made before the container it replaces is removed (the pool holds one more meanwhile), so a live
+pool is never seen empty. It drops containers whose executor ended (an engine restart: the pool is filled again), makes no
 more for an image that cannot run the executor, and removes what it holds at ``close`` (a container being made
 is finished first, then removed). ``size`` 0 turns it off.
 """
@@ -39,6 +41,8 @@ Template = tuple[str, tuple[str, ...]]
 SWITCH_AFTER = 2
 """Asks for another template, with no hit of the pool's own between, that make it the pool's template."""
 MAX_REMEMBERED_TEMPLATES = 64
+RENEWAL_MARGIN = 0.05
+"""Seconds past ``max_age`` the renewal looks, so what it looks for is past its age."""
 
 
 @dataclass
@@ -132,20 +136,22 @@ class WarmPool:
             self._filling = asyncio.get_running_loop().create_task(self._fill())
 
     async def _fill(self) -> None:
-        """Make warm containers until the pool holds ``size`` for its template, dropping those past ``max_age``
-        first, and then, for room, the oldest of other templates; look again when the oldest comes of age (so
+        """Make warm containers until the pool holds ``size`` of its template younger than ``max_age``. Those past
+        ``max_age`` of other templates go first, and then, for room, the oldest of other templates; one past
+        ``max_age`` of its template goes once its replacement is made. Look again when the oldest comes of age (so
         what the pool holds stays younger than the idle time other workers' reapers go by)."""
+        aged: list[Warm] = []
         while not self._closed:
             now = time.monotonic()
             with self._lock:
                 template = self._template
-                old = [warm for warm in self._warm if now - warm.made > self.max_age]
-                others = [warm for warm in self._warm if warm not in old and warm.template != template]
-                missing = self.size - sum(1 for warm in self._warm if warm not in old and warm.template == template)
-                crowded = len(self._warm) - len(old) + min(missing, 1) - self.size
-                old += others[: max(crowded, 0)]
-                self._warm = [warm for warm in self._warm if warm not in old]
-            for warm in old:
+                aged = [warm for warm in self._warm if now - warm.made > self.max_age]
+                others = [warm for warm in self._warm if warm not in aged and warm.template != template]
+                missing = self.size - sum(1 for warm in self._warm if warm not in aged and warm.template == template)
+                crowded = len(self._warm) - len(aged) + min(missing, 1) - self.size
+                drop = [warm for warm in aged if warm.template != template] + others[: max(crowded, 0)]
+                self._warm = [warm for warm in self._warm if warm not in drop]
+            for warm in drop:
                 await asyncio.to_thread(self.discard, warm)
             if template is None or missing <= 0 or template in self._barren:
                 break
@@ -164,11 +170,18 @@ class WarmPool:
                 await asyncio.to_thread(self.discard, warm)
                 break
             with self._lock:
-                closed = self._closed
-                if not closed:
-                    self._warm.append(warm)
-            if closed:
-                await asyncio.to_thread(self.discard, warm)
+                if self._closed:
+                    gone = [warm]
+                else:  # the new one takes the place of one past its age, if there is one still
+                    gone = [old for old in self._warm if old in aged and old.template == template][:1]
+                    self._warm = [old for old in self._warm if old not in gone] + [warm]
+            for old in gone:
+                await asyncio.to_thread(self.discard, old)
+        with self._lock:  # past its age and not replaced (the fill stopped, or the template changed): it goes
+            left = [warm for warm in self._warm if warm in aged]
+            self._warm = [warm for warm in self._warm if warm not in left]
+        for warm in left:
+            await asyncio.to_thread(self.discard, warm)
         self._renew_later()
 
     def _renew_later(self) -> None:
@@ -177,7 +190,7 @@ class WarmPool:
         with self._lock:
             oldest = min((warm.made for warm in self._warm), default=None)
         if oldest is not None and not self._closed:
-            delay = max(oldest + self.max_age - time.monotonic(), 0) + 1
+            delay = max(oldest + self.max_age - time.monotonic(), 0) + RENEWAL_MARGIN
             self._renewal = asyncio.get_running_loop().call_later(delay, self._fill_soon)
 
     def _discard_made(self, made: asyncio.Future) -> None:
@@ -186,6 +199,7 @@ class WarmPool:
 
     def _make(self, template: Template) -> Warm:
         image, roots = template
+        started = time.monotonic()  # its age counts from here, as the engine's creation time of it does
         folder = self.workspaces.reserve()
         try:
             mounts = {root: _inode(root) for root in roots}
@@ -193,7 +207,7 @@ class WarmPool:
         except BaseException:
             self.workspaces.release(folder)
             raise
-        return Warm(template, folder, box)
+        return Warm(template, folder, box, started)
 
     async def wait_filled(self) -> None:
         """Wait until the pool's refill (if any) is done."""
