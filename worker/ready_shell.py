@@ -53,12 +53,12 @@ class ReadyShell:
 
     def __init__(
         self, spawned: Spawned, env: dict[str, str], cwd: str, out_fd: int, err_fd: int, script_fd: int, up_fd: int,
-        *, sandbox: SandboxSpec | None = None,
+        *, folder: tuple[int, int] | None, sandbox: SandboxSpec | None = None,
     ) -> None:
         self.spawned = spawned
         self.env = env
         self.cwd = cwd
-        self.folder = _identity(cwd)
+        self.folder = folder  # what ``cwd`` was (``folder_identity``) before the shell was asked for
         self.out_fd = out_fd
         self.err_fd = err_fd
         self._script = script_fd
@@ -127,7 +127,7 @@ class ReadyShell:
             and self.placed
             and cwd == self.cwd
             and self.folder is not None
-            and _identity(cwd) == self.folder
+            and folder_identity(cwd) == self.folder
             and {k: v for k, v in env.items() if k not in RUN_VARIABLES}
             == {k: v for k, v in self.env.items() if k not in RUN_VARIABLES}
         )
@@ -173,7 +173,10 @@ class ReadyShell:
             callback(self)
 
 
-def _identity(path: str) -> tuple[int, int] | None:
+def folder_identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the folder at ``path`` (``None`` if there is none). Taken before a shell is asked
+    for in it: a folder put in its place later (a skill restaged while the spawner changes into it) then differs,
+    and the shell is not used."""
     try:
         info = os.stat(path)
     except OSError:

@@ -41,7 +41,7 @@ from worker import held_sandbox
 from worker.errors import SpawnerError
 from worker.fdwait import wait_readable
 from worker.held_sandbox import FRESH_SOURCE, HeldStart
-from worker.ready_shell import READY_SHELL_LOADER, READY_TIMEOUT_SECONDS, ReadyShell
+from worker.ready_shell import READY_SHELL_LOADER, READY_TIMEOUT_SECONDS, ReadyShell, folder_identity
 from worker.sandbox import SandboxSpec, find_bwrap
 
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -270,6 +270,7 @@ class Spawner:
         if self._held is not None and (changed := self._held.changed_settings()):
             self.shut()
             raise SpawnerError(f"a run changed the held sandbox's spawner ({', '.join(changed)}); it is given up")
+        folder = folder_identity(cwd)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         script_r, script_w = os.pipe()
@@ -288,7 +289,7 @@ class Spawner:
         finally:
             for fd in (out_w, err_w, script_r, up_w):
                 os.close(fd)
-        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w, up_r, sandbox=self.sandbox)
+        return ReadyShell(spawned, env, cwd, out_r, err_r, script_w, up_r, folder=folder, sandbox=self.sandbox)
 
     def close(self) -> None:
         """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread."""

@@ -163,6 +163,45 @@ async def test_a_run_with_another_environment_or_folder_does_not_use_the_ready_s
         assert same.stdout == f"{LOADER}\n{work_dir}\n"
 
 
+
+async def test_a_ready_shell_whose_folder_was_replaced_while_it_started_is_not_used(work_root, make_request):
+    # A skill restaged (a new folder put at its path) while the spawner changes into the old one: the shell must
+    # not fit, or a run would go where its files are gone ('getcwd: cannot access parent directories').
+    async with LocalWorkspaceRuntime(work_root, spawners="eager", sandbox=False) as runtime:
+        await runtime.run(make_request("true", workspace_id="rs"))
+        await runtime.idle()
+        spawner = runtime._spawners["rs"]
+        folder = runtime.workspaces.find_known("rs").work_dir / "skill"
+        folder.mkdir()
+        os.chown(folder, spawner.uid, spawner.gid)
+        send = spawner.send
+
+        def send_then_replace(*args, **kwargs):
+            spawned = send(*args, **kwargs)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not any(
+                    os.path.realpath(f"/proc/{child}/cwd") == str(folder) for child in _children(spawner.pid)):
+                time.sleep(0.001)
+            folder.rename(folder.with_name("skill.old"))
+            folder.mkdir()
+            return spawned
+
+        spawner.send = send_then_replace
+        env = {"PATH": "/usr/bin:/bin"}
+        shell = spawner.ready_shell(runtime._bash, env, str(folder))
+        try:
+            assert not shell.fits(env, str(folder)), "a shell in the replaced folder fits"
+        finally:
+            shell.discard()
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return children.read().split()
+    except OSError:
+        return []
+
 async def test_a_killed_ready_shell_costs_nothing_but_its_speed(work_root, make_request):
     async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
         await runtime.run(make_request("true", workspace_id="rs"))
