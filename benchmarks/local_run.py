@@ -7,7 +7,8 @@ medians. The series:
 * bare       subprocess.run(["bash", "-c", cmd], capture_output=True)
 * ready bash a bash started before the measurement and waiting on its stdin, given the command and read to its end:
              the fair baseline of a warm run, which is a ready shell too (the next one is started between
-             measurements, as the runtime starts its next ready shell in the background)
+             measurements and waited for until it reads its stdin, as the runtime starts its next ready shell in
+             the background and `idle` waits for it)
 * warm       a run in an existing workspace (skill already staged): the everyday case
 * cold       the first run of a new workspace: create + stage + run
 * shared-uid (as root only) a warm run with per-workspace users turned off, to show what that isolation costs
@@ -118,8 +119,15 @@ async def main() -> None:
 
 
 def _ready_bash() -> subprocess.Popen:
-    """A bash waiting for its script on stdin, its output piped: the baseline's ready shell."""
-    return subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """A bash waiting for its script on stdin, its output piped: the baseline's ready shell. It is returned once it
+    has answered a first line, so it waits on its stdin as the runtime's ready shells do when ``idle`` returns (a
+    bash still starting would land its start on whichever measurement came next)."""
+    shell = subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    shell.stdin.write(b"echo up\n")
+    shell.stdin.flush()
+    if shell.stdout.readline() != b"up\n":
+        raise RuntimeError("the baseline's ready bash did not start")
+    return shell
 
 
 if __name__ == "__main__":

@@ -155,6 +155,7 @@ class RunCgroup:
         self._oom_base = 0
         self._oom_event = self._watch_oom() if version == 1 else None
         self._count = -1
+        self._listing = -1
 
     def _watch_oom(self) -> int | None:
         """An eventfd the kernel signals when the group runs out of memory (v1), so a run that did not costs no
@@ -252,8 +253,8 @@ class RunCgroup:
         return group_procs(next(iter(self.paths.values())) / "cgroup.procs")
 
     def tasks(self) -> int:
-        """How many tasks the group holds, those ended but not yet reaped too (``pids.current``: a counter, read in
-        a microsecond, where listing the group takes a hundred); -1 if it cannot be read."""
+        """How many tasks the group holds, those ended but not yet reaped or released too (``pids.current``: a
+        counter, read in a microsecond); -1 if it cannot be read."""
         try:
             if self._count < 0:
                 self._count = os.open(self.paths["unified" if self.version == 2 else "pids"] / "pids.current",
@@ -261,6 +262,20 @@ class RunCgroup:
             return int(os.pread(self._count, 32, 0))
         except (OSError, ValueError):
             return -1
+
+    def empty(self) -> bool:
+        """Whether the group holds no live process. The task count is read first; it lags a reaped process by an
+        RCU grace period (milliseconds), so where it is not 0 the group's process list says (it lists no process
+        that has exited; kept open and read anew from its start, as fast as the counter)."""
+        if self.tasks() == 0:
+            return True
+        try:
+            if self._listing < 0:
+                self._listing = os.open(self.paths["unified" if self.version == 2 else "pids"] / "cgroup.procs",
+                                        os.O_RDONLY | os.O_CLOEXEC)
+            return not os.pread(self._listing, 64, 0).strip()
+        except OSError:
+            return False
 
     def wait_empty(self) -> bool:
         """Wait a little for the group's processes to be gone (a killed sandbox takes a moment); ``False`` if some
@@ -277,9 +292,10 @@ class RunCgroup:
         if self._oom_event is not None:
             os.close(self._oom_event)
             self._oom_event = None
-        if self._count >= 0:
-            os.close(self._count)
-            self._count = -1
+        for fd in (self._count, self._listing):
+            if fd >= 0:
+                os.close(fd)
+        self._count = self._listing = -1
         for path in self.paths.values():
             try:
                 path.rmdir()

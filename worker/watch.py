@@ -259,9 +259,9 @@ class CommandWatch:
 
     async def emptied(self) -> bool:
         """Whether the run's control group holds no process (each one found is killed), once it does or after the
-        grace period. Called once the command has been reaped: where it left nothing (the usual case) the group's
-        task count is 0, a read of a counter."""
-        if self._group is None or self._group.tasks() == 0:
+        grace period. Called once the command has been reaped: where it left nothing (the usual case) two reads
+        of the group's own files say so (``RunCgroup.empty``), with no thread woken."""
+        if self._group is None or self._group.empty():
             return True
         emptied = await self._loop.run_in_executor(None, empty_group, self._group)
         if not emptied:

@@ -324,12 +324,12 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
     def _retire(self, workspace_id: str, cgroup: RunCgroup) -> None:
         """Once a run's processes are gone, keep its control group for the workspace's next run, or remove it;
         and have spare groups ready for new workspaces (in the background; here once the runtime is closed). A
-        group already empty (its task count says so) is kept at once: no thread is woken as a result goes out."""
+        group already empty (``RunCgroup.empty``) is kept at once: no thread is woken as a result goes out."""
         pool = self._cgroups
         if not isinstance(pool, CgroupPool):
             cgroup.remove()
             return
-        if cgroup.tasks() == 0:
+        if cgroup.empty():
             surplus = pool.keep(workspace_id, cgroup)
         elif self._in_background(pool.give_back, workspace_id, cgroup):
             surplus = []
