@@ -112,6 +112,29 @@ async def test_a_concurrent_run_of_the_workspace_gets_a_sandbox_of_its_own(held,
     assert second.stdout != namespace and second.stdout.startswith("pid:[")
 
 
+
+async def test_a_concurrent_run_of_another_skill_leaves_the_run_in_the_held_sandbox_alone(held, make_request, library):
+    # The held sandbox shows one skill's library folder: a run of another skill needs another. While a run is in
+    # it, that run must go on (not be killed with the spawner of a sandbox made anew); the other gets its own.
+    write_skill(library, "other", files={"scripts/x.sh": "echo other\n"})
+    namespace = await _held(held, make_request, "two-skills")
+    workspace = held.workspaces.find(ws("two-skills"))
+    first = asyncio.create_task(held.run(make_request(
+        f"{PID_NAMESPACE} > $WORK_DIR/first; touch $WORK_DIR/started; until [ -e $WORK_DIR/go ]; do sleep 0.05; "
+        "done; echo done", workspace_id=ws("two-skills"), timeout=60)))
+    for _ in range(500):
+        if (workspace.work_dir / "started").exists():
+            break
+        await asyncio.sleep(0.01)
+    other = SkillRef(name="other", root=str(library), path="other")
+    second = await held.run(make_request(f"{PID_NAMESPACE}; echo other", workspace_id=ws("two-skills"), skill=other))
+    (workspace.work_dir / "go").touch()
+    ended = await first
+    assert (ended.exit_code, ended.stdout) == (0, "done\n"), ended
+    assert (workspace.work_dir / "first").read_text() == namespace
+    seen, said = second.stdout.split()
+    assert (second.exit_code, said) == (0, "other") and seen != namespace.strip(), second
+
 async def test_files_and_ipc_objects_a_run_leaves_are_gone_for_the_next_run(held, make_request):
     await _held(held, make_request, "tmp")
     plant = ("mkdir -p /tmp/deep/locked && echo secret > /tmp/deep/locked/f && chmod 0 /tmp/deep/locked /tmp/deep; "

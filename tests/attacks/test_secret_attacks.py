@@ -502,10 +502,6 @@ async def test_no_other_run_reads_a_secret_from_proc_concurrently_in_its_workspa
     assert sha(f"GH_TOKEN={SECRET}") in named.json()["result"]["stdout"].split()  # the run naming it has it
 
 
-@pytest.mark.xfail(strict=True, reason="a run of another skill in a workspace whose held sandbox is busy with a run "
-                   "makes the held sandbox anew and stops its spawner, killing the running run (exit 137, stderr "
-                   "'the exit status was lost (the spawner stopped); reported as killed'): two concurrent runs of one "
-                   "session or workspace, of two skills, kill each other (worker/runtimes/local.py held sandbox)")
 async def test_a_concurrent_run_of_another_skill_does_not_kill_a_running_run_of_the_workspace(held_services,
                                                                                                work_root):
     async with client(held_services, new_team(held_services, "team-a")) as api:

@@ -354,8 +354,9 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def _spawner(self, workspace: Workspace, sandbox: SandboxSpec | None) -> Spawner | None:
         """The workspace's ready spawner, starting one if there is none (see ``spawners``). A sandboxed run's is in
-        the workspace's held sandbox of the run's spec (``worker.held_sandbox``; one of another spec is replaced),
-        and only where runs get control groups of their own; ``None`` while another run is in it."""
+        the workspace's held sandbox of the run's spec (``worker.held_sandbox``; one of another spec is replaced
+        once no run is in it), and only where runs get control groups of their own; ``None`` while another run is in
+        it (that run, of any skill, goes on; this one gets a sandbox of its own)."""
         if workspace.uid is None or self.spawner_mode == "off":
             return None
         if sandbox is not None and not isinstance(self._cgroups, CgroupPool):
@@ -364,6 +365,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         with self._lock:
             spawner = self._spawners.get(workspace.id)
             if spawner is not None and (not spawner.alive or spawner.sandbox != sandbox or spawner.uid != workspace.uid):
+                if spawner.alive and spawner.occupied and spawner.uid == workspace.uid:
+                    return None  # it holds a run (of another skill): this one gets a sandbox of its own
                 stopped.append(self._spawners.pop(workspace.id))
                 spawner = None
             if spawner is None and self.spawner_mode == "auto" and not self._reused(workspace.id):
