@@ -446,8 +446,8 @@ async def test_a_run_learns_nothing_of_the_worker_from_its_control_group_path(ru
     # Where bwrap makes the run's cgroup namespace before the run is moved into its group (a sandbox not started
     # by a launcher, a held sandbox), the run sees its group's path below the worker's: the name must say nothing
     # of the worker (its pid) or of other tenants (a counter). A launched sandbox sees its own group as the root.
-    if isinstance(runtime._cgroups, str):
-        unavailable(f"no run groups on this host: {runtime._cgroups}; run as root on a host with cgroups")
+    if runtime.groups.missing is not None:
+        unavailable(f"no run groups on this host: {runtime.groups.missing}; run as root on a host with cgroups")
     seen = ""
     for name in ("cg-a", "cg-b", "cg-a", "cg-a"):
         result = await runtime.run(make_request("grep -E ':(memory|pids|cpu)[,:]' /proc/self/cgroup", workspace_id=ws(name)))

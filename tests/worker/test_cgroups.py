@@ -74,9 +74,9 @@ def test_sweeping_tolerates_folders_another_process_removes_meanwhile(tmp_path, 
 async def _first_runs_launched(runtime) -> None:  # noqa: ANN001 - a LocalWorkspaceRuntime
     """Wait until the runtime's launchers wait (``worker.launcher``), so the next first run is launched."""
     await runtime.idle()
-    if isinstance(runtime._cgroups, str):
-        unavailable(f"no run groups on this host: {runtime._cgroups}")
-    assert runtime._launchers is not None and runtime._launchers.waiting, "no launcher waits for a first run"
+    if runtime.groups.missing is not None:
+        unavailable(f"no run groups on this host: {runtime.groups.missing}")
+    assert runtime.groups.launchers is not None and runtime.groups.launchers.waiting, "no launcher waits for a first run"
 
 
 async def test_a_first_runs_sandbox_is_born_in_its_run_group_with_the_environment_it_would_have(
@@ -87,7 +87,7 @@ async def test_a_first_runs_sandbox_is_born_in_its_run_group_with_the_environmen
     look = "env | sort; cat /proc/self/cgroup | grep -E ':(memory|pids|cpu)[,:]'"
     async with LocalWorkspaceRuntime(work_root / "launched") as launched, \
             LocalWorkspaceRuntime(work_root / "started") as started:
-        monkeypatch.setattr(started, "_take_launcher", lambda limits: None)
+        monkeypatch.setattr(started.groups, "take_launcher", lambda limits: None)
         await launched.run(make_request("true", workspace_id="warm-up"))
         await _first_runs_launched(launched)
         result = await launched.run(make_request(look, workspace_id="first"))
@@ -110,7 +110,7 @@ async def test_closing_the_runtime_ends_its_launchers_and_their_groups(work_root
     runtime = LocalWorkspaceRuntime(work_root)
     await runtime.run(make_request("true", workspace_id="w"))
     await _first_runs_launched(runtime)
-    launchers = runtime._launchers.waiting
+    launchers = runtime.groups.launchers.waiting
     await runtime.close()
     assert all(launcher.proc.returncode is not None for launcher in launchers)
     assert not any(path.exists() for launcher in launchers for path in launcher.cgroup.paths.values())

@@ -138,12 +138,12 @@ async def test_a_runs_namespaces_and_group_are_let_go_once_its_processes_are_gon
             result = await runtime.run(make_request("sleep 60 & setsid sleep 60 & echo x", workspace_id="ns"))
             assert result.stdout == "x\n"
             await runtime.idle()
-        if isinstance(runtime._cgroups, str):
-            unavailable(f"no run groups on this host: {runtime._cgroups}")
+        if runtime.groups.missing is not None:
+            unavailable(f"no run groups on this host: {runtime.groups.missing}")
         # runs in the workspace's held sandbox leave the worker no namespace of theirs to hold
         assert _mount_namespaces_held() == held, "the worker holds the namespaces of ended runs"
         # the last run's group is kept at once and taken by the next run's shell, which alone is in it
-        kept = runtime._cgroups._idle.get("ns", [])
+        kept = runtime.groups.pool._idle.get("ns", [])
         assert all(group.procs() == [] for group in kept)
         waiting = runtime._spawners["ns"].waiting_shell
         assert waiting.cgroup.procs() == [await waiting.spawned.started()]

@@ -18,13 +18,12 @@ from typing import Literal
 from worker import defaults
 from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
-from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, RunCgroup
+from worker.cgroups import CgroupError, CgroupLimits
 from worker.contract import RunRequest, RuntimeName
 from worker.egress import proxy_environment, run_allow_list
 from worker.egress.serving import serving_sandbox
 from worker.environments import SkillEnvironments, local_environments
 from worker.errors import InvalidRunRequestError, SpawnerError
-from worker.launcher import Launcher, LauncherPool
 from worker.process import (
     SETPRIV_HARDENING,
     ProcessOutcome,
@@ -37,7 +36,8 @@ from worker.process import (
 from worker.ready_shell import ReadyShell
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
-from worker.sandbox import SandboxSpec, find_bwrap
+from worker.runtimes.run_groups import RunGroups
+from worker.sandbox import SandboxSpec
 from worker.spawner import Spawner, spawner_python
 from worker.staging import BaseSkillStager
 from worker.user_network import find_slirp4netns
@@ -110,10 +110,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self.cpus = cpus
         self._bash: str | None = None
         self._spawners: OrderedDict[str, Spawner] = OrderedDict()
-        self._cgroups: CgroupPool | str | None = None
+        self.groups = RunGroups(self._in_background)
         self._placements: set[asyncio.Task] = set()
-        self._endings: set[asyncio.Future] = set()
-        self._launchers: LauncherPool | None = None
         self._next_shells: dict[str, tuple[Spawner, str, dict[str, str], str]] = {}
 
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
@@ -161,9 +159,9 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         shell = await self._ready_shell(spawner, argv[0], script, env, cwd, limits, workspace.id) if spawner else None
         if held and shell is None:  # a held sandbox's spawner starts nothing but placed shells: a sandbox of its own
             spawner = None
-        launcher = self._take_launcher(limits) if shell is None and sandbox is not None else None
+        launcher = self.groups.take_launcher(limits) if shell is None and sandbox is not None else None
         cgroup = shell.cgroup if shell is not None else launcher.cgroup if launcher is not None else \
-            self._new_cgroup(workspace.id, sandbox, limits)
+            self.groups.new_group(workspace.id, limits) if sandbox is not None else None
         oom_kills = 0
         outcome: ProcessOutcome | None = None
         try:
@@ -181,7 +179,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 self._next_shells[workspace.id] = (spawner, argv[0], env, cwd)
             if cgroup is not None:
                 oom_kills = cgroup.oom_kills()
-                self._retire_after(outcome.gone if outcome is not None else None, workspace.id, cgroup)
+                self.groups.retire_after(outcome.gone if outcome is not None else None, workspace.id, cgroup)
         if sandbox is not None:
             self._report_limits(outcome, request, oom_kills)
         return outcome
@@ -229,8 +227,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         except SpawnerError:
             await self._leave(spawner, workspace_id, None)
             return None
-        cgroup = self._cgroups.take(workspace_id)
-        shell.on_release = lambda released: self._retire(workspace_id, cgroup)
+        cgroup = self.groups.take(workspace_id)
+        shell.on_release = lambda released: self.groups.retire(workspace_id, cgroup)
         if not await shell.place(cgroup):
             await self._leave(spawner, workspace_id, None)
             return None
@@ -255,39 +253,13 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         networking (never the host's)."""
         if not self.sandbox or workspace.uid is None:
             return None
-        if self._cgroups is None:
-            await asyncio.to_thread(find_bwrap)  # checked once: installed, and able to make its namespaces
-            tree = await asyncio.to_thread(CgroupTree.detect)
-            self._cgroups = CgroupPool(tree) if isinstance(tree, CgroupTree) else tree
-            if isinstance(self._cgroups, CgroupPool) and find_setpriv() is not None:
-                self._launchers = LauncherPool(self._bash or find_bash(), self._cgroups, network_off_prefix())
-                self._in_background(self._launchers.refill)
+        await self.groups.start(self._bash or find_bash())
         if request.network:
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
         shown = tuple(str(folder) for folder in (source, environment) if folder is not None)
         return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes, network=request.network,
                            served=bool(request.egress))
-
-    def _new_cgroup(self, workspace_id: str, sandbox: SandboxSpec | None, limits: CgroupLimits) -> RunCgroup | None:
-        """A control group for a run started now, with its limits; ``None`` where there are none."""
-        if sandbox is None or not isinstance(self._cgroups, CgroupPool):
-            return None
-        cgroup = self._cgroups.take(workspace_id)
-        try:
-            cgroup.set_limits(limits)
-        except CgroupError:
-            self._retire(workspace_id, cgroup)
-            raise
-        return cgroup
-
-    def _take_launcher(self, limits: CgroupLimits) -> Launcher | None:
-        """A launcher waiting in a run group of its own held to ``limits`` (``worker.launcher``), for a run starting
-        a sandbox of its own; another is made in the background. ``None`` if none is ready."""
-        launcher = self._launchers.take(limits) if self._launchers is not None else None
-        if launcher is not None:
-            self._in_background(self._launchers.refill)
-        return launcher
 
     def _prepare_next_run(self, workspace_id: str) -> None:
         """Once a run's result has gone out: its workspace's next run folder, and the next run's ready shell (its
@@ -305,46 +277,16 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         shell = spawner.prepare_shell(bash, env, cwd)
         if shell is None or shell.sandbox is None:
             return
-        cgroup = self._cgroups.take(workspace_id)
-        shell.on_release = lambda released: self._retire(workspace_id, cgroup)
+        cgroup = self.groups.take(workspace_id)
+        shell.on_release = lambda released: self.groups.retire(workspace_id, cgroup)
         task = shell.placement = asyncio.get_running_loop().create_task(shell.place(cgroup))
         self._placements.add(task)
         task.add_done_callback(self._placements.discard)
 
-    def _retire_after(self, gone: asyncio.Future | None, workspace_id: str, cgroup: RunCgroup) -> None:
-        """Retire a run's control group once its processes are gone (``ProcessOutcome.gone``; a sandboxed run's
-        result comes while they are still ending), or once its result is on its way."""
-        if gone is None:
-            asyncio.get_running_loop().call_soon(self._retire, workspace_id, cgroup)
-            return
-        self._endings.add(gone)
-        gone.add_done_callback(self._endings.discard)
-        gone.add_done_callback(lambda _: self._retire(workspace_id, cgroup))
-
-    def _retire(self, workspace_id: str, cgroup: RunCgroup) -> None:
-        """Once a run's processes are gone, keep its control group for the workspace's next run, or remove it;
-        and have spare groups ready for new workspaces (in the background; here once the runtime is closed). A
-        group already empty (``RunCgroup.empty``) is kept at once: no thread is woken as a result goes out."""
-        pool = self._cgroups
-        if not isinstance(pool, CgroupPool):
-            cgroup.remove()
-            return
-        if cgroup.empty():
-            surplus = pool.keep(workspace_id, cgroup)
-        elif self._in_background(pool.give_back, workspace_id, cgroup):
-            surplus = []
-        else:
-            surplus = [cgroup]
-        for extra in surplus:
-            if not self._in_background(extra.remove):
-                extra.remove()
-        if pool.short:
-            self._in_background(pool.refill)
-
     def _report_limits(self, outcome: ProcessOutcome, request: RunRequest, oom_kills: int) -> None:
         """Say in the result when the run's limits held only per process, or when it went past its memory."""
-        if isinstance(self._cgroups, str):
-            outcome.notes.append(f"memory, process and CPU limits held per process only: {self._cgroups}")
+        if self.groups.missing is not None:
+            outcome.notes.append(f"memory, process and CPU limits held per process only: {self.groups.missing}")
         if oom_kills:
             outcome.oom_killed = True
             outcome.notes.append(
@@ -359,7 +301,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         it (that run, of any skill, goes on; this one gets a sandbox of its own)."""
         if workspace.uid is None or self.spawner_mode == "off":
             return None
-        if sandbox is not None and not isinstance(self._cgroups, CgroupPool):
+        if sandbox is not None and not self.groups.available:
             return None
         stopped: list[Spawner] = []
         with self._lock:
@@ -398,15 +340,15 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self._drop_spawner(workspace.id)
         if workspace.uid is not None:
             kill_user_processes(workspace.uid)
-        if isinstance(self._cgroups, CgroupPool):
-            self._cgroups.drop(workspace.id)
+        self.groups.drop(workspace.id)
 
     async def idle(self) -> None:
         """Wait until background work is done: spare run folders, the ready shells being started, and the last runs'
         control groups, handed back once their processes are gone."""
         await asyncio.sleep(0)  # the next ready shells, asked for as the last runs ended, are under way
-        if self._placements or self._endings:
-            await asyncio.gather(*self._placements, *self._endings, return_exceptions=True)
+        if self._placements:
+            await asyncio.gather(*self._placements, return_exceptions=True)
+        await self.groups.ended()
         await super().idle()
         with self._lock:
             shells = [spawner.waiting_shell for spawner in self._spawners.values()]
@@ -415,16 +357,13 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 await shell.wait_up()
 
     async def close(self) -> None:
-        launchers, self._launchers = self._launchers, None
+        await self.groups.close_launchers()
         await super().close()
         with self._lock:
             spawners = list(self._spawners.values())
             self._spawners.clear()
         for spawner in spawners:
             await asyncio.to_thread(spawner.close)
-        if launchers is not None:
-            await asyncio.to_thread(launchers.close)
-        if isinstance(self._cgroups, CgroupPool):
+        if self.groups.available:
             await self.idle()  # the groups of the runs just ended come back first
-            pool, self._cgroups = self._cgroups, None  # a run after close makes its groups anew
-            await asyncio.to_thread(pool.close)
+            await self.groups.close()
