@@ -9,6 +9,7 @@ import base64
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
+from orchestrator.api.file_paths import FILE_NAME
 from orchestrator.api.routes.runs import FileName, RunId, artifact_file, event_stream, output_file, team_run
 from orchestrator.api.services import Services, get_services
 from orchestrator.console.auth import PREFIX, ConsoleError, checked, signed_in
@@ -95,13 +96,13 @@ async def run_events(run_id: str = RunId, team: Team = Depends(signed_in),
     return StreamingResponse(event_stream(services, run_id), media_type="text/event-stream")
 
 
-@router.get("/{run_id}/files/{name:path}", response_class=Response)
+@router.get(f"/{{run_id}}/files/{FILE_NAME}", response_class=Response)
 async def run_file(run_id: str = RunId, name: str = FileName, team: Team = Depends(signed_in),
                    services: Services = Depends(get_services)) -> Response:
     return output_file(await _team_run(services, run_id, team), name)
 
 
-@router.get("/{run_id}/artifacts/{name:path}", response_class=StreamingResponse)
+@router.get(f"/{{run_id}}/artifacts/{FILE_NAME}", response_class=StreamingResponse)
 async def run_artifact(run_id: str = RunId, name: str = FileName, team: Team = Depends(signed_in),
                        services: Services = Depends(get_services)) -> StreamingResponse:
     return await artifact_file(services, await _team_run(services, run_id, team), name)

@@ -7,12 +7,14 @@ import base64
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -376,3 +378,19 @@ async def test_with_teams_in_redis_too_every_route_answers_503_while_redis_is_aw
         await services.close()
     finally:
         server.stop()
+
+
+async def test_files_and_artifacts_whose_names_hold_a_line_break_or_odd_characters_are_served(client):
+    # A run may name its files anything a file system allows: what the result lists, the API serves.
+    names = ["out/two\nlines.txt", "out/tab\there.txt", "out/100% sure?.txt", "out/#hash.txt", "out/ünï.txt"]
+    command = "; ".join(f"printf %s {shlex.quote(name)} > {shlex.quote(name)}" for name in names)
+    body = {"skill": "python-math", "command": command, "output_files": ["out/*"], "save_as_artifacts": True}
+    run_id = (await client.post("/v1/runs", json=body)).json()["id"]
+    done = (await client.get(f"/v1/runs/{run_id}", params={"wait": 30})).json()
+    assert sorted(f["name"] for f in done["result"]["output_files"]) == sorted(names), done["result"]
+    for name in names:
+        quoted = urllib.parse.quote(name)
+        served = await client.get(f"/v1/runs/{run_id}/files/{quoted}")
+        assert (served.status_code, served.text) == (200, name), (name, served.text)
+        artifact = await client.get(f"/v1/runs/{run_id}/artifacts/{quoted}")
+        assert (artifact.status_code, artifact.text) == (200, name), (name, artifact.text)

@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from orchestrator.api import run_ids
 from orchestrator.api.auth import current_team
 from orchestrator.api.environments import not_ready
+from orchestrator.api.file_paths import FILE_NAME
 from orchestrator.api.responses import UNAVAILABLE_RETRY_AFTER_SECONDS, ErrorPublic, error_responses
 from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
@@ -256,7 +257,7 @@ async def event_stream(services: Services, run_id: str) -> AsyncIterator[str]:
         yield _sse("closing", {"reason": "the API is shutting down; follow the run again"})
 
 
-@router.get("/{run_id}/files/{name:path}", response_class=Response,
+@router.get(f"/{{run_id}}/files/{FILE_NAME}", response_class=Response,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."}, **FOUND})
 async def get_file(run_id: str = RunId, name: str = FileName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> Response:
     """An output file of a finished run, with its MIME type (``X-Skillrun-Truncated`` when it was capped)."""
@@ -276,7 +277,7 @@ def output_file(record: RunRecord, name: str) -> Response:
         "X-Skillrun-Truncated": str(found.truncated).lower(), **served_headers(found.mime_type, name)})
 
 
-@router.get("/{run_id}/artifacts/{name:path}", response_class=StreamingResponse,
+@router.get(f"/{{run_id}}/artifacts/{FILE_NAME}", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."}, **FOUND})
 async def get_artifact(run_id: str = RunId, name: str = FileName, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
     """An artifact a run saved, byte for byte, with its MIME type and length, streamed from the artifact store (404
