@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from contextlib import AbstractAsyncContextManager
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -122,12 +123,31 @@ async def _whole_body(receive: Receive) -> bytes:
 
 def _unparsable(body: bytes) -> str | None:
     """Why ``body`` is no JSON, or ``None``: a parse error the SDK would answer 500 (nesting past the parser's
-    depth, bytes that are not UTF-8, integers past Python's digit limit) is answered 400 here."""
+    depth, bytes that are not UTF-8, integers past Python's digit limit) is answered 400 here, and so is a number
+    that is not finite (``NaN``, ``Infinity``, ``1e999``), which the SDK would pass on as null: a tool's argument
+    would silently become its default."""
     try:
-        json.loads(body)
+        json.loads(body, parse_constant=_not_finite, parse_float=_finite)
+    except NonFiniteNumber as exc:
+        return f"Parse error: {exc} is not a finite number; JSON numbers must be finite"
     except (ValueError, RecursionError) as exc:
         return f"Parse error: the body is not JSON the server can read ({type(exc).__name__})"
     return None
+
+
+class NonFiniteNumber(ValueError):
+    """A number in a request that is not finite (its text is the message)."""
+
+
+def _not_finite(token: str) -> float:
+    raise NonFiniteNumber(token)
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise NonFiniteNumber(text[:40])
+    return number
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:

@@ -767,19 +767,18 @@ async def test_mcp_bad_skill_run_arguments_are_error_results_naming_the_problem(
     assert api.alive(alpha)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a timeout of NaN, Infinity, -Infinity or 1e999 is not refused: the SDK re-validates each request through"
-    " model_dump(mode='json'), where pydantic writes non-finite floats as null, so skill_run sees no timeout and the"
-    " run goes ahead with the default (300 s) instead of an error naming the timeout"))
-async def test_mcp_a_non_finite_timeout_is_an_error_result_not_the_default(api):
+async def test_mcp_a_non_finite_timeout_is_refused_not_run_with_the_default(api):
+    # The SDK would pass NaN, Infinity or 1e999 on as null, and the run would go ahead with the default timeout.
     alpha = api.key("alpha")
     session = api.open(alpha)
     for number in ("NaN", "Infinity", "-Infinity", "1e999"):
         body = ('{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "skill_run", "arguments": '
                 '{"skill": "notes", "command": "touch $WORK_DIR/ran-' + number + '", '
                 '"timeout": ' + number + "}}}").encode()
-        result = api.post(alpha, session, body).json()["result"]
-        assert result.get("isError") and "timeout" in result["content"][0]["text"], (number, result)
+        answer = api.post(alpha, session, body)
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and error["code"] == -32700, (number, answer.text)
+        assert f"{number} is not a finite number" in error["message"], (number, error)
     assert "ran" not in api.run(alpha, session, "ls $WORK_DIR")["stdout"]
 
 
