@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.types import PARSE_ERROR
+from mcp.types import INVALID_REQUEST, PARSE_ERROR
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -84,7 +85,14 @@ class McpEndpoint:
                                    status_code=400)(scope, receive, send)
                 return
             receive = _replaying(body, receive)
+            if session_id := headers.get(MCP_SESSION_ID_HEADER):
+                send = _ended_session_answered(send, lambda: self._ended(session_id))
         await self.sessions.handle_request(scope, receive, send)
+
+    def _ended(self, session_id: str) -> bool:
+        """Whether the session ``session_id`` has ended (its client's DELETE, or its idle time)."""
+        transport = self.sessions._server_instances.get(session_id)
+        return transport is None or transport.is_terminated
 
     def _full(self, team: Team) -> bool:
         """Whether ``team`` holds ``team_sessions`` sessions already (the sessions by their opener, as the SDK
@@ -148,6 +156,28 @@ def _finite(text: str) -> float:
     if not math.isfinite(number):
         raise NonFiniteNumber(text[:40])
     return number
+
+
+def _ended_session_answered(send: Send, ended: Callable[[], bool]) -> Send:
+    """``send`` where the 500 the SDK answers a call whose session ended under it (the call's stream closed with no
+    response: 'No response received') becomes the 404 any request of an ended session gets."""
+    replaced = False
+
+    async def guarded(message: Message) -> None:
+        nonlocal replaced
+        if message["type"] == "http.response.start" and message["status"] >= 500 and ended():
+            replaced = True
+            await JSONResponse({"jsonrpc": "2.0", "id": None, "error": {
+                "code": INVALID_REQUEST, "message": "the session ended while the call was running"}},
+                status_code=404)({"type": "http"}, _no_body, send)
+        elif not replaced:  # the SDK's own body of a replaced answer is dropped
+            await send(message)
+
+    return guarded
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:

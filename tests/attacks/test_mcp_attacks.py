@@ -556,10 +556,6 @@ async def test_mcp_delete_mid_run_cancels_the_run_kills_what_it_detached_and_rem
     assert api.post(alpha, session, {"jsonrpc": "2.0", "id": 2, "method": "ping"}).status_code == 404  # ended
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a call still going when its client ends the session (DELETE) is answered 500 'Error processing request: No"
-    " response received': with json_response=True (orchestrator/api/mcp.py) the SDK's JSON-response path treats the"
-    " closed request stream as a server error; it should answer a 4xx or a JSON-RPC error"))
 async def test_mcp_a_call_cut_short_by_its_sessions_delete_is_not_answered_500(api):
     alpha = api.key("alpha")
     session = api.open(alpha)
@@ -570,7 +566,7 @@ async def test_mcp_a_call_cut_short_by_its_sessions_delete_is_not_answered_500(a
         assert api.delete(alpha, session).status_code == 200
         answer = await asyncio.wait_for(call, HANG_GUARD)
     assert await asyncio.to_thread(wait_none_with, argument, 15)
-    assert answer.status_code < 500, (answer.status_code, answer.text)
+    assert answer.status_code == 404 and "session ended" in answer.json()["error"]["message"], answer.text
 
 
 async def test_mcp_an_idle_session_is_ended_and_its_workspace_removed(start_api, work_root):
