@@ -73,8 +73,9 @@ async def test_a_runs_detached_processes_are_gone_before_the_next_run_of_its_wor
     result = await _run(held, make_request, detach, "leftover")
     assert result.stdout == "left\n"
     assert wait_none_with(marker, 0.5), "a detached process of the run outlived it"
-    found = await _run(held, make_request, f"ps -eo pid=,args= | grep -c {marker} || true", "leftover")
-    assert found.stdout.strip() == "1"  # the grep itself
+    # A whole-line match: grep's own line never matches (whether ps saw grep yet is a race of the pipeline).
+    found = await _run(held, make_request, f"ps -eo args= | grep -cx '{sleep}' || true", "leftover")
+    assert found.stdout.strip() == "0", found
 
 
 async def test_a_run_sees_no_process_of_another_run_or_shell_in_its_held_sandbox(held, make_request):
