@@ -13,9 +13,9 @@ versions are handled:
   delegate from, v2 limits are not available and ``CgroupTree.detect`` says why.
 
 A run group is made ahead (off the run's path), its limits are written when the run starts (only those that
-changed), and once the run's processes are gone it is kept for its workspace's next run (``CgroupPool``) or
-removed. Each runtime's groups live in a folder of its own (``skillrun/<token>/run-<token>``), removed when the
-runtime closes; the folders a killed worker left are swept by the next one to start on the host.
+changed), and once the run's processes are gone it is kept for its workspace's next run (``worker.cgroup_pool``)
+or removed. Each runtime's groups live in a folder of its own (``skillrun/<token>/run-<token>``), removed when
+the runtime closes; the folders a killed worker left are swept by the next one to start on the host.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ import errno
 import fcntl
 import os
 import secrets
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +37,6 @@ V1_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_MICROSECONDS = 100_000
 EMPTY_ATTEMPTS = 20
 EMPTY_PAUSE_SECONDS = 0.05
-MAX_IDLE_GROUPS = 128
-"""Run groups kept between runs (``CgroupPool``), at most."""
-IDLE_PER_OWNER = 2
-SPARE_GROUPS = 2
 
 
 @dataclass(frozen=True)
@@ -306,85 +300,6 @@ class RunCgroup:
                     return False
                 raise CgroupError(f"cannot remove control group {path}: {exc.strerror}") from exc
         return True
-
-
-class CgroupPool:
-    """Run groups kept between runs, each for one owner (a workspace), and a few never used for new owners.
-
-    Making and removing a memory control group costs the kernel about a millisecond of work, which lands on the
-    runs of the moment; a group kept empty between two runs of its workspace costs nothing. A group serves its
-    owner's runs only, so nothing a run left charged to it (page cache of its files) counts against another
-    tenant. At most ``MAX_IDLE_GROUPS`` are kept (the least recently used owners' go first)."""
-
-    def __init__(self, tree: CgroupTree) -> None:
-        self.tree = tree
-        self._idle: OrderedDict[str, list[RunCgroup]] = OrderedDict()
-        self._spare: list[RunCgroup] = []
-        self._lock = threading.Lock()
-
-    def take(self, owner: str) -> RunCgroup:
-        """A group for a run of ``owner``: one it used before, a spare, or a new one."""
-        with self._lock:
-            kept = self._idle.get(owner)
-            group = kept.pop() if kept else (self._spare.pop() if self._spare else None)
-            if kept == []:
-                del self._idle[owner]
-        group = group or self.tree.new_group()
-        group.begin()
-        return group
-
-    def give_back(self, owner: str, group: RunCgroup) -> None:
-        """Keep ``group`` for ``owner``'s next run once its processes are gone, or remove it (blocks: a thread's)."""
-        for extra in self.keep(owner, group) if group.wait_empty() else [group]:
-            extra.remove()
-
-    def keep(self, owner: str, group: RunCgroup) -> list[RunCgroup]:
-        """Keep the empty ``group`` for ``owner``'s next run, at once; the groups left over, for the caller to remove."""
-        with self._lock:
-            kept = self._idle.setdefault(owner, [])
-            self._idle.move_to_end(owner)
-            if len(kept) >= IDLE_PER_OWNER:
-                return [group]
-            kept.append(group)
-            return self._evict()
-
-    @property
-    def short(self) -> bool:
-        """Whether fewer spare groups than wanted are ready (``refill`` makes them)."""
-        return len(self._spare) < SPARE_GROUPS
-
-    def refill(self) -> None:
-        """Make the spare groups new owners take (blocks: a thread's)."""
-        while True:
-            with self._lock:
-                if len(self._spare) >= SPARE_GROUPS:
-                    return
-            group = self.tree.new_group()
-            with self._lock:
-                self._spare.append(group)
-
-    def drop(self, owner: str) -> None:
-        """Remove the groups kept for ``owner`` (its workspace is gone)."""
-        with self._lock:
-            groups = self._idle.pop(owner, [])
-        for group in groups:
-            group.remove()
-
-    def close(self) -> None:
-        """Remove every kept group."""
-        with self._lock:
-            groups = [g for kept in self._idle.values() for g in kept] + self._spare
-            self._idle.clear()
-            self._spare = []
-        for group in groups:
-            group.remove()
-        self.tree.close()
-
-    def _evict(self) -> list[RunCgroup]:
-        evicted: list[RunCgroup] = []
-        while sum(len(kept) for kept in self._idle.values()) > MAX_IDLE_GROUPS:
-            evicted += self._idle.popitem(last=False)[1]
-        return evicted
 
 
 def group_procs(procs_file: str | os.PathLike[str]) -> list[int]:

@@ -20,7 +20,8 @@ import signal
 import subprocess
 import threading
 
-from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, RunCgroup
+from worker.cgroup_pool import CgroupPool
+from worker.cgroups import CgroupError, CgroupLimits, RunCgroup
 from worker.sandbox import SandboxStart
 
 SPARE_LAUNCHERS = 2

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.services import unavailable
-from worker.cgroups import CgroupPool, CgroupTree
+from worker.cgroup_pool import CgroupPool
+from worker.cgroups import CgroupTree
 
 pytestmark = pytest.mark.root
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from worker.cgroups import CgroupError, CgroupLimits, CgroupPool, CgroupTree, RunCgroup
+from worker.cgroup_pool import CgroupPool
+from worker.cgroups import CgroupError, CgroupLimits, CgroupTree, RunCgroup
 from worker.launcher import Launcher, LauncherPool
 from worker.process import find_setpriv, network_off_prefix
 from worker.sandbox import find_bwrap
