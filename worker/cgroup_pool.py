@@ -45,7 +45,8 @@ class CgroupPool:
             extra.remove()
 
     def keep(self, owner: str, group: RunCgroup) -> list[RunCgroup]:
-        """Keep the empty ``group`` for ``owner``'s next run, at once; the groups left over, for the caller to remove."""
+        """Keep the empty ``group`` for ``owner``'s next run, at once; the groups left over, for the caller to
+        remove."""
         with self._lock:
             kept = self._idle.setdefault(owner, [])
             self._idle.move_to_end(owner)

@@ -258,9 +258,10 @@ class RunCgroup:
             return -1
 
     def empty(self) -> bool:
-        """Whether the group holds no live process. The task count is read first; it lags a reaped process by an
-        RCU grace period (milliseconds), so where it is not 0 the group's process list says (it lists no process
-        that has exited; kept open and read anew from its start, as fast as the counter)."""
+        """Whether the group holds no live process. The task count is read first; it also counts processes that
+        have exited but are not reaped yet (a sandbox's init left to the host's init) or not released yet (an RCU
+        grace period after the reap), so where it is not 0 the group's process list says (it lists no process that
+        has exited; kept open and read anew from its start, as fast as the counter)."""
         if self.tasks() == 0:
             return True
         try:

@@ -159,8 +159,8 @@ def _finite(text: str) -> float:
 
 
 def _ended_session_answered(send: Send, ended: Callable[[], bool]) -> Send:
-    """``send`` where the 500 the SDK answers a call whose session ended under it (the call's stream closed with no
-    response: 'No response received') becomes the 404 any request of an ended session gets."""
+    """``send`` where the 500 the SDK answers a call whose session ended under it (its DELETE or idle time closed
+    the call's stream: 'Error processing request') becomes the 404 any request of an ended session gets."""
     replaced = False
 
     async def guarded(message: Message) -> None:

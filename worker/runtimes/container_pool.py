@@ -14,12 +14,12 @@ a warm container but its executor, and its folder is empty; it serves one worksp
 
 The pool holds at most ``size`` containers (a container holds its executor, ~10 MB, and the engine's share), is
 refilled in the background after each take, and renews what it holds once it is ``max_age`` old (half the idle
-time, so other workers' idle reapers, which remove a gone worker's warm containers older than the idle time, leave a
-live pool's alone). A container's age counts from before it was made, as the engine's creation time does; a
+time, so other workers' idle reapers, which remove a gone worker's warm containers older than the idle time, leave
+a live pool's alone). A container's age counts from before it was made, as the engine's creation time does; a
 replacement is made before the container it replaces is removed (the pool holds one more meanwhile), so a live
-pool is never seen empty. It drops containers whose executor ended (an engine restart: the pool is filled again), makes no
-more for an image that cannot run the executor, and removes what it holds at ``close`` (a container being made
-is finished first, then removed). ``size`` 0 turns it off.
+pool is never seen empty. It drops containers whose executor ended (an engine restart: the pool is filled again),
+makes no more for an image that cannot run the executor, and removes what it holds at ``close`` (a container being
+made is finished first, then removed). ``size`` 0 turns it off.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from worker.errors import RuntimeUnavailableError
 from worker.runtimes.container_boxes import Box, Boxes
@@ -52,7 +52,8 @@ class Warm:
     template: Template
     folder: Workspace
     box: Box
-    made: float = field(default_factory=time.monotonic)
+    made: float
+    """When its make began (``time.monotonic``): its age counts from there, as the engine's creation time does."""
 
 
 class WarmPool:
@@ -199,7 +200,7 @@ class WarmPool:
 
     def _make(self, template: Template) -> Warm:
         image, roots = template
-        started = time.monotonic()  # its age counts from here, as the engine's creation time of it does
+        started = time.monotonic()
         folder = self.workspaces.reserve()
         try:
             mounts = {root: _inode(root) for root in roots}
