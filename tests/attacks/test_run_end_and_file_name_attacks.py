@@ -13,6 +13,7 @@ import uuid
 import httpx
 import pytest
 
+from tests.attacks.console_fixtures import asgi
 from tests.attacks.held import PID_NAMESPACE, py, run, warm_held
 from tests.attacks.test_mcp_attacks import (  # noqa: F401 - shared fixtures
     _post_in_background,
@@ -203,25 +204,8 @@ async def _finished(client, body: dict) -> dict:  # noqa: F811
 async def _raw_get(client, raw: str) -> httpx.Response:  # noqa: F811
     """GET ``raw`` (a path, percent-encoded as sent) straight into the app, as a server hands it over: httpx would
     remove ``.`` and ``..`` segments first."""
-    app = client._transport.app
-    started: dict = {}
-    body = bytearray()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-             "path": urllib.parse.unquote(raw), "raw_path": raw.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"t"), *[(k.lower().encode(), v.encode()) for k, v in client.headers.items()]],
-             "client": ("127.0.0.1", 1), "server": ("t", 80)}
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict) -> None:
-        if message["type"] == "http.response.start":
-            started.update(message)
-        elif message["type"] == "http.response.body":
-            body.extend(message.get("body", b""))
-
-    await app(scope, receive, send)
-    return httpx.Response(started["status"], headers=started.get("headers", []), content=bytes(body))
+    status, headers, body = await asgi(client._transport.app, "GET", raw, list(client.headers.items()))
+    return httpx.Response(status, headers=headers, content=body)
 
 
 async def test_run_file_routes_serve_only_the_runs_own_files_whatever_the_name_and_never_inject_headers(
