@@ -35,6 +35,7 @@ from orchestrator.skills.skill import (
     SkillSummary,
     list_docs,
     load_skill,
+    read_skill_file,
     split_front_matter,
     validate_summary,
 )
@@ -351,11 +352,7 @@ class CachedSkillRepository(FsSkillRepository):
 
 
 def _read_summary(skill_file: Path) -> SkillSummary:
-    try:
-        text = skill_file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SkillValidationError(str(skill_file), "encoding", "SKILL.md must be UTF-8 text") from exc
-    data, _ = split_front_matter(text, str(skill_file))
+    data, _ = split_front_matter(read_skill_file(skill_file), str(skill_file))
     return validate_summary(data, str(skill_file))
 
 

@@ -11,10 +11,18 @@ declares::
 
 The section ends at a Markdown heading (``## Usage``) or a plain paragraph. Docs are the skill folder's other
 ``.md`` and ``.txt`` files.
+
+A ``SKILL.md`` is untrusted input, so what parsing it costs is bounded by its size: the file is read up to
+``MAX_SKILL_FILE_BYTES`` and its front matter up to ``MAX_FRONT_MATTER_BYTES``; YAML aliases (``*name``, and so
+merge keys) are refused, since a few hundred bytes of nested aliases expand to gigabytes once a value is turned into
+text; and the front matter's values are made plain JSON values (dates as ISO text, keys as text), so every reader —
+the API, MCP, the console — can serve them; binary values, sets and numbers that are not finite are refused.
 """
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -34,6 +42,10 @@ EGRESS_KEY = "egress"
 MAX_NAME_LENGTH = 64
 MAX_DESCRIPTION_LENGTH = 1024
 MAX_DOC_BYTES = 1024 * 1024
+MAX_SKILL_FILE_BYTES = 1024 * 1024
+"""The largest ``SKILL.md`` read (front matter and body)."""
+MAX_FRONT_MATTER_BYTES = 64 * 1024
+"""The largest front matter parsed (a few hundred bytes is usual)."""
 DOC_SUFFIXES = (".md", ".txt")
 NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _TOOLS_HEADER = re.compile(r"^\s*(?:#{1,6}\s*)?\**Tools\**:?\**\s*$", re.IGNORECASE)
@@ -116,8 +128,26 @@ def _check_egress(declared: object, path: str) -> None:
         raise SkillValidationError(path, f"metadata.{EGRESS_KEY}", str(exc)) from None
 
 
+def read_skill_file(skill_file: Path) -> str:
+    """The text of a ``SKILL.md``, read up to ``MAX_SKILL_FILE_BYTES``; ``SkillValidationError`` when it is larger,
+    not UTF-8 or cannot be read."""
+    path = str(skill_file)
+    try:
+        with open(skill_file, "rb") as file:
+            data = file.read(MAX_SKILL_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SkillValidationError(path, "file", f"cannot be read: {exc.strerror}") from exc
+    if len(data) > MAX_SKILL_FILE_BYTES:
+        raise SkillValidationError(path, "file", f"is larger than {MAX_SKILL_FILE_BYTES} bytes; keep long material "
+                                                 "in the skill's docs")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SkillValidationError(path, "encoding", "SKILL.md must be UTF-8 text") from exc
+
+
 def split_front_matter(text: str, path: str) -> tuple[dict, str]:
-    """Return (front matter mapping, body) of a ``SKILL.md`` text."""
+    """Return (front matter mapping, body) of a ``SKILL.md`` text (bounded as the module's description says)."""
     import yaml  # here: a listing from kept summaries parses nothing and need not load it
 
     text = text.removeprefix("\ufeff")
@@ -130,19 +160,77 @@ def split_front_matter(text: str, path: str) -> tuple[dict, str]:
             break
     else:
         raise SkillValidationError(path, "front matter", "the front matter has no closing '---' line")
+    size = len(header.encode("utf-8", "surrogatepass"))
+    if size > MAX_FRONT_MATTER_BYTES:
+        raise SkillValidationError(path, "front matter", f"is {size} bytes; at most {MAX_FRONT_MATTER_BYTES} are "
+                                                         "allowed (keep long material in the body or the docs)")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when PyYAML was built with it
     try:
-        # libyaml's parser when PyYAML was built with it
-        data = yaml.load(header, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+        for event in yaml.parse(header, Loader=loader):  # events only: an alias is refused before it is expanded
+            if isinstance(event, yaml.AliasEvent):
+                line = f" (line {event.start_mark.line + 2})" if event.start_mark is not None else ""
+                raise SkillValidationError(path, "front matter", f"YAML aliases are not allowed{line}: write the "
+                                                                 "value out where it is used")
+        data = yaml.load(header, Loader=loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 2})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SkillValidationError(path, "front matter", f"malformed YAML{where}: {problem}") from exc
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        # a scalar its tag or shape promises but its text is not (``2024-13-45``, ``!!int 0x``, 5,000 digits)
+        raise SkillValidationError(path, "front matter", f"malformed YAML: a value cannot be read ({exc})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SkillValidationError(path, "front matter", "the front matter must be a YAML mapping of fields")
-    return data, body
+    return _plain(data, path), body
+
+
+def _plain(data: dict, path: str) -> dict:
+    """``data`` with every value a JSON value: dates and times as ISO text, mapping keys as text; a value of
+    another kind (binary, a set, a number that is not finite) refused, naming where it is. Walked without
+    recursion (the pure-Python loader nests as deep as the text does)."""
+    top: dict = {}
+    pending: list[tuple[dict | list, dict | list, str]] = [(data, top, "")]
+    while pending:
+        source, target, where = pending.pop()
+        if isinstance(source, dict):
+            items = [(_key(key, where, path), value) for key, value in source.items()]
+        else:
+            items = list(enumerate(source))
+        for key, value in items:
+            at = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else key
+            if isinstance(value, (dict, list)):
+                inner, value = value, {} if isinstance(value, dict) else []
+                pending.append((inner, value, at))
+            else:
+                value = _scalar(value, at, path)
+            if isinstance(target, dict):
+                target[key] = value
+            else:
+                target.append(value)
+    return top
+
+
+def _key(key: object, where: str, path: str) -> str:
+    """A mapping key as text, as JSON writes one (``1``, ``true``, ``null``, a date's ISO text)."""
+    key = _scalar(key, where or "front matter", path)
+    if isinstance(key, str):
+        return key
+    return "null" if key is None else str(key).lower() if isinstance(key, bool) else str(key)
+
+
+def _scalar(value: object, where: str, path: str) -> object:
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SkillValidationError(path, where, "is not a finite number")
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    kind = {bytes: "binary data (!!binary)", set: "a set (!!set)"}.get(type(value), type(value).__name__)
+    raise SkillValidationError(path, where, f"is {kind}; front matter values are text, numbers, booleans, lists "
+                                            "and mappings")
 
 
 def validate_summary(data: dict, path: str) -> SkillSummary:
@@ -227,13 +315,7 @@ def load_skill(skill_dir: Path, root: Path) -> Skill:
     inside = os.path.realpath(skill_dir)
     if os.path.commonpath([inside, os.path.realpath(skill_file)]) != inside:
         raise SkillValidationError(path, "file", "is a link out of the skill's folder")
-    try:
-        text = skill_file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SkillValidationError(path, "encoding", "SKILL.md must be UTF-8 text") from exc
-    except OSError as exc:
-        raise SkillValidationError(path, "file", f"cannot be read: {exc.strerror}") from exc
-    data, body = split_front_matter(text, path)
+    data, body = split_front_matter(read_skill_file(skill_file), path)
     summary = validate_summary(data, path)
     allowed = data.get("allowed-tools") or []
     if isinstance(allowed, str):
