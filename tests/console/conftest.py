@@ -110,8 +110,11 @@ def wait_for_path(driver: WebDriver, pattern: str, seconds: float = WAIT_SECONDS
 
 def wait_for_message(driver: WebDriver, css: str) -> str:
     """The text of the element at ``css`` (``#error``, ``#notice``) once it is there and not empty."""
-    element = wait_for(driver, lambda d: (d.find_elements(By.CSS_SELECTOR, css) or [None])[0], css)
-    return wait_for(driver, lambda d: element.text.strip(), f"a message in {css}")
+    def message(d: WebDriver) -> str | None:  # looked up at each poll: a page that reloads holds a new element
+        found = d.find_elements(By.CSS_SELECTOR, css)
+        return found[0].text.strip() if found else None
+
+    return wait_for(driver, message, f"a message in {css}")
 
 
 def texts(driver: WebDriver, css: str) -> list[str]:

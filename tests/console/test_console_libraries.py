@@ -15,6 +15,7 @@ import httpx
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.expected_conditions import staleness_of
 
 from orchestrator.libraries import LibraryRegistry
 from tests.console.conftest import (
@@ -53,7 +54,9 @@ def _current(driver: WebDriver, library: str) -> list[str]:
 def _upload(driver: WebDriver, name: str, archive: Path) -> None:
     set_field(driver, "#upload-form input#upload-name", name)
     driver.find_element(By.CSS_SELECTOR, "#upload-form input#upload-archive").send_keys(str(archive))
-    driver.find_element(By.CSS_SELECTOR, "#upload-form button#upload-submit").click()
+    button = driver.find_element(By.CSS_SELECTOR, "#upload-form button#upload-submit")
+    button.click()
+    wait_for(driver, staleness_of(button), "the upload's answer page")  # not the last upload's notice
 
 
 def test_libraries_upload_two_versions_make_one_current_and_refuse_a_bad_archive(console, browser, tmp_path):
