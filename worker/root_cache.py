@@ -1,5 +1,7 @@
 """The URL-root cache's entries (``worker.roots``): the ``.ready`` mark of an intact entry, the record of each URL's
-latest digest, holds on entries in use, eviction of the least recently used, and leftovers of killed processes."""
+latest digest, holds on entries in use, eviction of the least recently used, and leftovers of killed processes
+(removed with ``worker.folders.remove_tree``, whatever their depth: one left before archives had a depth limit may be
+too deep for ``shutil.rmtree``)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from worker.errors import WorkspaceError
+from worker.folders import remove_tree
 
 READY_FILE = ".ready"
 LEFTOVER_SECONDS = 3600.0
@@ -82,12 +86,9 @@ def _remove_leftovers(cache: Path) -> None:
     for folder in (cache, cache / URLS_DIR):
         with contextlib.suppress(FileNotFoundError), os.scandir(folder) as listing:
             for entry in listing:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, WorkspaceError):  # what cannot be removed is tried again next time
                     if entry.name.startswith("tmp-") and entry.stat(follow_symlinks=False).st_mtime < stale:
-                        if entry.is_dir(follow_symlinks=False):
-                            shutil.rmtree(entry.path, ignore_errors=True)
-                        else:
-                            os.unlink(entry.path)
+                        remove_tree(Path(entry.path))
 
 
 def touch(entry: Path) -> None:
@@ -140,11 +141,13 @@ def _remove_unless_used(cache: Path, name: str) -> bool:
         try:
             os.rename(cache / name, doomed / "root")
         except OSError:
-            shutil.rmtree(doomed, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                doomed.rmdir()  # still empty
             return False
     finally:
         os.close(fd)
-    shutil.rmtree(doomed, ignore_errors=True)
+    with contextlib.suppress(WorkspaceError):  # a ``tmp-`` leftover: removed by a later eviction
+        remove_tree(doomed)
     return True
 
 

@@ -12,8 +12,9 @@ A URL may pin its archive: ``https://host/lib.tgz#sha256=<hex>`` (or ``expected_
 that digest's folder, and a download is checked before anything is extracted. An unpinned URL resolves to the
 digest it last downloaded. An entry with ``.ready`` is used without downloading again; an entry without it is
 cleared and fetched again. When several processes fetch one URL at once, the first rename wins and the others use
-its entry. Any failure removes the temporary folder and raises ``SkillRootError`` (``UnsafeArchiveError`` for
-hostile archives), both ``RuntimeError``s as the guide says.
+its entry. Any failure removes the temporary folder (``worker.folders.remove_tree``, at any depth) and raises
+``SkillRootError`` (``UnsafeArchiveError`` for hostile archives, one deeper than ``worker.archives.MAX_ARCHIVE_DEPTH``
+included), both ``RuntimeError``s as the guide says.
 
 The cache is bounded (``cache_bytes``, default ``SKILLRUN_URL_CACHE_BYTES``): after a new entry is placed, the
 least recently used entries (by the time of ``.ready``, touched at each use) are removed until the total fits.
@@ -31,7 +32,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import tarfile
 import tempfile
 import time
@@ -43,6 +43,7 @@ from pathlib import Path
 
 from worker.archives import ArchiveLimits, extract_tar, extract_zip
 from worker.errors import SkillRootError, UnsafeArchiveError
+from worker.folders import remove_tree
 from worker.root_cache import READY_FILE, evict, hold, intact, latest, record, touch
 
 HOLD_ATTEMPTS = 3
@@ -152,7 +153,7 @@ def fetch_url_root(
             raise SkillRootError(f"{url}: sha256 is {digest}, expected {expected_sha256}")
         final = _extract_and_place(work, download, content_type, cache / digest, url, digest, limits.archive)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
     record(cache, url, digest)
     evict(cache, bound, keep=digest)
     return final
@@ -213,12 +214,12 @@ def install_archive(
     final = into / sha
     if intact(final, sha) is not None:
         return final, sha
-    shutil.rmtree(final, ignore_errors=True)
+    remove_tree(final)
     work = Path(tempfile.mkdtemp(prefix="tmp-skill-root-", dir=into))
     try:
         return _extract_and_place(work, archive, content_type, final, source, sha, limits or ArchiveLimits()), sha
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
 
 
 def _extract_and_place(
@@ -228,8 +229,7 @@ def _extract_and_place(
     intact entry wins a race, a damaged one (no ``.ready``) is replaced."""
     root = work / "root"
     root.mkdir()
-    _unpack(source, archive, content_type, root, limits)
-    size = sum(os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(root) for name in names)
+    size = _unpack(source, archive, content_type, root, limits)
     (root / READY_FILE).write_text(json.dumps({"source": source, "sha256": digest, "bytes": size,
                                                "fetched_at": time.time()}))
     for _ in range(2):
@@ -241,20 +241,23 @@ def _extract_and_place(
             if winner is not None:
                 touch(winner)
                 return winner
-            shutil.rmtree(final, ignore_errors=True)
+            remove_tree(final)
     raise SkillRootError(f"{source}: could not place the cache entry at {final}")
 
 
-def _unpack(url: str, download: Path, content_type: str, root: Path, limits: ArchiveLimits) -> None:
+def _unpack(url: str, download: Path, content_type: str, root: Path, limits: ArchiveLimits) -> int:
+    """Extract ``download`` into ``root``; the bytes written. Its tree is at most ``limits.max_depth`` deep, so the
+    walk that looks for a ``SKILL.md`` recurses that often at most."""
     kind = _kind(url, download)
     if kind == "zip":
-        extract_zip(download, root, limits)
+        size = extract_zip(download, root, limits)
     elif kind == "tar":
-        extract_tar(download, root, limits)
+        size = extract_tar(download, root, limits)
     else:
-        _single_skill_md(url, download, content_type, root)
+        size = _single_skill_md(url, download, content_type, root)
     if not any(root.rglob("SKILL.md")):
         raise SkillRootError(f"{url}: the archive holds no SKILL.md")
+    return size
 
 
 def _kind(url: str, download: Path) -> str:
@@ -284,7 +287,7 @@ def _is_tar(path: Path) -> bool:
         return False
 
 
-def _single_skill_md(url: str, download: Path, content_type: str, root: Path) -> None:
+def _single_skill_md(url: str, download: Path, content_type: str, root: Path) -> int:
     data = download.read_bytes()
     text = data.lstrip(b"\xef\xbb\xbf").lstrip()
     if "html" in content_type.lower() or text[:15].lower().startswith((b"<!doctype", b"<html")):
@@ -296,3 +299,4 @@ def _single_skill_md(url: str, download: Path, content_type: str, root: Path) ->
     if len(data) > 1024 * 1024:
         raise UnsafeArchiveError(f"{url}: a SKILL.md larger than 1 MiB")
     (root / "SKILL.md").write_bytes(data)
+    return len(data)
