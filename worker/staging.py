@@ -10,14 +10,22 @@ Either way the staged folder gets the ``work``, ``out`` and ``inputs`` links of 
 command: when the host runs as root the command runs as the workspace's own user, who owns neither the staged
 folder nor the library; a library file that user could write (world-writable) is refused. Staging an unchanged
 skill again is a signature comparison and nothing more.
+
+A staged folder is built under a temporary name unique to the call (``.staging-<name>-XXXXXXXX``, by ``mkdtemp``)
+and put in place by two renames (what is there aside, the new one in), so ``skills/<name>`` is only ever a whole
+staged folder: stagers staging one skill at once — threads, processes, two workers on one host — never share a
+folder being built, and both succeed (one that finds the other's folder placed between its renames keeps that one).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import shutil
 import stat
+import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -99,7 +107,8 @@ class BaseSkillStager(ABC):
         if staged.get(skill.name, {}).get("signature") == signature and target.is_dir():
             self._remember(workspace, skill, signature)
             return target
-        self._build(workspace, source, target)
+        if not self._build(workspace, source, target):
+            return target  # another stager's folder is in place: its signature is the one it records
         signature = self._signature(source)  # the build may have chosen how the folder is to be checked
         staged[skill.name] = {"source": str(source), "stager": self.kind, "signature": signature}
         workspace.write_metadata(meta)
@@ -160,22 +169,32 @@ class BaseSkillStager(ABC):
     def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
         """Put the skill's entries into the empty folder ``staging``."""
 
-    def _build(self, workspace: Workspace, source: Path, target: Path) -> None:
-        staging = target.with_name(f".staging-{target.name}-{os.getpid()}")
-        remove_tree(staging)
-        staging.mkdir(mode=0o755)
+    def _build(self, workspace: Workspace, source: Path, target: Path) -> bool:
+        """Build the staged folder under a name of its own (``mkdtemp``: unique per call, whatever the thread or
+        process) and rename it into place; ``False`` when another stager put its whole folder in place between the
+        two renames (that one is kept, this one discarded). The folder at ``target`` is always a whole one."""
+        staging = Path(tempfile.mkdtemp(prefix=f".staging-{target.name}-", dir=target.parent))
         try:
+            staging.chmod(0o755)
             self._fill(workspace, source, staging)
             for name, link in WORKSPACE_LINKS.items():
                 os.symlink(link, staging / name)
             if workspace.uid is None:
                 # Without a separate user, file modes are what keeps the command out of the staged folder.
                 staging.chmod(0o555)
-            old = target.with_name(f".old-{target.name}-{os.getpid()}")
-            if target.exists() or target.is_symlink():
+            old = target.with_name(f".old-{target.name}-{os.urandom(8).hex()}")
+            with contextlib.suppress(FileNotFoundError):  # nothing staged yet, or another stager moved it away
                 os.rename(target, old)
-            os.rename(staging, target)
+            try:
+                os.rename(staging, target)
+                placed = True
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                remove_tree(staging)  # another stager placed its folder between the two renames
+                placed = False
             remove_tree(old)
+            return placed
         except BaseException:
             remove_tree(staging)
             raise
