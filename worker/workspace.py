@@ -10,7 +10,12 @@
     └── runs/run_<timestamp>/ one directory per run ($RUN_DIR, also the command's HOME and TMPDIR)
 
 The same workspace id always maps to the same directory (an index of links under ``<work_root>/.skillrun``),
-so ``work/`` and ``out/`` persist across a session's runs, also across processes.
+so ``work/`` and ``out/`` persist across a session's runs, also across processes. A workspace exists once its index
+link does (made last); a ``ws_*`` folder no link names is half-made — a worker was killed while creating it, or its
+metadata was lost — and is removed, with its disk and user id, once untouched for ``HALF_MADE_SECONDS``
+(``sweep_half_made``: by a manager's first ``acquire`` that goes to disk, then at most every
+``HALF_MADE_SWEEP_SECONDS``).
+A reservation nobody took (no metadata) is left to ``sweep_reserved``, which knows the containers that use one.
 
 When the host process runs as root, file modes do not bind a command that runs as root, so every workspace
 gets a user id of its own (allocated from a range, exclusively, across processes): the command runs as that
@@ -24,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import tempfile
@@ -39,6 +45,7 @@ from worker.folders import reachable_by_others, remove_tree
 from worker.user_ids import UserIdRegistry
 
 METADATA_FILE = "metadata.json"
+METADATA_MODE = 0o644
 REGISTRY_DIR = ".skillrun"
 SPARE_RUN_DIR = ".next"
 MIN_DISK_BYTES = 4 * 1024 * 1024
@@ -96,9 +103,17 @@ class Workspace:
             return {}
 
     def write_metadata(self, data: dict) -> None:
-        tmp = self.path / f".{METADATA_FILE}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-        os.replace(tmp, self.metadata_path)
+        """Written aside under a name unique to the call and renamed into place: a reader sees the old or the new,
+        and writers at the same moment (threads, processes) never share the file being written."""
+        fd, aside = tempfile.mkstemp(prefix=f".{METADATA_FILE}.", suffix=".tmp", dir=self.path)
+        try:
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(f.fileno(), METADATA_MODE)
+                f.write(json.dumps(data, indent=2, sort_keys=True))
+            os.replace(aside, self.metadata_path)
+        except BaseException:
+            Path(aside).unlink(missing_ok=True)
+            raise
 
 
 def run_stamp() -> str:
@@ -114,6 +129,13 @@ def default_work_root() -> Path:
 
 RESERVED_PREFIX = "ws_reserved_"
 """The start of a reserved folder's name (``WorkspaceManager.reserve``)."""
+HALF_MADE_SECONDS = 600.0
+"""How long a workspace folder no index link names is left alone: making one (folder, disk, user id, layout, link)
+takes seconds, so one this old was left half-made by a worker that died."""
+HALF_MADE_SWEEP_SECONDS = 300.0
+"""How often ``acquire`` looks for half-made workspace folders (first when a manager first goes to disk)."""
+_WORKSPACE_FOLDER = re.compile(r"ws_[A-Za-z0-9][A-Za-z0-9._-]{0,63}_[0-9]+")
+"""A workspace's folder name, ``ws_<id>_<time_ns>`` (a reservation's is ``ws_reserved_<hex>_<time_ns>``)."""
 
 
 class WorkspaceManager:
@@ -142,6 +164,7 @@ class WorkspaceManager:
             raise WorkspaceError("per-workspace users and workspace owners need the host process to run as root")
         self.user_ids = user_ids or UserIdRegistry()
         self._known: dict[str, Workspace] = {}
+        self._next_sweep = float("-inf")
 
     @property
     def registry(self) -> Path:
@@ -156,6 +179,9 @@ class WorkspaceManager:
         if known is not None and os.path.isdir(known.path):
             return known
         self._ensure_registry()
+        if time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + HALF_MADE_SWEEP_SECONDS
+            self.sweep_half_made()
         workspace = self._find(workspace_id) or self._create(workspace_id, reserved)
         self._known[workspace_id] = workspace
         return workspace
@@ -197,6 +223,32 @@ class WorkspaceManager:
                     self._discard(Path(entry.path), None)
                     if self.isolate_users:
                         self.user_ids.release_owner(Path(entry.path))
+
+    def sweep_half_made(self, older_than: float = HALF_MADE_SECONDS) -> list[Path]:
+        """Remove the workspace folders left half-made (a worker killed while creating one): a ``ws_<id>_<time>``
+        folder that no index link names, untouched for ``older_than`` seconds — with its disk and user id. A
+        reservation is one only once laid out (it has metadata). Returns the folders removed."""
+        named = set()
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.registry / "workspaces") as links:
+            for link in links:
+                with contextlib.suppress(OSError):
+                    named.add(os.readlink(link.path))
+        cutoff = time.time() - older_than
+        removed = []
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.work_root) as listing:
+            for entry in listing:
+                if entry.name in named or not _WORKSPACE_FOLDER.fullmatch(entry.name):
+                    continue
+                path = Path(entry.path)
+                with contextlib.suppress(OSError, WorkspaceError):  # one that cannot be removed is tried next time
+                    if (not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_mtime >= cutoff
+                            or entry.name.startswith(RESERVED_PREFIX) and not (path / METADATA_FILE).exists()):
+                        continue
+                    self._discard(path, None)
+                    if self.isolate_users:
+                        self.user_ids.release_owner(path)
+                    removed.append(path)
+        return removed
 
     def find_known(self, workspace_id: str) -> Workspace | None:
         """The workspace of ``workspace_id`` if this manager has used it (no disk access)."""
