@@ -240,6 +240,8 @@ class RunTimings(BaseModel):
     stage_ms: float = 0.0
     exec_ms: float = 0.0
     collect_ms: float = 0.0
+    redact_ms: float = Field(default=0.0, description="Taking the team's secrets out of what the run gave back "
+                                                      "(counted in total_ms).")
     total_ms: float = 0.0
     exec_via: str = Field(
         default="", max_length=1000,

@@ -150,20 +150,24 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
     beat.start()
     redactor = Redactor({})
     try:
-        redactor = attach_secrets(record.request, _secret_store(store), record.owner)
-        result: RunResult | Exception = _event_loop().run_until_complete(runtime.run(record.request))
-    except Exception as exc:  # a bad request, an unusable runtime, a secret not there: the run fails with the reason
-        result = exc
+        try:
+            redactor = attach_secrets(record.request, _secret_store(store), record.owner)
+            result: RunResult | Exception = _event_loop().run_until_complete(runtime.run(record.request))
+        except Exception as exc:  # a bad request, an unusable runtime, a secret not there: the run fails with why
+            result = exc
+        finally:
+            forget_secrets(record.request)
+        if isinstance(result, Exception):
+            error = redactor.text(f"{type(result).__name__}: {result}")
+        else:
+            redact_result(result, redactor)  # part of the run: its heartbeat goes on (the run is not lost meanwhile)
     finally:
         stop.set()
         beat.join()
-        forget_secrets(record.request)
     if isinstance(result, Exception):
-        error = redactor.text(f"{type(result).__name__}: {result}")
         ended = _through_outage(run_id, lambda: store.fail(run_id, error, held))
         summary: dict[str, Any] = {"run_id": run_id, "failed": redactor.text(str(result))}
     else:
-        redact_result(result, redactor)
         result.worker_id = who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
         ended = _through_outage(run_id, lambda: store.finish(run_id, result, held))

@@ -36,6 +36,9 @@ from worker.redaction import Redactor
 MAX_VALUE_BYTES = 64 * 1024
 MIN_VALUE_BYTES = 8
 MAX_SECRETS_PER_TEAM = 100
+MAX_TEAM_SECRET_BYTES = 1024 * 1024
+"""All of a team's values together: what every run of the team is redacted of, so what building its redactor costs
+(``worker.redaction``)."""
 REDIS_PREFIX = "skillrun:secrets:"
 
 
@@ -119,9 +122,15 @@ class SecretStore(ABC):
             entries = self._entries(team)
             if name not in entries and len(entries) >= MAX_SECRETS_PER_TEAM:
                 raise SecretError(f"team {team} has {len(entries)} secrets, the most it may have: remove one first")
+            size = len(value.encode())
+            others = sum(_size(entry) for other, entry in entries.items() if other != name)
+            if others + size > MAX_TEAM_SECRET_BYTES:
+                raise SecretError(f"team {team}'s secrets would hold {others + size} bytes; a team's secrets hold at "
+                                  f"most {MAX_TEAM_SECRET_BYTES} together (every run of the team is redacted of all "
+                                  "of them): remove one first")
             now = time.time()
             created = entries.get(name, {}).get("created_at", now)
-            self._put(team, name, {"sealed": sealed, "created_at": created, "updated_at": now})
+            self._put(team, name, {"sealed": sealed, "bytes": size, "created_at": created, "updated_at": now})
         return SecretInfo(name=name, created_at=created, updated_at=now)
 
     def list(self, team: str) -> list[SecretInfo]:
@@ -247,6 +256,11 @@ class FileSecretStore(SecretStore):
                 yield
             finally:
                 os.close(folder)
+
+
+def _size(entry: dict) -> int:
+    """A stored value's size: as recorded, or (entries from before sizes were) its sealed length, which is more."""
+    return int(entry.get("bytes", len(entry["sealed"])))
 
 
 def box_from(key: object) -> SecretBox | None:

@@ -158,7 +158,8 @@ class InlineDispatcher(BaseDispatcher):
             return None
         finally:
             forget_secrets(request)
-        redact_result(result, redactor)
+        if redactor:  # linear in what the run gave back, yet megabytes: not on the event loop
+            await asyncio.to_thread(redact_result, result, redactor)
         result.worker_id = self._who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
         self.store.finish(request.run_id, result, held)

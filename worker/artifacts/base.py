@@ -20,7 +20,7 @@ import hashlib
 import os
 import urllib.parse
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -74,6 +74,26 @@ class MeteredReader:
                             sha256=self._digest.hexdigest())
 
 
+class _ChunkSource:
+    """Chunks as a source ``MeteredReader`` reads at its own sizes, front to back (each read starts where the last
+    ended)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._held = bytearray()
+        self._offset = 0
+
+    def read_at(self, size: int, offset: int) -> bytes:
+        if offset != self._offset:
+            raise ArtifactError(f"a stream is read front to back (asked at {offset}, at {self._offset})")
+        while len(self._held) < size and (chunk := next(self._chunks, b"")):
+            self._held += chunk
+        data = bytes(self._held[:size])
+        del self._held[:size]
+        self._offset += len(data)
+        return data
+
+
 class Body(Protocol):
     """What a stored version is read through: an open file, or an S3 object's body."""
 
@@ -115,6 +135,11 @@ class BaseArtifactStore(ABC):
         view = memoryview(data)
         return self._save(scope, name, MeteredReader(lambda size, offset: bytes(view[offset:offset + size]), name,
                                                      self.max_bytes), mime_type)
+
+    def save_chunks(self, scope: str, name: str, chunks: Iterable[bytes], mime_type: str) -> ArtifactFile:
+        """Store what ``chunks`` give, front to back, as the next version of ``name``: a stream of any length held
+        a chunk at a time (and refused past ``max_bytes`` as it goes)."""
+        return self._save(scope, name, MeteredReader(_ChunkSource(chunks).read_at, name, self.max_bytes), mime_type)
 
     @abstractmethod
     def _save(self, scope: str, name: str, reader: MeteredReader, mime_type: str) -> ArtifactFile:
