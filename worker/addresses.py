@@ -57,7 +57,13 @@ def public_addresses(host: str, port: int) -> list[str]:
         addresses = resolve(host, port)
     except (socket.gaierror, UnicodeError) as exc:
         raise SkillRootError(f"cannot resolve {host!r}") from exc
-    for address in addresses:
-        if not is_public(ipaddress.ip_address(address.split("%")[0])):
-            raise SkillRootError(f"refused, {host!r} is a private or local address ({address})")
+    private = first_private(addresses)
+    if private is not None:
+        raise SkillRootError(f"refused, {host!r} is a private or local address ({private})")
     return addresses
+
+
+def first_private(addresses: list[str]) -> str | None:
+    """The first of ``addresses`` (as ``resolve`` gives them) that is not public, or ``None``."""
+    return next((address for address in addresses if not is_public(ipaddress.ip_address(address.split("%")[0]))),
+                None)

@@ -227,7 +227,8 @@ class SkippedFile(BaseModel):
 
 
 class EgressRefusal(BaseModel):
-    """A connection a run's egress proxy refused: where to (``host:port``, or what was asked) and why."""
+    """A connection a run's egress proxy refused: where to (``host:port`` as the request named it, or ``(malformed
+    request)``; never a path, a query or a header) and why."""
 
     destination: str
     reason: str

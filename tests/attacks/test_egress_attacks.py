@@ -56,7 +56,7 @@ found = {
     "https_uri": status(f"GET https://ALLOWED:{port}/ HTTP/1.1\r\nHost: ALLOWED\r\n\r\n"),
     "garbage": status("\x16\x03\x01 not http at all\r\n\r\n"),
 }
-smuggled = ask(f"GET http://ALLOWED:{port}/first HTTP/1.1\r\nHost: ALLOWED\r\n\r\n"
+smuggled = ask(f"GET http://ALLOWED:{port}/first HTTP/1.1\r\nHost: ALLOWED:{port}\r\n\r\n"
                f"GET http://evil.org/second HTTP/1.1\r\nHost: evil.org\r\n\r\n")
 found["smuggled"] = [line for line in smuggled.split("\r\n") if line.startswith(("HTTP/", "reached"))]
 found["unshare"] = subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode

@@ -3,9 +3,9 @@ allowed host is reached through the worker's proxy, and nothing else is — not 
 a resolver, not the worker's loopback — and each refusal is counted and listed in the result. The Cube runtime
 refuses such a run.
 
-The "public" host is a server of the test's on the host's loopback, its name pinned to that address with the
-operator's ``SKILLRUN_EGRESS_PINNED_HOSTS`` (meant for tests and private deployments; without it a name must
-resolve to public addresses). No traffic leaves the machine.
+The "public" host is a server of the test's on the host's loopback (plain HTTP, and HTTPS for tunnels, which must
+carry TLS), its name pinned to that address with the operator's ``SKILLRUN_EGRESS_PINNED_HOSTS`` (meant for tests
+and private deployments; without it a name must resolve to public addresses). No traffic leaves the machine.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from orchestrator.dispatch import QueueDispatcher
 from orchestrator.egress import EgressStore
 from orchestrator.skills import create_default_skill_repository
 from tests.conftest import write_skill
-from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
+from tests.egress_hosts import ALLOWED
+from tests.egress_tls import Origin, tls_origin  # noqa: F401 - the allowed host's server
 from tests.integration.conftest import (  # noqa: F401 - shared fixtures
     cube_runtime_factory,
     cube_standin,
@@ -38,7 +39,7 @@ from worker.run_store import RunStatus
 from worker.runtimes.local import LocalWorkspaceRuntime
 
 PROBE = r'''
-import json, os, socket, sys, urllib.request
+import json, os, socket, ssl, sys, urllib.request
 port = int(sys.argv[1])
 proxy = ("127.0.0.1", 3128)
 found = {}
@@ -49,10 +50,11 @@ def connect(target):
         head = s.recv(4096).decode("latin-1")
         status = head.split(" ")[1] if " " in head else head
         if status == "200":
-            s.sendall(f"GET /tunnel HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n".encode())
-            body = b""
-            while chunk := s.recv(65536):
-                body += chunk
+            with ssl._create_unverified_context().wrap_socket(s, server_hostname=target.rsplit(":", 1)[0]) as tls:
+                tls.sendall(f"GET /tunnel HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n".encode())
+                body = b""
+                while chunk := tls.recv(65536):
+                    body += chunk
             return "200 " + body.decode().split("\r\n\r\n", 1)[-1]
         return status
 
@@ -98,6 +100,12 @@ print(json.dumps(found))
 
 
 @pytest.fixture
+def allowed_server(tls_origin: Origin) -> int:
+    """The allowed host's port: plain HTTP and, for tunnels, HTTPS."""
+    return tls_origin.port
+
+
+@pytest.fixture
 def probe_skill(shared_dir):
     root = shared_dir / "egress-library"
     write_skill(root, "probe", files={"probe.py": PROBE})
@@ -115,7 +123,7 @@ def _check_contained(result, port: int) -> None:
     assert result.exit_code == 0, result.stderr
     found = json.loads(result.stdout)
     assert found["get"] == "reached /plain"
-    assert found["connect"] == "200 reached /tunnel"
+    assert found["connect"] == "200 reached /tunnel over TLS"
     for name in ("connect_refused_host", "connect_raw_ip", "connect_loopback_ip", "connect_other_port"):
         assert found[name] == "403", (name, found)
     for name in ("direct_server", "direct_ip", "dns_resolve", "dns_tcp", "dns_udp"):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IS_ROOT, write_skill
+from tests.egress_tls import python_hello
 from tests.integration.conftest import docker_engine  # noqa: F401 - the Docker tests' engine fixture
 from tests.package_index import PackageIndex, host_address, sdist
 from worker.egress.policy import PYPI_HOSTS, AllowList
@@ -120,8 +121,9 @@ async def test_a_connect_to_the_index_is_tunnelled_both_ways(proxies, upstreams)
     _, port = proxies(_index(echo))
     status, _, reader, writer = await _ask(port, f"CONNECT 127.0.0.1:{echo.port} HTTP/1.1\r\n\r\n")
     assert status == "HTTP/1.1 200 Connection established"
-    writer.write(b"hello through the tunnel")
-    assert await asyncio.wait_for(reader.readexactly(24), 10) == b"hello through the tunnel"
+    hello = python_hello(None)  # a tunnel begins with a ClientHello (to an address, without a server name)
+    writer.write(hello + b"then anything")
+    assert await asyncio.wait_for(reader.readexactly(len(hello) + 13), 10) == hello + b"then anything"
     writer.close()
 
 
@@ -149,12 +151,14 @@ async def test_plain_http_reads_are_forwarded_in_origin_form_and_nothing_else_is
     _, port = proxies(_index(index))
     where = f"http://127.0.0.1:{index.port}"
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    for path in ("/simple/alpha/", "/files/alpha/alpha-1.0.whl?x=1"):  # two requests on one kept-alive connection
-        writer.write(f"GET {where}{path} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: secret\r\n\r\n".encode())
+    host = f"127.0.0.1:{index.port}"
+    for path, given in (("/simple/alpha/", f"Host: {host}\r\n"), ("/files/alpha/alpha-1.0.whl?x=1", "")):
+        # two requests on one kept-alive connection, the second without a Host header (the proxy sets it)
+        writer.write(f"GET {where}{path} HTTP/1.1\r\n{given}Proxy-Authorization: secret\r\n\r\n".encode())
         assert await asyncio.wait_for(reader.readexactly(40), 10) == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     writer.close()
-    assert index.heads == [b"GET /simple/alpha/ HTTP/1.1\r\nHost: x\r\n\r\n",
-                           b"GET /files/alpha/alpha-1.0.whl?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"]
+    assert index.heads == [f"GET /simple/alpha/ HTTP/1.1\r\nHost: {host}\r\n\r\n".encode(),
+                           f"GET /files/alpha/alpha-1.0.whl?x=1 HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()]
     status, _, _, _ = await _ask(port, f"POST {where}/upload HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc")
     assert status == "HTTP/1.1 405 Method Not Allowed"
     status, _, _, _ = await _ask(port, f"GET http://127.0.0.1:{index.port + 1}/ HTTP/1.1\r\n\r\n")
@@ -183,8 +187,10 @@ async def test_a_connect_flood_is_served_a_bounded_number_at_a_time(proxies, ups
 async def test_an_idle_tunnel_is_ended(proxies, upstreams):
     echo = await upstreams()
     _, port = proxies(_index(echo), idle_seconds=0.3)
-    _, _, reader, _ = await _ask(port, f"CONNECT 127.0.0.1:{echo.port} HTTP/1.1\r\n\r\n")
-    assert await asyncio.wait_for(reader.read(), 5) == b""
+    _, _, reader, writer = await _ask(port, f"CONNECT 127.0.0.1:{echo.port} HTTP/1.1\r\n\r\n")
+    hello = python_hello(None)
+    writer.write(hello)
+    assert await asyncio.wait_for(reader.read(), 5) == hello  # echoed, then nothing moved both ways: ended
 
 
 async def test_closing_the_proxy_ends_its_connections_and_leaves_no_task_or_socket(upstreams):

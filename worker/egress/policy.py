@@ -3,9 +3,18 @@ and the request heads the proxy reads, with the refusals it answers.
 
 The allow-list (``AllowList``) of a build step is made per step from the index the step's environment names
 (``INDEX_VARIABLE``; PyPI's two hosts without it) and the operator's ``SKILLRUN_ENV_ALLOWED_HOSTS``; a run's from
-the entries its request carries (``worker.egress.entries.run_allow_list``), wildcards (``*.example.com``) included. A request head (``Request``) is
-either ``CONNECT host:port`` or a plain-HTTP ``GET``/``HEAD`` with an absolute ``http://`` URI and no body;
-anything else is ``Refused`` with an HTTP status and a reason the build's own error message will show.
+the entries its request carries (``worker.egress.entries.run_allow_list``), wildcards (``*.example.com``)
+included. A request head (``Request``) is either ``CONNECT host:port`` or a plain-HTTP ``GET``/``HEAD`` with an
+absolute ``http://`` URI, no body, and no ``Host`` header naming another host or port than that URI (domain
+fronting; a missing one is set to the URI's); anything else is ``Refused`` with an HTTP status and a reason the
+build's own error message will show. A tunnel whose first bytes are not what it may carry (``worker.egress.tls``)
+is ``TunnelRefused``: its ``200`` was sent, so it is closed without an answer.
+
+What a refusal reports (``Refused.destination``, and in a run's result ``RunResult.egress_refusals``) is the
+destination alone, ``host:port`` as the request named it (``Target.named``: the host's case and spelling kept, so
+that the result's redaction finds a secret used as a host name), or ``MALFORMED`` when no host could be read; a
+refusal's reason names at most that, never the request's path, query, headers or raw target, so that nothing of
+those (a token in a query string, say) reaches the result.
 """
 
 from __future__ import annotations
@@ -27,6 +36,10 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 ALLOWED_HOSTS_SETTING = "SKILLRUN_ENV_ALLOWED_HOSTS"
 _NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
 _DROPPED_HEADERS = frozenset({"proxy-connection", "proxy-authorization"})
+_NAMED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
+"""Methods a refusal names (any other method's text is the client's own, and is not repeated)."""
+MALFORMED = "(malformed request)"
+"""A refusal's destination when the request named no host that could be read."""
 
 Address = tuple[str, int]
 
@@ -59,13 +72,16 @@ class AllowList:
     def for_index(cls, index_url: str | None, allowed_hosts: str = "") -> AllowList:
         """The index of ``index_url`` (PyPI's hosts when ``None``) and the operator's ``allowed_hosts``
         (``host[:port]`` items, port 443 unless given, separated by commas or spaces)."""
-        try:
-            extra = {split_authority(item, 443) for item in re.split(r"[,\s]+", allowed_hosts) if item}
-        except ValueError as exc:
-            raise DependencyError(
-                f"{ALLOWED_HOSTS_SETTING} has a bad entry ({exc}): list host names or addresses, each with an optional "
-                "port (443 unless given), separated by commas, such as 'mirror.example.org, files.example.org:8443'"
-            ) from None
+        extra = set()
+        for item in filter(None, re.split(r"[,\s]+", allowed_hosts)):
+            try:
+                extra.add(split_authority(item, 443))
+            except ValueError as exc:
+                raise DependencyError(
+                    f"{ALLOWED_HOSTS_SETTING} has a bad entry {item!r} ({exc}): list host names or addresses, each "
+                    "with an optional port (443 unless given), separated by commas, such as 'mirror.example.org, "
+                    "files.example.org:8443'"
+                ) from None
         if not index_url:
             return cls(frozenset(extra | set(PYPI_HOSTS)), frozenset(PYPI_HOSTS))
         parts = urlsplit(index_url)
@@ -91,37 +107,70 @@ class AllowList:
 
 def split_authority(text: str, default_port: int | None) -> Address:
     """``host[:port]`` (an IPv6 address in brackets) as a normalised host name or address and a port;
-    ``ValueError`` when it is anything else."""
+    ``ValueError`` when it is anything else (its message does not repeat ``text``, which may hold anything)."""
     if not text or any(char in text for char in "@/?#\\ \t"):
-        raise ValueError(f"{text!r} is not host[:port]")
+        raise ValueError("not host[:port]")
     parts = urlsplit("//" + text)
-    port = parts.port if parts.port is not None else default_port
+    try:
+        port = parts.port if parts.port is not None else default_port
+    except ValueError:
+        raise ValueError("a port that is not a number in 1-65535") from None
     if port is None or port == 0:
-        raise ValueError(f"{text!r} has no port")
+        raise ValueError("no port")
     host = (parts.hostname or "").rstrip(".")
     try:
         return str(ipaddress.ip_address(host)), port
     except ValueError:
         pass
     if len(host) > 253 or not _NAME.fullmatch(host):
-        raise ValueError(f"{text!r} is not a host name or address")
+        raise ValueError("not a host name or address")
     return host, port
 
 
-class Refused(Exception):
-    """A request the proxy does not carry out: the HTTP status it answers with, and why."""
+@dataclass(frozen=True)
+class Target:
+    """Where a request goes: ``address``, its host normalised (lower case, no final dot, an address in its usual
+    form: what the allow-list is checked against and the proxy connects to), and ``named``, ``host:port`` as the
+    request named it (the host's spelling kept, the port its own or the default: what a refusal reports)."""
 
-    def __init__(self, status: int, reason: str, why: str, destination: str = "") -> None:
+    address: Address
+    named: str
+
+    @classmethod
+    def read(cls, text: str, default_port: int | None) -> Target:
+        """The target ``host[:port]`` names; ``ValueError`` as ``split_authority``."""
+        address = split_authority(text, default_port)
+        host = text[:text.index("]") + 1] if text.startswith("[") else text.partition(":")[0]
+        return cls(address, f"{host}:{address[1]}")
+
+
+class Refused(Exception):
+    """A request the proxy does not carry out: the HTTP status it answers with, and why (``why`` names at most the
+    destination, never the request's path, query, headers or raw target)."""
+
+    def __init__(self, status: int, reason: str, why: str, destination: str = MALFORMED) -> None:
         super().__init__(why)
         self.status = status
         self.reason = reason
         self.destination = destination
-        """What was asked for (``host:port``, or the request's target), where the request got that far."""
+        """What was asked for: ``Target.named``, or ``MALFORMED`` when the request named no host that could be
+        read."""
 
     def response(self, allowed: AllowList) -> bytes:
         body = f"skillrun: {self}. {allowed.refusal_hint()}\n".encode()
         return (f"HTTP/1.1 {self.status} {self.reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
                 f"Connection: close\r\n\r\n").encode() + body
+
+
+class TunnelRefused(Refused):
+    """A tunnel the proxy opened (its ``200`` sent) and then ends for what its client sent first: no HTTP answer
+    can follow, so the connection is closed without one."""
+
+    def __init__(self, why: str, destination: str) -> None:
+        super().__init__(403, "Forbidden", why, destination)
+
+    def response(self, allowed: AllowList) -> bytes:
+        return b""
 
 
 @dataclass(frozen=True)
@@ -148,30 +197,64 @@ class Request:
             headers.append((name, value.strip()))
         return cls(words[0], words[1], words[2], tuple(headers))
 
-    def destination(self) -> Address:
+    def tunnel(self) -> Target:
+        """Where a ``CONNECT`` goes; ``Refused`` when its target is not ``host:port``."""
+        try:
+            return Target.read(self.target, None)
+        except ValueError as exc:
+            raise Refused(400, "Bad Request", f"the CONNECT target is not host:port ({exc})") from None
+
+    def destination(self) -> Target:
         """Where a plain-HTTP request goes (its absolute URI's host and port); ``Refused`` for a request the proxy
-        does not forward (only reads without a body: what uv asks of an index)."""
+        does not forward: anything but a read without a body (what uv asks of an index), or one whose ``Host``
+        header names another host or port (domain fronting: the origin would serve that other host). Each
+        refusal names the URI's host where it could be read."""
+        target = self._uri_target()
         if self.method not in ("GET", "HEAD"):
-            raise Refused(405, "Method Not Allowed", f"{self.method} is not forwarded (CONNECT, GET and HEAD are)")
+            method = self.method if self.method in _NAMED_METHODS else "this method"
+            raise Refused(405, "Method Not Allowed", f"{method} is not forwarded to {target.named} over plain HTTP "
+                          "(GET and HEAD are; use HTTPS, through a CONNECT tunnel)", target.named)
         if any(name.lower() == "transfer-encoding" or (name.lower() == "content-length" and value != "0")
                for name, value in self.headers):
-            raise Refused(400, "Bad Request", "a request with a body is not forwarded")
+            raise Refused(400, "Bad Request", f"a request to {target.named} with a body is not forwarded",
+                          target.named)
+        hosts = [value for name, value in self.headers if name.lower() == "host"]
+        if len(hosts) > 1:
+            raise Refused(400, "Bad Request", f"a request to {target.named} with more than one Host header",
+                          target.named)
+        try:
+            fronted = bool(hosts) and split_authority(hosts[0], DEFAULT_PORTS["http"]) != target.address
+        except ValueError:
+            raise Refused(400, "Bad Request", f"a request to {target.named} whose Host header is not host[:port]",
+                          target.named) from None
+        if fronted:
+            raise Refused(403, "Forbidden", f"a request to {target.named} whose Host header names another host or "
+                          "port (domain fronting)", target.named)
+        return target
+
+    def _uri_target(self) -> Target:
+        """The absolute ``http://`` URI's host and port; ``Refused`` for any other target."""
         try:
             parts = urlsplit(self.target)
-            if parts.scheme != "http":
-                raise ValueError("a plain request needs an absolute http:// URI")
-            return split_authority(parts.netloc, 80)
-        except ValueError as exc:
-            raise Refused(400, "Bad Request", str(exc)) from None
+            target = Target.read(parts.netloc, DEFAULT_PORTS[parts.scheme])
+        except (KeyError, ValueError):
+            raise Refused(400, "Bad Request", "a plain request needs an absolute http:// URI with a host") from None
+        if parts.scheme != "http":
+            raise Refused(400, "Bad Request", f"a plain request to {target.named} needs an http:// URI (https:// goes "
+                          "through a CONNECT tunnel)", target.named)
+        return target
 
     def forwarded(self) -> bytes:
-        """The head as the origin server gets it: the target's path and query alone, no ``Proxy-*`` headers."""
+        """The head as the origin server gets it: the target's path and query alone, no ``Proxy-*`` headers, a
+        ``Host`` header (the URI's authority when the client sent none)."""
         parts = urlsplit(self.target)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         lines = [f"{self.method} {target} {self.version}"]
         lines += [f"{name}: {value}" for name, value in self.headers if name.lower() not in _DROPPED_HEADERS]
+        if not any(name.lower() == "host" for name, _ in self.headers):
+            lines.append(f"Host: {parts.netloc}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-__all__ = ["ALLOWED_HOSTS_SETTING", "INDEX_VARIABLE", "PYPI_HOSTS", "Address", "AllowList", "Refused", "Request",
-           "split_authority"]
+__all__ = ["ALLOWED_HOSTS_SETTING", "INDEX_VARIABLE", "MALFORMED", "PYPI_HOSTS", "Address", "AllowList", "Refused",
+           "Request", "Target", "TunnelRefused", "split_authority"]

@@ -22,12 +22,20 @@ operator chose the index, and the network's DNS may well lead it to a private mi
 for the other hosts public addresses only (``worker.addresses``), so such a name that resolves to a private
 address, now or on a second lookup (DNS rebinding), gets nowhere; a name the operator pinned
 (``SKILLRUN_EGRESS_PINNED_HOSTS``, for tests and private deployments) goes to its pinned address without a lookup.
-Anything else is answered with an error status and the reason.
+Anything else is answered with an error status and the reason, and counted and listed (``refusals``) with the
+destination as the request named it and nothing else of the request (``worker.egress.policy``).
+
+The host that is checked is the host that is served (no domain fronting): a plain request's ``Host`` header must
+name its URI's host and port, on every request of a kept-alive connection (a later one the proxy refuses is
+answered after the origin's last answer, and ends the connection; one to another host ends it unanswered, and the
+client opens a new connection, checked anew); and a tunnel must begin with a TLS ClientHello whose server name is
+its ``CONNECT`` host and that hides no other (``worker.egress.tls``), or it is closed with nothing sent on.
 
 Bounds: ``MAX_CONNECTIONS`` served at once per step (more wait in the listen queue), a request head within
-``HEAD_SECONDS`` and ``READ_BYTES``, a connection idle both ways for ``IDLE_SECONDS`` ended, ``READ_BYTES`` buffered
-each way (a side that does not read holds the other back). ``close`` ends the listener and every connection when
-the step ends.
+``HEAD_SECONDS`` and ``READ_BYTES``, a tunnel's ClientHello within ``HELLO_SECONDS`` (or the idle bound, when that
+is shorter) and ``worker.egress.tls.HELLO_BYTES``, a connection idle both ways for ``IDLE_SECONDS`` ended,
+``READ_BYTES`` buffered each way (a side that does not read holds the other back). ``close`` ends the listener and
+every connection when the step ends.
 """
 
 from __future__ import annotations
@@ -39,11 +47,12 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 
-from worker.addresses import public_addresses, resolve
+from worker.addresses import first_private, resolve
 from worker.config import get_worker_settings
 from worker.egress.listener import listen_inside
-from worker.egress.policy import Address, AllowList, Refused, Request, split_authority
-from worker.errors import EgressError, SandboxError, SkillRootError
+from worker.egress.policy import Address, AllowList, Refused, Request, Target
+from worker.egress.tls import read_client_hello
+from worker.errors import EgressError, SandboxError
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +64,8 @@ MAX_CONNECTIONS = 64
 BACKLOG = 64
 READ_BYTES = 64 * 1024
 HEAD_SECONDS = 10.0
+HELLO_SECONDS = 10.0
+"""How long a tunnel's client has to send its TLS ClientHello once the tunnel is open."""
 CONNECT_SECONDS = 15.0
 IDLE_SECONDS = 120.0
 CLOSE_SECONDS = 5.0
@@ -193,59 +204,75 @@ class EgressProxy:
 
     async def _answer(self, reader: Reader, writer: Writer) -> None:
         request = Request.parse(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_SECONDS))
-        try:
-            if request.method == "CONNECT":
-                try:
-                    destination = split_authority(request.target, None)
-                except ValueError as exc:
-                    raise Refused(400, "Bad Request", str(exc)) from None
-            else:
-                destination = request.destination()
-            upstream = await self._open(destination)
-        except Refused as refused:
-            refused.destination = refused.destination or request.target
-            raise
+        target = request.tunnel() if request.method == "CONNECT" else request.destination()
+        upstream = await self._open(target)
         if request.method == "CONNECT":
-            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            await _Relay(self.idle_seconds).run((reader, writer), upstream, _copy)
-            return
+            await self._tunnel((reader, writer), upstream, target)
+        else:
+            await self._forward((reader, writer), upstream, request, target)
 
-        async def requests(client: Reader, origin: Writer, relay: _Relay) -> None:
-            """The client's requests, each head checked (the same destination) and rewritten for the origin."""
+    async def _tunnel(self, client: tuple[Reader, Writer], upstream: tuple[Reader, Writer], target: Target) -> None:
+        """A tunnel to ``target``: its ClientHello checked (``worker.egress.tls``; nothing is sent on before), then
+        relayed both ways."""
+        client[1].write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        try:
+            hello = await read_client_hello(client[0], target, min(HELLO_SECONDS, self.idle_seconds))
+        except BaseException:
+            await _end(upstream[1])
+            raise
+        upstream[1].write(hello)
+        await _Relay(self.idle_seconds).run(client, upstream, _copy, tunnel=True)
+
+    async def _forward(self, client: tuple[Reader, Writer], upstream: tuple[Reader, Writer], request: Request,
+                       target: Target) -> None:
+        """Plain-HTTP requests to ``target``, the first ``request`` and those the client sends after it on the same
+        connection, each checked and rewritten for the origin; a later one the proxy refuses is raised once the
+        origin's answers have all gone back."""
+        later: list[Refused] = []
+
+        async def requests(reader: Reader, origin: Writer, relay: _Relay) -> None:
             current = request
             while True:
                 origin.write(current.forwarded())
                 await origin.drain()
                 try:
-                    head = await client.readuntil(b"\r\n\r\n")
+                    head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.IncompleteReadError:
-                    origin.write_eof()
-                    return
+                    break
                 relay.moved()
-                current = Request.parse(head)
-                if current.destination() != destination:
-                    return  # another host on a kept-alive connection: the client opens a new one
+                try:
+                    current = Request.parse(head)
+                    if current.destination().address != target.address:
+                        break  # another host on a kept-alive connection: the client opens a new one
+                except Refused as refused:
+                    later.append(refused)
+                    break
+            origin.write_eof()
 
-        await _Relay(self.idle_seconds).run((reader, writer), upstream, requests)
+        await _Relay(self.idle_seconds).run(client, upstream, requests, tunnel=False)
+        if later:
+            raise later[0]
 
-    async def _open(self, destination: Address) -> tuple[Reader, Writer]:
-        """A connection to ``destination`` if it is allowed, at an address the proxy resolved and vetted."""
-        host, port = destination
-        where = f"{host}:{port}"
-        if not self.allowed.allows(destination):
-            raise Refused(403, "Forbidden", f"{where} is not on the allow-list", where)
-        addresses = self._addresses.get(destination)
+    async def _open(self, target: Target) -> tuple[Reader, Writer]:
+        """A connection to ``target`` if it is allowed, at an address the proxy resolved and vetted."""
+        (host, port), named = target.address, target.named
+        if not self.allowed.allows(target.address):
+            raise Refused(403, "Forbidden", f"{named} is not on the allow-list", named)
+        addresses = self._addresses.get(target.address)
         if addresses is None and host in self.pinned:
             addresses = [self.pinned[host]]
         if addresses is None:
-            vetting = resolve if destination in self.allowed.index else public_addresses
+            index = target.address in self.allowed.index  # the operator's own: any address, its failures the gateway's
             try:
-                addresses = await asyncio.to_thread(vetting, host, port)
-            except SkillRootError as exc:
-                raise Refused(403, "Forbidden", str(exc), where) from None
+                addresses = await asyncio.to_thread(resolve, host, port)
             except (OSError, UnicodeError) as exc:
-                raise Refused(502, "Bad Gateway", f"cannot resolve {host}: {exc}", where) from None
-            self._addresses[destination] = addresses
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a name that resolves"
+                status = (502, "Bad Gateway") if index else (403, "Forbidden")
+                raise Refused(*status, f"cannot resolve {named}: {why}", named) from None
+            private = None if index else first_private(addresses)
+            if private is not None:
+                raise Refused(403, "Forbidden", f"{named} resolves to a private or local address ({private})", named)
+            self._addresses[target.address] = addresses
         failure: BaseException | None = None
         for address in addresses:
             try:
@@ -253,15 +280,15 @@ class EgressProxy:
                                               CONNECT_SECONDS)
             except (OSError, TimeoutError) as exc:
                 failure = exc
-        raise Refused(502, "Bad Gateway", f"cannot connect to {where}: {failure or 'no address'}", where)
+        raise Refused(502, "Bad Gateway", f"cannot connect to {named}: {failure or 'no address'}", named)
 
 
 Pump = Callable[[Reader, Writer, "_Relay"], Awaitable[None]]
 
 
 class _Relay:
-    """Two connections relayed both ways until both directions end, either fails, or neither moves for ``idle``
-    seconds; then both are closed."""
+    """Two connections relayed both ways until they are done (below), either fails, or neither moves for ``idle``
+    seconds; then the upstream one is closed (the client's is the caller's)."""
 
     def __init__(self, idle: float) -> None:
         self.idle = idle
@@ -271,17 +298,20 @@ class _Relay:
     def moved(self) -> None:
         self._moved = self._loop.time()
 
-    async def run(self, client: tuple[Reader, Writer], upstream: tuple[Reader, Writer], upward: Pump) -> None:
-        """Relay ``client`` to ``upstream`` through ``upward`` and back as it comes."""
-        pumps = {asyncio.ensure_future(upward(client[0], upstream[1], self)),
-                 asyncio.ensure_future(_copy(upstream[0], client[1], self))}
+    async def run(self, client: tuple[Reader, Writer], upstream: tuple[Reader, Writer], upward: Pump, *,
+                  tunnel: bool) -> None:
+        """Relay ``client`` to ``upstream`` through ``upward`` and back as it comes: a tunnel until both directions
+        end (each end passed on), plain HTTP until the origin's side ends (nothing more can be asked of it; the
+        client's side is left open for the caller to answer a later request it refused, then close)."""
+        back = asyncio.ensure_future(_copy(upstream[0], client[1], self, end=tunnel))
+        pumps = {asyncio.ensure_future(upward(client[0], upstream[1], self)), back}
         try:
             while pumps:
                 done, pumps = await asyncio.wait(pumps, timeout=self._moved + self.idle - self._loop.time(),
                                                  return_when=asyncio.FIRST_COMPLETED)
                 if [task for task in done if task.exception() is not None]:  # each one's looked at: none is logged
                     return
-                if not done and self._loop.time() - self._moved >= self.idle:
+                if (back in done and not tunnel) or (not done and self._loop.time() - self._moved >= self.idle):
                     return
         finally:
             for task in pumps:
@@ -290,13 +320,14 @@ class _Relay:
             await _end(upstream[1])
 
 
-async def _copy(reader: Reader, writer: Writer, relay: _Relay) -> None:
-    """Bytes from ``reader`` to ``writer`` as they come (at most ``READ_BYTES`` held), then the end of them."""
+async def _copy(reader: Reader, writer: Writer, relay: _Relay, end: bool = True) -> None:
+    """Bytes from ``reader`` to ``writer`` as they come (at most ``READ_BYTES`` held), then, with ``end``, the end
+    of them."""
     while data := await reader.read(READ_BYTES):
         relay.moved()
         writer.write(data)
         await writer.drain()
-    if writer.can_write_eof():
+    if end and writer.can_write_eof():
         writer.write_eof()
 
 
