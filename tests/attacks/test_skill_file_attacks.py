@@ -14,7 +14,11 @@ import pytest
 
 from orchestrator.errors import SkillValidationError
 from orchestrator.skills import create_default_skill_repository
-from orchestrator.skills.skill import MAX_FRONT_MATTER_BYTES, MAX_SKILL_FILE_BYTES, load_skill
+from orchestrator.skills.skill import (
+    MAX_FRONT_MATTER_BYTES,
+    MAX_SKILL_FILE_BYTES,
+    load_skill,
+)
 from tests.orchestrator.api_helpers import client, new_team
 from tests.orchestrator.test_api_teams import skill_md, tar_gz
 
