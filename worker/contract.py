@@ -88,6 +88,9 @@ class RunLimits(BaseModel):
     output_file_bytes: int = Field(default=defaults.OUTPUT_FILE_BYTES, ge=0, le=256 * 1024**2)
     output_total_bytes: int = Field(default=defaults.OUTPUT_TOTAL_BYTES, ge=0, le=1024**3)
     output_max_files: int = Field(default=defaults.OUTPUT_MAX_FILES, gt=0, le=100_000)
+    artifact_total_bytes: int = Field(default=defaults.ARTIFACT_TOTAL_BYTES, ge=0, le=64 * 1024**3, description=(
+        "What the run's artifacts (save_as_artifacts) may hold together, each file at its full size; a file past "
+        "it is refused (skipped_files)."))
 
 
 class InputFile(BaseModel):

@@ -17,6 +17,8 @@ STDERR_BYTES = 1024 * 1024
 OUTPUT_FILE_BYTES = 4 * 1024 * 1024
 OUTPUT_TOTAL_BYTES = 16 * 1024 * 1024
 OUTPUT_MAX_FILES = 1000
+ARTIFACT_TOTAL_BYTES = 512 * 1024 * 1024
+"""What one run's artifacts may hold together (each file counted at its full size, a sparse one too)."""
 
 INPUT_FILE_BYTES = 64 * 1024 * 1024
 

@@ -121,14 +121,15 @@ class BaseArtifactStore(ABC):
     def __init__(self, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES) -> None:
         self.max_bytes = max_bytes
 
-    def sink(self, scope: str) -> Callable[[str, int, str], ArtifactFile]:
+    def sink(self, scope: str) -> Callable[[str, int, str, int], ArtifactFile]:
         """``save_fd`` for one scope: what output collection calls for each file (``collect.ArtifactSink``)."""
         return functools.partial(self.save_fd, scope)
 
-    def save_fd(self, scope: str, name: str, fd: int, mime_type: str) -> ArtifactFile:
-        """Store the whole file behind ``fd`` (from its start) as the next version of ``name``."""
+    def save_fd(self, scope: str, name: str, fd: int, mime_type: str, max_bytes: int | None = None) -> ArtifactFile:
+        """Store the whole file behind ``fd`` (from its start) as the next version of ``name``, refused past
+        ``max_bytes`` (the run's room) or the store's own ``max_bytes``, whichever is less."""
         return self._save(scope, name, MeteredReader(lambda size, offset: os.pread(fd, size, offset), name,
-                                                     self.max_bytes), mime_type)
+                                                     self._cap(max_bytes)), mime_type)
 
     def save_bytes(self, scope: str, name: str, data: bytes, mime_type: str) -> ArtifactFile:
         """Store ``data`` as the next version of ``name``."""
@@ -136,10 +137,15 @@ class BaseArtifactStore(ABC):
         return self._save(scope, name, MeteredReader(lambda size, offset: bytes(view[offset:offset + size]), name,
                                                      self.max_bytes), mime_type)
 
-    def save_chunks(self, scope: str, name: str, chunks: Iterable[bytes], mime_type: str) -> ArtifactFile:
+    def save_chunks(self, scope: str, name: str, chunks: Iterable[bytes], mime_type: str,
+                    max_bytes: int | None = None) -> ArtifactFile:
         """Store what ``chunks`` give, front to back, as the next version of ``name``: a stream of any length held
-        a chunk at a time (and refused past ``max_bytes`` as it goes)."""
-        return self._save(scope, name, MeteredReader(_ChunkSource(chunks).read_at, name, self.max_bytes), mime_type)
+        a chunk at a time (and refused as it goes past ``max_bytes`` or the store's own, whichever is less)."""
+        return self._save(scope, name, MeteredReader(_ChunkSource(chunks).read_at, name, self._cap(max_bytes)),
+                          mime_type)
+
+    def _cap(self, max_bytes: int | None) -> int:
+        return self.max_bytes if max_bytes is None else min(self.max_bytes, max_bytes)
 
     @abstractmethod
     def _save(self, scope: str, name: str, reader: MeteredReader, mime_type: str) -> ArtifactFile:

@@ -7,8 +7,10 @@ could leave the workspace (absolute outside it, or with a ``..`` segment) is ref
 it — to a file or a folder — is one ``skipped_files`` entry, and so is whatever else cannot be collected (a FIFO,
 a device, a socket, a dangling link, a loop, nesting past ``MAX_DEPTH`` folders, listings past
 ``MAX_LISTED_ENTRIES`` entries), each with its reason; collection itself does not fail. No file is ever read past
-the per-file or the total byte cap. The same collection serves every runtime (a remote one collects from a local
-mirror of its workspace).
+the per-file or the total byte cap. Saved as artifacts, files are stored whole, and together count against the
+run's ``artifact_total_bytes``: each at its full size (a sparse file's holes too: what is stored is its content),
+checked before it is read and again as it is stored (redaction may lengthen it); a file past what is left is
+refused. The same collection serves every runtime (a remote one collects from a local mirror of its workspace).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ __all__ = [
 
 READ_CHUNK_BYTES = 64 * 1024
 
-ArtifactSink = Callable[[str, int, str], ArtifactFile]
-"""Called with (name, open file descriptor, MIME type) for each collected file when artifacts are saved."""
+ArtifactSink = Callable[[str, int, str, int], ArtifactFile]
+"""Called with (name, open file descriptor, MIME type, the most bytes it may store) for each collected file when
+artifacts are saved."""
 
 
 @dataclass
@@ -64,6 +67,7 @@ def collect_outputs(
     result = Collection()
     seen: set[str] = set()
     remaining = limits.output_total_bytes
+    room = limits.artifact_total_bytes
     try:
         for pattern in patterns:
             for found in tree.match(pattern, skill_rel):
@@ -79,7 +83,8 @@ def collect_outputs(
                     continue
                 rel, info = found
                 collected = _read_one(tree, rel, info, name, min(limits.output_file_bytes, remaining),
-                                      omit_inline_content, artifact_sink, (true_sizes or {}).get(os.path.join(root, *rel)))
+                                      omit_inline_content, artifact_sink, (true_sizes or {}).get(os.path.join(root, *rel)),
+                                      room)
                 if isinstance(collected, SkippedFile):
                     result.skipped.append(collected)
                     continue
@@ -89,6 +94,7 @@ def collect_outputs(
                     result.files.append(output)
                 if artifact is not None:
                     result.artifacts.append(artifact)
+                    room -= artifact.size
     except Refused as stop:  # the listing budget is spent: what was collected so far stands
         result.skipped.append(SkippedFile(name=stop.name, reason=stop.reason))
     return result
@@ -96,7 +102,7 @@ def collect_outputs(
 
 def _read_one(
     tree: Beneath, rel: tuple[str, ...], info: os.stat_result, name: str, budget: int, omit_inline: bool,
-    sink: ArtifactSink | None, true_size: int | None,
+    sink: ArtifactSink | None, true_size: int | None, room: int,
 ) -> tuple[OutputFile | None, ArtifactFile | None, int] | SkippedFile:
     if stat.S_ISDIR(info.st_mode):
         return SkippedFile(name=name, reason="is a directory")
@@ -111,18 +117,21 @@ def _read_one(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # swapped after it was looked at
             return SkippedFile(name=name, reason=f"is not a regular file ({_kind(info.st_mode)})")
+        size = info.st_size if true_size is None else true_size
+        if sink is not None and size > room:
+            return SkippedFile(name=name, reason=f"is {size} bytes, more than the {max(room, 0)} the run's artifacts "
+                                                 "may still hold (limits.artifact_total_bytes)")
         data = _read_at_most(fd, max(budget, 0))
         head = data[:8192] if data else os.pread(fd, 8192, 0)
         mime = detect_mime(name, head)
         try:
-            artifact = sink(name, fd, mime) if sink is not None else None
+            artifact = sink(name, fd, mime, room) if sink is not None else None
         except (ArtifactError, OSError) as exc:
             return SkippedFile(name=name, reason=f"could not be stored as an artifact: {exc}")
     except OSError as exc:
         return SkippedFile(name=name, reason=f"cannot be read: {exc.strerror or exc}")
     finally:
         os.close(fd)
-    size = info.st_size if true_size is None else true_size
     truncated = size > len(data)
     if omit_inline:
         output = OutputFile(name=name, content="", mime_type=mime, size=size, truncated=truncated, encoding="none")

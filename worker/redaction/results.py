@@ -86,8 +86,9 @@ def redacting_sink(store: BaseArtifactStore, scope: str, redactor: Redactor) -> 
     if not redactor:
         return sink
 
-    def save(name: str, fd: int, mime_type: str) -> ArtifactFile:
-        return store.save_chunks(scope, redactor.text(name), redactor.redacted_chunks(_chunks(fd)), mime_type)
+    def save(name: str, fd: int, mime_type: str, max_bytes: int) -> ArtifactFile:
+        return store.save_chunks(scope, redactor.text(name), redactor.redacted_chunks(_chunks(fd)), mime_type,
+                                 max_bytes)
 
     return save
 
