@@ -93,6 +93,11 @@ def safe_name(name: str, max_depth: int = MAX_ARCHIVE_DEPTH) -> PurePosixPath:
     return PurePosixPath(*parts)
 
 
+def names_the_root(name: str) -> bool:
+    """Whether ``name`` is the archive's root itself (``.``, ``./``), a folder entry that adds nothing."""
+    return bool(name) and not name.startswith("/") and all(part in ("", ".") for part in name.split("/"))
+
+
 def shown_name(name: str) -> str:
     """An entry's name as an error message repeats it: quoted, and cut after ``SHOWN_NAME_CHARS`` characters."""
     return repr(name) if len(name) <= SHOWN_NAME_CHARS else f"{name[:SHOWN_NAME_CHARS]!r}..."
@@ -250,6 +255,8 @@ def extract_tar(archive: Path, dest: Path, limits: ArchiveLimits) -> int:
         try:
             with tarfile.open(fileobj=counted, mode="r|") as tar:
                 for member in tar:
+                    if names_the_root(member.name) and member.isdir():
+                        continue  # "./", as tar -C dir . writes it: the destination itself
                     rel = budget.entry(member.name)
                     shown = shown_name(member.name)
                     if member.isdir():
@@ -273,6 +280,8 @@ def extract_zip(archive: Path, dest: Path, limits: ArchiveLimits) -> int:
         try:
             with zipfile.ZipFile(archive) as zf:
                 for info in zf.infolist():
+                    if names_the_root(info.filename) and info.is_dir():
+                        continue
                     rel = budget.entry(info.filename)
                     shown = shown_name(info.filename)
                     mode = info.external_attr >> 16

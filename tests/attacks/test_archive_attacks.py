@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
@@ -20,7 +21,8 @@ import pytest
 
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import client, new_team
-from worker.archives import MAX_ARCHIVE_DEPTH
+from tests.orchestrator.test_api_teams import skill_md
+from worker.archives import MAX_ARCHIVE_DEPTH, ArchiveLimits, extract_tar
 from worker.errors import UnsafeArchiveError
 from worker.roots import fetch_url_root
 
@@ -129,3 +131,15 @@ def test_a_url_root_exactly_at_the_depth_limit_is_extracted(server, tmp_path, ki
     root = fetch_url_root(server.add(f"/deep.{kind}", archive(kind, MAX_ARCHIVE_DEPTH)), cache_dir=tmp_path / "cache")
     assert (root / deep_name(MAX_ARCHIVE_DEPTH)).read_bytes() == b"deep\n"
     assert (root / "ok" / "SKILL.md").read_bytes() == SKILL_MD
+
+
+def test_an_archive_made_with_tar_c_dot_holds_its_root_folder_entry_and_is_accepted(tmp_path):
+    library = tmp_path / "library" / "dotted"
+    library.mkdir(parents=True)
+    (library / "SKILL.md").write_bytes(skill_md("dotted"))
+    archive = tmp_path / "lib.tgz"
+    subprocess.run(["tar", "czf", str(archive), "-C", str(tmp_path / "library"), "."], check=True)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    extract_tar(archive, dest, ArchiveLimits())
+    assert (dest / "dotted" / "SKILL.md").read_bytes() == skill_md("dotted")
