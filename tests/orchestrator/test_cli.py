@@ -91,7 +91,7 @@ def test_run_json_prints_the_run_result(cli, library, work_root):
     data = json.loads(result.stdout)
     assert data["stdout"] == "hi\n"
     assert data["exit_code"] == 0
-    assert set(data["timings"]) == {"queue_ms", "stage_ms", "exec_ms", "collect_ms", "total_ms", "exec_via"}
+    assert set(data["timings"]) == {"queue_ms", "stage_ms", "exec_ms", "collect_ms", "redact_ms", "total_ms", "exec_via"}
 
 
 def test_run_timeout_exits_124(cli, library, work_root):
