@@ -1,7 +1,8 @@
 """A small document store for the control plane's registries (teams, keys, libraries).
 
 JSON documents by kind and id, in Redis (a hash per kind) when the API is shared between processes, or in JSON
-files (one per document, replaced atomically) for the embedded default.
+files (one per document, replaced atomically) for the embedded default. A document whose text cannot be kept (a lone
+surrogate: ``orchestrator.text``) is refused before it is written.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+
+from orchestrator.text import check_text
 
 _ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -38,6 +41,13 @@ def _check(doc_id: str) -> str:
     return doc_id
 
 
+def _encoded(kind: str, doc: dict[str, Any]) -> str:
+    """``doc`` as stored (``UnencodableTextError`` for text no store can keep, which JSON's ASCII escapes would
+    otherwise write, to fail every read after)."""
+    check_text(doc, kind)
+    return json.dumps(doc)
+
+
 class FileDocuments(BaseDocuments):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -49,10 +59,11 @@ class FileDocuments(BaseDocuments):
             return None
 
     def put(self, kind: str, doc_id: str, doc: dict[str, Any]) -> None:
+        encoded = _encoded(kind, doc)
         folder = self.root / kind
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = folder / f".{_check(doc_id)}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(doc))
+        tmp.write_text(encoded)
         os.replace(tmp, folder / f"{doc_id}.json")
 
     def all(self, kind: str) -> list[dict[str, Any]]:
@@ -70,7 +81,7 @@ class RedisDocuments(BaseDocuments):
         return json.loads(raw) if raw else None
 
     def put(self, kind: str, doc_id: str, doc: dict[str, Any]) -> None:
-        self.redis.hset(f"{self.prefix}:{kind}", _check(doc_id), json.dumps(doc))
+        self.redis.hset(f"{self.prefix}:{kind}", _check(doc_id), _encoded(kind, doc))
 
     def all(self, kind: str) -> list[dict[str, Any]]:
         return [json.loads(v) for _, v in sorted(self.redis.hgetall(f"{self.prefix}:{kind}").items())]

@@ -11,6 +11,7 @@
     │   └── RunLostError            a run's record vanished from the run store (Redis lost its data)
     ├── UnavailableError            a service the plane needs (Redis) cannot be reached; try again later
     ├── SessionError                a session does not exist or already exists
+    ├── UnencodableTextError        a string holds a lone surrogate, which no store can keep (names the field)
     ├── ModelError                  the model endpoint failed (after retries) or answered nonsense
     ├── ToolError                   a tool is misdeclared (bad schema, duplicate name)
     ├── McpConnectionError          an MCP server cannot be started or reached, or the connection was lost
@@ -86,6 +87,16 @@ class UnavailableError(OrchestratorError):
 
 class SessionError(OrchestratorError):
     """A session does not exist, or already exists."""
+
+
+class UnencodableTextError(OrchestratorError, ValueError):
+    """A string holds a lone surrogate (a code point U+D800-U+DFFF, which a JSON ``\\ud800`` escape or bytes that are
+    not UTF-8 decoded with ``surrogateescape`` make): it is not Unicode text, and UTF-8 (every store's encoding)
+    cannot encode it. ``where`` names the field (``state.notes.0``); the message never repeats the text."""
+
+    def __init__(self, where: str, message: str) -> None:
+        self.where = where
+        super().__init__(message)
 
 
 class ModelError(OrchestratorError):

@@ -3,13 +3,19 @@
 A version comes from a URL (fetched with the limits of ``worker.roots``) or an uploaded archive; it is extracted
 once, safely, into ``<libraries dir>/<sha256>/`` (content-addressed, immutable) and its archive is kept as
 ``<libraries dir>/archives/<sha256>``: a worker that shares the folder reads it, one on another host fetches the
-archive by its digest (``GET /v1/worker/libraries/<sha256>``, ``worker.library_fetch``). Each library has a current
-version; a team's runs and agents see its libraries' current versions.
+archive by its digest (``GET /v1/worker/libraries/<sha256>``, ``worker.library_fetch``). An archive refused — hostile
+(``worker.archives``: a path rule, a limit, more than ``MAX_ARCHIVE_DEPTH`` folders deep) or holding no usable skill —
+leaves nothing in the folder, whatever its depth. Each library has a current version; a team's runs and agents see
+its libraries' current versions.
 
 Bounded: a team keeps at most ``max_libraries`` libraries (one more is refused, ``LibraryLimitError``) and each library
 its ``versions_kept`` newest versions and its current one; an older version is removed when a new one comes — its
 folder and archive too, unless another library holds the same bytes. A run already queued on a removed version fails
 saying it is gone.
+
+Registering is two steps, so that what depends on a version's content can refuse it first: ``fetch`` or ``unpack``
+(``Unpacked``: extracted and checked, nothing registered), then ``register`` — or ``discard``, which removes what was
+unpacked unless a library holds the same bytes. ``add_from_url`` and ``add_from_file`` do both steps.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -64,6 +71,18 @@ class Library(BaseModel):
         return next((v for v in self.versions if v.version == number), None)
 
 
+@dataclass(frozen=True)
+class Unpacked:
+    """A version fetched or uploaded, extracted and checked (its folder and archive kept), not registered yet."""
+
+    team_id: str
+    name: str
+    sha256: str
+    size: int
+    skill_count: int
+    source: str
+
+
 class LibraryRegistry:
     def __init__(self, documents: BaseDocuments, libraries_dir: Path, limits: FetchLimits | None = None, *,
                  versions_kept: int = DEFAULT_VERSIONS_KEPT, max_libraries: int = DEFAULT_MAX_LIBRARIES) -> None:
@@ -87,7 +106,7 @@ class LibraryRegistry:
     def list(self, team_id: str) -> list[Library]:
         return [Library(**d) for d in self.docs.all("libraries") if d["team_id"] == team_id]
 
-    def root(self, version: LibraryVersion) -> Path:
+    def root(self, version: LibraryVersion | Unpacked) -> Path:
         return self.dir / version.sha256
 
     def archive(self, sha256: str) -> Path | None:
@@ -100,6 +119,13 @@ class LibraryRegistry:
         return [self.root(v) for lib in self.list(team_id) if (v := lib.version()) is not None]
 
     def add_from_url(self, team_id: str, name: str, url: str) -> Library:
+        return self.register(self.fetch(team_id, name, url))
+
+    def add_from_file(self, team_id: str, name: str, archive: Path, filename: str = "upload") -> Library:
+        return self.register(self.unpack(team_id, name, archive, filename))
+
+    def fetch(self, team_id: str, name: str, url: str) -> Unpacked:
+        """The archive at ``url`` downloaded (within the fetch limits) and extracted as a version of ``name``."""
         if not url.startswith(("http://", "https://")):
             raise LibraryError(f"{url!r}: a library URL must be http(s)")
         self._room_for(team_id, name)
@@ -109,11 +135,31 @@ class LibraryRegistry:
                 _, content_type = download_archive(url, archive, self.limits)
             except SkillRootError as exc:
                 raise LibraryError(str(exc)) from exc
-            return self._add(team_id, name, archive, url, content_type)
+            return self._unpack(team_id, name, archive, url, content_type)
 
-    def add_from_file(self, team_id: str, name: str, archive: Path, filename: str = "upload") -> Library:
+    def unpack(self, team_id: str, name: str, archive: Path, filename: str = "upload") -> Unpacked:
+        """The uploaded ``archive`` extracted as a version of ``name``."""
         self._room_for(team_id, name)
-        return self._add(team_id, name, archive, f"upload:{filename}", "")
+        return self._unpack(team_id, name, archive, f"upload:{filename}", "")
+
+    def register(self, unpacked: Unpacked) -> Library:
+        """``unpacked`` as the newest version of its library (the same bytes again: that version), now current."""
+        library = self.get(unpacked.team_id, unpacked.name) or Library(team_id=unpacked.team_id, name=unpacked.name)
+        existing = next((v for v in library.versions if v.sha256 == unpacked.sha256), None)
+        if existing is None:
+            existing = LibraryVersion(version=max((v.version for v in library.versions), default=0) + 1,
+                                      sha256=unpacked.sha256, size=unpacked.size, skill_count=unpacked.skill_count,
+                                      source=unpacked.source)
+            library.versions.append(existing)
+        library.current = existing.version
+        dropped = self._trim(library)
+        self.docs.put("libraries", self._doc_id(unpacked.team_id, unpacked.name), library.model_dump())
+        self._remove_unheld(dropped)
+        return library
+
+    def discard(self, unpacked: Unpacked) -> None:
+        """Forget ``unpacked`` unregistered: its folder and archive go, unless a library holds the same bytes."""
+        self._remove_unheld([unpacked.sha256])
 
     def set_current(self, team_id: str, name: str, number: int) -> Library:
         library = self.get(team_id, name)
@@ -129,7 +175,7 @@ class LibraryRegistry:
         self.dir.mkdir(parents=True, exist_ok=True)
         return self.dir
 
-    def _add(self, team_id: str, name: str, archive: Path, source: str, content_type: str) -> Library:
+    def _unpack(self, team_id: str, name: str, archive: Path, source: str, content_type: str) -> Unpacked:
         try:
             root, sha = install_archive(archive, source=source, content_type=content_type, into=self._tmp(),
                                         limits=self.limits.archive)
@@ -138,21 +184,14 @@ class LibraryRegistry:
         try:
             skills = FsSkillRepository(root).summaries()
         except SkillError as exc:
+            self._remove_unheld([sha])
             raise LibraryError(f"{source}: {exc}") from exc
         if not skills:
+            self._remove_unheld([sha])
             raise LibraryError(f"{source}: no usable skill in the archive")
         self._keep_archive(archive, sha)
-        library = self.get(team_id, name) or Library(team_id=team_id, name=name)
-        existing = next((v for v in library.versions if v.sha256 == sha), None)
-        if existing is None:
-            existing = LibraryVersion(version=max((v.version for v in library.versions), default=0) + 1, sha256=sha,
-                                      size=archive.stat().st_size, skill_count=len(skills), source=source)
-            library.versions.append(existing)
-        library.current = existing.version
-        dropped = self._trim(library)
-        self.docs.put("libraries", self._doc_id(team_id, name), library.model_dump())
-        self._remove_unheld(dropped)
-        return library
+        return Unpacked(team_id=team_id, name=name, sha256=sha, size=archive.stat().st_size, skill_count=len(skills),
+                        source=source)
 
     def _room_for(self, team_id: str, name: str) -> None:
         """Refuse a new library past the team's limit (a new version of one it has is always welcome)."""

@@ -8,6 +8,14 @@ again), and counts queued runs atomically with the submission, so a team at its 
 at once gets exactly as many in as it has room for. Past ``max_running`` a team's runs are not refused: they wait
 their turn in its line (``worker.fair_queue``).
 
+Builds of skills' dependency environments count too, in a field of their own (``max_builds``): the builds a team's
+library registrations start — one per library version and runtime, queued or under way — are counted in the same
+step that starts them (``orchestrator.api.environments``); a registration that would pass the quota is refused
+(429), nothing of it registered or started, and a build that ends (finished, failed, cancelled, its worker lost)
+frees its place. Builds and runs do not share places: a build goes to its runtime's builders
+(``skillrun:<runtime>:environments``), never through the team's line of runs, and what a run builds for itself
+(when it waits for its environment) is part of that run, within its time and quota.
+
 Quotas are read through a short cache (``CACHE_SECONDS``): a changed quota holds within that time in every API
 process.
 """
@@ -30,6 +38,9 @@ if TYPE_CHECKING:  # the command line builds its options from TeamQuota: nothing
 
 CACHE_SECONDS = 5.0
 KIND = "quotas"
+MAX_BUILDS_CEILING = 10_000
+BUILD_RETRY_AFTER_SECONDS = 30
+"""What a team refused a build is told to wait: a build takes minutes, and places free as builds end."""
 
 
 class TeamQuota(BaseModel):
@@ -53,6 +64,9 @@ class TeamQuota(BaseModel):
         "The most each of a run's `limits.stdout_bytes`, `stderr_bytes` and `output_total_bytes` may be."))
     max_workspaces: int | None = Field(default=None, gt=0, le=100_000,
                                        description="Kept workspaces the team may have at once.")
+    max_builds: int | None = Field(default=None, ge=0, le=MAX_BUILDS_CEILING, description=(
+        "Dependency-environment builds of the team (one per library version and runtime) queued or under way at "
+        "once (0: no limit); a registration that would start more is refused (429)."))
 
     def over(self, defaults_: "TeamQuota") -> "TeamQuota":
         """This quota with its unset fields taken from ``defaults_``."""
@@ -63,6 +77,7 @@ class QuotaUsage(BaseModel):
     queued: int = Field(description="Runs of the team waiting to start.")
     running: int = Field(description="Runs of the team started and not ended.")
     workspaces: int = Field(description="Kept workspaces of the team.")
+    builds: int = Field(description="Environment builds of the team queued or under way.")
 
 
 class QuotaExceededError(DispatchError):
@@ -118,6 +133,19 @@ def queued_refusal(team: str, limit: int, retry_after: float) -> QuotaExceededEr
     seconds = max(1, min(60, math.ceil(retry_after)))
     return QuotaExceededError("max_queued", f"team {team} has {limit} runs waiting to start, its quota max_queued: "
                                             f"try again in {seconds} s, when some have started", seconds)
+
+
+def builds_refusal(team: str, limit: int, held: int, needed: int) -> QuotaExceededError:
+    """A registration that would start ``needed`` builds while ``team`` holds ``held`` of its ``limit``."""
+    if needed > limit:
+        return QuotaExceededError("max_builds", f"this library version needs {needed} environment builds (one per "
+                                                f"runtime), more than team {team}'s quota max_builds ({limit}) allows "
+                                                "at once: the operator can raise it")
+    return QuotaExceededError("max_builds", f"team {team} has {held} environment builds queued or under way and this "
+                                            f"library version needs {needed} more, past its quota max_builds "
+                                            f"({limit}): try again in {BUILD_RETRY_AFTER_SECONDS} s, when one has "
+                                            "ended (a run that waits for its environment builds it within the run)",
+                              BUILD_RETRY_AFTER_SECONDS)
 
 
 class Quotas:

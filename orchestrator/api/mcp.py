@@ -5,7 +5,8 @@ key>``; a missing, wrong or revoked key is answered 401 before MCP sees the requ
 names is the request's scope: its current libraries (or the server's library), the API's dispatcher, its own runs
 and workspaces. An MCP session answers only the team that opened it: the team is the SDK's authenticated user, and
 another team's request with the session's id is answered 404 (``Conversation.claim`` checks again on each call).
-A body that is not JSON the server can read is answered 400 with a JSON-RPC parse error.
+A body that is not JSON the server can read is answered 400 with a JSON-RPC parse error, one holding a string with a
+lone surrogate with invalid params (the field named), before the SDK sees either.
 
 Sessions are the SDK's (``StreamableHTTPSessionManager``): at most ``max_sessions`` at once (one more is refused
 with 503), and ``team_sessions`` of one team (one more is refused with 429, so one team cannot lock the others out),
@@ -25,7 +26,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.types import INVALID_REQUEST, PARSE_ERROR
+from mcp.types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -34,9 +35,11 @@ from starlette.types import Message, Receive, Scope, Send
 from orchestrator.api.responses import error_response
 from orchestrator.api.services import Services
 from orchestrator.egress import EgressStore
+from orchestrator.errors import UnencodableTextError
 from orchestrator.mcp_server.conversation import Scope as CallerScope
 from orchestrator.mcp_server.server import McpCaps, SkillMcpServer
 from orchestrator.teams import Team
+from orchestrator.text import check_text
 
 TEAM_STATE_KEY = "skillrun_team"
 
@@ -79,10 +82,9 @@ class McpEndpoint:
             return
         if scope["method"] == "POST":
             body = await _whole_body(receive)
-            problem = _unparsable(body)
-            if problem is not None:
-                await JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": PARSE_ERROR, "message": problem}},
-                                   status_code=400)(scope, receive, send)
+            refusal = _refusal(body)
+            if refusal is not None:
+                await refusal(scope, receive, send)
                 return
             receive = _replaying(body, receive)
             if session_id := headers.get(MCP_SESSION_ID_HEADER):
@@ -129,18 +131,31 @@ async def _whole_body(receive: Receive) -> bytes:
     return b"".join(parts)
 
 
-def _unparsable(body: bytes) -> str | None:
-    """Why ``body`` is no JSON, or ``None``: a parse error the SDK would answer 500 (nesting past the parser's
-    depth, bytes that are not UTF-8, integers past Python's digit limit) is answered 400 here, and so is a number
-    that is not finite (``NaN``, ``Infinity``, ``1e999``), which the SDK would pass on as null: a tool's argument
-    would silently become its default."""
+def _refusal(body: bytes) -> JSONResponse | None:
+    """The answer to a body the server does not take (400, a JSON-RPC error), or ``None``. A parse error the SDK
+    would answer 500 (nesting past the parser's depth, bytes that are not UTF-8, integers past Python's digit limit)
+    is a parse error here, and so is a number that is not finite (``NaN``, ``Infinity``, ``1e999``), which the SDK
+    would pass on as null: a tool's argument would silently become its default. A string holding a lone surrogate
+    (``"\\ud800"``), which the SDK would pass on to the tools though no store can keep it, is invalid params naming
+    where it is (``params.arguments.command``)."""
     try:
-        json.loads(body, parse_constant=_not_finite, parse_float=_finite)
+        message = json.loads(body, parse_constant=_not_finite, parse_float=_finite)
     except NonFiniteNumber as exc:
-        return f"Parse error: {exc} is not a finite number; JSON numbers must be finite"
+        return _error(PARSE_ERROR, f"Parse error: {exc} is not a finite number; JSON numbers must be finite")
     except (ValueError, RecursionError) as exc:
-        return f"Parse error: the body is not JSON the server can read ({type(exc).__name__})"
+        return _error(PARSE_ERROR, f"Parse error: the body is not JSON the server can read ({type(exc).__name__})")
+    try:
+        check_text(message)
+    except UnencodableTextError as exc:
+        request_id = message.get("id") if isinstance(message, dict) and exc.where != "id" else None
+        return _error(INVALID_PARAMS, f"Invalid params: {exc}",
+                      request_id if isinstance(request_id, (int, str)) else None)
     return None
+
+
+def _error(code: int, message: str, request_id: int | str | None = None) -> JSONResponse:
+    return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}},
+                        status_code=400)
 
 
 class NonFiniteNumber(ValueError):

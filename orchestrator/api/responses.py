@@ -4,6 +4,8 @@
 [...]}``; validation errors list each field (``loc``, ``msg``) without echoing the input back (a refused 100 MB
 command is not sent back, and a ``NaN`` cannot break the answer's JSON). A lost run (``RunLostError``) is 410;
 Redis unreachable (``UnavailableError``, or a Redis connection error from any store) is 503 with ``Retry-After``.
+A team over its quota (``QuotaExceededError``) is 429 saying which, with ``Retry-After`` when waiting may help
+(``over_quota``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -19,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from orchestrator.errors import RunLostError, UnavailableError
+from orchestrator.quotas import QuotaExceededError
 
 _DESCRIPTIONS = {
     400: "The body could not be parsed.",
@@ -72,6 +75,12 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
                 for e in exc.errors()]
     detail = "; ".join(f"{'.'.join(str(p) for p in problem.loc)}: {problem.msg}" for problem in problems)
     return error_response(422, detail or "invalid request", problems)
+
+
+def over_quota(exc: QuotaExceededError) -> HTTPException:
+    """The 429 of a submission or a build over its team's quota."""
+    retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return HTTPException(429, str(exc), headers=retry)
 
 
 async def _lost(request: Request, exc: RunLostError) -> JSONResponse:

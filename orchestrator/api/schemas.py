@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from orchestrator.errors import UnencodableTextError
 from orchestrator.events import Event
 from orchestrator.libraries import LIBRARY_NAME
+from orchestrator.text import check_text
 from worker import defaults
 from worker.contract import SKILL_NAME_PATTERN, WORKSPACE_ID_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
 from worker.env_names import ALLOWED_ENV_NAME, ENV_NAME, MAX_ENV_NAME_CHARS
@@ -45,7 +58,34 @@ def _env_schema(schema: dict[str, Any]) -> None:
     schema["additionalProperties"] = value
 
 
-class SessionCreate(BaseModel):
+class RequestModel(BaseModel):
+    """A request body: every string in it, at any depth and keys included, must be text a store can keep — one
+    holding a lone surrogate is refused (422, ``lone_surrogate``, naming the field) before anything is stored or run
+    (``orchestrator.text``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names_are_text(cls, data: Any) -> Any:
+        """The body's own keys (a field's value is checked by ``_values_are_text``)."""
+        if isinstance(data, dict):
+            _refuse_lone_surrogates(dict.fromkeys(data), "")
+        return data
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _values_are_text(cls, value: Any, info: ValidationInfo) -> Any:
+        _refuse_lone_surrogates(value, info.field_name or "")
+        return value
+
+
+def _refuse_lone_surrogates(value: Any, where: str) -> None:
+    try:
+        check_text(value, where)
+    except UnencodableTextError as exc:
+        raise PydanticCustomError("lone_surrogate", "{problem}", {"problem": str(exc)}) from None
+
+
+class SessionCreate(RequestModel):
     """A new session; the id is generated when not given."""
 
     session_id: str | None = Field(default=None, pattern=SESSION_ID)
@@ -61,7 +101,7 @@ class SessionPublic(BaseModel):
     last_update_time: float
 
 
-class MessageCreate(BaseModel):
+class MessageCreate(RequestModel):
     """A user message to the session's agent."""
 
     text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
@@ -124,7 +164,7 @@ class SkillPublic(SkillSummaryPublic):
     environments: list[EnvironmentPublic] = Field(description="Its dependency environment on each of those runtimes.")
 
 
-class InputContent(BaseModel):
+class InputContent(RequestModel):
     """A file for ``work/inputs/<name>``, its content base64-encoded."""
 
     model_config = ConfigDict(extra="forbid")
@@ -133,7 +173,7 @@ class InputContent(BaseModel):
     content: Annotated[Base64Bytes, WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": BASE64})]
 
 
-class RunCreate(BaseModel):
+class RunCreate(RequestModel):
     """The fields of a run request a caller may set; the skill is named, the server finds it in the library."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -173,7 +213,7 @@ class RunCreate(BaseModel):
     )
 
 
-class SecretSet(BaseModel):
+class SecretSet(RequestModel):
     """A secret's value, written once; no answer ever holds it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -244,7 +284,7 @@ class WorkspacesPublic(BaseModel):
     next_offset: int | None = Field(description="The offset of the next page; null on the last.")
 
 
-class LibraryCreate(BaseModel):
+class LibraryCreate(RequestModel):
     """Register (a new version of) a library from the URL of an archive or of one SKILL.md."""
 
     model_config = ConfigDict(extra="forbid")
@@ -291,5 +331,5 @@ class LibraryRegistered(LibraryPublic):
     environments: LibraryEnvironmentsPublic
 
 
-class CurrentVersion(BaseModel):
+class CurrentVersion(RequestModel):
     version: int = Field(ge=1)

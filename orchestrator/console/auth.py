@@ -6,7 +6,9 @@ that session and the key it was opened with (a revoked key ends its sessions). E
 carries the session's CSRF token in a hidden ``csrf`` field, compared in constant time; the login form carries one
 from a short-lived cookie of its own (double submit). A post the browser says came from another site
 (``Sec-Fetch-Site``, ``Origin``) is refused before either is looked at, so a cookie planted from a sibling host
-cannot sign a browser in to another team either.
+cannot sign a browser in to another team either. A form whose names, values or file names are not text a store can
+keep (a lone surrogate, which a multipart body declaring a charset such as UTF-7 decodes to) is refused (422) before
+anything of it is used or shown again (``form_text``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.datastructures import FormData, UploadFile
 
 from orchestrator.api.services import Services, get_services
 from orchestrator.console.render import page
 from orchestrator.console.sessions import BaseConsoleSessions, ConsoleSession
+from orchestrator.errors import UnencodableTextError
 from orchestrator.teams import Team
+from orchestrator.text import check_text
 
 SESSION_COOKIE = "skillrun_session"
 LOGIN_COOKIE = "skillrun_login"
@@ -82,12 +87,23 @@ def cross_site(request: Request) -> str | None:
     return None
 
 
+def form_text(form: FormData) -> None:
+    """Refuse (``ConsoleError`` 422, naming the field) a form whose names, values or file names hold a lone
+    surrogate."""
+    for name, value in form.multi_items():
+        try:
+            check_text({name: (value.filename or "") if isinstance(value, UploadFile) else value})
+        except UnencodableTextError as exc:
+            raise ConsoleError(422, str(exc)) from None
+
+
 async def checked(request: Request, team: Team = Depends(signed_in)) -> Team:
     """The signed-in team, for a form that changes something: sent from the console's own pages, with the
-    session's ``csrf`` token (403 otherwise)."""
+    session's ``csrf`` token (403 otherwise), its text checked (``form_text``)."""
     if (reason := cross_site(request)) is not None:
         raise ConsoleError(403, f"{reason}: use the console's own pages")
     form = await request.form()
+    form_text(form)
     session: ConsoleSession = request.state.console
     sent = form.get("csrf")
     if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(), session.csrf.encode()):

@@ -17,7 +17,8 @@ from orchestrator.api.schemas import MAX_URL_CHARS
 from orchestrator.api.services import Services, get_services
 from orchestrator.console.auth import PREFIX, checked, signed_in
 from orchestrator.console.render import page
-from orchestrator.libraries import Library, LibraryError
+from orchestrator.libraries import LibraryError, Unpacked
+from orchestrator.quotas import QuotaExceededError
 from orchestrator.teams import Team
 
 router = APIRouter(prefix=f"{PREFIX}/libraries", include_in_schema=False)
@@ -46,16 +47,20 @@ def _field(form: dict, name: str, limit: int) -> str:
     return value.strip()
 
 
-async def _done(request: Request, services: Services, team: Team, library: Library, how: str) -> HTMLResponse:
-    version = (await registered(services, library)).current
+async def _done(request: Request, services: Services, team: Team, unpacked: Unpacked, how: str) -> HTMLResponse:
+    version = (await registered(services, team, unpacked)).current
     return await _libraries_page(request, services, team,
-                                 notice=f"library {library.name!r}: version {version} {how}, now current")
+                                 notice=f"library {unpacked.name!r}: version {version} {how}, now current")
 
 
-async def _refusal(request: Request, services: Services, team: Team, exc: LibraryError) -> HTMLResponse:
-    """The libraries page with the API's refusal (its status: 409 at the team's limit, else 422)."""
+async def _refusal(request: Request, services: Services, team: Team,
+                   exc: LibraryError | QuotaExceededError) -> HTMLResponse:
+    """The libraries page with the API's refusal (its status: 429 past the team's quota of builds, 409 at its
+    library limit, else 422)."""
     refusal = refused(exc)
-    return await _libraries_page(request, services, team, error=str(refusal.detail), status_code=refusal.status_code)
+    answer = await _libraries_page(request, services, team, error=str(refusal.detail), status_code=refusal.status_code)
+    answer.headers.update(refusal.headers or {})
+    return answer
 
 
 def _save(upload: UploadFile, folder: str) -> Path:
@@ -77,11 +82,11 @@ async def upload(request: Request, team: Team = Depends(checked),
             raise LibraryError("archive: choose a .tar.gz, .tgz or .zip file")
         with tempfile.TemporaryDirectory() as tmp:
             path = await asyncio.to_thread(_save, archive, tmp)
-            library = await asyncio.to_thread(services.libraries.add_from_file, team.id, name, path,
-                                              Path(archive.filename).name[:255])
-    except LibraryError as exc:
+            unpacked = await asyncio.to_thread(services.libraries.unpack, team.id, name, path,
+                                               Path(archive.filename).name[:255])
+        return await _done(request, services, team, unpacked, "uploaded")
+    except (LibraryError, QuotaExceededError) as exc:
         return await _refusal(request, services, team, exc)
-    return await _done(request, services, team, library, "uploaded")
 
 
 @router.post("/register", response_class=HTMLResponse)
@@ -91,10 +96,10 @@ async def register(request: Request, team: Team = Depends(checked),
     form = await request.form()
     try:
         name, url = _field(form, "name", MAX_NAME_CHARS), _field(form, "url", MAX_URL_CHARS)
-        library = await asyncio.to_thread(services.libraries.add_from_url, team.id, name, url)
-    except LibraryError as exc:
+        unpacked = await asyncio.to_thread(services.libraries.fetch, team.id, name, url)
+        return await _done(request, services, team, unpacked, "fetched")
+    except (LibraryError, QuotaExceededError) as exc:
         return await _refusal(request, services, team, exc)
-    return await _done(request, services, team, library, "fetched")
 
 
 @router.post("/{name}/current", response_class=HTMLResponse)

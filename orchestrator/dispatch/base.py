@@ -27,6 +27,7 @@ import redis
 
 from orchestrator.errors import DispatchError, OrchestratorError, RunLostError, UnavailableError
 from orchestrator.quotas import Quotas, TeamQuota, apply_ceilings
+from orchestrator.text import check_text
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.run_store import (
@@ -119,13 +120,20 @@ class BaseDispatcher(ABC):
         ``owner`` (a team) is recorded so that only it sees the run, and the submission is held to its quota
         (``QuotaExceededError``)."""
 
-    async def _quota(self, request: RunRequest, owner: str | None) -> TeamQuota | None:
-        """The quota ``owner``'s submission of ``request`` is held to, once its ceilings are applied (defaults
-        lowered to them, ``QuotaExceededError`` past them); ``None``: no quotas here, or no team."""
+    async def team_quota(self, owner: str | None) -> TeamQuota | None:
+        """The quota that holds for ``owner`` (``None``: no quotas here, or no team)."""
         if self.quotas is None or owner is None:
             return None
-        quota = self.quotas.cached(owner) or await asyncio.to_thread(self.quotas.of, owner)
-        apply_ceilings(quota, request, owner)
+        return self.quotas.cached(owner) or await asyncio.to_thread(self.quotas.of, owner)
+
+    async def _checked(self, request: RunRequest, owner: str | None) -> TeamQuota | None:
+        """What every submission passes before anything of it is stored: its text can be stored
+        (``UnencodableTextError``), and it is held to the quota of ``owner`` — returned once its ceilings are
+        applied (defaults lowered to them, ``QuotaExceededError`` past them); ``None``: no quotas here, or no team."""
+        check_text(request, "run")
+        quota = await self.team_quota(owner)
+        if quota is not None:
+            apply_ceilings(quota, request, owner)
         return quota
 
     async def usage(self, owner: str) -> tuple[int, int]:

@@ -96,7 +96,7 @@ class InlineDispatcher(BaseDispatcher):
 
     async def _accept(self, request: RunRequest, owner: str | None) -> tuple[RunRecord, TeamQuota | None]:
         """The new run's record, held to its team's quota (nothing awaited between the count and the record)."""
-        quota = await self._quota(request, owner)
+        quota = await self._checked(request, owner)
         if quota is not None and owner is not None and quota.max_queued and \
                 self.store.team_usage(owner)[0] >= quota.max_queued:
             raise queued_refusal(owner, quota.max_queued, request.timeout)

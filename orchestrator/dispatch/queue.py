@@ -111,7 +111,7 @@ class QueueDispatcher(BaseDispatcher):
         if request.runtime.value not in RUNTIME_CLASSES:
             raise DispatchError(f"runtime {request.runtime.value!r} is not available in this installation "
                                 f"(available: {', '.join(sorted(RUNTIME_CLASSES))})")
-        quota = await self._quota(request, owner)
+        quota = await self._checked(request, owner)
         with redis_errors(), workspace_refusals():
             return await asyncio.to_thread(self._submit, request, priority, owner, quota)
 

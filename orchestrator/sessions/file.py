@@ -19,7 +19,7 @@ from typing import Any
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.sessions.base import BaseSessionService
-from orchestrator.sessions.session import Session, already_exists, apply_delta, new_session, persistent_delta
+from orchestrator.sessions.session import Session, already_exists, apply_delta, kept_event, new_session
 
 _SAFE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -103,8 +103,7 @@ class FileSessionService(BaseSessionService):
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
             return event
-        kept = event.model_copy(deep=True)
-        kept.actions.state_delta = persistent_delta(kept.actions.state_delta)
+        kept = kept_event(event)
         path = self._path(session.app_name, session.user_id, session.id)
 
         def append() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.sessions.base import BaseSessionService
-from orchestrator.sessions.session import Session, already_exists, apply_delta, new_session, persistent_delta
+from orchestrator.sessions.session import Session, already_exists, apply_delta, kept_event, new_session
 
 
 class InMemorySessionService(BaseSessionService):
@@ -43,8 +43,7 @@ class InMemorySessionService(BaseSessionService):
         stored = self._sessions.get((session.app_name, session.user_id, session.id))
         if stored is None:
             raise SessionError(f"session {session.id!r} does not exist")
-        kept = event.model_copy(deep=True)
-        kept.actions.state_delta = persistent_delta(kept.actions.state_delta)
+        kept = kept_event(event)
         for target in (stored, session):
             apply_delta(target.state, kept.actions.state_delta)
             target.events.append(kept)

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.sessions.base import BaseSessionService
-from orchestrator.sessions.session import Session, already_exists, apply_delta, new_session, persistent_delta
+from orchestrator.sessions.session import Session, already_exists, apply_delta, kept_event, new_session
 
 DEFAULT_PREFIX = "skillrun:session"
 
@@ -86,8 +86,7 @@ class RedisSessionService(BaseSessionService):
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
             return event
-        kept = event.model_copy(deep=True)
-        kept.actions.state_delta = persistent_delta(kept.actions.state_delta)
+        kept = kept_event(event)
         meta = self._key(session.app_name, session.user_id, session.id, "meta")
         if not await self._client.exists(meta):
             raise SessionError(f"session {session.id!r} does not exist")

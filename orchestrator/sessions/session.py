@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
+from orchestrator.text import check_text
 
 TEMP_PREFIX = "temp:"
 """State keys with this prefix live for one invocation and are never persisted."""
@@ -38,11 +39,22 @@ def apply_delta(state: dict[str, Any], delta: dict[str, Any]) -> None:
             state[key] = value
 
 
+def kept_event(event: Event) -> Event:
+    """What a store keeps of ``event``: a copy without its ``temp:`` state keys, its text checked
+    (``UnencodableTextError``, before anything is stored)."""
+    kept = event.model_copy(deep=True)
+    kept.actions.state_delta = persistent_delta(kept.actions.state_delta)
+    check_text(kept, "event")
+    return kept
+
+
 def new_session(app_name: str, user_id: str, session_id: str | None, state: dict[str, Any] | None) -> Session:
-    """A new session (with a generated id unless one is given), keeping only the persistent part of ``state``."""
+    """A new session (with a generated id unless one is given), keeping only the persistent part of ``state``, its
+    text checked (``UnencodableTextError``, before anything is stored)."""
     session = Session(app_name=app_name, user_id=user_id, state=persistent_delta(dict(state or {})))
     if session_id is not None:
         session.id = session_id
+    check_text(session)
     return session
 
 

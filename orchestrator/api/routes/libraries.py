@@ -12,7 +12,7 @@ from fastapi import Path as PathParam
 
 from orchestrator.api.auth import current_team
 from orchestrator.api.environments import EnvironmentsReport
-from orchestrator.api.responses import error_responses
+from orchestrator.api.responses import error_responses, over_quota
 from orchestrator.api.schemas import (
     CurrentVersion,
     LibraryCreate,
@@ -21,7 +21,8 @@ from orchestrator.api.schemas import (
     LibraryRegistered,
 )
 from orchestrator.api.services import Services, get_services
-from orchestrator.libraries import LIBRARY_NAME, Library, LibraryError, LibraryLimitError
+from orchestrator.libraries import LIBRARY_NAME, Library, LibraryError, LibraryLimitError, Unpacked
+from orchestrator.quotas import QuotaExceededError
 from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/libraries", tags=["libraries"], responses=error_responses(401, 422))
@@ -38,31 +39,43 @@ def _environments(library: Library, version: int, report: EnvironmentsReport) ->
                                      problems=report.problems, done=all(s.state != "building" for s in report.skills))
 
 
-async def registered(services: Services, library: Library) -> LibraryRegistered:
-    """The library, with its new current version's environments set building (in the background)."""
+async def registered(services: Services, team: Team, unpacked: Unpacked) -> LibraryRegistered:
+    """``unpacked`` registered as its library's current version once its skills' environments are set building (in
+    the background) as builds of ``team``; past the team's quota of builds (``QuotaExceededError``) nothing is
+    registered, started or kept."""
+    try:
+        report = await services.environments.prepare(services.libraries.root(unpacked), team.id)
+    except QuotaExceededError:
+        await asyncio.to_thread(services.libraries.discard, unpacked)
+        raise
+    library = await asyncio.to_thread(services.libraries.register, unpacked)
     version = library.version()
-    report = await services.environments.prepare(services.libraries.root(version))
     return LibraryRegistered(**_public(library).model_dump(), environments=_environments(library, version.version, report))
 
 
-def refused(exc: LibraryError) -> HTTPException:
-    """409 for a team at its library limit, else 422 (the archive or its fetch was wrong)."""
+def refused(exc: LibraryError | QuotaExceededError) -> HTTPException:
+    """429 for a team at its quota of builds, 409 at its library limit, else 422 (the archive or its fetch was
+    wrong)."""
+    if isinstance(exc, QuotaExceededError):
+        return over_quota(exc)
     return HTTPException(409 if isinstance(exc, LibraryLimitError) else 422, str(exc))
 
 
-@router.post("", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED, responses=error_responses(400, 409, 413))
+@router.post("", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED,
+             responses=error_responses(400, 409, 413, 429))
 async def register_library(body: LibraryCreate, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> LibraryRegistered:
     """Fetch the archive at ``url`` (safely, within limits) as the newest version of library ``name``; its skills'
-    dependency environments start building (follow them at ``GET /v1/libraries/{name}/environments``)."""
+    dependency environments start building (follow them at ``GET /v1/libraries/{name}/environments``). One that
+    would start more builds than the team's quota allows (``max_builds``) is refused (429), nothing of it kept."""
     try:
-        library = await asyncio.to_thread(services.libraries.add_from_url, team.id, body.name, body.url)
-    except LibraryError as exc:
+        unpacked = await asyncio.to_thread(services.libraries.fetch, team.id, body.name, body.url)
+        return await registered(services, team, unpacked)
+    except (LibraryError, QuotaExceededError) as exc:
         raise refused(exc) from exc
-    return await registered(services, library)
 
 
 @router.post("/{name}/upload", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED,
-             responses=error_responses(409, 413), openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+             responses=error_responses(409, 413, 429), openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                                             "required": True}})
 async def upload_library(
     request: Request, name: str = LibraryName,
@@ -70,18 +83,18 @@ async def upload_library(
     team: Team = Depends(current_team), services: Services = Depends(get_services),
 ) -> LibraryRegistered:
     """Upload an archive (``.tar.gz``, ``.tgz`` or ``.zip``; the body is the archive) as a new version of ``name``;
-    its skills' dependency environments start building. The body's size is bounded by ``orchestrator.api.limits``
-    while it streams in."""
+    its skills' dependency environments start building (429 past the team's quota of builds, as for a URL). The
+    body's size is bounded by ``orchestrator.api.limits`` while it streams in."""
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "upload"
         with open(archive, "wb") as out:
             async for chunk in request.stream():
                 out.write(chunk)
         try:
-            library = await asyncio.to_thread(services.libraries.add_from_file, team.id, name, archive, filename)
-        except LibraryError as exc:
+            unpacked = await asyncio.to_thread(services.libraries.unpack, team.id, name, archive, filename)
+            return await registered(services, team, unpacked)
+        except (LibraryError, QuotaExceededError) as exc:
             raise refused(exc) from exc
-    return await registered(services, library)
 
 
 @router.get("", response_model=list[LibraryPublic])

@@ -22,7 +22,7 @@ from orchestrator.api import run_ids
 from orchestrator.api.auth import current_team
 from orchestrator.api.environments import not_ready
 from orchestrator.api.file_paths import FILE_NAME
-from orchestrator.api.responses import UNAVAILABLE_RETRY_AFTER_SECONDS, ErrorPublic, error_responses
+from orchestrator.api.responses import UNAVAILABLE_RETRY_AFTER_SECONDS, ErrorPublic, error_responses, over_quota
 from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.egress import EgressStore
@@ -169,8 +169,7 @@ async def accept_run(body: RunCreate, team: Team, services: Services) -> RunReco
         validate_request(request)
         record = await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
     except QuotaExceededError as exc:
-        retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc), headers=retry) from exc
+        raise over_quota(exc) from exc
     except (ValueError, DispatchError, WorkerError) as exc:
         raise HTTPException(422, str(exc)) from exc
     return record
