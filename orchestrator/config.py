@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from orchestrator.quotas import MAX_BUILDS_CEILING, TeamQuota
+from orchestrator.quotas import MAX_ARTIFACT_BYTES_CEILING, MAX_BUILDS_CEILING, TeamQuota
 from worker import defaults as run_defaults
 from worker.artifacts.location import BlobUrl
 from worker.tokens import usable_worker_token
@@ -25,6 +25,7 @@ DEFAULT_WORKSPACE_IDLE_SECONDS = 24 * 3600
 DEFAULT_MAX_WORKSPACES_PER_TEAM = 100
 DEFAULT_TEAM_MAX_QUEUED = 10_000
 DEFAULT_TEAM_MAX_BUILDS = 8
+DEFAULT_TEAM_MAX_ARTIFACT_BYTES = 100 * 1024**3
 """Builds a team may have going at once by default: four library versions on each of two runtimes."""
 DEFAULT_VERSIONS_KEPT = 10
 DEFAULT_MAX_LIBRARIES = 50
@@ -103,6 +104,11 @@ class Settings(BaseSettings):
         description="Default quota: dependency-environment builds of one team (one per library version and runtime) "
                     "queued or under way at once (0: no limit); a registration that would start more is refused (429).",
     )
+    team_max_artifact_bytes: int = Field(
+        default=DEFAULT_TEAM_MAX_ARTIFACT_BYTES, ge=0, le=MAX_ARTIFACT_BYTES_CEILING,
+        description="Default quota: bytes of artifacts one team's runs keep at once, within the artifacts' retention "
+                    "(0: no limit); a run saving artifacts past it is refused (429).",
+    )
     api_url: str = Field(default="http://127.0.0.1:8000", description="The API the command line's API commands "
                                                                        "(skillrun workspaces) talk to.")
     api_key: str | None = Field(default=None, repr=False, description="The team key those commands send.")
@@ -172,7 +178,8 @@ class Settings(BaseSettings):
     def default_quota(self) -> TeamQuota:
         """The quota of a team that has none of its own (``skillrun teams set-quota``)."""
         return TeamQuota(max_running=self.team_max_running, max_queued=self.team_max_queued,
-                         max_workspaces=self.max_workspaces_per_team, max_builds=self.team_max_builds)
+                         max_workspaces=self.max_workspaces_per_team, max_builds=self.team_max_builds,
+                         max_artifact_bytes=self.team_max_artifact_bytes)
 
     def skills_roots(self) -> list[str]:
         return [part.strip() for part in self.skills_root.split(",") if part.strip()]

@@ -39,6 +39,9 @@ if TYPE_CHECKING:  # the command line builds its options from TeamQuota: nothing
 CACHE_SECONDS = 5.0
 KIND = "quotas"
 MAX_BUILDS_CEILING = 10_000
+MAX_ARTIFACT_BYTES_CEILING = 1024**5
+ARTIFACT_RETRY_AFTER_SECONDS = 3600
+"""What a team refused for its stored artifacts is told to wait: they are tallied by the hour their runs ended."""
 BUILD_RETRY_AFTER_SECONDS = 30
 """What a team refused a build is told to wait: a build takes minutes, and places free as builds end."""
 
@@ -67,6 +70,10 @@ class TeamQuota(BaseModel):
     max_builds: int | None = Field(default=None, ge=0, le=MAX_BUILDS_CEILING, description=(
         "Dependency-environment builds of the team (one per library version and runtime) queued or under way at "
         "once (0: no limit); a registration that would start more is refused (429)."))
+    max_artifact_bytes: int | None = Field(default=None, ge=0, le=MAX_ARTIFACT_BYTES_CEILING, description=(
+        "Bytes of artifacts the team's runs keep at once, within the artifacts' retention (0: no limit): a run "
+        "saving artifacts is refused (429) once they are reached, and its `limits.artifact_total_bytes` is lowered "
+        "to what is left."))
 
     def over(self, defaults_: "TeamQuota") -> "TeamQuota":
         """This quota with its unset fields taken from ``defaults_``."""
@@ -78,6 +85,8 @@ class QuotaUsage(BaseModel):
     running: int = Field(description="Runs of the team started and not ended.")
     workspaces: int = Field(description="Kept workspaces of the team.")
     builds: int = Field(description="Environment builds of the team queued or under way.")
+    artifact_bytes: int = Field(description="Bytes of artifacts the team's runs keep (those of runs that ended "
+                                            "within the artifacts' retention).")
 
 
 class QuotaExceededError(DispatchError):
@@ -122,6 +131,22 @@ def apply_ceilings(quota: TeamQuota, request: RunRequest, team: str) -> None:
             continue
         raise QuotaExceededError(name, f"{path} is {shown(value)}, over team {team}'s quota {name} "
                                        f"({shown(ceiling)}): ask for at most {shown(ceiling)}")
+
+
+def hold_artifacts(quota: TeamQuota, request: RunRequest, team: str, kept: int, retention_seconds: float) -> None:
+    """Hold a run that saves artifacts to what ``team`` may still keep (``kept`` bytes are): its
+    ``limits.artifact_total_bytes`` lowered to what is left, or ``QuotaExceededError`` when nothing is."""
+    limit = quota.max_artifact_bytes
+    if not limit or not request.save_as_artifacts:
+        return
+    left = limit - kept
+    if left <= 0:
+        raise QuotaExceededError("max_artifact_bytes", f"team {team} keeps {shown(kept)} bytes of artifacts, its quota "
+                                                       f"max_artifact_bytes ({shown(limit)}): they go "
+                                                       f"{shown(round(retention_seconds))} s after their runs ended; "
+                                                       "run without save_as_artifacts meanwhile",
+                                 ARTIFACT_RETRY_AFTER_SECONDS)
+    request.limits.artifact_total_bytes = min(request.limits.artifact_total_bytes, left)
 
 
 def shown(value: float) -> str:

@@ -26,7 +26,7 @@ from typing import Literal, TypeVar
 import redis
 
 from orchestrator.errors import DispatchError, OrchestratorError, RunLostError, UnavailableError
-from orchestrator.quotas import Quotas, TeamQuota, apply_ceilings
+from orchestrator.quotas import Quotas, TeamQuota, apply_ceilings, hold_artifacts
 from orchestrator.text import check_text
 from worker import defaults
 from worker.contract import RunRequest, RunResult
@@ -134,12 +134,21 @@ class BaseDispatcher(ABC):
         quota = await self.team_quota(owner)
         if quota is not None:
             apply_ceilings(quota, request, owner)
+            if quota.max_artifact_bytes and request.save_as_artifacts:
+                with redis_errors():
+                    kept = await asyncio.to_thread(self.store.team_artifact_bytes, owner)
+                hold_artifacts(quota, request, owner, kept, self.store.artifact_ttl)
         return quota
 
     async def usage(self, owner: str) -> tuple[int, int]:
         """How many runs of ``owner`` are queued and started."""
         with redis_errors():
             return await asyncio.to_thread(self.store.team_usage, owner)
+
+    async def artifact_bytes(self, owner: str) -> int:
+        """What the artifacts ``owner``'s runs keep hold."""
+        with redis_errors():
+            return await asyncio.to_thread(self.store.team_artifact_bytes, owner)
 
     @abstractmethod
     async def look(self, run_id: str) -> RunRecord | None:

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from worker.config import get_worker_settings
 from worker.contract import RunRequest, RunResult
 from worker.run_store.fencing import Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
 
 TRIM_BATCH = 100
 """Expired runs one write removes at most (from a store's records, or from each Redis index it touches)."""
+TALLY_SECONDS = 3600
+"""A team's artifact bytes are tallied by the hour their runs ended (``team_artifact_bytes``)."""
+
+
+def artifact_bytes(record: RunRecord) -> int:
+    """What the artifacts of ``record``'s result hold (what its team's quota of stored artifacts counts)."""
+    return sum(artifact.size for artifact in record.result.artifact_files) if record.result is not None else 0
 
 
 class BaseRunStore(ABC):
@@ -62,6 +70,11 @@ class BaseRunStore(ABC):
     @abstractmethod
     def team_usage(self, team: str) -> tuple[int, int]:
         """How many runs of ``team`` are queued and started (what its quotas count)."""
+
+    @abstractmethod
+    def team_artifact_bytes(self, team: str) -> int:
+        """What the artifacts of ``team``'s runs that ended within the artifacts' retention (``artifact_ttl``)
+        hold: tallied by the hour each run ended, so an hour's tally goes when its artifacts go (within the hour)."""
 
     def heartbeat(self, run_id: str, attempt: Attempt) -> bool:
         """The worker of ``attempt`` is alive; ``False`` (nothing renewed) when it no longer holds the run."""
@@ -196,8 +209,12 @@ class MemoryRunStore(BaseRunStore):
     def __init__(
         self, on_change: Callable[[str], None] | None = None, *, result_ttl: float | None = None,
         clock: Callable[[], float] = time.time, workspace_limit: int | None = None,
+        artifact_ttl: float | None = None,
     ) -> None:
+        """``artifact_ttl``: how long artifacts are kept (default: the worker's ``artifacts_kept_seconds``)."""
         self._records: dict[str, RunRecord] = {}
+        self._artifacts: dict[str, dict[int, int]] = {}
+        self.artifact_ttl = get_worker_settings().artifacts_kept_seconds if artifact_ttl is None else artifact_ttl
         self._events: dict[str, list[RunEvent]] = {}
         self._ended: deque[tuple[float, str]] = deque()
         self._lock = threading.Lock()
@@ -256,6 +273,10 @@ class MemoryRunStore(BaseRunStore):
                 self._ended.append((self.clock(), run_id))
                 if record.request.keep_workspace:
                     self.workspaces.release(record.request.workspace_id, run_id)
+                if record.owner is not None and (stored_bytes := artifact_bytes(record)):
+                    tally = self._artifacts.setdefault(record.owner, {})
+                    hour = int(self.clock() // TALLY_SECONDS)
+                    tally[hour] = tally.get(hour, 0) + stored_bytes
         self._changed(run_id)
         return record
 
@@ -273,6 +294,16 @@ class MemoryRunStore(BaseRunStore):
         with self._lock:
             mine = [record.status for record in self._records.values() if record.owner == team]
         return mine.count(RunStatus.QUEUED), mine.count(RunStatus.STARTED)
+
+    def team_artifact_bytes(self, team: str) -> int:
+        first = int((self.clock() - self.artifact_ttl) // TALLY_SECONDS)
+        with self._lock:
+            tally = self._artifacts.get(team, {})
+            for hour in [hour for hour in tally if hour < first]:
+                del tally[hour]
+            if not tally:
+                self._artifacts.pop(team, None)
+            return sum(tally.values())
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

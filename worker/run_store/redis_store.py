@@ -5,7 +5,8 @@ Keys (``RunKeys``): ``<prefix>:<id>`` (the record as JSON), ``<prefix>:<id>:even
 of the started attempt), the indexes ``<prefix>:index`` (and one per owner), ``<prefix>:running`` (the started
 runs: what the lost-run sweep reads), ``<prefix>:waiting`` (the queued runs, by when they last entered the queue: what
 the stranded-job sweep reads), the same two per team (``<prefix>:running:<team>``, ``<prefix>:waiting:<team>``: what
-its quotas count) and the counts ``<prefix>:stats``. Every change is published on
+its quotas count), ``<prefix>:artifacts:<team>`` (a hash of the bytes of artifacts its runs stored, by the hour they
+ended: what its quota of stored artifacts counts; it expires with the artifacts) and the counts ``<prefix>:stats``. Every change is published on
 ``<prefix>:changes`` (``"<id> <event type>"``) for the API's waiters (``worker.run_store.watch``).
 
 Retention: an ended run's record and events expire ``result_ttl`` seconds after it ended. ``<prefix>:expiring``
@@ -27,7 +28,8 @@ import redis
 
 from worker import defaults
 from worker.contract import RunRequest
-from worker.run_store.base import TRIM_BATCH, BaseRunStore
+from worker.config import get_worker_settings
+from worker.run_store.base import TALLY_SECONDS, TRIM_BATCH, BaseRunStore, artifact_bytes
 from worker.run_store.fencing import RENEW_IF_HELD, Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
 from worker.run_store.workspaces import RedisWorkspaces, WorkspaceRefusedError, joining
@@ -60,6 +62,10 @@ class RunKeys:
     def team_waiting(self, team: str) -> str:
         """A team's queued runs (by when they entered the queue): what its quota of queued runs counts."""
         return f"{self.prefix}:waiting:{team}"
+
+    def team_artifacts(self, team: str) -> str:
+        """A team's artifact bytes by the hour their runs ended: what its quota of stored artifacts counts."""
+        return f"{self.prefix}:artifacts:{team}"
 
     @property
     def changes(self) -> str:
@@ -108,12 +114,15 @@ class RedisRunStore(BaseRunStore):
         heartbeat_ttl: int = defaults.HEARTBEAT_TTL_SECONDS,
         clock: Callable[[], float] = time.time,
         workspace_limit: int | None = None,
+        artifact_ttl: int | None = None,
     ) -> None:
-        """``workspace_limit``: kept workspaces an owner may have at once."""
+        """``workspace_limit``: kept workspaces an owner may have at once; ``artifact_ttl``: how long artifacts are
+        kept (default: the worker's ``artifacts_kept_seconds``)."""
         self.redis = connection
         self.clock = clock
         self.keys = RunKeys(prefix)
         self.result_ttl = result_ttl
+        self.artifact_ttl = get_worker_settings().artifacts_kept_seconds if artifact_ttl is None else artifact_ttl
         self.heartbeat_ttl = heartbeat_ttl
         self._renew = connection.register_script(RENEW_IF_HELD)
         self._trim = connection.register_script(TRIM_EXPIRED)
@@ -238,6 +247,10 @@ class RedisRunStore(BaseRunStore):
             self._expire_from_indexes(pipe, record, ttl)
         if record.status.done and not previous.done and record.request.keep_workspace:
             self.workspaces.release(pipe, record.request.workspace_id, record.id)
+        if record.status.done and not previous.done and record.owner is not None and (stored := artifact_bytes(record)):
+            tally = self.keys.team_artifacts(record.owner)
+            pipe.hincrby(tally, str(int(self.clock() // TALLY_SECONDS)), stored)
+            pipe.expire(tally, int(self.artifact_ttl) + TALLY_SECONDS)
 
     def _expire_from_indexes(self, pipe: redis.client.Pipeline, record: RunRecord, ttl: int) -> None:
         """Note when the ended ``record`` expires, and take the runs expired by now out of the indexes."""
@@ -255,6 +268,15 @@ class RedisRunStore(BaseRunStore):
             self.redis.zrem(self.keys.waiting, *gone)
         records = [RunRecord.model_validate_json(raw) for raw in raws if raw]
         return [record for record in records if record.status == RunStatus.QUEUED]
+
+    def team_artifact_bytes(self, team: str) -> int:
+        key = self.keys.team_artifacts(team)
+        first = int((self.clock() - self.artifact_ttl) // TALLY_SECONDS)
+        tally = {int(hour): int(stored) for hour, stored in self.redis.hgetall(key).items()}
+        gone = [str(hour) for hour in tally if hour < first]
+        if gone:
+            self.redis.hdel(key, *gone)
+        return sum(stored for hour, stored in tally.items() if hour >= first)
 
     def team_usage(self, team: str) -> tuple[int, int]:
         """How many runs of ``team`` are queued and started. Runs whose record is gone (removed by hand, a flushed
