@@ -179,7 +179,8 @@ STREAMED = textwrap.dedent("""
     store = FileArtifactStore(os.path.join(folder, "store"), max_bytes=512 * 1024 * 1024)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     fd = os.open(path, os.O_RDONLY)
-    stored = redacting_sink(store, "w", Redactor({"GH_TOKEN": secret}))("big.bin", fd, "application/octet-stream")
+    sink = redacting_sink(store, "w", Redactor({"GH_TOKEN": secret}))
+    stored = sink("big.bin", fd, "application/octet-stream", 512 * 1024 * 1024)
     data = store.open("w", "big.bin").chunks()
     found = sum(chunk.count(b"[redacted:GH_TOKEN]") for chunk in data)
     print(stored.size, found, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)

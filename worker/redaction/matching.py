@@ -186,7 +186,7 @@ class _Unbroken:
     @classmethod
     def of(cls, text: str) -> _Unbroken | None:
         """``None`` when ``text`` has no line break."""
-        if "\\n" in text or "\\r" in text:
+        if "\\" in text and ("\\n" in text or "\\r" in text):
             kept, position = [], 0
             for found in _BREAK.finditer(text):
                 kept.append((position, found.start()))
