@@ -160,7 +160,7 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
         if isinstance(result, Exception):
             error = redactor.text(f"{type(result).__name__}: {result}")
         else:
-            redact_result(result, redactor)  # part of the run: its heartbeat goes on (the run is not lost meanwhile)
+            redact_result(result, redactor, record.request.limits)  # part of the run: its heartbeat goes on
     finally:
         stop.set()
         beat.join()

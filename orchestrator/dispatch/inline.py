@@ -159,7 +159,7 @@ class InlineDispatcher(BaseDispatcher):
         finally:
             forget_secrets(request)
         if redactor:  # linear in what the run gave back, yet megabytes: not on the event loop
-            await asyncio.to_thread(redact_result, result, redactor)
+            await asyncio.to_thread(redact_result, result, redactor, request.limits)
         result.worker_id = self._who
         result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
         self.store.finish(request.run_id, result, held)

@@ -44,7 +44,7 @@ from tests.integration.conftest import worker_env  # noqa: F401 - the queue's wo
 from tests.orchestrator.api_helpers import client, new_team
 from tests.orchestrator.conftest import model_server  # noqa: F401 - the scripted model
 from worker import jobs
-from worker.contract import RunRequest, RunResult
+from worker.contract import RunLimits, RunRequest, RunResult
 from worker.errors import SecretError
 from worker.redaction import IDENTITY_FIELDS, Redactor, forms_of, redact_result
 from worker.run_store import RedisRunStore, RunStatus
@@ -143,10 +143,10 @@ async def test_the_heartbeat_goes_on_while_a_run_is_redacted(redis_url, worker_e
     beating: list[bool] = []
     redact = jobs.redact_result
 
-    def observed(result: RunResult, redactor: Redactor) -> None:
+    def observed(result: RunResult, redactor: Redactor, limits: RunLimits) -> None:
         beating.append(any(thread.name == f"heartbeat-{result.run_id}" and thread.is_alive()
                            for thread in threading.enumerate()))
-        redact(result, redactor)
+        redact(result, redactor, limits)
 
     monkeypatch.setattr(jobs, "redact_result", observed)
     ref = create_default_skill_repository(str(secret_library)).skill_ref("github")
@@ -285,3 +285,19 @@ async def test_a_secret_in_a_refused_requests_query_or_host_never_comes_back(egr
     assert [refusal["destination"] for refusal in result["egress_refusals"]] == [
         allowed, "[redacted:GH_TOKEN].example.org:443", "[redacted:GH_TOKEN].example.org:80"]
     assert leaked(answer.text) == [] and leaked(listed.text) == []
+
+
+async def test_redaction_never_makes_what_comes_back_longer_than_the_run_gave_it(services):  # noqa: F811
+    password = "pw8bytes"  # each becomes the 18 bytes of [redacted:DB_PASS]
+    command = ('for i in $(seq 50000); do printf %s "$DB_PASS"; done | tee out/p.txt; '
+               'for i in $(seq 50000); do printf %s "$DB_PASS"; done >&2')
+    async with client(services, new_team(services, "team-a")) as api:
+        await put_secret(api, "DB_PASS", password)
+        size = 50000 * len(password)  # the run's caps: all of it is kept, then redaction would make it 2.25 times
+        answer = await run(api, skill="github", command=command, secrets=["DB_PASS"], output_files=["out/p.txt"],
+                           limits={"stdout_bytes": size, "stderr_bytes": size, "output_file_bytes": size})
+    result = answer.json()["result"]
+    for text in (result["stdout"], result["stderr"], result["output_files"][0]["content"]):
+        kept = text.split("\n[skillrun: output truncated here")[0]
+        assert len(kept.encode()) <= size and kept.startswith("[redacted:DB_PASS]") and password not in text
+    assert result["stdout_truncated"] and result["stderr_truncated"] and result["output_files"][0]["truncated"]
