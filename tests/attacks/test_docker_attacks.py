@@ -186,7 +186,7 @@ async def test_docker_capabilities_are_dropped_and_privileges_cannot_be_gained(d
     assert fields["NoNewPrivs"] == "1" and fields["Seccomp"] == "2"
     rest = "\n".join(result.stdout.splitlines()[7:]) + result.stderr
     assert rest.count("Operation not permitted") + rest.count("Permission denied") >= 4
-    # The executor (the namespace's init, the run's own user) ignores the kill and still serves the container.
+    # The executor (the namespace's init, another user) is out of the kill's reach and still serves the container.
     after = await runtime.run(run_in("true"))
     assert after.timings.exec_via == "executor" and runtime.container_id("attacked") == container
 

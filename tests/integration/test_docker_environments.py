@@ -108,7 +108,7 @@ async def test_a_skill_with_a_debian_package_runs_in_a_derived_image_built_once(
     derived = docker_engine.client.api.inspect_container(runtime.container_id("deb", tag))
     assert derived["HostConfig"]["ReadonlyRootfs"] is True and derived["HostConfig"]["CapDrop"] == ["ALL"]
     assert derived["HostConfig"]["NetworkMode"] == "none" and result.timings.exec_via == "executor"
-    assert sorted(derived["HostConfig"]["CapAdd"]) == ["SETGID", "SETPCAP", "SETUID"]  # the executor's, until it drops
+    assert sorted(derived["HostConfig"]["CapAdd"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]  # the executor's
     plain = await runtime.run(RunRequest(
         skill=SkillRef(name="plain", root=str(lib), path="plain"), workspace_id="deb",
         command='cat "$WORK_DIR/sum"; command -v jq || echo no jq',

@@ -16,7 +16,6 @@ import pytest
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.runtimes import executor_confine, executor_inside
 from worker.runtimes.container_executor import ExecutorFiles
-from worker.runtimes.container_host import EXECUTOR_RESIDENTS
 from worker.runtimes.container_launch import container_limits
 
 pytestmark = pytest.mark.docker
@@ -52,6 +51,20 @@ async def test_runs_reach_the_container_through_its_executor_not_docker_exec(doc
         (f"run {i}\n", i, "executor") for i in range(5)]
     assert first.timings.exec_via == "executor" and runtime.container_id("exec") == container
     assert _execs_in(docker_engine, container, since) == 0
+
+
+@pytest.mark.parametrize("oci_runtime", ["runc", "runsc"])
+async def test_a_command_of_another_user_than_the_executor_may_open_its_standard_streams_again(
+        docker_runtime_factory, docker_engine, oci_runtime):
+    """The executor makes a command's pipes as the workspace's user (whom ``/dev/stdout`` and ``/dev/stderr``, opened
+    again, are checked against; so is ``/dev/stdin`` when a shell reads its script), in a new shell and a ready one."""
+    if oci_runtime != "runc":
+        docker_engine.require_runtime(oci_runtime)
+    runtime = docker_runtime_factory(oci_runtime=oci_runtime)
+    command = "echo out > /dev/stdout; echo err > /dev/stderr; stat -L -c %u /proc/$$/fd/1 | tr -d '\\n'"
+    results = [await runtime.run(_request(command)) for _ in range(2)]
+    uid = str(runtime.workspaces.find("exec").uid)
+    assert [(r.stdout, r.stderr, r.exit_code) for r in results] == [(f"out\n{uid}", "err\n", 0)] * 2, results
 
 
 async def test_an_image_without_python3_falls_back_to_docker_exec_and_says_why(docker_runtime_factory, docker_engine):
@@ -122,7 +135,7 @@ async def test_what_the_executor_says_a_run_left_is_checked_from_the_host(docker
     lying_confine = confining.replace("def kill_all() -> None:",
                                       "def kill_all() -> None:\n    return\n\n\ndef _unused() -> None:")
     executor = Path(executor_inside.__file__).read_text()
-    lying = executor.replace('"clean": confine.clean_up(self.uid, run.scrub)', '"clean": True')
+    lying = executor.replace('"clean": confine.clean_up(self.uid, self.gid, run.scrub)', '"clean": True')
     assert lying_confine.count("return\n\n\ndef _unused") == 1 and '"clean": True' in lying
     runtime = docker_runtime_factory()
     files = ExecutorFiles(runtime.boxes.executors.folder.parent,
@@ -153,5 +166,5 @@ async def test_a_later_run_with_other_limits_gets_them_where_the_engine_cannot_u
         assert (config["Memory"], config["PidsLimit"]) == container_limits((256 * 1024**2, 32), executor=True)
     else:  # gVisor's counts the sandbox's threads: the run's count is a ulimit of the workspace's user
         assert (config["Memory"], config["PidsLimit"]) == container_limits((256 * 1024**2, 1024), executor=True)
-        assert processes == str(32 + EXECUTOR_RESIDENTS)
+        assert processes == str(32)  # the workspace's user's: the executor is another
     assert kept == "kept"

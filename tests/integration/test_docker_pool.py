@@ -17,6 +17,7 @@ from tests.conftest import write_skill
 from worker.contract import RunRequest, SkillRef
 from worker.runtimes.container import ContainerWorkspaceRuntime
 from worker.runtimes.container_boxes import WARM_LABEL
+from worker.runtimes.container_host import RESIDENT_UID
 from worker.runtimes.docker_engine import engine_time
 from worker.workspace import RESERVED_PREFIX
 
@@ -67,7 +68,8 @@ async def test_nothing_runs_in_a_warm_container_and_it_holds_nothing_until_taken
     for container in _warm(docker_engine, runtime):
         top = docker_engine.client.api.top(container.id, ps_args="-eo pid,args")["Processes"]
         assert [" ".join(p[1:]) for p in top] == [f"python3 -I -S /.skillrun/program/executor.py "
-                                                  f"{container.labels[WARM_LABEL]}:{container.labels[WARM_LABEL]}"]
+                                                  f"{container.labels[WARM_LABEL]}:{container.labels[WARM_LABEL]} "
+                                                  f"{RESIDENT_UID}:{RESIDENT_UID}"]
         folder = runtime.work_root / container.labels["skillrun.workspace"]
         assert os.listdir(folder) == [] and (folder.stat().st_uid, folder.stat().st_mode & 0o777) == (0, 0o700)
         mounts = {m["Destination"]: m["RW"] for m in docker_engine.client.api.inspect_container(container.id)["Mounts"]}

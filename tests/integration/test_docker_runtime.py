@@ -43,7 +43,7 @@ async def test_one_container_per_workspace_reused_and_hardened(docker_runtime_fa
     config = docker_engine.client.api.inspect_container(first)["HostConfig"]
     assert config["NetworkMode"] == "none" and config["ReadonlyRootfs"] is True
     assert config["CapDrop"] == ["ALL"] and "no-new-privileges" in config["SecurityOpt"][0]
-    assert sorted(config["CapAdd"]) == ["SETGID", "SETPCAP", "SETUID"]  # the executor's, until it becomes the workspace's user
+    assert sorted(config["CapAdd"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]  # the executor's (SETPCAP until set)
     limits = container_limits((runtime.memory_bytes, runtime.pids), executor=True)
     assert (config["Memory"], config["PidsLimit"]) == limits
     assert "/tmp" in config["Tmpfs"] and config["ShmSize"] == runtime.shm_bytes

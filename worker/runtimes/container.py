@@ -60,7 +60,6 @@ from worker.runtimes.container_boxes import Box, Boxes
 from worker.runtimes.container_builds import DockerTargets, docker_environments
 from worker.runtimes.container_exec import docker_exec_run, scrub_through_engine
 from worker.runtimes.container_executor import ExecutorLink, ExecutorLost, ExecutorUnavailable
-from worker.runtimes.container_host import EXECUTOR_RESIDENTS
 from worker.runtimes.container_images import DerivedImages
 from worker.runtimes.container_launch import BoxSettings
 from worker.runtimes.container_pool import WarmPool
@@ -370,11 +369,10 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
 
     def _script(self, request: RunRequest) -> str:
         """The run's command under its ``ulimit``s; under gVisor with the process count too (the workspace's user
-        is the sandbox's own: its processes are the run's and the executor's)."""
+        is the sandbox's own: its processes are the run's, the executor is another user)."""
         if not self.gvisor:
             return ulimit_prefix(request.limits, dedicated_user=False) + request.command
-        processes = min(self.pids, request.limits.processes) + EXECUTOR_RESIDENTS
-        limits = request.limits.model_copy(update={"processes": processes})
+        limits = request.limits.model_copy(update={"processes": min(self.pids, request.limits.processes)})
         return ulimit_prefix(limits, dedicated_user=True) + request.command
 
     def container_id(self, workspace_id: str, image: str | None = None) -> str | None:

@@ -5,10 +5,13 @@ Every container of the Docker runtime that can (its image has ``python3``) start
 process. The executor's control folder — ``<work root>/.skillrun/executors/<id>/``, the worker's, mode 0700 — is
 mounted at ``/.skillrun/control`` and holds its socket and token; the program is a read-only folder,
 ``<work root>/.skillrun/executors/program-<hash>/`` (``executor_inside`` and ``executor_confine``), mounted at
-``/.skillrun/program``. Both sit under the work root, which a worker in a container shares with the engine at the
-same path, so a worker on the host and one in a container reach executors alike.
+``/.skillrun/program``. Both are mounted below ``EXECUTOR_MOUNTS``, a tmpfs only root may enter, so no command
+reaches them, also where the worker's user (a worker not running as root) owns the control folder and runs the
+commands. Both sit under the work root, which a worker in a container shares with the engine at the same path, so a
+worker on the host and one in a container reach executors alike.
 
-Trust: the executor belongs to its workspace's trust domain. The worker opens the socket without following links
+Trust: a run cannot reach its executor (another user, behind that tmpfs), yet the worker does not rely on it and
+takes the executor as part of its workspace's trust domain. The worker opens the socket without following links
 (a socket is reached through the folder the worker made, never through a path a command could change), proves the
 container's token, and believes of the executor's answers only what the command could have said itself — its
 output (capped again here) and its exit status. Whether the run left anything is checked from the host where the
@@ -40,8 +43,11 @@ from worker.runtimes import executor_confine as confine
 from worker.runtimes import executor_inside as inside
 from worker.runtimes.container_host import CLEAN_INSIDE
 
+EXECUTOR_MOUNTS = "/.skillrun"
+"""Where a container mounts its executor's folders: a tmpfs of root's, mode 0700, so only the executor (as root,
+before it becomes a user of its own) may enter it."""
 CONTROL_MOUNT = inside.CONTROL
-PROGRAM_MOUNT = "/.skillrun/program"
+PROGRAM_MOUNT = f"{EXECUTOR_MOUNTS}/program"
 PROGRAM_FILES = {"executor.py": inside, "executor_confine.py": confine}
 """The executor's program, as its files are named in its folder (``PROGRAM_MOUNT``)."""
 PROGRAM = f"{PROGRAM_MOUNT}/executor.py"
@@ -316,6 +322,6 @@ class ExecutorLink:
 
 
 __all__ = [
-    "CONTROL_MOUNT", "PROGRAM", "PROGRAM_MOUNT", "CappedOutput", "ExecutorFiles", "ExecutorLink", "ExecutorLost",
-    "ExecutorUnavailable", "Frames", "Report",
+    "CONTROL_MOUNT", "EXECUTOR_MOUNTS", "PROGRAM", "PROGRAM_MOUNT", "CappedOutput", "ExecutorFiles", "ExecutorLink",
+    "ExecutorLost", "ExecutorUnavailable", "Frames", "Report",
 ]

@@ -3,12 +3,13 @@
 A run ends with every process it started gone and the container's scratch file systems (``/tmp``, ``/dev/shm``,
 ``/dev/mqueue``) empty, whatever it did to detach (``setsid``, ``nohup``, double forks, a cleared environment):
 runs of one workspace take turns in its container, across workers too (``container_boxes``), so every process of
-the run's user belongs to the run that just ended, and the residents — the init and the keep-alive, which run as
-``RESIDENT_UID``, an id no run has — are another user's. In a container with an executor
+the run's user belongs to the run that just ended, and the residents — the executor, or the init and the
+keep-alive, which run as ``RESIDENT_UID``, an id no run has — are another user's. In a container with an executor
 (``container_executor``), the executor ends the run itself; otherwise, or when the executor's end left
 something, the end is one ``docker exec`` of ``CLEAN_INSIDE`` as the run's user: the kill happens in the
 container's own PID namespace through the engine, never by a host process id, so it is the same whether the worker
-runs on the host or in a container of its own (the executor, the namespace's init, is out of the kill's reach).
+runs on the host or in a container of its own (the executor, the namespace's init and another user, is out of the
+kill's reach).
 
 Where the worker shares the host's PID namespace and can read the container's control group (a worker on the
 host, as root), ``HostView`` reads — and never signals or changes anything — the group's OOM-kill count, so a
@@ -27,8 +28,8 @@ from worker.cgroups import group_procs, oom_kill_count
 from worker.runtimes.executor_inside import READY_LOADER
 
 RESIDENT_UID = 65533
-"""The user of the container's init and keep-alive: not a workspace's (30000–59999), so no run can signal them,
-and a run's processes are told from them by it."""
+"""The user of the container's residents — its executor, or the init and keep-alive of a container without one: not
+a workspace's (30000–59999), so no run can signal them, and a run's processes are told from them by it."""
 RESIDENT_PROCESSES = 2
 """The init and keep-alive of a container without an executor, counted in its process limit besides the run's."""
 EXECUTOR_RESIDENTS = 1

@@ -5,8 +5,10 @@ Every container gets the same hardening: no network unless the run asks and the 
 capability dropped, no-new-privileges, a read-only root, private size-capped ``/tmp`` and ``/dev/shm``, memory
 (swap included), CPU and process limits, no proxy settings of the Docker client, the OCI runtime the operator
 chose (``runc``, or ``runsc`` for gVisor). With an executor, the container's first process is the executor,
-started as root holding only ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_SETPCAP`` until it becomes the workspace's
-user for good; the container is handed over once the executor answers on its socket. An image whose containers
+started as root holding only ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_SETPCAP`` and ``CAP_KILL`` until it becomes
+``RESIDENT_UID`` for good with the first, second and last; its control folder and program are mounted below
+``EXECUTOR_MOUNTS``, a file system only root may enter, so no command reaches them whoever the worker runs as;
+the container is handed over once the executor answers on its socket. An image whose containers
 cannot run the executor (no ``python3``, or it does not come up) gets one as before — ``sleep`` under an init, as
 ``RESIDENT_UID`` — whose runs use ``docker exec``, and the reason is kept in the container's labels (and, when
 the image itself cannot, remembered for the image).
@@ -25,6 +27,7 @@ import docker.errors
 
 from worker.runtimes.container_executor import (
     CONTROL_MOUNT,
+    EXECUTOR_MOUNTS,
     PROGRAM,
     PROGRAM_MOUNT,
     START_SECONDS,
@@ -43,6 +46,9 @@ EXECUTOR_MEMORY_BYTES = 32 * 1024 * 1024
 """Memory a container's executor may use besides the run's limit (it takes ~10 MB)."""
 LOOK_SECONDS = 0.1
 """How often a container whose executor is not listening yet is looked at (has it ended?)."""
+EXECUTOR_MOUNTS_BYTES = 64 * 1024
+"""The size of the tmpfs at ``EXECUTOR_MOUNTS`` (it holds nothing but two mount points)."""
+EXECUTOR_MOUNTS_OPTIONS = f"size={EXECUTOR_MOUNTS_BYTES},mode=0700,nosuid,nodev"
 
 
 @dataclass(frozen=True)
@@ -136,9 +142,10 @@ class Launcher:
             control, _ = executor
             volumes = {**spec.volumes, str(control): {"bind": CONTROL_MOUNT, "mode": "rw"},
                        str(self.executors.program): {"bind": PROGRAM_MOUNT, "mode": "ro"}}
+            options["tmpfs"] = {**options["tmpfs"], EXECUTOR_MOUNTS: EXECUTOR_MOUNTS_OPTIONS}
             return self.client().containers.run(
-                spec.image, [spec.user], entrypoint=["python3", "-I", "-S", PROGRAM], user="0:0",
-                cap_add=["SETUID", "SETGID", "SETPCAP"], volumes=volumes,
+                spec.image, [spec.user, f"{RESIDENT_UID}:{RESIDENT_UID}"], entrypoint=["python3", "-I", "-S", PROGRAM],
+                user="0:0", cap_add=["SETUID", "SETGID", "SETPCAP", "KILL"], volumes=volumes,
                 labels={**spec.labels, EXECUTOR_LABEL: str(control)}, **options,
             ).id
         return self.client().containers.run(

@@ -1,5 +1,13 @@
-"""The executor's hold on its container (``executor_inside``): what it does as root before it becomes the
-workspace's user, and what ends a run's traces. Standard library only, like the executor, and mounted beside it.
+"""The executor's hold on its container (``executor_inside``): what it does as the container's root before it
+becomes a user of its own, the identities it takes, and what ends a run's traces. Standard library only, like the
+executor, and mounted beside it.
+
+Identities: the executor ends as its own user (not the workspace's) holding only ``CAP_SETUID``, ``CAP_SETGID``
+and ``CAP_KILL`` (``become_executor``), with an empty bounding set, so nothing it starts can hold a capability. A
+process of the workspace's user may signal, trace or read only processes of that user (on runc and on gVisor
+alike, which does not drop signals to a namespace's init nor check dumpability everywhere), so a run cannot reach
+the executor. What it does as the workspace's user — its commands, and emptying the scratch folders after them —
+runs in children that become that user with no capability at all (``become_user``).
 """
 
 from __future__ import annotations
@@ -12,9 +20,16 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 
 LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_DUMPABLE = 4
+PR_SET_KEEPCAPS = 8
 PR_CAPBSET_DROP = 24
+CAP_KILL, CAP_SETGID, CAP_SETUID = 5, 6, 7
+EXECUTOR_CAPABILITIES = (CAP_KILL, CAP_SETGID, CAP_SETUID)
+"""What the executor keeps: to start commands as the workspace's user, and to end every process they leave."""
+CAPABILITY_VERSION_3 = 0x20080522
 IPC_SCAN_LIMIT = 32768
 """The most System V IPC indexes looked at for objects to remove (a namespace holds at most 32,000 of a kind)."""
 SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
@@ -31,6 +46,65 @@ def drop_bounding_set() -> None:
     for capability in range(last + 1):
         if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), f"cannot drop capability {capability} from the bounding set")
+
+
+class _CapabilityHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapabilityData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def set_capabilities(kept: tuple[int, ...]) -> None:
+    """Make ``kept`` this process's effective and permitted capabilities, and nothing inheritable (``capset``)."""
+    data = (_CapabilityData * 2)()
+    for capability in kept:
+        data[capability // 32].effective |= 1 << capability % 32
+        data[capability // 32].permitted |= 1 << capability % 32
+    if LIBC.capset(ctypes.byref(_CapabilityHeader(CAPABILITY_VERSION_3, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), f"cannot set the capabilities {kept}")
+
+
+def become_executor(uid: int, gid: int) -> None:
+    """From the container's root: become ``uid``:``gid`` for good, keeping ``EXECUTOR_CAPABILITIES`` only, with an
+    empty bounding set and not dumpable."""
+    drop_bounding_set()
+    if LIBC.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot keep capabilities across the change of user")
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # the permitted set stays (kept), the effective one is empty
+    LIBC.prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0)
+    set_capabilities(EXECUTOR_CAPABILITIES)
+    LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    os.umask(0o022)
+
+
+def become_user(uid: int, gid: int) -> None:
+    """In a child of the executor: become the workspace's user with no capability left."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    set_capabilities(())
+
+
+@contextlib.contextmanager
+def acting_as(uid: int, gid: int) -> Iterator[None]:
+    """Act as ``uid``:``gid`` for what the block makes (the effective ids: files, sockets and pipes are theirs), and
+    as before after it. The real and saved ids stay, so no process of ``uid`` may signal or trace this one meanwhile,
+    and so does the permitted set (root's effective capabilities come back with its effective id)."""
+    euid, egid = os.geteuid(), os.getegid()
+    if (euid, egid) == (uid, gid):
+        yield
+        return
+    os.setegid(gid)
+    os.seteuid(uid)
+    try:
+        yield
+    finally:
+        os.seteuid(euid)
+        os.setegid(egid)
 
 
 def remove_ipc_objects() -> bool:
@@ -102,10 +176,32 @@ def close_paths_to_mounts() -> None:
                     os.chmod(path, 0o755)
 
 
-def clean_up(uid: int, scrub: str) -> bool:
+def clean_up(uid: int, gid: int, scrub: str) -> bool:
     """Empty the scratch folders of what ``uid`` left (``scrub``, a shell script the worker gives, does it when
     there is anything: coreutils handle folders of any depth and mode) and remove the System V IPC objects of the
-    container (all the runs': nothing else makes one); whether nothing is left."""
+    container (all the runs': nothing else makes one); whether nothing is left. Done as the workspace's user, who
+    owns what is to go, in a child of its own holding none of the executor's files (every process of the run is
+    gone by then)."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return False
+    if pid == 0:
+        code = 1
+        try:
+            for name in os.listdir("/proc/self/fd"):
+                if int(name) > 2:
+                    with contextlib.suppress(OSError):
+                        os.close(int(name))
+            become_user(uid, gid)
+            code = 0 if _clean_up_as_user(uid, scrub) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _clean_up_as_user(uid: int, scrub: str) -> bool:
     left = _left_in_scratch(uid)
     if left:
         with contextlib.suppress(OSError, subprocess.SubprocessError):

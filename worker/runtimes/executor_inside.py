@@ -2,14 +2,17 @@
 and ends everything the run left. It runs with the image's ``python3`` (standard library only, Python 3.8+) and
 imports nothing of Skillrun: the worker mounts this file read-only into the container.
 
-It starts as the container's root holding only ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_SETPCAP``
-(no-new-privileges), reads the container's token from ``/.skillrun/control/token``, makes the root's folders on
-the way to its mounts under ``/tmp`` closed to others, listens on ``/.skillrun/control/sock`` (the control folder
-is the worker's: only the worker's user may enter it), then empties its capability bounding set and becomes the
-workspace's user for good. From then
-on it is process 1 of the container's PID namespace, owned by the workspace's user but not dumpable: a command of
-the workspace can neither trace it, read its memory, nor reach its socket, and a signal it sends wakes the executor
-and nothing more. A client proves it knows the container's token before anything else.
+It starts as the container's root holding only ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_SETPCAP`` and ``CAP_KILL``
+(no-new-privileges). Its control folder (``/.skillrun/control``, the worker's on the host) is mounted below
+``/.skillrun``, a file system of root's that no other user may enter, so only the executor reaches it: it reads
+the container's token there and listens on ``sock`` acting as the folder's owner (on a root worker root, on any
+other the worker's user, who is also the workspace's), makes the root's folders on the way to its mounts under
+``/tmp`` closed to others, then empties its capability bounding set and becomes a user of its own for good — not
+the workspace's — keeping ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_KILL`` (``executor_confine``). From then on it is
+process 1 of the container's PID namespace and another user than every command it starts: a command of the
+workspace can neither signal it (not even ``SIGSTOP``, which gVisor would deliver to a namespace's init), trace
+it, read its memory, nor reach its socket or token, whoever the worker runs as. A client proves it knows the
+container's token before anything else.
 
 The protocol is frames: a type byte, three zero bytes, the payload's length (32-bit big-endian), the payload. The
 worker sends ``AUTH`` (the token), then ``RUN`` (JSON: ``script`` for ``bash -c``, ``env``, ``cwd``, ``caps`` on
@@ -18,15 +21,16 @@ stdout and stderr bytes, ``scrub``: the script that empties the scratch folders)
 (stderr) up to the caps (reading and counting the rest, so it never stops answering), and ends each run with
 ``EXIT`` (JSON: ``code``, ``omitted``, ``clean``, ``ready``) once every process of the run is gone —
 ``kill(-1, SIGKILL)`` from process 1 reaches every other process of the container, however it detached — and
-``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` hold nothing of its user. A run whose client goes away is ended the
-same way. After a run it starts the next run's bash (a *ready shell*, with this run's variables and folder,
-waiting for its script on stdin), so a run that fits skips bash's start-up. Runs take turns (the worker's): a
-``RUN`` while another is under way is refused with ``ERROR``.
+``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` hold nothing of its user (emptied as that user). A run whose client goes
+away is ended the same way. After a run it starts the next run's bash (a *ready shell*, with this run's variables
+and folder, waiting for its script on stdin), so a run that fits skips bash's start-up. Runs take turns (the
+worker's): a ``RUN`` while another is under way is refused with ``ERROR``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import json
 import os
@@ -51,6 +55,7 @@ AUTH, RUN, KILL = 16, 17, 18
 HEADER = struct.Struct(">B3xI")
 CONTROL = "/.skillrun/control"
 TOKEN_FILE = "token"
+SOCKET_FILE = "sock"
 READY_VARIABLE = "__skillrun_command"
 READY_LOADER = f'unset {READY_VARIABLE}; source /dev/stdin && exec 0</dev/null && eval "${READY_VARIABLE}"'
 """What a ready shell runs: read its script from stdin to the end (the run's own variables, and the command in a
@@ -110,7 +115,9 @@ class Run:
 
 
 class Executor:
-    def __init__(self, token: bytes, uid: int, gid: int) -> None:
+    """The executor's loop; ``uid``:``gid`` is the workspace's user, which every command runs as."""
+
+    def __init__(self, token: bytes, server: socket.socket, uid: int, gid: int) -> None:
         self.token = token
         self.uid = uid
         self.gid = gid
@@ -120,42 +127,14 @@ class Executor:
         self.ready: tuple[subprocess.Popen, dict[str, str], str] | None = None  # bash waiting for the next run
         self.wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wakeup_w)
-        # Every signal it can catch wakes the loop through the pipe and does nothing else: a run can neither
-        # interrupt nor end its executor (Linux drops a signal sent from inside to a namespace's init whose action
-        # is the default; gVisor delivers it, so the action must not be the default). Handlers, unlike ignored
-        # signals, are not inherited by the commands it starts.
+        # Every signal it can catch wakes the loop through the pipe and does nothing else (a run, another user, may
+        # send none but SIGCONT, to a process of its session: belts and braces). Handlers, unlike ignored signals,
+        # are not inherited by the commands it starts.
         for number in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
             with contextlib.suppress(OSError, ValueError):
                 signal.signal(number, _no_op)
         self.selector.register(self.wakeup_r, selectors.EVENT_READ, "wakeup")
-
-    def listen(self) -> None:
-        """Listen on the control socket, becoming the workspace's user before or after binding it, whichever may
-        write the control folder (the worker's connections are refused until it listens)."""
-        owner = os.stat(CONTROL).st_uid
-        if owner == self.uid:
-            self.drop()
-        path = os.path.join(CONTROL, "sock")
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(path)
-        server.listen(MAX_CLIENTS)
-        if owner != self.uid:
-            self.drop()
         self.selector.register(server, selectors.EVENT_READ, "server")
-
-    def drop(self) -> None:
-        """Become the workspace's user for good, with no capability left to anything started from here on."""
-        if os.getuid() == self.uid:
-            return
-        confine.drop_bounding_set()
-        os.setgroups([])
-        os.setgid(self.gid)
-        os.setuid(self.uid)  # from root to another user: every capability goes, and the process is not dumpable
-        os.umask(0o022)
 
     def serve(self) -> None:
         while True:
@@ -264,14 +243,14 @@ class Executor:
         if process is None:
             try:
                 process = self._spawn_shell(env, cwd)
-            except OSError as exc:
+            except (OSError, subprocess.SubprocessError) as exc:
                 problem = str(exc)
         if process is not None and not self._feed(process, env, script):
             self._end_shell(process)
             process, problem = None, "its shell ended before it took the command"
         if process is None:
             client.send(STDERR, f"cannot start the command: {problem}\n".encode())
-            clean = confine.clean_up(self.uid, spec["scrub"])
+            clean = confine.clean_up(self.uid, self.gid, spec["scrub"])
             report = {"code": 127, "omitted": [0, 0], "clean": clean, "ready": False}
             client.send(EXIT, json.dumps(report).encode())
             return
@@ -294,13 +273,16 @@ class Executor:
         self._end_shell(process)
         return None
 
-    @staticmethod
-    def _spawn_shell(env: dict[str, str], cwd: str) -> subprocess.Popen:
-        """A bash with ``env`` in ``cwd`` that reads its script from stdin (``READY_LOADER``)."""
-        return subprocess.Popen(
-            ["/bin/bash", "-c", READY_LOADER], env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, close_fds=True, restore_signals=True,
-        )
+    def _spawn_shell(self, env: dict[str, str], cwd: str) -> subprocess.Popen:
+        """A bash of the workspace's user, with no capability, with ``env`` in ``cwd``, that reads its script from
+        stdin (``READY_LOADER``). It is made acting as that user: the executor itself may not enter the workspace,
+        and the pipes are then the user's, which its commands may open again (``/dev/stdin``, ``/dev/stderr``)."""
+        with confine.acting_as(self.uid, self.gid):
+            return subprocess.Popen(
+                ["/bin/bash", "-c", READY_LOADER], env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, close_fds=True, restore_signals=True,
+                preexec_fn=functools.partial(confine.become_user, self.uid, self.gid),  # noqa: PLW1509 - one thread
+            )
 
     @staticmethod
     def _feed(process: subprocess.Popen, env: dict[str, str], script: str) -> bool:
@@ -325,7 +307,7 @@ class Executor:
         """Start bash for the next run, with this run's variables and folder, waiting for its script on stdin."""
         try:
             self.ready = (self._spawn_shell(env, cwd), env, cwd)
-        except OSError:
+        except (OSError, subprocess.SubprocessError):
             self.ready = None
 
     def _output(self, fd: int, run: Run) -> None:
@@ -378,7 +360,7 @@ class Executor:
         self.run = None
         self._reap()
         report = {"code": run.status, "omitted": [run.omitted[STDOUT], run.omitted[STDERR]],
-                  "clean": confine.clean_up(self.uid, run.scrub), "ready": True}
+                  "clean": confine.clean_up(self.uid, self.gid, run.scrub), "ready": True}
         if run.client in self.clients:
             run.client.send(EXIT, json.dumps(report).encode())
         self._make_ready(run.env, run.cwd)  # after the report: the run does not wait for it
@@ -399,15 +381,44 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def open_control() -> tuple[bytes, socket.socket]:
+    """As the container's root: the container's token, and the server socket listening on ``sock``, both in the
+    control folder as its owner (root lacks ``CAP_DAC_OVERRIDE`` here, and a socket made by the owner is the
+    owner's to connect to, also when gVisor makes it on the host)."""
+    folder = os.open(CONTROL, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    owner = os.fstat(folder)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with confine.acting_as(owner.st_uid, owner.st_gid):
+            os.fchdir(folder)
+            with open(TOKEN_FILE, "rb") as f:  # the worker's, mode 0600
+                token = f.read().strip()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(SOCKET_FILE)
+            server.bind(SOCKET_FILE)
+            os.chdir("/")
+    finally:
+        os.close(folder)
+    server.listen(MAX_CLIENTS)
+    return token, server
+
+
+def ids(text: str) -> tuple[int, int]:
+    """``uid:gid`` as numbers."""
+    uid, gid = (int(part) for part in text.split(":"))
+    return uid, gid
+
+
 def main() -> None:
-    uid, gid = (int(part) for part in sys.argv[1].split(":"))
-    with open(os.path.join(CONTROL, TOKEN_FILE), "rb") as f:  # the worker's, mode 0600: out of runs' reach
-        token = f.read().strip()
+    (uid, gid), (own_uid, own_gid) = ids(sys.argv[1]), ids(sys.argv[2])
+    if 0 in (uid, own_uid) or uid == own_uid:
+        sys.exit(f"executor: the workspace's user ({uid}) must be neither root nor the executor's ({own_uid})")
+    token, server = open_control()
     if not token:
         sys.exit(f"executor: no token in {CONTROL}/{TOKEN_FILE}")
     confine.close_paths_to_mounts()
-    executor = Executor(token, uid, gid)
-    executor.listen()
+    executor = Executor(token, server, uid, gid)
+    confine.become_executor(own_uid, own_gid)
     executor.serve()
 
 
