@@ -3,17 +3,25 @@ process that never used it), a workspace in a shared sandbox loses its folder, a
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.code_executors.cube import CubeCodeExecutor
-from orchestrator.dispatch import InlineDispatcher
+from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
 from tests.integration.conftest import cube_config
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.cube import CubeWorkspaceRuntime
+from worker.errors import RuntimeUnavailableError
+from worker.jobs import remove_one_off_workspace
+from worker.runtimes.cube import WORKSPACE_LABEL, CubeWorkspaceRuntime
+from worker.runtimes.cube_executor import KILL_ATTEMPTS
 
-LIBRARY = Path(__file__).resolve().parents[2] / "skills"
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = REPO / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")
 
 
@@ -61,12 +69,62 @@ async def test_a_workspace_in_a_shared_sandbox_loses_its_folder_only(cube_runtim
     await executor.close()
 
 
-async def test_one_off_runs_leave_no_sandbox(cube_runtime_factory, cube_standin):
+ONE_OFF_RUNS = 3
+
+
+def _burst(redis_url: str, env: dict[str, str]) -> None:
+    """Drain the cube queue with a worker process that exits once the queue is empty."""
+    subprocess.run([sys.executable, "-m", "worker", "--redis-url", redis_url, "--burst", "--runtime", "cube"],
+                   env={**os.environ, **env}, cwd=REPO, check=True, timeout=120)
+
+
+@pytest.mark.parametrize("path", ["inline", "queued"])
+@pytest.mark.parametrize("sandboxes", ["own", "named"])
+async def test_one_off_workspaces_are_removed_once_their_results_are_stored_and_a_kept_one_stays(
+        cube_runtime_factory, cube_standin, request, sandboxes, path):
+    """Each workspace in a sandbox of its own (killed), or all in the one ``CUBE_SANDBOX_ID`` names (their folders
+    removed, the sandbox kept: it is not the runtime's), through the inline dispatcher and through a worker."""
+    named = await CubeCodeExecutor.create(cube_config(cube_standin)) if sandboxes == "named" else None
+    config = {"sandbox_id": named.sandbox_id} if named is not None else {}
+    runtime = cube_runtime_factory(**config)
+    remote = Path(runtime.workspace_cfg.root)
+    requests = [RunRequest(skill=SKILL, command="echo hi > $WORK_DIR/left", runtime="cube")
+                for _ in range(ONE_OFF_RUNS)] + [RunRequest(skill=SKILL, command="true", runtime="cube",
+                                                            workspace_id="kept")]
+    if path == "inline":
+        async with InlineDispatcher({"cube": runtime}) as dispatcher:
+            results = [await dispatcher.run(one) for one in requests]
+    else:
+        env = {**request.getfixturevalue("worker_env"), "E2B_API_URL": cube_standin.url,
+               "E2B_SANDBOX_URL": cube_standin.url, "E2B_API_KEY": cube_standin.api_key, "CUBE_ROOT": str(remote),
+               **({"CUBE_SANDBOX_ID": named.sandbox_id} if named is not None else {})}
+        redis_url = request.getfixturevalue("redis_url")
+        dispatcher = QueueDispatcher(redis_url)
+        records = [await dispatcher.submit(one) for one in requests]
+        await asyncio.to_thread(_burst, redis_url, env)
+        results = [(await dispatcher.wait(record.id, 5)).result for record in records]
+        await dispatcher.close()
+    assert [result.exit_code for result in results] == [0] * (ONE_OFF_RUNS + 1)
+    one_offs = {result.workspace_id for result in results[:ONE_OFF_RUNS]}
+    held = {s.metadata.get(WORKSPACE_LABEL) for s in cube_standin.sandboxes.values()}
+    folders = {p.name.rsplit("_", 1)[0].removeprefix("ws_") for p in remote.iterdir() if p.name.startswith("ws_")}
+    if named is None:  # killed with their workspaces, whose folders a real sandbox takes along
+        assert not one_offs & held and "kept" in held
+    else:
+        assert not one_offs & folders and "kept" in folders and named.sandbox_id in cube_standin.sandboxes
+        await named.close()
+
+
+async def test_a_kill_the_service_refuses_is_asked_again_and_then_reported(cube_runtime_factory, cube_standin):
     runtime = cube_runtime_factory()
-    before = set(cube_standin.sandboxes)
-    async with InlineDispatcher({"cube": runtime}) as dispatcher:
-        result = await dispatcher.run(RunRequest(skill=SKILL, command="echo hi", runtime="cube"))
-        assert result.stdout == "hi\n"
-        kept = await dispatcher.run(RunRequest(skill=SKILL, command="true", runtime="cube", workspace_id="kept"))
-        assert kept.exit_code == 0
-    assert set(cube_standin.sandboxes) - before == {(await runtime.executor_for("kept")).sandbox_id}
+    first, second = (RunRequest(skill=SKILL, command="true", runtime="cube") for _ in range(2))
+    for one in (first, second):
+        assert (await runtime.run(one)).exit_code == 0
+    sandboxes = [(await runtime.executor_for(one.workspace_id)).sandbox_id for one in (first, second)]
+    cube_standin.fail_api(500)  # the next call, the kill
+    await remove_one_off_workspace(runtime, first)
+    assert sandboxes[0] not in cube_standin.sandboxes
+    cube_standin.fail_api(500, times=KILL_ATTEMPTS)
+    with pytest.raises(RuntimeUnavailableError, match="killing the sandbox.*told to fail with 500"):
+        await runtime.remove_workspace(second.workspace_id)
+    assert sandboxes[1] in cube_standin.sandboxes  # still there, and said so (the fixture removes it)

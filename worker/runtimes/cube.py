@@ -12,10 +12,13 @@ every process that carries its ``RUN_DIR`` is killed in the sandbox. A skill tha
 its dependency environment, made once per sandbox outside every workspace (``cube_environments``).
 
 Sandboxes: ``CubeCodeExecutor`` holds one (created, or connected by ``sandbox_id``) and runs code in it; a
-runtime built on an executor runs every workspace in that sandbox, next to the executor's own code. A runtime
-built without one gives each workspace its own sandbox, found again by metadata (from any worker or a later
-CLI call), reused across the workspace's runs and killed when the workspace is removed or has been idle for
-``idle_seconds`` (or, with no process left to notice, at the service's ``sandbox_timeout``).
+runtime built on an executor runs every workspace in that sandbox, next to the executor's own code, and so does
+one whose config names a ``sandbox_id``. A runtime built without either gives each workspace its own sandbox,
+found again by metadata (from any worker or a later CLI call), reused across the workspace's runs and killed when
+the workspace is removed or has been idle for ``idle_seconds`` (or, with no process left to notice, at the
+service's ``sandbox_timeout``). Removing a workspace of a shared sandbox removes its folder; either way a one-off
+run's workspace is removed once its result is stored (``worker.jobs.remove_one_off_workspace``), and a kill the
+service refuses is asked again, then reported.
 """
 
 from __future__ import annotations
@@ -315,14 +318,12 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
 
     async def remove_workspace(self, workspace_id: str) -> None:
         """Remove a workspace and everything in it: its own sandbox is killed (found by metadata when this process
-        does not hold it); in a shared sandbox its folder is removed. What this runtime remembers of it goes too."""
+        does not hold it); in a sandbox it shares — the executor's, or the one ``sandbox_id`` names — its folder is
+        removed. What this runtime remembers of it goes too. ``RuntimeUnavailableError`` when the service does not
+        kill the sandbox, ``WorkspaceError`` when the folder cannot be removed."""
         self._opening.pop(workspace_id, None)
-        if self.executor is not None:
-            path = self.workspace_path(workspace_id)
-            done = await self.executor.run_script(f"rm -rf -- {shlex.quote(path)}", timeout=60, user="root")
-            self.staging.forget_workspace(workspace_id)
-            if done.outcome.exit_code != 0:
-                raise WorkspaceError(f"cube: removing workspace {workspace_id!r} failed: {done.stderr_text.strip()}")
+        if self.executor is not None or self.config.sandbox_id:
+            await self._remove_folder(workspace_id)
             return
         executor = self._forget(workspace_id)
         if executor is None:
@@ -330,7 +331,18 @@ class CubeWorkspaceRuntime(BaseWorkspaceRuntime):
             sandbox = await self._find_sandbox(labels)
             executor = CubeCodeExecutor(sandbox, self.config) if sandbox else None
         if executor is not None:
-            await executor.close()
+            await executor.kill()
+
+    async def _remove_folder(self, workspace_id: str) -> None:
+        """Remove the workspace's folder from the sandbox it shares with others (which stays, with what this
+        runtime knows of it)."""
+        self._last_used.pop(workspace_id, None)
+        executor = self.executor or self._owned.pop(workspace_id, None) or await CubeCodeExecutor.create(self.config)
+        path = self.workspace_path(workspace_id)
+        done = await executor.run_script(f"rm -rf -- {shlex.quote(path)}", timeout=60, user="root")
+        self.staging.forget_workspace(workspace_id)
+        if done.outcome.exit_code != 0:
+            raise WorkspaceError(f"cube: removing workspace {workspace_id!r} failed: {done.stderr_text.strip()}")
 
     async def end_workspace(self, workspace_id: str) -> None:
         await self.remove_workspace(workspace_id)

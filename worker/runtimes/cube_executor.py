@@ -36,6 +36,9 @@ from worker.runtimes.host import decode_output
 
 REMOTE_TMP = "/tmp"
 KILLED_EXIT_CODE = 128 + 9
+KILL_ATTEMPTS = 3
+"""How often killing a sandbox is asked of the service before its failure is reported."""
+KILL_RETRY_SECONDS = 0.5
 
 
 class CodeExecutionResult(BaseModel):
@@ -278,10 +281,23 @@ class CubeCodeExecutor:
                 await handle.kill()
 
     async def close(self) -> None:
-        """Kill the sandbox if this executor created it."""
+        """Kill the sandbox if this executor created it (a failure is not reported: see ``kill``)."""
         if self.owns_sandbox:
             with contextlib.suppress(Exception):
                 await self.sandbox.kill()
+
+    async def kill(self) -> None:
+        """Kill the sandbox, asking again after a failure (a service's passing error must not leave a sandbox up
+        until its timeout); one already gone counts as killed. ``RuntimeUnavailableError`` when the service keeps
+        failing."""
+        for attempt in range(1, KILL_ATTEMPTS + 1):
+            try:
+                await self.sandbox.kill()
+                return
+            except Exception as exc:  # every SDK and transport failure
+                if attempt == KILL_ATTEMPTS:
+                    raise sandbox_error("killing the sandbox", exc, self.sandbox_id) from exc
+            await asyncio.sleep(KILL_RETRY_SECONDS)
 
 
 KILL_SCRIPT = (
