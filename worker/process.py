@@ -12,6 +12,7 @@ while bwrap and the namespaces are still ending (``ProcessOutcome.gone`` says wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import resource
@@ -32,7 +33,7 @@ from worker.errors import RuntimeUnavailableError
 from worker.fdwait import wait_readable
 from worker.launcher import Launcher
 from worker.ready_shell import ReadyShell
-from worker.sandbox import SandboxSpec, SandboxStart, find_bwrap
+from worker.sandbox import ORPHANS, SandboxSpec, SandboxStart, find_bwrap, reap_adopted
 from worker.spawner import Spawner
 from worker.watch import CommandWatch, hold_mounts
 
@@ -63,7 +64,8 @@ class ProcessOutcome:
     oom_killed: bool = False
     gone: asyncio.Future[None] | None = None
     """For a sandboxed run: done once the sandbox's init has ended, and with it every process of the run (the
-    result may come while the kernel is still ending them, all SIGKILLed), or after ``GONE_TIMEOUT_SECONDS``."""
+    result may come while the kernel is still ending them, all SIGKILLed), and bwrap and the init are reaped, or
+    after ``GONE_TIMEOUT_SECONDS``."""
     lingering: bool = False
     """For a run in a held sandbox: some process of the run was still there after the grace period (the caller
     gives the held sandbox up)."""
@@ -124,7 +126,8 @@ def remote_ulimit_prefix(limits: RunLimits) -> str:
 class _Started:
     """A command being started: the read ends of its pipes, its pid once known (also its process group), how to
     get its exit status once it has exited, how to release what the host holds for it, and, for a command in a
-    sandbox of its own, the sandbox's start (still blocked, until placed in its control group)."""
+    sandbox of its own, the sandbox's start (still blocked, until placed in its control group) and a future done
+    once bwrap and its init are reaped (after ``release``)."""
 
     def __init__(
         self,
@@ -134,6 +137,7 @@ class _Started:
         status: Callable[[], Awaitable[int | None]],
         release: Callable[[], None],
         sandbox: SandboxStart | None = None,
+        reaped: asyncio.Future[None] | None = None,
     ) -> None:
         self.out_fd = out_fd
         self.err_fd = err_fd
@@ -141,6 +145,7 @@ class _Started:
         self.status = status
         self.release = release
         self.sandbox = sandbox
+        self.reaped = reaped
 
 
 def _start_direct(
@@ -163,22 +168,29 @@ def _start_direct(
             user_kwargs = {"user": uid, "group": gid, "extra_groups": []}
     if no_network and launcher is None:  # a launcher is in a network namespace of its own already
         argv = [*network_off_prefix(), *argv]
-    if launcher is not None:
-        launcher.launch(argv, cwd)
-        proc = launcher.proc
-    else:
-        try:
-            proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                process_group=0, close_fds=True, pass_fds=start.child_fds() if start is not None else (),
-                **user_kwargs,
-            )
-        except BaseException:
-            if start is not None:
-                start.close()
-            raise
+    if start is not None:
+        ORPHANS.hold()  # bwrap's init may outlive its monitor: adopted until both are reaped (``release``)
+    try:
+        if launcher is not None:
+            launcher.launch(argv, cwd)
+            proc = launcher.proc
+        else:
+            try:
+                proc = subprocess.Popen(
+                    argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, process_group=0, close_fds=True,
+                    pass_fds=start.child_fds() if start is not None else (), **user_kwargs,
+                )
+            except BaseException:
+                if start is not None:
+                    start.close()
+                raise
+    except BaseException:
         if start is not None:
-            start.sent()
+            ORPHANS.let_go()
+        raise
+    if start is not None and launcher is None:
+        start.sent()
 
     async def pid() -> int:
         return proc.pid
@@ -186,14 +198,53 @@ def _start_direct(
     async def status() -> int:
         return proc.wait()  # called once its pidfd reported the exit: reaping a zombie does not block
 
+    loop = asyncio.get_running_loop()
+    reaped = loop.create_future() if start is not None else None
+
+    def ended() -> None:
+        """bwrap and its init are reaped (once, from any thread)."""
+        if start is not None:
+            ORPHANS.let_go()
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_settle, reaped)
+
     def release() -> None:
         proc.stdout.close()
         proc.stderr.close()
-        if proc.poll() is None:  # bwrap said how the command ended before its own exit (or the caller gave up):
-            # reaped by a thread when it comes, as this loop may be idle by then (a queue worker between jobs)
-            threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+        init = os.dup(start.init_pidfd) if start is not None and start.init_pidfd >= 0 else -1
+        if proc.poll() is None or not _reaped(init, block=False):
+            # bwrap said how the command ended before its own exit (or the caller gave up), or its init, adopted,
+            # is still ending: reaped by a thread when they end, as this loop may be idle by then (a queue worker
+            # between jobs)
+            threading.Thread(target=_reap, args=(proc, init, ended), name=f"reap-{proc.pid}", daemon=True).start()
+        else:
+            ended()
 
-    return _Started(proc.stdout.fileno(), proc.stderr.fileno(), pid, status, release, start)
+    return _Started(proc.stdout.fileno(), proc.stderr.fileno(), pid, status, release, start, reaped)
+
+
+def _reap(proc: subprocess.Popen, init: int, ended: Callable[[], None]) -> None:
+    """Reap a sandbox's bwrap (its monitor), then its init if the monitor left it to this process, then say so
+    (``ended``; blocks: a thread's)."""
+    proc.wait()
+    _reaped(init, block=True)
+    ended()
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _reaped(init: int, *, block: bool) -> bool:
+    """Whether a sandbox's init (a descriptor of it, closed once reaped; -1: none) is reaped, by its monitor or
+    here (``sandbox.reap_adopted``), once the monitor is."""
+    if init < 0:
+        return True
+    if not reap_adopted(init, block=block):
+        return False
+    os.close(init)
+    return True
 
 
 def _start_spawned(argv: list[str], cwd: str, env: dict[str, str], spawner: Spawner) -> _Started:
@@ -271,7 +322,8 @@ async def run_process(
                 await handle.sandbox.release(cgroup if launcher is None else None)
             if handle.sandbox is not None and handle.sandbox.init_pidfd >= 0:
                 watch.end_on_report(handle.sandbox)
-                gone = asyncio.ensure_future(_ended(os.dup(handle.sandbox.init_pidfd), hold_mounts(handle.sandbox)))
+                gone = asyncio.ensure_future(_ended(os.dup(handle.sandbox.init_pidfd), hold_mounts(handle.sandbox),
+                                                    handle.reaped))
             await watch.finished
             returncode = watch.reported if watch.reported is not None else await handle.status()
         finally:
@@ -299,12 +351,17 @@ async def run_process(
     )
 
 
-async def _ended(init_pidfd: int, mounts: int) -> None:
-    """Wait until a sandbox's init has ended (the kernel has then ended everything in its PID namespace), a while
-    at most, then let its mount namespace go (``watch.hold_mounts``) in a thread; both descriptors are this wait's
-    own."""
+async def _ended(init_pidfd: int, mounts: int, reaped: asyncio.Future[None] | None) -> None:
+    """Wait until a sandbox's init has ended (the kernel has then ended everything in its PID namespace) and it and
+    bwrap are reaped (``reaped``: no zombie of the run is left to hold a place of its group's ``pids.max``), a
+    while at most, then let its mount namespace go (``watch.hold_mounts``) in a thread; both descriptors are this
+    wait's own."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GONE_TIMEOUT_SECONDS
     try:
-        await wait_readable(init_pidfd, GONE_TIMEOUT_SECONDS)
+        if await wait_readable(init_pidfd, GONE_TIMEOUT_SECONDS) and reaped is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reaped), max(deadline - loop.time(), 0))
     finally:
         os.close(init_pidfd)
         if mounts >= 0:

@@ -42,7 +42,7 @@ from worker.errors import SpawnerError
 from worker.fdwait import wait_readable
 from worker.held_sandbox import FRESH_SOURCE, HeldStart
 from worker.ready_shell import READY_SHELL_LOADER, READY_TIMEOUT_SECONDS, ReadyShell, folder_identity
-from worker.sandbox import SandboxSpec, find_bwrap
+from worker.sandbox import ORPHANS, SandboxSpec, find_bwrap, reap_adopted
 
 MAX_MESSAGE_BYTES = 64 * 1024
 """The largest request a spawner takes (it receives into a buffer of this size every time); a larger command or
@@ -292,13 +292,20 @@ class Spawner:
         return ReadyShell(spawned, env, cwd, out_r, err_r, script_w, up_r, folder=folder, sandbox=self.sandbox)
 
     def close(self) -> None:
-        """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread."""
+        """Stop the spawner and reap it. Blocks (up to two seconds): async code calls it through a thread. One that
+        does not stop is killed; in a held sandbox, its pid 1 is reaped too before this returns."""
         self.shut()
         try:
             self._proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+            if self._held is None:
+                self._proc.kill()
+                self._proc.wait()
+                return
+            with ORPHANS.held():  # its pid 1 outlives bwrap's monitor, killed: adopted, and reaped by ``_watch``
+                self._proc.kill()
+                self._proc.wait()
+                self._reader.join()
 
     def shut(self) -> None:
         """Close the socket, which tells the spawner to stop; does not wait for it. A ready shell is given up."""
@@ -313,10 +320,14 @@ class Spawner:
         self._sock.close()
 
     def _watch(self) -> None:
-        """Notice the spawner's host pid (in a held sandbox), its ready message, and its end."""
+        """Notice the spawner's host pid (in a held sandbox), its ready message, and its end; then, in a held sandbox,
+        reap the spawner if its bwrap monitor ended first and left it to this process (``sandbox.reap_adopted``)."""
+        spawner = -1
         try:
-            if self._held is not None and not self._held.read_pid():
-                return
+            if self._held is not None:
+                if not self._held.read_pid():
+                    return
+                spawner = self._pidfd_of_child(self._held.pid)
             while True:
                 select.select([self._sock], [], [])
                 try:
@@ -333,6 +344,27 @@ class Spawner:
             self._alive = False
             if self._held is not None:
                 self._held.close()
+            if spawner >= 0:
+                self._proc.wait()
+                reap_adopted(spawner, block=True)
+                os.close(spawner)
+
+    def _pidfd_of_child(self, pid: int) -> int:
+        """A pidfd of the held sandbox's pid 1 ``pid`` while its monitor is still its parent (so the pid is still its
+        own), or -1."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return -1
+        try:
+            with open(f"/proc/{pid}/stat") as stat_file:
+                parent = int(stat_file.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            parent = 0
+        if parent == self._proc.pid:
+            return pidfd
+        os.close(pidfd)
+        return -1
 
 
 class Spawned:
