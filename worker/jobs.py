@@ -218,12 +218,13 @@ def ended_by(record: RunRecord | None, held: Attempt) -> bool:
 
 async def remove_one_off_workspace(runtime: BaseWorkspaceRuntime, request: RunRequest) -> None:
     """Once a run's result is stored, remove its workspace unless the request keeps it (``keep_workspace``: a named
-    workspace is kept by default). Output files travel in the result and artifacts live in the artifact store, so
+    workspace is kept by default): once no other run is in it, and not if a run that keeps it was
+    (``end_one_off_workspace``). Output files travel in the result and artifacts live in the artifact store, so
     neither goes with it."""
     if request.keep_workspace:
         return
     try:
-        await runtime.end_workspace(request.workspace_id)
+        await runtime.end_one_off_workspace(request.workspace_id)
     except WorkerError as exc:  # never made (the run failed before), or not removable: it is logged, not fatal
         logger.info("workspace %s of run %s was not removed: %s", request.workspace_id, request.run_id, exc)
     except OSError:

@@ -286,6 +286,53 @@ async def test_a_workspace_is_not_removed_under_a_running_one_off_run_that_names
         assert answer.status_code == 409, answer.status_code
 
 
+GATED = "echo {mark} > $WORK_DIR/{mark}; until [ -e $WORK_DIR/go ]; do sleep 0.02; done; cat $WORK_DIR/{mark}"
+"""A run that leaves a file, waits until the test lets it go (a file ``go`` in its workspace's ``work/``), then
+reads its file back: it ends well only if its workspace outlived what happened meanwhile."""
+
+
+def let_go(work_root) -> None:
+    (workspace_dirs(work_root)[0] / "work" / "go").touch()
+
+
+async def test_a_one_off_run_never_removes_a_named_workspace_under_another_one_off_run(embedded, work_root):
+    async with api(embedded, new_team(embedded, "team-a")) as a:
+        gated = await run(a, "w1", GATED.format(mark="mine"), wait=False, keep_workspace=False)
+        await started(a, gated)
+        quick = await run(a, "w1", keep_workspace=False)
+        await eventually(lambda: _no_task(embedded, quick), "the quick one-off run's clean-up never ended")
+        survived = names(work_root) == ["team-a.w1"]
+        if survived:
+            let_go(work_root)
+        else:
+            await a.post(f"/v1/runs/{gated}/cancel")
+        record = await ended(a, gated)
+        await eventually(lambda: _no_task(embedded, gated), "the last one-off run's clean-up never ended")
+        await embedded.dispatcher.runtime("local").idle()
+        assert survived, "the first one-off run to end removed the workspace while another run was in it"
+        assert record["status"] == "finished" and record["result"]["stdout"] == "mine\n", record
+        assert names(work_root) == [], "the workspace outlived the last of its one-off runs"
+
+
+async def test_a_one_off_run_accepted_before_a_kept_run_of_its_workspace_leaves_the_workspace_kept(embedded,
+                                                                                                  work_root):
+    async with api(embedded, new_team(embedded, "team-a")) as a:
+        one_off = await run(a, "w1", GATED.format(mark="mine"), wait=False, keep_workspace=False)
+        await started(a, one_off)
+        kept = await run(a, "w1", "echo kept > $WORK_DIR/kept")  # joins it, and registers it kept
+        let_go(work_root)
+        record = await ended(a, one_off)
+        await eventually(lambda: _no_task(embedded, one_off), "the one-off run's clean-up never ended")
+        await embedded.dispatcher.runtime("local").idle()
+        assert record["status"] == "finished" and record["result"]["stdout"] == "mine\n", record
+        assert names(work_root) == ["team-a.w1"], "the one-off run removed a workspace a kept run was in"
+        assert (workspace_dirs(work_root)[0] / "work" / "kept").read_text() == "kept\n"
+        listed = (await a.get("/v1/workspaces/team-a.w1")).json()
+        assert listed["state"] == "kept" and listed["runs"] == [], listed
+        again = await ended(a, await run(a, "w1", "cat $WORK_DIR/kept", wait=False))
+        assert again["result"]["stdout"] == "kept\n", (kept, again)
+
+
 async def test_racing_removals_and_runs_of_one_workspace_never_fail_an_accepted_run(redis_url, shared_dir, workers,
                                                                                    work_root):
     workers.start()

@@ -129,6 +129,12 @@ class BaseWorkspaceRuntime(ABC):
         ``WorkspaceError`` when there is none here."""
         raise WorkspaceError(f"the {self.name.value} runtime cannot remove workspaces")
 
+    async def end_one_off_workspace(self, workspace_id: str) -> None:
+        """A one-off run's end (``keep_workspace`` false, its result stored): remove its workspace once no run is in
+        it, never under another run, and not at all if a run that keeps it was in it. A runtime that cannot tell
+        which runs are in a workspace removes it at once (``end_workspace``)."""
+        await self.end_workspace(workspace_id)
+
     async def close(self) -> None:
         """Release what the runtime holds (containers, sandboxes, connections)."""
 

@@ -3,6 +3,8 @@
 Everything but starting the command is shared: finding or creating the workspace, staging the skill, the run
 directory, inputs written without following planted links, the command's environment built from scratch,
 output collection with caps and MIME types, artifacts, timings. A subclass says how the command is executed.
+
+No run's workspace is removed under it by another run's end (``worker.runtimes.workspace_uses``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from worker import defaults
 from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.collect import Collection, collect_outputs, resolve_patterns
-from worker.contract import InputFile, RunRequest, RunResult, SkillRef
+from worker.contract import WORKSPACE_ID_PATTERN, InputFile, RunRequest, RunResult, SkillRef
 from worker.environments import EnvironmentInfo, EnvironmentStatus, SkillEnvironments
 from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
@@ -32,6 +34,7 @@ from worker.library_fetch import locate, skill_root_in_use
 from worker.process import ProcessOutcome
 from worker.redaction import Redactor, redacting_sink
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
+from worker.runtimes.workspace_uses import WorkspaceUse, WorkspaceUses
 from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
 from worker.workspace import Workspace, WorkspaceManager
@@ -55,6 +58,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     ) -> None:
         """``environments`` gives skills their dependency environments (built for where this runtime runs)."""
         self.workspaces = workspaces
+        self.uses = WorkspaceUses(workspaces.work_root, workspaces.registry)
         self.environments = environments
         self._skill_paths: dict[SkillRef, tuple[Path, Path]] = {}
         self.stager = stager or LinkSkillStager()
@@ -76,7 +80,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         cancel = Cancellation()
         self._cancels[request.run_id] = cancel
         try:
-            async with self._holding_root(request):
+            async with self._holding_root(request), self._in_workspace(request):
                 result = await self._run(request, cancel)
         finally:
             self._cancels.pop(request.run_id, None)
@@ -94,6 +98,43 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         with contextlib.ExitStack() as held:
             await asyncio.to_thread(held.enter_context, skill_root_in_use(request.skill))
             yield
+
+    @contextlib.asynccontextmanager
+    async def _in_workspace(self, request: RunRequest) -> AsyncIterator[None]:
+        """Be one of the runs in the request's workspace for the whole run (``WorkspaceUses``); a run that keeps its
+        workspace marks it kept. The last run to leave a workspace marked unwanted removes it, after its result (in
+        the background)."""
+        use = self.uses.enter(request.workspace_id, block=False)
+        if use is None:  # it is being removed: the run starts once it is gone
+            use = await asyncio.to_thread(self.uses.enter, request.workspace_id, block=True)
+        if request.keep_workspace:
+            use.mark_kept()
+        try:
+            yield
+        finally:
+            if use.leave() and not self._in_background(self._remove_unwanted, request.workspace_id, use):
+                await asyncio.to_thread(self._remove_unwanted, request.workspace_id, use)
+
+    def _remove_unwanted(self, workspace_id: str, use: WorkspaceUse) -> None:
+        """Remove a workspace no run is in (``use``: held by this run alone; released here) (blocking)."""
+        try:
+            with contextlib.suppress(WorkspaceError):  # gone already (removed, or never made)
+                self.remove_workspace(workspace_id)
+        finally:
+            use.close()
+
+    async def end_one_off_workspace(self, workspace_id: str) -> None:
+        """Mark the workspace unwanted and remove it now if no run is in it; otherwise the last run in it removes
+        it, unless a run that keeps it was in it (``worker.runtimes.workspace_uses``)."""
+        if not WORKSPACE_ID_PATTERN.fullmatch(workspace_id):
+            raise WorkspaceError(f"invalid workspace id {workspace_id!r}")
+        await asyncio.to_thread(self._end_one_off, workspace_id)
+
+    def _end_one_off(self, workspace_id: str) -> None:
+        use = self.uses.enter(workspace_id, block=True)
+        use.mark_unwanted()
+        if use.leave():
+            self._remove_unwanted(workspace_id, use)
 
     async def _run(self, request: RunRequest, cancel: Cancellation) -> RunResult:
         started = time.monotonic()
@@ -298,15 +339,18 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         await asyncio.to_thread(self.environments.close)
 
     def remove_workspace(self, workspace_id: str) -> None:
-        """Delete a workspace and everything in it."""
+        """Delete a workspace and everything in it, and its use file (its marks go with it)."""
         workspace = self.workspaces.find(workspace_id)
         if workspace is None:
+            if WORKSPACE_ID_PATTERN.fullmatch(workspace_id):
+                self.uses.forget(workspace_id)
             raise WorkspaceError(f"no workspace {workspace_id!r}")
         self._forget_workspace(workspace)
         with self._lock:
             self._seen.pop(workspace_id, None)
         self.stager.forget(workspace)
         self.workspaces.remove(workspace_id)
+        self.uses.forget(workspace_id)
 
     async def end_workspace(self, workspace_id: str) -> None:
         await asyncio.to_thread(self.remove_workspace, workspace_id)
