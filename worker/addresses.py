@@ -34,6 +34,15 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return ip.sixtofour
 
 
+def is_address(text: str) -> bool:
+    """Whether ``text`` is an IP address (v4 or v6) rather than a name."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def is_public(ip: IPAddress) -> bool:
     """Whether a remote caller may make the server connect to ``ip``."""
     if isinstance(ip, ipaddress.IPv6Address):

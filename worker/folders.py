@@ -51,6 +51,16 @@ def remove_tree(path: Path) -> None:
             raise WorkspaceError(f"{path} could not be removed") from None
 
 
+def still_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is the one at ``path`` now (not removed, nor made anew, meanwhile)."""
+    try:
+        there = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
 def reachable_by_others(path: Path) -> bool:
     """Whether a user other than the owner may pass through every folder down to ``path``."""
     path = Path(path).resolve()

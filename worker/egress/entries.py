@@ -15,11 +15,11 @@ resolver would take ``127.1`` for an address); a port that is not 1-65535.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from worker.addresses import is_address
 from worker.egress.policy import AllowList
 from worker.errors import EgressError
 
@@ -66,7 +66,7 @@ def parse_entry(text: str) -> Entry:
     if "/" in raw:
         raise EgressError(f"egress entry {shown} is an address range: name the hosts a run may reach instead")
     host, port = _split_port(raw, shown)
-    if _is_address(host):
+    if is_address(host):
         raise EgressError(f"egress entry {shown} is an IP address: name the host instead (the proxy checks what a "
                           "name resolves to; a raw address is never allowed)")
     wildcard = host.startswith("*.") or host == "*"
@@ -97,14 +97,6 @@ def _split_port(raw: str, shown: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise EgressError(f"egress entry {shown} has a bad port {port!r}: use 1-65535 (443 when none is given)")
     return host, int(port)
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def parse_entries(texts: Iterable[str], what: str = "an egress allow-list") -> list[Entry]:

@@ -24,6 +24,7 @@ import asyncio
 import ipaddress
 from dataclasses import dataclass
 
+from worker.addresses import is_address
 from worker.egress.policy import Target, TunnelRefused
 
 HELLO_BYTES = 8 * 1024
@@ -59,7 +60,7 @@ class ClientHello:
         hidden = sorted(HIDING_EXTENSIONS.keys() & self.extensions)
         if hidden:
             return f"the TLS ClientHello carries {HIDING_EXTENSIONS[hidden[0]]}, which hides the server it is for"
-        if self.server_name is None and not _is_address(host):
+        if self.server_name is None and not is_address(host):
             return "the TLS ClientHello names no server (SNI), which a tunnel to a host name must"
         if self.server_name is not None and _normalised(self.server_name) != host:
             return "the TLS ClientHello names another server (SNI) than the CONNECT target (domain fronting)"
@@ -212,14 +213,6 @@ def _normalised(name: str) -> str:
         return str(ipaddress.ip_address(name))
     except ValueError:
         return name
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 __all__ = ["HELLO_BYTES", "HIDING_EXTENSIONS", "ClientHello", "client_hello", "read_client_hello"]

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from worker.environments.target import Target
-from worker.folders import remove_tree
+from worker.folders import remove_tree, still_at
 
 LOCK_POLL_SECONDS = 0.2
 USE_TOUCH_SECONDS = 60.0
@@ -296,7 +296,7 @@ class EnvironmentStore:
                 os.close(fd)
                 await asyncio.sleep(LOCK_POLL_SECONDS)
                 continue
-            if _is_at(fd, path):
+            if still_at(fd, path):
                 break
             os.close(fd)  # removed (or replaced) by a sweep between our open and our lock: take the one there now
         try:
@@ -329,7 +329,7 @@ class EnvironmentStore:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if _is_at(fd, path):
+            if still_at(fd, path):
                 os.unlink(path)
         except (BlockingIOError, FileNotFoundError):
             pass
@@ -364,16 +364,6 @@ def folder_size(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
     return total
-
-
-def _is_at(fd: int, path: Path) -> bool:
-    """Whether the open file ``fd`` is the one at ``path`` now."""
-    try:
-        there = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _older(entry: os.DirEntry, cutoff: float) -> bool:

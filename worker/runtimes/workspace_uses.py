@@ -17,6 +17,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from worker.folders import still_at
+
 USES_DIR = "uses"
 UNWANTED_AT, KEPT_AT = 0, 1
 """The bytes of a use file that mark its workspace unwanted (a one-off run asked for its removal) and kept (a run
@@ -47,7 +49,7 @@ class WorkspaceUse:
             return False
         marks = os.pread(self._fd, KEPT_AT + 1, 0).ljust(KEPT_AT + 1, b"\0")
         if marks[UNWANTED_AT:UNWANTED_AT + 1] == MARK and marks[KEPT_AT:KEPT_AT + 1] != MARK and \
-                _names(self.path, self._fd):
+                still_at(self._fd, self.path):
             return True
         self.close()
         return False
@@ -82,23 +84,13 @@ class WorkspaceUses:
             except BlockingIOError:
                 os.close(fd)
                 return None
-            if _names(path, fd):
+            if still_at(fd, path):
                 return WorkspaceUse(path, fd)
             os.close(fd)
 
     def forget(self, workspace_id: str) -> None:
         """The workspace is gone: its use file (and its marks) too."""
         self.path(workspace_id).unlink(missing_ok=True)
-
-
-def _names(path: Path, fd: int) -> bool:
-    """Whether ``path`` is still the file open as ``fd`` (not removed, nor made anew, meanwhile)."""
-    try:
-        now = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev)
 
 
 __all__ = ["USES_DIR", "WorkspaceUse", "WorkspaceUses"]
