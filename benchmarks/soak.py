@@ -1,16 +1,22 @@
 """Soak: N runs through the API, Redis (append-only persistence) and two workers; is anything growing per run?
 
-Starts a redis-server with an append-only file (fsync every second, Redis's default for it), the API (``skillrun serve`` with ``SKILLRUN_REDIS_URL``) and two
-``skillrun worker`` processes, all with a short result TTL (``--result-ttl``, so that retention takes effect within
-the soak), and drives ``--runs`` one-off runs (no workspace id) at concurrency ``--concurrency``: submit, then wait for
-the result. Every ``--every`` runs it lets the runs in flight end, waits until their records and RQ jobs have
-expired (``--settle``), and prints a row: runs/s and p50/p95/p99 of submit-to-result over the block, then what is
-left — Redis memory and keys, workspace folders and sandbox user ids held, and the RSS of each process. Then the
-growth per 1,000 runs after retention (first row to last; also shown, not judged, over the later half of the rows, where a cache bounded by a count that was still filling early no longer grows), and the targets, PASS or FAIL each: 0 failed, 0 lost, 0 doubled (a run taking a second attempt); growth per 1,000 runs
-under 0.5% of the start for every resource; p99 of the last block within 1.2x of the first. ``--check`` makes a FAIL
-the exit status.
+Starts a redis-server with an append-only file (fsync every second, Redis's default for it), the API (``skillrun
+serve`` with ``SKILLRUN_REDIS_URL``) and two ``skillrun worker`` processes, all with a short result TTL
+(``--result-ttl``, so that retention takes effect within the soak), and drives ``--runs`` one-off runs (no workspace
+id) at concurrency ``--concurrency``: submit, then wait for the result. Every ``--every`` runs it lets the runs in
+flight end, waits until their records and RQ jobs have expired and the API's sweep has taken them out of the indexes
+and registries (``--settle``), and prints a row: runs/s and p50/p95/p99 of submit-to-result over the block, then what
+is left — Redis memory (``used_memory`` less its clients' buffers, which follow the connections open at the moment,
+not the runs), keys and entries (the lengths of every hash, sorted set, set, list and stream, a string
+counting 1: a structure that only grows shows here while the keys stay flat), workspace folders and sandbox user ids
+held, and the RSS of each process. Then the growth per 1,000 runs after retention (first row to last; also shown, not
+judged, over the later half of the rows, where a cache bounded by a count that was still filling early no longer
+grows), and the targets, PASS or FAIL each: 0 failed, 0 lost, 0 doubled (a run taking a second attempt); growth per
+1,000 runs under 0.5% of the start for every resource; p99 of the last block within 1.2x of the first. Last, each
+Redis key whose entries changed from the first row to the last. ``--check`` makes a FAIL the exit status.
 
-Usage: .venv/bin/python benchmarks/soak.py [--runs 35000] [--every 5000] [--concurrency 8] [--result-ttl 60] [--settle S]
+Usage: .venv/bin/python benchmarks/soak.py [--runs 35000] [--every 5000] [--concurrency 8] [--result-ttl 60]
+                                           [--settle S]
 """
 
 from __future__ import annotations
@@ -29,19 +35,23 @@ import redis  # noqa: E402
 
 from benchmarks.api_runs import Tally, api_client, block  # noqa: E402
 from benchmarks.stack import Stack, workers_idle  # noqa: E402
+from orchestrator.dispatch.queue import SWEEP_SECONDS  # noqa: E402
 from worker import defaults  # noqa: E402
 from worker.config import get_worker_settings  # noqa: E402
 
 GROWTH_TARGET = 0.005
 """Largest growth per 1,000 runs after retention, as a share of the resource at the start."""
 P99_TARGET = 1.2
-RESOURCES = ("redis memory", "redis keys", "folders", "user ids")
+RESOURCES = ("redis memory", "redis keys", "redis entries", "folders", "user ids")
 RETENTION_MARGIN_SECONDS = 5
+Structures = dict[str, tuple[str, int]]
+"""Redis's keys, each with its type and how many entries it holds."""
 
 
 def retention_horizon(result_ttl: int) -> int:
-    """Seconds after which every key of an ended run has expired (its record's TTL, its RQ job's), and a little."""
-    return max(result_ttl, defaults.JOB_RESULT_TTL_SECONDS) + RETENTION_MARGIN_SECONDS
+    """Seconds after which every key of an ended run has expired (its record's TTL, its RQ job's) and the API's next
+    sweep has taken it out of the run indexes and RQ's registries, and a little."""
+    return int(max(result_ttl, defaults.JOB_RESULT_TTL_SECONDS) + SWEEP_SECONDS) + RETENTION_MARGIN_SECONDS
 
 
 def rss_bytes(pid: int) -> int:
@@ -61,12 +71,29 @@ def percentile(ordered: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))] * 1000 if ordered else 0.0
 
 
-def sample(client: redis.Redis, work_root: Path, procs: dict[str, int]) -> dict[str, float]:
-    values = {"redis memory": float(client.info("memory")["used_memory"]), "redis keys": float(client.dbsize()),
+def structures(client: redis.Redis) -> Structures:
+    """Every key: its type and how many entries it holds (a string: 1)."""
+    sizes = {"hash": client.hlen, "zset": client.zcard, "set": client.scard, "list": client.llen,
+             "stream": client.xlen, "string": lambda _key: 1}
+    found = {}
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key).decode()
+        if kind in sizes:  # not "none": expired between the scan and the look
+            found[key.decode()] = (kind, sizes[kind](key))
+    return found
+
+
+def sample(client: redis.Redis, work_root: Path, procs: dict[str, int]) -> tuple[dict[str, float], Structures]:
+    """The resources by name, and Redis's keys with their entries (``structures``)."""
+    keys = structures(client)
+    memory = client.info("memory")
+    values = {"redis memory": float(memory["used_memory"] - memory["mem_clients_normal"]),
+              "redis keys": float(len(keys)),
+              "redis entries": float(sum(entries for _, entries in keys.values())),
               "folders": float(sum(1 for p in work_root.iterdir() if p.name.startswith("ws_"))),
               "user ids": float(held_user_ids(work_root))}
     values |= {f"rss {name}": float(rss_bytes(pid)) for name, pid in procs.items()}
-    return values
+    return values, keys
 
 
 def mib(value: float) -> str:
@@ -85,11 +112,12 @@ async def soak(args: argparse.Namespace, base_url: str, key: str, store: redis.R
                procs: dict[str, int]) -> bool:
     tally = Tally()
     rows: list[tuple[int, dict[str, float]]] = []
+    kept: list[Structures] = []
     block_p99: list[float] = []
     names = ["runs", "runs/s", "p50 ms", "p95 ms", "p99 ms", *RESOURCES, *(f"rss {n}" for n in procs)]
     print(f"soak: {args.runs} runs, concurrency {args.concurrency}, result TTL {args.result_ttl} s, row every "
           f"{args.every} runs, sampled {args.settle} s after its block")
-    print("  ".join(f"{n:>12}" for n in names), flush=True)
+    print("  ".join(f"{n:>13}" for n in names), flush=True)
     async with api_client(base_url, key, args.concurrency) as client:
         done = 0
         while done < args.runs:
@@ -102,13 +130,25 @@ async def soak(args: argparse.Namespace, base_url: str, key: str, store: redis.R
             block_p99.append(percentile(ordered, 0.99))
             await asyncio.to_thread(workers_idle, store)
             await asyncio.sleep(args.settle)
-            values = sample(store, work_root, procs)
+            values, keys = sample(store, work_root, procs)
             rows.append((done, values))
+            kept.append(keys)
             cells = [f"{done}", f"{size / seconds:.1f}", f"{percentile(ordered, 0.5):.1f}",
                      f"{percentile(ordered, 0.95):.1f}", f"{block_p99[-1]:.1f}",
                      *(shown(n, values[n]) for n in names[5:])]
-            print("  ".join(f"{c:>12}" for c in cells), flush=True)
-    return report(args, tally, rows, block_p99)
+            print("  ".join(f"{c:>13}" for c in cells), flush=True)
+    ok = report(args, tally, rows, block_p99)
+    changed(kept[0], kept[-1])
+    return ok
+
+
+def changed(first: Structures, last: Structures) -> None:
+    """The Redis keys whose entries differ between the first row and the last (what a growth is made of)."""
+    moved = {key: (first.get(key, ("-", 0)), last.get(key, ("-", 0))) for key in first.keys() | last.keys()
+             if first.get(key) != last.get(key)}
+    print(f"redis keys whose entries changed from the first row to the last: {len(moved) or 'none'}")
+    for key, ((kind, before), (now_kind, after)) in sorted(moved.items()):
+        print(f"  {key} ({now_kind if now_kind != '-' else kind}): {before} -> {after}")
 
 
 def report(args: argparse.Namespace, tally: Tally, rows: list[tuple[int, dict[str, float]]],
@@ -124,7 +164,8 @@ def report(args: argparse.Namespace, tally: Tally, rows: list[tuple[int, dict[st
     half_span = max(end_runs - half_runs, 1)
     print(f"growth per 1,000 runs after retention (runs {start_runs} to {end_runs}; later half: {half_runs} to "
           f"{end_runs}, shown only):")
-    print(f"{'resource':>16}  {'start':>10}  {'end':>10}  {'per 1,000':>10}  {'of start':>9}  {'later half':>10}  target")
+    print(f"{'resource':>16}  {'start':>10}  {'end':>10}  {'per 1,000':>10}  {'of start':>9}  {'later half':>10}  "
+          "target")
     ok = True
     for name in start:
         growth = (end[name] - start[name]) * 1000 / span

@@ -4,8 +4,8 @@ any number of ``skillrun worker`` processes execute them; records live in Redis.
 A run whose worker died (heartbeat expired) is retried up to ``max_attempts`` and then failed with the reason; the
 events say which. The sweep finds such runs every ``SWEEP_SECONDS`` — the started runs only, in one bounded query,
 in one process at a time (a lease) — and its change wakes the run's waiters (the same process trims RQ's registries of
-finished jobs); when the change subscription drops
-(Redis went away) every waiter looks again.
+finished jobs, and takes the runs whose records expired out of the run indexes: they end with their records even when
+no later run ends); when the change subscription drops (Redis went away) every waiter looks again.
 
 The same sweep puts back the jobs of queued runs that a dying worker took and never started
 (``orchestrator.dispatch.stranded``). Runs of a kept workspace go to the queue of the node it lives on
@@ -71,6 +71,8 @@ SWEEP_LIMIT = 1000
 """Started runs the lost-run sweep looks at in one go (oldest first)."""
 SWEEP_LEASE_SECONDS = 5.0
 """How long one API process holds the sweep: the others skip it meanwhile."""
+TRIM_PER_SWEEP = 1000
+"""Runs whose records expired one sweep takes out of the run indexes at most (the runs that end take them too)."""
 REMOVAL_JOB_SECONDS = 300
 """Longest a worker may take to remove one workspace."""
 
@@ -244,6 +246,7 @@ class QueueDispatcher(BaseDispatcher):
                 return 0
             silent = await self.reader.silent_runs(SWEEP_LIMIT)
             await asyncio.to_thread(self._trim_finished_jobs)
+            await asyncio.to_thread(self.store.trim_expired, TRIM_PER_SWEEP)
             await asyncio.to_thread(self.requeue_stranded)
             await asyncio.to_thread(self.gate.sweep)
         recovered = 0

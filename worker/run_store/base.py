@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from worker.run_store.workspaces import RedisWorkspaces
 
 TRIM_BATCH = 100
-"""Expired runs one write removes at most (from a store's records, or from each Redis index it touches)."""
+"""Expired runs one step removes at most: a memory store's call (from its records), a Redis store's run that ends or
+one script call of its ``trim_expired`` (from the indexes)."""
 TALLY_SECONDS = 3600
 """A team's artifact bytes are tallied by the hour their runs ended (``team_artifact_bytes``)."""
 
@@ -203,8 +204,9 @@ class BaseRunStore(ABC):
 class MemoryRunStore(BaseRunStore):
     """Records in this process (the embedded default). ``on_change(run_id)`` is called after every change, from
     whichever thread made it (the dispatcher wakes its waiters with it). An ended run's record and events are kept
-    ``result_ttl`` seconds (``None``: as long as the store lives); each new run drops up to ``TRIM_BATCH`` expired
-    ones, oldest first. ``workspace_limit``: kept workspaces an owner may have at once."""
+    ``result_ttl`` seconds (``None``: as long as the store lives); every call drops up to ``TRIM_BATCH`` expired
+    ones, oldest first, before it answers, so an expired run is never served. A team's artifact tally holds the
+    hours of the artifacts' retention only. ``workspace_limit``: kept workspaces an owner may have at once."""
 
     def __init__(
         self, on_change: Callable[[str], None] | None = None, *, result_ttl: float | None = None,
@@ -255,11 +257,13 @@ class MemoryRunStore(BaseRunStore):
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._lock:
+            self._trim()
             record = self._records.get(run_id)
             return record.model_copy(deep=True) if record else None
 
     def update(self, run_id: str, mutate: Mutation) -> RunRecord | None:
         with self._lock:
+            self._trim()
             stored = self._records.get(run_id)
             if stored is None:
                 return None
@@ -277,36 +281,46 @@ class MemoryRunStore(BaseRunStore):
                     tally = self._artifacts.setdefault(record.owner, {})
                     hour = int(self.clock() // TALLY_SECONDS)
                     tally[hour] = tally.get(hour, 0) + stored_bytes
+                    self._prune_tally(record.owner)
         self._changed(run_id)
         return record
 
     def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
         with self._lock:
+            self._trim()
             return list(self._events.get(run_id, [])[after:])
 
     def list(self, status: RunStatus | None = None, limit: int = 100, owner: str | None = None) -> list[RunRecord]:
         with self._lock:
+            self._trim()
             records = sorted(self._records.values(), key=lambda r: r.created_at, reverse=True)
             return [r.model_copy(deep=True) for r in records
                     if (status is None or r.status == status) and (owner is None or r.owner == owner)][:limit]
 
     def team_usage(self, team: str) -> tuple[int, int]:
         with self._lock:
+            self._trim()
             mine = [record.status for record in self._records.values() if record.owner == team]
         return mine.count(RunStatus.QUEUED), mine.count(RunStatus.STARTED)
 
-    def team_artifact_bytes(self, team: str) -> int:
+    def _prune_tally(self, team: str) -> None:
+        """Drop the hours of ``team``'s artifact tally whose artifacts are gone, the tally with the last (under the
+        lock)."""
         first = int((self.clock() - self.artifact_ttl) // TALLY_SECONDS)
+        tally = self._artifacts.get(team, {})
+        for hour in [hour for hour in tally if hour < first]:
+            del tally[hour]
+        if not tally:
+            self._artifacts.pop(team, None)
+
+    def team_artifact_bytes(self, team: str) -> int:
         with self._lock:
-            tally = self._artifacts.get(team, {})
-            for hour in [hour for hour in tally if hour < first]:
-                del tally[hour]
-            if not tally:
-                self._artifacts.pop(team, None)
-            return sum(tally.values())
+            self._prune_tally(team)
+            return sum(self._artifacts.get(team, {}).values())
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
+            self._trim()
             by_status: dict[str, int] = {}
             durations: dict[str, int] = {}
             total = 0.0

@@ -6,12 +6,18 @@ of the started attempt), the indexes ``<prefix>:index`` (and one per owner), ``<
 runs: what the lost-run sweep reads), ``<prefix>:waiting`` (the queued runs, by when they last entered the queue: what
 the stranded-job sweep reads), the same two per team (``<prefix>:running:<team>``, ``<prefix>:waiting:<team>``: what
 its quotas count), ``<prefix>:artifacts:<team>`` (a hash of the bytes of artifacts its runs stored, by the hour they
-ended: what its quota of stored artifacts counts; it expires with the artifacts) and the counts ``<prefix>:stats``. Every change is published on
-``<prefix>:changes`` (``"<id> <event type>"``) for the API's waiters (``worker.run_store.watch``).
+ended: what its quota of stored artifacts counts) and the counts ``<prefix>:stats`` (by status and duration bucket: a
+bounded set of fields). Every change is published on ``<prefix>:changes`` (``"<id> <event type>"``) for the API's
+waiters (``worker.run_store.watch``).
 
-Retention: an ended run's record and events expire ``result_ttl`` seconds after it ended. ``<prefix>:expiring``
-holds the ended runs by that time (``"<id> <owner>"``), and every run that ends takes up to ``TRIM_BATCH`` runs
-whose time has passed out of the indexes, so they hold what is kept and no more (``TRIM_EXPIRED``).
+Retention: everything a run writes has an end. Its record and events expire ``result_ttl`` seconds after it ended;
+its attempt, heartbeat and places among the started or queued runs go when it leaves that status. Its entries in the
+indexes go when its record does: ``<prefix>:expiring`` holds the ended runs by that time (``"<id> <owner>"``), every
+run that ends takes up to ``TRIM_BATCH`` runs whose time has passed out of the indexes, and ``trim_expired`` (the
+queue dispatcher's sweep, every few seconds) takes the rest, so the indexes hold what is kept and no more, and are
+gone once nothing is (``TRIM_EXPIRED``) — also when no later run ends. A team's artifact tally holds the hours of the
+artifacts' retention only (each write drops the hours past it, ``TALLY_ARTIFACTS``) and expires an hour after the
+artifacts of its last write do.
 
 Kept workspaces are registered next to the records (``worker.run_store.workspaces``): a run claims its workspace
 when it is reserved (refused: its record goes again) and releases it in the transaction that ends it.
@@ -101,6 +107,20 @@ return #members
 """``KEYS = [expiring, index]``, ``ARGV = [now, at most, owner index prefix]``: removes up to that many runs whose
 record expired by ``now`` from the index, their owner's index and ``expiring``; returns how many."""
 
+TALLY_ARTIFACTS = """
+redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+local first = tonumber(ARGV[3])
+for _, hour in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if tonumber(hour) < first then
+        redis.call('HDEL', KEYS[1], hour)
+    end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+"""
+"""``KEYS = [a team's artifact tally]``, ``ARGV = [hour, bytes, first hour kept, seconds to keep]``: adds the bytes to
+the hour, drops the hours the artifacts' retention has passed (at most its hours and one are held, so this is
+bounded) and sets when the tally expires."""
+
 
 class RedisRunStore(BaseRunStore):
     """Records in Redis (see the module's key layout)."""
@@ -126,6 +146,7 @@ class RedisRunStore(BaseRunStore):
         self.heartbeat_ttl = heartbeat_ttl
         self._renew = connection.register_script(RENEW_IF_HELD)
         self._trim = connection.register_script(TRIM_EXPIRED)
+        self._tally = connection.register_script(TALLY_ARTIFACTS)
         self.workspaces = RedisWorkspaces(connection, self.keys.record(""), limit=workspace_limit, clock=clock)
 
     @classmethod
@@ -248,16 +269,31 @@ class RedisRunStore(BaseRunStore):
         if record.status.done and not previous.done and record.request.keep_workspace:
             self.workspaces.release(pipe, record.request.workspace_id, record.id)
         if record.status.done and not previous.done and record.owner is not None and (stored := artifact_bytes(record)):
-            tally = self.keys.team_artifacts(record.owner)
-            pipe.hincrby(tally, str(int(self.clock() // TALLY_SECONDS)), stored)
-            pipe.expire(tally, int(self.artifact_ttl) + TALLY_SECONDS)
+            self._tally(keys=[self.keys.team_artifacts(record.owner)],
+                        args=[int(self.clock() // TALLY_SECONDS), stored, self._first_tallied_hour(),
+                              int(self.artifact_ttl) + TALLY_SECONDS], client=pipe)
 
     def _expire_from_indexes(self, pipe: redis.client.Pipeline, record: RunRecord, ttl: int) -> None:
-        """Note when the ended ``record`` expires, and take the runs expired by now out of the indexes."""
+        """Note when the ended ``record`` expires, and take up to ``TRIM_BATCH`` runs expired by now out of the
+        indexes."""
         now = self.clock()
         pipe.zadd(self.keys.expiring, {f"{record.id} {record.owner or ''}": now + ttl})
         self._trim(keys=[self.keys.expiring, self.keys.index()], args=[now, TRIM_BATCH, self.keys.index("")],
                    client=pipe)
+
+    def trim_expired(self, limit: int) -> int:
+        """Take up to ``limit`` runs whose records expired by now out of the indexes (``TRIM_BATCH`` a script call,
+        as many calls as it takes); how many. The runs that end trim as they go; this takes what no later run's end
+        took (the last runs before a quiet spell), so the indexes end with their records whatever comes after."""
+        trimmed = 0
+        while trimmed < limit:
+            batch = min(TRIM_BATCH, limit - trimmed)
+            done = int(self._trim(keys=[self.keys.expiring, self.keys.index()],
+                                  args=[self.clock(), batch, self.keys.index("")]))
+            trimmed += done
+            if done < batch:
+                break
+        return trimmed
 
     def waiting_since(self, before: float, limit: int) -> list[RunRecord]:
         """Up to ``limit`` queued runs that entered the queue before ``before`` (oldest first)."""
@@ -269,9 +305,13 @@ class RedisRunStore(BaseRunStore):
         records = [RunRecord.model_validate_json(raw) for raw in raws if raw]
         return [record for record in records if record.status == RunStatus.QUEUED]
 
+    def _first_tallied_hour(self) -> int:
+        """The oldest hour of a team's artifact tally whose artifacts are still kept."""
+        return int((self.clock() - self.artifact_ttl) // TALLY_SECONDS)
+
     def team_artifact_bytes(self, team: str) -> int:
         key = self.keys.team_artifacts(team)
-        first = int((self.clock() - self.artifact_ttl) // TALLY_SECONDS)
+        first = self._first_tallied_hour()
         tally = {int(hour): int(stored) for hour, stored in self.redis.hgetall(key).items()}
         gone = [str(hour) for hour in tally if hour < first]
         if gone:
