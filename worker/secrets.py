@@ -31,7 +31,8 @@ from pydantic import BaseModel
 from worker.contract import TEAM_NAME, RunRequest
 from worker.env_names import env_name_problem
 from worker.errors import SecretError
-from worker.redaction import Redactor
+from worker.redaction import Redactor, forms_of
+from worker.redaction.matching import SELF_OVERLAP_CHARS, repeats_near_its_start
 
 MAX_VALUE_BYTES = 64 * 1024
 MIN_VALUE_BYTES = 8
@@ -68,6 +69,11 @@ def check_value(name: str, value: str) -> None:
         raise SecretError(f"the value of {name} is {size} bytes; a secret is at most {MAX_VALUE_BYTES}")
     if "\0" in value:
         raise SecretError(f"the value of {name} holds a NUL character, which an environment variable cannot")
+    if any(repeats_near_its_start(form) for form in forms_of(value)):
+        raise SecretError(f"the value of {name} starts with a short piece repeated (its first "
+                          f"{SELF_OVERLAP_CHARS} characters, or those of an encoding of it, come again right after): "
+                          "a secret is a random value, and looking for one like this in every run's output would cost "
+                          "each run many times its size")
 
 
 class SecretBox:

@@ -231,14 +231,15 @@ async def test_a_secret_in_wrapped_base64_or_hex_never_comes_back(services, comm
 def test_a_team_holds_at_most_1_mib_of_secrets_and_a_refused_one_stores_nothing(tmp_path, key):  # noqa: F811
     secrets = FileSecretStore(tmp_path / "secrets", SecretBox(key))
     big = _big_secrets()
+    small, smaller = (base64.b64encode(random.Random(seed).randbytes(768)).decode() for seed in (1, 2))
     for name, value in big.items():
         secrets.set("team-a", name, value)
     with pytest.raises(SecretError, match=f"hold at most {MAX_TEAM_SECRET_BYTES} together"):
-        secrets.set("team-a", "ONE_MORE", "x" * 1024)
-    secrets.set("team-a", "BIG_0", "y" * 1024)  # replacing one by a smaller value is welcome
-    secrets.set("team-b", "ONE_MORE", "x" * 1024)  # another team is not counted
+        secrets.set("team-a", "ONE_MORE", small)
+    secrets.set("team-a", "BIG_0", smaller)  # replacing one by a smaller value is welcome
+    secrets.set("team-b", "ONE_MORE", small)  # another team is not counted
     assert sorted(info.name for info in secrets.list("team-a")) == sorted(big)
-    assert secrets.reveal("team-a", ["BIG_0"]) == {"BIG_0": "y" * 1024}
+    assert secrets.reveal("team-a", ["BIG_0"]) == {"BIG_0": smaller}
 
 
 # ---- egress refusals, end to end -----------------------------------------------------------------------------------

@@ -15,18 +15,23 @@ likely to print it in:
   (76 columns as ``base64`` and MIME write it, 64 as PEM and ``openssl`` do, 60 as ``xxd -p``) is found, and the
   whole span it covers, line breaks included, is replaced.
 
-Longer forms win where two start at one place. Where output was cut at a cap, the end of what was kept is also
-cleared of the start of any form (a value cut in two is not left half shown).
+Longer forms win where two start at one place, and two forms that overlap in the text are replaced as one. Where
+output was cut at a cap, the end of what was kept is also cleared of the start of any form (a value cut in two is
+not left half shown).
 
 What it costs: every form is looked for at once, by an Aho–Corasick automaton (``pyahocorasick``) of the forms'
-first ``ANCHOR_CHARS`` characters; each place an anchor is found is checked against the whole forms that start
-with it, unless a match already covers it. So redaction reads a text once, and checks a place at most once per
-form with its anchor: linear in the text's size, since a value that repeats a short piece of itself — the one
-shape that could make checks overlap — is refused when it is set (``worker.secrets``). Files stream through it a
-chunk at a time, holding back only what a match could still span (``redacted_chunks``), so memory does not grow
-with a file's size. Building the forms is linear in the team's secrets (at most ``worker.secrets``'
-``MAX_TEAM_SECRET_BYTES``), once per run and only when something is redacted. ``work`` counts what was read and
-compared, for tests to hold to those bounds without timing.
+first ``ANCHOR_CHARS`` characters; each place an anchor is found is checked by walking a tree of the forms with
+that anchor, ``TREE_CHARS`` at a step, as far as the text goes on like one of them — so however many forms share a
+start (a team's hundred JWTs and their common header), a place costs about as many characters as the text there
+goes on like a form. A place inside a match of the same anchor is not checked again; and a value whose start is a
+short piece repeated, the one shape that makes such places overlap and each read on for long, is refused when it is
+set (``worker.secrets``). So redaction is linear in the text's size. A form longer than ``PIECE_CHARS`` is looked for
+in pieces (``pieces_of``), so what one match spans is bounded however long the value; the text is redacted in steps
+of ``STEP_CHARS`` and what a match starting in one may still span (``_stepped``), whether it is a stdout in memory
+or a file streamed into the artifact store, so memory is a step's, whatever the text's size and however dense its
+line breaks, and a file streamed in any chunks comes out as it does whole. Building the forms is linear in the
+team's secrets (at most ``worker.secrets``' ``MAX_TEAM_SECRET_BYTES``), once per run and only when something is
+redacted. ``work`` counts what was read and compared, for tests to hold to those bounds without timing.
 
 A command that transforms its secret otherwise (reverses it, encrypts it, prints it a character per line with
 other text between) is not caught: redaction keeps honest mistakes out of the model's context, it does not contain
@@ -40,11 +45,15 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from urllib.parse import quote, quote_plus
 
-from worker.redaction.matching import FormFinder, replaced
+from worker.redaction.matching import ANCHOR_CHARS, FormFinder, repeats, replaced
 
 PLACEHOLDER = "[redacted:{name}]"
 MIN_FORM_CHARACTERS = 6
 """Base64 pieces shorter than this are not looked for (they would match ordinary text)."""
+PIECE_CHARS = 1024
+"""A form longer than this is looked for in pieces (``pieces_of``)."""
+STEP_CHARS = 256 * 1024
+"""Characters a step of redaction settles at least (``_stepped``): what it holds is a few times this."""
 
 
 class Redactor:
@@ -52,7 +61,7 @@ class Redactor:
 
     def __init__(self, secrets: dict[str, str]) -> None:
         self._secrets = {name: value for name, value in secrets.items() if value}
-        self._form_placeholders: dict[str, str] | None = None
+        self._pieces: tuple[dict[str, str], set[str]] | None = None
         self._text: FormFinder | None = None
         self._bytes: FormFinder | None = None
 
@@ -68,56 +77,95 @@ class Redactor:
         """``text`` redacted; ``cut``: it ends where a cap cut it, so a form's start at its end goes too."""
         if not self._secrets or not text:
             return text
-        return replaced(text, self._text_family().spans(text, cut=cut))
+        return "".join(_stepped(self._text_family(), [text], cut))
 
     def data(self, data: bytes, *, cut: bool = False) -> bytes:
         """``data`` redacted as bytes: a form is looked for as its UTF-8 bytes, and everything else is kept byte for
         byte (binary content stays intact except where a form of a value appears)."""
         if not self._secrets or not data:
             return data
-        text = data.decode("latin-1")
-        return replaced(text, self._bytes_family().spans(text, cut=cut)).encode("latin-1")
+        return "".join(_stepped(self._bytes_family(), [data.decode("latin-1")], cut)).encode("latin-1")
 
     def redacted_chunks(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        """``chunks`` (a file, front to back) redacted as ``data`` would redact them joined, holding back only what
-        a match may still span (memory: a chunk and twice the longest form's wrapped span)."""
+        """``chunks`` (a file, front to back) redacted as ``data`` redacts them joined, a step at a time
+        (``_stepped``: memory a step's characters, whatever the file's size)."""
         if not self._secrets:
             yield from chunks
             return
-        family = self._bytes_family()
-        carry = ""
-        for chunk in chunks:
-            carry += chunk.decode("latin-1")
-            settled = len(carry) - family.hold
-            if settled <= family.hold:  # too little yet to settle anything at a bounded cost
-                continue
-            spans = [span for span in family.spans(carry) if span[0] < settled]
-            end = max([settled, *(span_end for _, span_end, _ in spans)])
-            yield replaced(carry[:end], [span for span in spans if span[1] <= end]).encode("latin-1")
-            carry = carry[end:]
-        if carry:
-            yield self.data(carry.encode("latin-1"))
+        for redacted in _stepped(self._bytes_family(), (chunk.decode("latin-1") for chunk in chunks), cut=False):
+            yield redacted.encode("latin-1")
 
     def _text_family(self) -> FormFinder:
         if self._text is None:
-            self._text = FormFinder(self._forms())
+            forms, heads = self._forms()
+            self._text = FormFinder(forms, heads, wrapped_chars=PIECE_CHARS)
         return self._text
 
     def _bytes_family(self) -> FormFinder:
         """The forms as their UTF-8 bytes read as Latin-1 (one character a byte; ASCII forms are the same)."""
         if self._bytes is None:
-            self._bytes = FormFinder({form if form.isascii() else form.encode().decode("latin-1"): placeholder
-                                   for form, placeholder in self._forms().items()})
+            forms, heads = self._forms()
+            as_bytes = {form: form if form.isascii() else form.encode().decode("latin-1") for form in forms}
+            self._bytes = FormFinder({as_bytes[form]: placeholder for form, placeholder in forms.items()},
+                                     {as_bytes[form] for form in heads}, wrapped_chars=PIECE_CHARS)
         return self._bytes
 
-    def _forms(self) -> dict[str, str]:
-        """Every form of every value, with its placeholder (made once, on first use)."""
-        if self._form_placeholders is None:
-            self._form_placeholders = {}
+    def _forms(self) -> tuple[dict[str, str], set[str]]:
+        """What is looked for, with its placeholders (made once, on first use): every form of every value, one
+        longer than ``PIECE_CHARS`` as its pieces (``pieces_of``); and the starts of forms among them (a cut end
+        is cleared of a start shorter than an anchor of these alone)."""
+        if self._pieces is None:
+            looked_for: dict[str, str] = {}
+            heads: set[str] = set()
             for name, value in self._secrets.items():
                 for form in forms_of(value):
-                    self._form_placeholders.setdefault(form, PLACEHOLDER.format(name=name))
-        return self._form_placeholders
+                    pieces = pieces_of(form)
+                    heads.add(pieces[0])
+                    for piece in pieces:
+                        looked_for.setdefault(piece, PLACEHOLDER.format(name=name))
+            self._pieces = looked_for, heads
+        return self._pieces
+
+
+def pieces_of(form: str) -> list[str]:
+    """``form`` as what is looked for: itself, or, longer than ``PIECE_CHARS`` and not repeating itself, its pieces
+    of ``PIECE_CHARS`` characters each reaching ``ANCHOR_CHARS`` into the next (the last ending the form), so a
+    match spans a bounded text however long the value, a form cut anywhere leaves a piece's start of an anchor or
+    more to clear, and every piece of a form printed whole is found. A form that repeats itself is found whole (by
+    ``str.find``, in the text as it is)."""
+    if len(form) <= PIECE_CHARS + ANCHOR_CHARS or repeats(form):
+        return [form]
+    size = PIECE_CHARS + ANCHOR_CHARS
+    pieces = [form[start:start + size] for start in range(0, len(form) - size, PIECE_CHARS)]
+    return [*pieces, form[-size:]]
+
+
+def _stepped(family: FormFinder, texts: Iterable[str], cut: bool) -> Iterator[str]:
+    """``texts`` (one text in pieces) redacted a step at a time. A step reads the next ``step`` characters from where
+    the last one settled and ``2 * family.hold`` more (what a match starting in it may still span), replaces what
+    starts in its first ``step``, and settles there or at the end of a match crossing it. Steps depend on the
+    characters alone, not on how they came, so a file streamed in any chunks is redacted as it is whole; the last
+    step, at the end of the text, is ``cut``'s."""
+    step = max(STEP_CHARS, 2 * family.hold)
+    size = step + 2 * family.hold
+    held: list[str] = []
+    count = 0
+    for text in texts:
+        held.append(text)
+        count += len(text)
+        if count < size:
+            continue
+        carry = "".join(held)
+        while len(carry) >= size:
+            window = carry[:size]
+            spans = family.spans(window)
+            settled = max([step, *(end for start, end, _ in spans if start < step)])
+            yield replaced(window[:settled], [span for span in spans if span[0] < step])
+            carry = carry[settled:]
+        held, count = [carry], len(carry)
+    rest = "".join(held)
+    if rest:
+        yield replaced(rest, family.spans(rest, cut=cut))
 
 
 def forms_of(value: str) -> set[str]:
@@ -143,4 +191,4 @@ def _base64_pieces(raw: bytes, encode: Callable[[bytes], bytes]) -> set[str]:
     return pieces | {whole, whole.rstrip("=")}
 
 
-__all__ = ["MIN_FORM_CHARACTERS", "PLACEHOLDER", "Redactor", "forms_of"]
+__all__ = ["MIN_FORM_CHARACTERS", "PIECE_CHARS", "PLACEHOLDER", "STEP_CHARS", "Redactor", "forms_of", "pieces_of"]
