@@ -16,7 +16,9 @@ A ``SKILL.md`` is untrusted input, so what parsing it costs is bounded by its si
 ``MAX_SKILL_FILE_BYTES`` and its front matter up to ``MAX_FRONT_MATTER_BYTES``; YAML aliases (``*name``, and so
 merge keys) are refused, since a few hundred bytes of nested aliases expand to gigabytes once a value is turned into
 text; and the front matter's values are made plain JSON values (dates as ISO text, keys as text), so every reader —
-the API, MCP, the console — can serve them; binary values, sets and numbers that are not finite are refused.
+the API, MCP, the console — can serve them; binary values, sets, numbers that are not finite and integers of more
+than ``MAX_INTEGER_DIGITS`` digits (which YAML's hexadecimal, octal, binary and sexagesimal forms write in a few
+bytes, past Python's limit for turning one into text) are refused.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ MAX_SKILL_FILE_BYTES = 1024 * 1024
 """The largest ``SKILL.md`` read (front matter and body)."""
 MAX_FRONT_MATTER_BYTES = 64 * 1024
 """The largest front matter parsed (a few hundred bytes is usual)."""
+MAX_INTEGER_DIGITS = 4300
+"""The most decimal digits of an integer in front matter: Python's default limit for turning an integer into text
+(``sys.int_info.default_max_str_digits``), which the loader applies to decimal integers only."""
+_INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 DOC_SUFFIXES = (".md", ".txt")
 NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _TOOLS_HEADER = re.compile(r"^\s*(?:#{1,6}\s*)?\**Tools\**:?\**\s*$", re.IGNORECASE)
@@ -214,18 +220,22 @@ def _plain(data: dict, path: str) -> dict:
 
 
 def _key(key: object, where: str, path: str) -> str:
-    """A mapping key as text, as JSON writes one (``1``, ``true``, ``null``, a date's ISO text)."""
-    key = _scalar(key, where or "front matter", path)
+    """A mapping key as text, as JSON writes one (``1``, ``true``, ``null``, a date's ISO text); a key that cannot be
+    one is refused as the front matter's key in ``where``."""
+    key = _scalar(key, f"front matter key in {where}" if where else "front matter key", path)
     if isinstance(key, str):
         return key
     return "null" if key is None else str(key).lower() if isinstance(key, bool) else str(key)
 
 
 def _scalar(value: object, where: str, path: str) -> object:
+    """``value`` as a JSON value every reader can write as text, or ``SkillValidationError`` naming ``where``."""
     if isinstance(value, (datetime.date, datetime.datetime)):
         return value.isoformat()
     if isinstance(value, float) and not math.isfinite(value):
         raise SkillValidationError(path, where, "is not a finite number")
+    if isinstance(value, int) and abs(value) >= _INTEGER_BOUND:
+        raise SkillValidationError(path, where, f"is an integer of more than {MAX_INTEGER_DIGITS} digits")
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     kind = {bytes: "binary data (!!binary)", set: "a set (!!set)"}.get(type(value), type(value).__name__)
