@@ -11,6 +11,13 @@ nested archive is just a file and is never opened). Files are created with ``O_E
 (no setuid bits); nothing is written through a link. Any refusal raises ``UnsafeArchiveError`` and removes what
 the extraction created, so the destination is as it was (the caller still owns it).
 
+What the readers hold before an entry is checked is bounded too. A zip's central directory, which ``ZipFile``
+parses whole (every entry an object) when it opens the archive, is refused when its end record announces more than
+``max_entries`` entries or more than ``MAX_CENTRAL_ENTRY_BYTES`` for each of them; the headers in front of one tar
+entry (pax records, GNU long names), which ``tarfile`` reads whole and nests one in another, are refused past
+``MAX_TAR_HEADER_BYTES`` before they are read, global pax records past ``MAX_GLOBAL_PAX_RECORDS``, and sparse
+entries (whose maps ``tarfile`` reads unbounded) at their header.
+
 The depth bound is what keeps every later walk of an extracted tree (``os.walk``, ``rglob``, ``shutil.rmtree``,
 the skill repository's scan: each recurses once per folder level) far below Python's recursion limit.
 """
@@ -29,7 +36,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from worker.errors import UnsafeArchiveError, WorkspaceError
 from worker.folders import remove_tree
@@ -43,11 +50,26 @@ MAX_NAME_PART_BYTES = 255
 """Most bytes of one path component: the file system's own ``NAME_MAX``, refused here with the entry's name."""
 MAX_NAME_BYTES = 1024
 """Most bytes of one entry's whole name (with the destination, it stays under the file system's ``PATH_MAX``)."""
+MAX_CENTRAL_ENTRY_BYTES = 256
+"""Most bytes of a zip's central directory for each entry ``max_entries`` allows (2.5 MiB for 10,000): an entry takes
+46 bytes, its name and, from ``zip -r``, 24 of extra fields (``skills/demo/SKILL.md``: 90 bytes). ``ZipFile``
+reads the directory whole and makes an object of ~200 bytes for each 46 it holds, whatever its end record says:
+at this bound, opening an archive costs at most ~17 MiB."""
+MAX_TAR_HEADER_BYTES = 64 * 1024
+"""Most bytes of the headers in front of one tar entry (pax records and GNU long names, their 512-byte headers
+included): a name is at most ``MAX_NAME_BYTES``, and the pax records of real archives (times, ids, a few extended
+attributes) a few hundred bytes."""
+MAX_GLOBAL_PAX_RECORDS = 64
+"""Most records global pax headers may hold, all told: they apply to every later entry (``git archive`` writes
+one, its commit)."""
 SHOWN_NAME_CHARS = 200
 """Characters of an entry's name an error message repeats."""
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ONLY_FILES = "only files and folders are allowed"
+_HEADER_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                 tarfile.SOLARIS_XHDTYPE)
+"""Tar headers that describe the entry after them (GNU long names, pax records)."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +263,31 @@ class _CountingReader(io.RawIOBase):
         return len(data)
 
 
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A tar header whose extensions are bounded before ``tarfile`` reads them: the headers in front of one entry
+    (they start at the archive's ``offset``) to ``MAX_TAR_HEADER_BYTES``, global pax records to
+    ``MAX_GLOBAL_PAX_RECORDS``; a sparse entry is refused at its header, before its map is read."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _HEADER_TYPES:
+            blocks = -(-self.size // tarfile.BLOCKSIZE)
+            if self.offset + (1 + blocks) * tarfile.BLOCKSIZE - archive.offset > MAX_TAR_HEADER_BYTES:
+                raise UnsafeArchiveError(f"the headers of an entry take more than {MAX_TAR_HEADER_BYTES} bytes "
+                                         "(pax records or GNU long names)")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            self._refuse_sparse(self)
+        member = super()._proc_member(archive)
+        if len(archive.pax_headers) > MAX_GLOBAL_PAX_RECORDS:
+            raise UnsafeArchiveError(f"the archive's global pax headers hold more than {MAX_GLOBAL_PAX_RECORDS} "
+                                     "records")
+        return member
+
+    def _refuse_sparse(self, member: tarfile.TarInfo, *_: object) -> NoReturn:
+        raise UnsafeArchiveError(f"entry {shown_name(member.name)} is a sparse file; store it as a plain file")
+
+    _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _refuse_sparse  # pax's sparse formats
+
+
 def extract_tar(archive: Path, dest: Path, limits: ArchiveLimits) -> int:
     """Extract a tar archive (gzip-compressed or not) into the folder ``dest``; the bytes written."""
     size = archive.stat().st_size
@@ -253,7 +300,7 @@ def extract_tar(archive: Path, dest: Path, limits: ArchiveLimits) -> int:
         stream: BinaryIO = gzip.GzipFile(fileobj=raw_file) if head == b"\x1f\x8b" else raw_file
         counted = io.BufferedReader(_CountingReader(stream, cap))
         try:
-            with tarfile.open(fileobj=counted, mode="r|") as tar:
+            with tarfile.open(fileobj=counted, mode="r|", tarinfo=_BoundedTarInfo) as tar:
                 for member in tar:
                     if names_the_root(member.name) and member.isdir():
                         continue  # "./", as tar -C dir . writes it: the destination itself
@@ -278,7 +325,7 @@ def extract_zip(archive: Path, dest: Path, limits: ArchiveLimits) -> int:
     writer = _Writer(dest, budget)
     with writer.undone_on_failure():
         try:
-            with zipfile.ZipFile(archive) as zf:
+            with open(archive, "rb") as file, _open_zip(file, limits) as zf:
                 for info in zf.infolist():
                     if names_the_root(info.filename) and info.is_dir():
                         continue
@@ -299,6 +346,22 @@ def extract_zip(archive: Path, dest: Path, limits: ArchiveLimits) -> int:
         except (zipfile.BadZipFile, zlib.error, NotImplementedError, EOFError, ValueError, OSError) as exc:
             raise UnsafeArchiveError(f"not a readable zip archive: {exc}") from exc
     return budget.total
+
+
+def _open_zip(file: BinaryIO, limits: ArchiveLimits) -> zipfile.ZipFile:
+    """``file`` opened as a zip once its end record (zip64's included) announces at most ``max_entries`` entries in
+    a central directory of at most ``MAX_CENTRAL_ENTRY_BYTES`` for each. The record is read with ``zipfile``'s own
+    reader, so what is checked is what ``ZipFile`` then reads: a parser of ours could find another record."""
+    end = zipfile._EndRecData(file)  # None when there is none: ZipFile then says it is not a zip
+    if end is not None:
+        entries, size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]
+        if entries > limits.max_entries:
+            raise UnsafeArchiveError(f"the archive has more than {limits.max_entries} entries (it lists {entries})")
+        if size > limits.max_entries * MAX_CENTRAL_ENTRY_BYTES:
+            raise UnsafeArchiveError(f"the archive's list of entries is {size} bytes, more than "
+                                     f"{limits.max_entries * MAX_CENTRAL_ENTRY_BYTES} ({MAX_CENTRAL_ENTRY_BYTES} "
+                                     f"for each of {limits.max_entries} entries)")
+    return zipfile.ZipFile(file)
 
 
 def _tar_kind(member: tarfile.TarInfo) -> str:
