@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from pydantic_core import PydanticSerializationError
 from rq import Queue, get_current_job
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -157,10 +158,11 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
             result = exc
         finally:
             forget_secrets(record.request)
+        if not isinstance(result, Exception):
+            redact_result(result, redactor, record.request.limits)  # part of the run: its heartbeat goes on
+            result = _storable(result)
         if isinstance(result, Exception):
             error = redactor.text(f"{type(result).__name__}: {result}")
-        else:
-            redact_result(result, redactor, record.request.limits)  # part of the run: its heartbeat goes on
     finally:
         stop.set()
         beat.join()
@@ -176,6 +178,16 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
         _event_loop().run_until_complete(remove_one_off_workspace(runtime, record.request))
     prune_artifacts(runtime)
     return summary
+
+
+def _storable(result: RunResult) -> RunResult | WorkerError:
+    """``result``, or the error failing its run when it holds text no store can keep (a lone surrogate): written as
+    a store writes it first, so the run ends failed, saying why, instead of staying started."""
+    try:
+        result.model_dump_json()
+    except PydanticSerializationError as exc:
+        return WorkerError(f"the run's result holds text no store can keep ({exc})")
+    return result
 
 
 def _secret_store(store: BaseRunStore) -> SecretStore | None:

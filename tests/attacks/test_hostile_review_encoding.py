@@ -1,16 +1,20 @@
 """Review of issue 30's "every string that reaches a store is checked for encodability" (orchestrator.text): the
 edges where requests arrive are checked, but a *run* makes text too. A file name on Linux is bytes; Python reads one
-that is not UTF-8 with ``surrogateescape`` (``b'\\xff'`` becomes ``'\\udcff'``), so output collection
-(``worker.collect``) puts lone surrogates in ``output_files[].name`` and ``skipped_files[].name`` — text no store and
-no JSON answer can hold. Contained edges (a URL's path and query, headers, stdout bytes) are plain tests.
+that is not UTF-8 with ``surrogateescape`` (``b'\\xff'`` becomes ``'\\udcff'``), which no store and no JSON answer
+can hold, so output collection (``worker.collect``) names such a file with the byte escaped (``out/\\xff.txt``), and
+the worker fails a run whose result still holds text no store can keep (with why) instead of leaving it started.
+Contained edges (a URL's path and query, headers, stdout bytes) are plain tests.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 import pytest
+import redis
 
+from orchestrator.skills import create_default_skill_repository
 from tests.attacks.test_secret_attacks import (  # noqa: F401 - the fixtures
     WAIT,
     key,
@@ -19,10 +23,14 @@ from tests.attacks.test_secret_attacks import (  # noqa: F401 - the fixtures
     services,
     store,
 )
+from tests.integration.conftest import worker_env  # noqa: F401 - the queue's worker settings
 from tests.orchestrator.api_helpers import new_team
 from tests.orchestrator.conftest import model_server  # noqa: F401 - the scripted model
+from worker import jobs
 from worker.collect import collect_outputs
-from worker.contract import RunLimits, RunResult
+from worker.contract import OutputFile, RunLimits, RunRequest, RunResult
+from worker.redaction import Redactor
+from worker.run_store import RedisRunStore, RunStatus
 
 
 def _encodable(text: str) -> bool:
@@ -33,9 +41,6 @@ def _encodable(text: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(strict=True, reason="collect_outputs names a file b'\\xff.txt' (and a link b'\\xfdl' it refuses) "
-                                       "'out/\\udcff.txt': a lone surrogate in output_files and skipped_files, "
-                                       "which model_dump_json refuses (PydanticSerializationError)")
 def test_collected_names_are_text_every_store_can_keep(tmp_path):
     workspace = tmp_path / "ws"
     (workspace / "out").mkdir(parents=True)
@@ -46,13 +51,11 @@ def test_collected_names_are_text_every_store_can_keep(tmp_path):
                                 limits=RunLimits())
     names = [f.name for f in collected.files] + [s.name for s in collected.skipped]
     assert names and all(_encodable(name) for name in names), [ascii(name) for name in names]
+    assert names == ["out/\\xff.txt", "out/\\xfdl"]  # the bytes written as Python writes them
     RunResult(run_id="r", workspace_id="w", runtime="local", exit_code=0, output_files=collected.files,
               skipped_files=collected.skipped).model_dump_json()
 
 
-@pytest.mark.xfail(strict=True, reason="a run that writes out/$'\\377'.txt makes GET /v1/runs/{id} and the team's "
-                                       "whole runs list a 500 (inline; on the queue the worker cannot store its end: "
-                                       "see test_the_queue_store_keeps_a_result_naming_a_file_that_is_not_utf8)")
 async def test_a_run_whose_output_file_name_is_not_utf8_is_served_and_the_runs_list_too(services):  # noqa: F811
     async with raw_client(services, new_team(services, "team-a")) as api:
         submitted = await api.post("/v1/runs", json={"skill": "plain", "command": "printf x > \"out/$(printf '\\377').txt\"",
@@ -60,7 +63,22 @@ async def test_a_run_whose_output_file_name_is_not_utf8_is_served_and_the_runs_l
         assert submitted.status_code == 202, submitted.text
         answer = await api.get(f"/v1/runs/{submitted.json()['id']}", params={"wait": WAIT})
         listed = await api.get("/v1/runs")
-    assert (answer.status_code, listed.status_code) == (200, 200), (answer.text[:100], listed.text[:100])
+        assert (answer.status_code, listed.status_code) == (200, 200), (answer.text[:100], listed.text[:100])
+        (output,) = answer.json()["result"]["output_files"]
+        fetched = await api.get(f"/v1/runs/{submitted.json()['id']}/files/{urllib.parse.quote(output['name'])}")
+    assert (output["name"], fetched.status_code, fetched.content) == ("out/\\xff.txt", 200, b"x")
+
+
+def test_a_file_whose_escaped_name_is_another_files_is_skipped_saying_so(tmp_path):
+    workspace = tmp_path / "ws"
+    (workspace / "out").mkdir(parents=True)
+    (workspace / "skill").mkdir()
+    (workspace / "out" / "\\xff.txt").write_text("a real backslash")
+    (workspace / "out" / b"\xff.txt".decode("utf-8", "surrogateescape")).write_text("a byte")
+    collected = collect_outputs([f"{workspace}/out/*"], workspace_root=workspace, skill_dir=workspace / "skill",
+                                limits=RunLimits())
+    (kept,), (skipped,) = collected.files, collected.skipped
+    assert kept.name == skipped.name == "out/\\xff.txt" and "another output's" in skipped.reason
 
 
 async def test_stdout_that_is_not_utf8_comes_back_as_text(services):  # noqa: F811
@@ -106,23 +124,24 @@ def test_a_cli_command_that_is_not_utf8_is_a_clear_error(tmp_path):
     assert done.returncode == 2 and b"command" in done.stderr and b"Traceback" not in done.stderr, done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="RedisRunStore.finish of a result naming 'out/\\udcff.txt' raises "
-                                       "PydanticSerializationError (not a Redis error, so the worker's "
-                                       "_through_outage does not catch it): the record is left 'started' until the "
-                                       "lost-run sweep")
-def test_the_queue_store_keeps_a_result_naming_a_file_that_is_not_utf8(redis_url):
-    import redis
+def test_a_result_no_store_can_keep_fails_its_run_saying_why(redis_url, worker_env, secret_library,  # noqa: F811
+                                                             monkeypatch):
+    """Were text with a lone surrogate to reach a result past collection, the store could not write it (a
+    PydanticSerializationError, no Redis error): the run ends failed with the reason, not left started."""
+    redact = jobs.redact_result
 
-    from worker.contract import RunRequest, SkillRef
-    from worker.run_store import RedisRunStore
-    from worker.run_store.fencing import Attempt
+    def tainted(result: RunResult, redactor: Redactor, limits: RunLimits) -> None:
+        redact(result, redactor, limits)
+        result.output_files.append(OutputFile(name="out/\udcff.txt", content="x", mime_type="text/plain", size=1))
+
+    monkeypatch.setattr(jobs, "redact_result", tainted)
     runs = RedisRunStore(redis.Redis.from_url(redis_url))
-    record = runs.create(RunRequest(skill=SkillRef(name="demo", root="/r"), command="true"), owner="team-a")
-    started = runs.start(record.id, "w")
-    result = RunResult(run_id=record.id, workspace_id=record.request.workspace_id, runtime="local", exit_code=0,
-                       output_files=[{"name": "out/\udcff.txt", "content": "x", "mime_type": "text/plain", "size": 1}])
+    ref = create_default_skill_repository(str(secret_library)).skill_ref("plain")
+    record = runs.create(RunRequest(skill=ref, command="true"), owner="team-a")
     try:
-        runs.finish(record.id, result, Attempt.of(started))
+        jobs.execute_stored_run(runs, record.id, "encoding-test")
     finally:
-        status = runs.get(record.id).status
-    assert status.done, status
+        jobs.close_runtimes()
+    ended = runs.get(record.id)
+    assert ended.status == RunStatus.FAILED and "holds text no store can keep" in ended.error, ended.error
+    assert "\\udcff" in ended.error

@@ -11,6 +11,11 @@ the per-file or the total byte cap. Saved as artifacts, files are stored whole, 
 run's ``artifact_total_bytes``: each at its full size (a sparse file's holes too: what is stored is its content),
 checked before it is read and again as it is stored (redaction may lengthen it); a file past what is left is
 refused. The same collection serves every runtime (a remote one collects from a local mirror of its workspace).
+
+A name in the result is text every store and JSON answer can keep (``_text_name``): a file name is bytes, and each
+byte of it that is not UTF-8 is written as Python writes it, ``\\xff`` (``out/\\xff.txt``), so the file is
+collected and can be fetched by that name; a second file whose name reads the same (one named with a real
+backslash) is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = [
 ]
 
 READ_CHUNK_BYTES = 64 * 1024
+_SAME_NAME = "its name, written as text, is another output's: bytes that are not UTF-8 are written \\xNN"
 
 ArtifactSink = Callable[[str, int, str, int], ArtifactFile]
 """Called with (name, open file descriptor, MIME type, the most bytes it may store) for each collected file when
@@ -66,15 +72,21 @@ def collect_outputs(
     skill_rel = os.path.relpath(os.path.abspath(skill_dir), os.path.abspath(workspace_root))
     result = Collection()
     seen: set[str] = set()
+    named: dict[str, str] = {}
+    """Each name in the result, and the file's own name it stands for."""
     remaining = limits.output_total_bytes
     room = limits.artifact_total_bytes
     try:
         for pattern in patterns:
             for found in tree.match(pattern, skill_rel):
-                name = found.name if isinstance(found, Refused) else "/".join(found[0])
-                if name in seen:
+                own = found.name if isinstance(found, Refused) else "/".join(found[0])
+                if own in seen:
                     continue
-                seen.add(name)
+                seen.add(own)
+                name = _text_name(own)
+                if named.setdefault(name, own) != own:
+                    result.skipped.append(SkippedFile(name=name, reason=_SAME_NAME))
+                    continue
                 if isinstance(found, Refused):
                     result.skipped.append(SkippedFile(name=name, reason=found.reason))
                     continue
@@ -96,8 +108,14 @@ def collect_outputs(
                     result.artifacts.append(artifact)
                     room -= artifact.size
     except Refused as stop:  # the listing budget is spent: what was collected so far stands
-        result.skipped.append(SkippedFile(name=stop.name, reason=stop.reason))
+        result.skipped.append(SkippedFile(name=_text_name(stop.name), reason=stop.reason))
     return result
+
+
+def _text_name(name: str) -> str:
+    """``name``, a path read from the file system, as text every store can keep: each byte that is not UTF-8 (which
+    Python reads as a lone surrogate) written ``\\xNN``, as Python's ``backslashreplace`` writes it."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _read_one(
