@@ -16,6 +16,13 @@ frees its place. Builds and runs do not share places: a build goes to its runtim
 (``skillrun:<runtime>:environments``), never through the team's line of runs, and what a run builds for itself
 (when it waits for its environment) is part of that run, within its time and quota.
 
+Stored artifacts count against ``max_artifact_bytes``: what the artifacts of the team's ended runs keep (within
+their retention) and what its runs going hold. A run saving artifacts is given the room left when it is accepted, in
+the step that stores it (the run store's ``hold_artifact_room``: under the store's lock, or in the Redis transaction
+that announces and enqueues it): its ``limits.artifact_total_bytes`` is lowered to that room and held for it until
+it ends, however it ends, when what it stored is tallied instead; with no room left it is refused (429). So a team
+that submits many such runs at once keeps and holds no more than its quota.
+
 Quotas are read through a short cache (``CACHE_SECONDS``): a changed quota holds within that time in every API
 process.
 """
@@ -41,7 +48,8 @@ KIND = "quotas"
 MAX_BUILDS_CEILING = 10_000
 MAX_ARTIFACT_BYTES_CEILING = 1024**5
 ARTIFACT_RETRY_AFTER_SECONDS = 3600
-"""What a team refused for its stored artifacts is told to wait: they are tallied by the hour their runs ended."""
+"""What a team refused for its stored artifacts is told to wait: they are tallied by the hour their runs ended (room
+held by its runs going comes back sooner, as they end)."""
 BUILD_RETRY_AFTER_SECONDS = 30
 """What a team refused a build is told to wait: a build takes minutes, and places free as builds end."""
 
@@ -71,9 +79,9 @@ class TeamQuota(BaseModel):
         "Dependency-environment builds of the team (one per library version and runtime) queued or under way at "
         "once (0: no limit); a registration that would start more is refused (429)."))
     max_artifact_bytes: int | None = Field(default=None, ge=0, le=MAX_ARTIFACT_BYTES_CEILING, description=(
-        "Bytes of artifacts the team's runs keep at once, within the artifacts' retention (0: no limit): a run "
-        "saving artifacts is refused (429) once they are reached, and its `limits.artifact_total_bytes` is lowered "
-        "to what is left."))
+        "Bytes of artifacts the team's runs keep at once, within the artifacts' retention, with what its runs going "
+        "hold (0: no limit): a run saving artifacts is given what is left when it is accepted (its "
+        "`limits.artifact_total_bytes` lowered to it), held until it ends, and is refused (429) when nothing is."))
 
     def over(self, defaults_: "TeamQuota") -> "TeamQuota":
         """This quota with its unset fields taken from ``defaults_``."""
@@ -87,6 +95,9 @@ class QuotaUsage(BaseModel):
     builds: int = Field(description="Environment builds of the team queued or under way.")
     artifact_bytes: int = Field(description="Bytes of artifacts the team's runs keep (those of runs that ended "
                                             "within the artifacts' retention).")
+    artifact_bytes_reserved: int = Field(description=(
+        "Bytes of max_artifact_bytes held by the team's runs going that save artifacts (each its "
+        "limits.artifact_total_bytes as accepted) until they end; the quota holds this and artifact_bytes together."))
 
 
 class QuotaExceededError(DispatchError):
@@ -133,20 +144,15 @@ def apply_ceilings(quota: TeamQuota, request: RunRequest, team: str) -> None:
                                        f"({shown(ceiling)}): ask for at most {shown(ceiling)}")
 
 
-def hold_artifacts(quota: TeamQuota, request: RunRequest, team: str, kept: int, retention_seconds: float) -> None:
-    """Hold a run that saves artifacts to what ``team`` may still keep (``kept`` bytes are): its
-    ``limits.artifact_total_bytes`` lowered to what is left, or ``QuotaExceededError`` when nothing is."""
-    limit = quota.max_artifact_bytes
-    if not limit or not request.save_as_artifacts:
-        return
-    left = limit - kept
-    if left <= 0:
-        raise QuotaExceededError("max_artifact_bytes", f"team {team} keeps {shown(kept)} bytes of artifacts, its quota "
-                                                       f"max_artifact_bytes ({shown(limit)}): they go "
-                                                       f"{shown(round(retention_seconds))} s after their runs ended; "
-                                                       "run without save_as_artifacts meanwhile",
-                                 ARTIFACT_RETRY_AFTER_SECONDS)
-    request.limits.artifact_total_bytes = min(request.limits.artifact_total_bytes, left)
+def artifacts_refusal(team: str, limit: int, kept: int, reserved: int, retention_seconds: float) -> QuotaExceededError:
+    """A run saving artifacts while ``team``'s ended runs keep ``kept`` bytes of them and its runs going hold
+    ``reserved``, which leave nothing of its quota of ``limit``."""
+    return QuotaExceededError("max_artifact_bytes", f"team {team} keeps {shown(kept)} bytes of artifacts and its runs "
+                                                    f"going hold {shown(reserved)} more, its quota max_artifact_bytes "
+                                                    f"({shown(limit)}): what is kept goes "
+                                                    f"{shown(round(retention_seconds))} s after its runs ended, what "
+                                                    "is held as its runs end; run without save_as_artifacts meanwhile",
+                              ARTIFACT_RETRY_AFTER_SECONDS)
 
 
 def shown(value: float) -> str:

@@ -26,12 +26,13 @@ from typing import Literal, TypeVar
 import redis
 
 from orchestrator.errors import DispatchError, OrchestratorError, RunLostError, UnavailableError
-from orchestrator.quotas import Quotas, TeamQuota, apply_ceilings, hold_artifacts
+from orchestrator.quotas import Quotas, TeamQuota, apply_ceilings, artifacts_refusal
 from orchestrator.text import check_text
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.run_store import (
     ENDING_EVENTS,
+    ArtifactRoomRefusedError,
     BaseRunStore,
     RunEvent,
     RunRecord,
@@ -85,6 +86,16 @@ def workspace_refusals() -> Iterator[None]:
         raise WorkspaceConflictError(str(exc)) from exc
 
 
+@contextlib.contextmanager
+def artifact_refusals(retention_seconds: float) -> Iterator[None]:
+    """The store's refusal of a run's room for artifacts as its team's ``QuotaExceededError`` (429); the team's
+    artifacts are kept ``retention_seconds``."""
+    try:
+        yield
+    except ArtifactRoomRefusedError as exc:
+        raise artifacts_refusal(exc.team, exc.limit, exc.kept, exc.reserved, retention_seconds) from exc
+
+
 def _look_after() -> float:
     return random.uniform(LOOK_SECONDS / 2, LOOK_SECONDS)
 
@@ -129,15 +140,13 @@ class BaseDispatcher(ABC):
     async def _checked(self, request: RunRequest, owner: str | None) -> TeamQuota | None:
         """What every submission passes before anything of it is stored: its text can be stored
         (``UnencodableTextError``), and it is held to the quota of ``owner`` — returned once its ceilings are
-        applied (defaults lowered to them, ``QuotaExceededError`` past them); ``None``: no quotas here, or no team."""
+        applied (defaults lowered to them, ``QuotaExceededError`` past them); ``None``: no quotas here, or no team.
+        What counts what the team has at once (``max_queued``, ``max_artifact_bytes``) is checked in the step that
+        stores the run."""
         check_text(request, "run")
         quota = await self.team_quota(owner)
         if quota is not None:
             apply_ceilings(quota, request, owner)
-            if quota.max_artifact_bytes and request.save_as_artifacts:
-                with redis_errors():
-                    kept = await asyncio.to_thread(self.store.team_artifact_bytes, owner)
-                hold_artifacts(quota, request, owner, kept, self.store.artifact_ttl)
         return quota
 
     async def usage(self, owner: str) -> tuple[int, int]:
@@ -145,10 +154,11 @@ class BaseDispatcher(ABC):
         with redis_errors():
             return await asyncio.to_thread(self.store.team_usage, owner)
 
-    async def artifact_bytes(self, owner: str) -> int:
-        """What the artifacts ``owner``'s runs keep hold."""
+    async def artifact_usage(self, owner: str) -> tuple[int, int]:
+        """What the artifacts ``owner``'s ended runs keep hold, and what its runs going hold of its quota."""
         with redis_errors():
-            return await asyncio.to_thread(self.store.team_artifact_bytes, owner)
+            kept = await asyncio.to_thread(self.store.team_artifact_bytes, owner)
+            return kept, await asyncio.to_thread(self.store.team_artifact_reserved, owner)
 
     @abstractmethod
     async def look(self, run_id: str) -> RunRecord | None:

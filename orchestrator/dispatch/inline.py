@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkerStatus, workspace_refusals
+from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkerStatus, artifact_refusals, workspace_refusals
 from orchestrator.errors import DispatchError
 from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
@@ -95,13 +95,16 @@ class InlineDispatcher(BaseDispatcher):
         return record
 
     async def _accept(self, request: RunRequest, owner: str | None) -> tuple[RunRecord, TeamQuota | None]:
-        """The new run's record, held to its team's quota (nothing awaited between the count and the record)."""
+        """The new run's record, held to its team's quota: nothing awaited between the count of its queued runs and
+        the record, and its room for artifacts held in the store's step that makes the record."""
         quota = await self._checked(request, owner)
         if quota is not None and owner is not None and quota.max_queued and \
                 self.store.team_usage(owner)[0] >= quota.max_queued:
             raise queued_refusal(owner, quota.max_queued, request.timeout)
-        with workspace_refusals():
-            return self.store.create(request, owner, quota.max_workspaces if quota is not None else None), quota
+        with workspace_refusals(), artifact_refusals(self.store.artifact_ttl):
+            if quota is None:
+                return self.store.create(request, owner), quota
+            return self.store.create(request, owner, quota.max_workspaces, quota.max_artifact_bytes), quota
 
     @contextlib.asynccontextmanager
     async def _turn(self, owner: str | None, quota: TeamQuota | None) -> AsyncIterator[None]:

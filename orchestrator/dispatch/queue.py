@@ -35,7 +35,14 @@ from rq.job import Job, JobStatus
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
-from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkerStatus, redis_errors, workspace_refusals
+from orchestrator.dispatch.base import (
+    BaseDispatcher,
+    Removal,
+    WorkerStatus,
+    artifact_refusals,
+    redis_errors,
+    workspace_refusals,
+)
 from orchestrator.dispatch.placement import Placement
 from orchestrator.dispatch.stranded import StrandedRuns, job_id_of
 from orchestrator.errors import DispatchError
@@ -114,7 +121,7 @@ class QueueDispatcher(BaseDispatcher):
             raise DispatchError(f"runtime {request.runtime.value!r} is not available in this installation "
                                 f"(available: {', '.join(sorted(RUNTIME_CLASSES))})")
         quota = await self._checked(request, owner)
-        with redis_errors(), workspace_refusals():
+        with redis_errors(), workspace_refusals(), artifact_refusals(self.store.artifact_ttl):
             return await asyncio.to_thread(self._submit, request, priority, owner, quota)
 
     def _submit(self, request: RunRequest, priority: bool, owner: str | None, quota: TeamQuota | None) -> RunRecord:
@@ -126,17 +133,21 @@ class QueueDispatcher(BaseDispatcher):
         record = self.store.reserve(request, owner, node, joined=True,
                                     workspace_limit=quota.max_workspaces if quota is not None else None)
         try:
-            self._admit(record, priority, limit, quota.max_running if quota is not None else 0)
+            self._admit(record, priority, limit, quota.max_running if quota is not None else 0,
+                        quota.max_artifact_bytes if quota is not None else None)
         except BaseException:
             self.store.unreserve(record)
             raise
         return record
 
-    def _admit(self, record: RunRecord, priority: bool, limit: int, cap: int) -> None:
+    def _admit(self, record: RunRecord, priority: bool, limit: int, cap: int, artifact_limit: int | None) -> None:
         """Enqueue and announce a reserved run in one transaction; with a quota of ``limit`` queued runs, only while
-        its team has fewer queued (``QuotaExceededError``): its count is watched, and the transaction is tried
-        again when another submission changed it meanwhile."""
+        its team has fewer queued (``QuotaExceededError``), and with a quota of ``artifact_limit`` bytes of stored
+        artifacts, holding the room it is given in the same transaction (``RedisRunStore.hold_room``:
+        ``ArtifactRoomRefusedError`` when none is left). What those count is watched, and the transaction is tried
+        again when another submission, or a run that ended, changed it meanwhile."""
         waiting = self.store.keys.team_waiting(record.owner or "")
+        asked = record.request.limits.artifact_total_bytes
         with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -144,6 +155,7 @@ class QueueDispatcher(BaseDispatcher):
                         pipe.watch(waiting)
                         if pipe.zcard(waiting) >= limit:
                             raise queued_refusal(record.owner or "", limit, self._run_seconds())
+                    self.store.hold_room(pipe, record, artifact_limit, asked)
                     pipe.multi()
                     self._enqueue(record, priority, pipe, cap=cap, fresh=True)
                     self.store.announce(pipe, record)

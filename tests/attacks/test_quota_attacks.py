@@ -223,8 +223,8 @@ async def test_another_teams_quota_and_usage_are_not_shown_to_a_team(services):
     async with client(services, a_key) as a, client(services, b_key) as b:
         assert (await a.post("/v1/runs", json={**RUN, "workspace_id": "mine"})).status_code == 202
         shown_b = (await b.get("/v1/quota", params={"team": "team-a"})).json()
-        assert shown_b["quota"]["max_queued"] != 3 and shown_b["usage"] == {"queued": 0, "running": 0,
-                                                                           "workspaces": 0, "builds": 0, "artifact_bytes": 0}
+        assert shown_b["quota"]["max_queued"] != 3 and shown_b["usage"] == {
+            "queued": 0, "running": 0, "workspaces": 0, "builds": 0, "artifact_bytes": 0, "artifact_bytes_reserved": 0}
         assert (await b.get("/v1/quota", headers={"X-Team": "team-a"})).json() == shown_b
     async with client(services, None) as anonymous:
         assert (await anonymous.get("/v1/quota")).status_code == 401

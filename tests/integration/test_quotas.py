@@ -119,6 +119,9 @@ def assert_refused_for_max_queued(answer: httpx.Response) -> None:
 
 
 RUN = {"skill": "python-math", "command": "true", "timeout": 60}
+NOTHING_USED = {"queued": 0, "running": 0, "workspaces": 0, "builds": 0, "artifact_bytes": 0,
+                "artifact_bytes_reserved": 0}
+"""``GET /v1/quota``'s usage of a team with nothing queued, running, kept, building or stored."""
 
 
 async def test_a_team_at_its_quota_submitting_100_runs_at_once_through_the_api_gets_exactly_its_room(
@@ -137,7 +140,7 @@ async def test_a_team_at_its_quota_submitting_100_runs_at_once_through_the_api_g
             assert_exactly_queued(stored, "team-a", accepted)
             shown = (await api.get("/v1/quota")).json()
             assert shown["quota"]["max_queued"] == 10
-            assert shown["usage"] == {"queued": 10, "running": 0, "workspaces": 0, "builds": 0, "artifact_bytes": 0}
+            assert shown["usage"] == {**NOTHING_USED, "queued": 10}
             assert_refused_for_max_queued(await api.post("/v1/runs", json=RUN))  # one more, later: still refused
 
 
@@ -168,9 +171,9 @@ async def test_usage_frees_as_runs_start_and_each_team_sees_its_own_quota_and_us
         assert b_run.status_code == 202
         shown_a, shown_b = (await a.get("/v1/quota")).json(), (await b.get("/v1/quota")).json()
         assert shown_a["quota"] == {**DEFAULTS.model_dump(), "max_queued": 3, "max_running": 2}
-        assert shown_a["usage"] == {"queued": 3, "running": 0, "workspaces": 1, "builds": 0, "artifact_bytes": 0}
+        assert shown_a["usage"] == {**NOTHING_USED, "queued": 3, "workspaces": 1}
         assert shown_b["quota"] == DEFAULTS.model_dump()  # the defaults: team-a's own quota is its own
-        assert shown_b["usage"] == {"queued": 1, "running": 0, "workspaces": 0, "builds": 0, "artifact_bytes": 0}
+        assert shown_b["usage"] == {**NOTHING_USED, "queued": 1}
 
         workers.start()
         workers.start()  # one for team-b's long run
@@ -181,13 +184,13 @@ async def test_usage_frees_as_runs_start_and_each_team_sees_its_own_quota_and_us
         assert [answer.status_code for answer in again] == [202] * 3
         for answer in again:
             assert (await a.get(f"/v1/runs/{answer.json()['id']}", params={"wait": 60})).json()["status"] == "finished"
-        assert (await a.get("/v1/quota")).json()["usage"] == {"queued": 0, "running": 0, "workspaces": 1, "builds": 0, "artifact_bytes": 0}
+        assert (await a.get("/v1/quota")).json()["usage"] == {**NOTHING_USED, "workspaces": 1}
         b_id = b_run.json()["id"]
         await until(lambda: _status(b, b_id, "started"), "team-b's run never started")
-        assert (await b.get("/v1/quota")).json()["usage"] == {"queued": 0, "running": 1, "workspaces": 0, "builds": 0, "artifact_bytes": 0}
+        assert (await b.get("/v1/quota")).json()["usage"] == {**NOTHING_USED, "running": 1}
         await b.post(f"/v1/runs/{b_id}/cancel")
         assert (await b.get(f"/v1/runs/{b_id}", params={"wait": 60})).json()["status"] == "cancelled"
-        assert (await b.get("/v1/quota")).json()["usage"] == {"queued": 0, "running": 0, "workspaces": 0, "builds": 0, "artifact_bytes": 0}
+        assert (await b.get("/v1/quota")).json()["usage"] == NOTHING_USED
 
 
 async def until(check, what: str, seconds: float = 60) -> None:
@@ -261,7 +264,7 @@ async def test_a_run_over_a_ceiling_of_its_teams_quota_is_refused_naming_both_an
         assert f"is {asked:g}" in detail if field == "timeout" else f"is {asked}," in detail  # exact, not rounded
         assert "Retry-After" not in refused.headers  # trying again will not help: ask for less
         assert stored.records() == {} and stored.event_streams() == set() and stored.job_hashes() == set()
-        assert (await api.get("/v1/quota")).json()["usage"] == {"queued": 0, "running": 0, "workspaces": 0, "builds": 0, "artifact_bytes": 0}
+        assert (await api.get("/v1/quota")).json()["usage"] == NOTHING_USED
         accepted = await api.post("/v1/runs", json={**RUN, **AT_CEILING, "workspace_id": "kept"})  # at it: fine
         assert accepted.status_code == 202, accepted.text
         assert set(stored.records()) == {accepted.json()["id"]}

@@ -8,7 +8,7 @@
 * ``workspaces`` — the registry of kept workspaces (owner, runtime, created, last used, runs in them).
 """
 
-from worker.run_store.base import BaseRunStore, MemoryRunStore
+from worker.run_store.base import ArtifactRoomRefusedError, BaseRunStore, MemoryRunStore
 from worker.run_store.fencing import Attempt
 from worker.run_store.records import (
     DURATION_BUCKETS_SECONDS,
@@ -32,6 +32,7 @@ from worker.run_store.workspaces import (
 __all__ = [
     "DURATION_BUCKETS_SECONDS",
     "ENDING_EVENTS",
+    "ArtifactRoomRefusedError",
     "AsyncRunReader",
     "Attempt",
     "BaseRunStore",

@@ -3,6 +3,13 @@
 A started run carries a heartbeat its worker renews; a run whose heartbeat expired is *lost*: the dispatcher
 retries it (event ``retried`` with the reason) until ``max_attempts``, then fails it with the reason. A run is
 never left "started" forever. Every change by a worker is fenced by its ``Attempt`` (``worker.run_store.fencing``).
+
+A team's quota of stored artifacts counts what its ended runs' artifacts keep (tallied by the hour each run ended)
+and what its runs going hold (``RunRecord.artifact_bytes_reserved``). A run saving artifacts is given its room in
+the step that accepts it, against both (``hold_artifact_room``): what it may store is held for it from then, and the
+hold ends in the write that ends the run — finished, failed, cancelled queued or started, or failed once lost — which
+tallies what it stored instead. So what a team keeps and holds together never passes its quota, however many of its
+runs are accepted at once.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, RunResult
+from worker.errors import WorkerError
 from worker.run_store.fencing import Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
 from worker.run_store.workspaces import MemoryWorkspaces, joining
@@ -35,6 +43,30 @@ def artifact_bytes(record: RunRecord) -> int:
     return sum(artifact.size for artifact in record.result.artifact_files) if record.result is not None else 0
 
 
+class ArtifactRoomRefusedError(WorkerError):
+    """A run saving artifacts finds nothing left of its team's quota of ``limit`` bytes: its ended runs' artifacts
+    keep ``kept`` and its runs going hold ``reserved``."""
+
+    def __init__(self, team: str, limit: int, kept: int, reserved: int) -> None:
+        super().__init__(f"team {team} keeps {kept} bytes of artifacts and holds {reserved} for its runs going, "
+                         f"of its {limit}")
+        self.team = team
+        self.limit = limit
+        self.kept = kept
+        self.reserved = reserved
+
+
+def hold_artifact_room(record: RunRecord, limit: int, asked: int, kept: int, reserved: int) -> None:
+    """Give the new run ``record``, asking to store ``asked`` bytes of artifacts, its room under its team's quota of
+    ``limit`` bytes, of which ``kept`` are kept and ``reserved`` held: its ``limits.artifact_total_bytes`` and
+    ``artifact_bytes_reserved`` become the least of what it asked and what is left; ``ArtifactRoomRefusedError``
+    when nothing is left."""
+    left = limit - kept - reserved
+    if left <= 0:
+        raise ArtifactRoomRefusedError(record.owner or "", limit, kept, reserved)
+    record.request.limits.artifact_total_bytes = record.artifact_bytes_reserved = min(asked, left)
+
+
 class BaseRunStore(ABC):
     """Blocking by design (Redis calls); async readers use ``worker.run_store.watch``. A run that keeps its
     workspace claims it in ``workspaces`` when it is created and releases it when it ends
@@ -44,8 +76,11 @@ class BaseRunStore(ABC):
     """The registry of kept workspaces, next to the records."""
 
     @abstractmethod
-    def create(self, request: RunRequest, owner: str | None = None, workspace_limit: int | None = None) -> RunRecord:
-        """A new queued run of ``owner`` (who keeps ``workspace_limit`` workspaces at most, when given)."""
+    def create(self, request: RunRequest, owner: str | None = None, workspace_limit: int | None = None,
+               artifact_limit: int | None = None) -> RunRecord:
+        """A new queued run of ``owner`` (who keeps ``workspace_limit`` workspaces at most, when given). With
+        ``artifact_limit`` (its quota of stored artifacts, in bytes), a run of ``owner`` saving artifacts is given
+        its room in the same step (``hold_artifact_room``: ``ArtifactRoomRefusedError``, nothing stored)."""
 
     @abstractmethod
     def get(self, run_id: str) -> RunRecord | None: ...
@@ -76,6 +111,10 @@ class BaseRunStore(ABC):
     def team_artifact_bytes(self, team: str) -> int:
         """What the artifacts of ``team``'s runs that ended within the artifacts' retention (``artifact_ttl``)
         hold: tallied by the hour each run ended, so an hour's tally goes when its artifacts go (within the hour)."""
+
+    @abstractmethod
+    def team_artifact_reserved(self, team: str) -> int:
+        """What ``team``'s runs going (accepted, not ended) hold of its quota of stored artifacts."""
 
     def heartbeat(self, run_id: str, attempt: Attempt) -> bool:
         """The worker of ``attempt`` is alive; ``False`` (nothing renewed) when it no longer holds the run."""
@@ -206,7 +245,9 @@ class MemoryRunStore(BaseRunStore):
     whichever thread made it (the dispatcher wakes its waiters with it). An ended run's record and events are kept
     ``result_ttl`` seconds (``None``: as long as the store lives); every call drops up to ``TRIM_BATCH`` expired
     ones, oldest first, before it answers, so an expired run is never served. A team's artifact tally holds the
-    hours of the artifacts' retention only. ``workspace_limit``: kept workspaces an owner may have at once."""
+    hours of the artifacts' retention only; what its runs going hold is summed from their records (an ended run
+    holds nothing), under the lock that creates and ends them. ``workspace_limit``: kept workspaces an owner may have
+    at once."""
 
     def __init__(
         self, on_change: Callable[[str], None] | None = None, *, result_ttl: float | None = None,
@@ -241,13 +282,17 @@ class MemoryRunStore(BaseRunStore):
         if self.on_change is not None:
             self.on_change(run_id)
 
-    def create(self, request: RunRequest, owner: str | None = None, workspace_limit: int | None = None) -> RunRecord:
+    def create(self, request: RunRequest, owner: str | None = None, workspace_limit: int | None = None,
+               artifact_limit: int | None = None) -> RunRecord:
         with self._lock:
             request = joining(self.workspaces, request)
             record = RunRecord(id=request.run_id, request=request, owner=owner)
             self._trim()
             if record.id in self._records:
                 raise ValueError(f"run {record.id!r} already exists")
+            if artifact_limit and request.save_as_artifacts and owner is not None:
+                hold_artifact_room(record, artifact_limit, request.limits.artifact_total_bytes, self._kept(owner),
+                                   self._reserved(owner))
             if request.keep_workspace:
                 self.workspaces.claim(request, owner, limit=workspace_limit)
             self._records[record.id] = record.model_copy(deep=True)
@@ -313,10 +358,24 @@ class MemoryRunStore(BaseRunStore):
         if not tally:
             self._artifacts.pop(team, None)
 
+    def _kept(self, team: str) -> int:
+        """What ``team``'s tally holds within the artifacts' retention (under the lock)."""
+        self._prune_tally(team)
+        return sum(self._artifacts.get(team, {}).values())
+
+    def _reserved(self, team: str) -> int:
+        """What ``team``'s runs going hold of its quota of stored artifacts (under the lock)."""
+        return sum(record.artifact_bytes_reserved for record in self._records.values()
+                   if record.owner == team and not record.status.done)
+
     def team_artifact_bytes(self, team: str) -> int:
         with self._lock:
-            self._prune_tally(team)
-            return sum(self._artifacts.get(team, {}).values())
+            return self._kept(team)
+
+    def team_artifact_reserved(self, team: str) -> int:
+        with self._lock:
+            self._trim()
+            return self._reserved(team)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

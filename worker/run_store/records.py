@@ -70,6 +70,10 @@ class RunRecord(BaseModel):
     cancel_requested: bool = False
     owner: str | None = None
     """Who submitted the run (a team); only they see it."""
+    artifact_bytes_reserved: int = 0
+    """What the run holds of its team's quota of stored artifacts (``max_artifact_bytes``) from when it was accepted
+    until it ends, however it ends: its ``limits.artifact_total_bytes`` as accepted (lowered to the room left). Once
+    it ended, the bytes its result's artifacts hold are tallied instead."""
 
 
 Mutation = Callable[[RunRecord], "RunEvent | None"]

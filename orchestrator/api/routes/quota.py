@@ -25,7 +25,7 @@ class QuotaPublic(BaseModel):
 @router.get("", response_model=QuotaPublic, responses=error_responses(403))
 async def get_quota(team: Team = Depends(current_team), services: Services = Depends(get_services)) -> QuotaPublic:
     """The team's quota and its usage now: runs queued and running, workspaces kept, environment builds going,
-    artifacts kept."""
+    artifacts kept and the room its runs going hold for theirs."""
     dispatcher = services.dispatcher
     if dispatcher.quotas is None:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "quotas are off on this server")
@@ -33,6 +33,7 @@ async def get_quota(team: Team = Depends(current_team), services: Services = Dep
     queued, running = await dispatcher.usage(team.id)
     _, workspaces = await dispatcher.list_workspaces(team.id, 0, 1)
     builds = await asyncio.to_thread(services.environments.builds, team.id)
-    kept = await dispatcher.artifact_bytes(team.id)
+    kept, reserved = await dispatcher.artifact_usage(team.id)
     return QuotaPublic(quota=quota, usage=QuotaUsage(queued=queued, running=running, workspaces=workspaces,
-                                                     builds=builds, artifact_bytes=kept))
+                                                     builds=builds, artifact_bytes=kept,
+                                                     artifact_bytes_reserved=reserved))
