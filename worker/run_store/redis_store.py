@@ -16,12 +16,7 @@ its attempt, heartbeat and places among the started or queued runs go when it le
 indexes go when its record does: ``<prefix>:expiring`` holds the ended runs by that time (``"<id> <owner>"``), every
 run that ends takes up to ``TRIM_BATCH`` runs whose time has passed out of the indexes, and ``trim_expired`` (the
 queue dispatcher's sweep, every few seconds) takes the rest, so the indexes hold what is kept and no more, and are
-gone once nothing is (``TRIM_EXPIRED``) — also when no later run ends. A team's artifact tally holds the hours of the
-artifacts' retention only (each write drops the hours past it, ``TALLY_ARTIFACTS``) and expires an hour after the
-artifacts of its last write do. A run's hold on its team's artifact quota is its entry in ``<prefix>:reserved:<team>``,
-written in the transaction that announces the run and deleted in the one that ends it (the hash goes with its last
-entry); an entry whose record is gone (removed by hand, a flushed database) or ended (by a writer that left it)
-counts no more once a run would be short of room for it, and is deleted then, or when the team's usage is read.
+gone once nothing is (``TRIM_EXPIRED``) — also when no later run ends. A team's artifact tally and its runs' holds on its quota end as ``worker.run_store.artifact_room`` says.
 
 Kept workspaces are registered next to the records (``worker.run_store.workspaces``): a run claims its workspace
 when it is reserved (refused: its record goes again) and releases it in the transaction that ends it.
@@ -39,7 +34,8 @@ import redis
 from worker import defaults
 from worker.contract import RunRequest
 from worker.config import get_worker_settings
-from worker.run_store.base import TALLY_SECONDS, TRIM_BATCH, BaseRunStore, artifact_bytes, hold_artifact_room
+from worker.run_store.artifact_room import RedisArtifactRoom
+from worker.run_store.base import TRIM_BATCH, BaseRunStore
 from worker.run_store.fencing import RENEW_IF_HELD, Attempt
 from worker.run_store.records import Mutation, RunEvent, RunRecord, RunStatus, duration_bucket
 from worker.run_store.workspaces import RedisWorkspaces, WorkspaceRefusedError, joining
@@ -115,21 +111,6 @@ return #members
 """``KEYS = [expiring, index]``, ``ARGV = [now, at most, owner index prefix]``: removes up to that many runs whose
 record expired by ``now`` from the index, their owner's index and ``expiring``; returns how many."""
 
-TALLY_ARTIFACTS = """
-redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
-local first = tonumber(ARGV[3])
-for _, hour in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if tonumber(hour) < first then
-        redis.call('HDEL', KEYS[1], hour)
-    end
-end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-"""
-"""``KEYS = [a team's artifact tally]``, ``ARGV = [hour, bytes, first hour kept, seconds to keep]``: adds the bytes to
-the hour, drops the hours the artifacts' retention has passed (at most its hours and one are held, so this is
-bounded) and sets when the tally expires."""
-
-
 class RedisRunStore(BaseRunStore):
     """Records in Redis (see the module's key layout)."""
 
@@ -154,8 +135,8 @@ class RedisRunStore(BaseRunStore):
         self.heartbeat_ttl = heartbeat_ttl
         self._renew = connection.register_script(RENEW_IF_HELD)
         self._trim = connection.register_script(TRIM_EXPIRED)
-        self._tally = connection.register_script(TALLY_ARTIFACTS)
         self.workspaces = RedisWorkspaces(connection, self.keys.record(""), limit=workspace_limit, clock=clock)
+        self.artifacts = RedisArtifactRoom(connection, self.keys, clock, self.artifact_ttl)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "RedisRunStore":
@@ -212,46 +193,12 @@ class RedisRunStore(BaseRunStore):
                 self.workspaces.unclaim(pipe, record.request.workspace_id, record.id)
             pipe.execute()
 
-    def hold_room(self, pipe: redis.client.Pipeline, record: RunRecord, limit: int | None, asked: int) -> None:
-        """Give a reserved run saving artifacts, asking to store ``asked`` bytes, its room under its team's quota of
-        ``limit`` bytes (``hold_artifact_room``; nothing without a limit or a team), reading what the team keeps and
-        holds in ``pipe`` under WATCH, before its ``multi``: ``announce`` then holds the room in the transaction,
-        which fails (``redis.WatchError``: try again) when another run took or gave back room meanwhile. When the
-        run would be short, the holds of runs whose record is gone or ended are deleted first and count no more
-        (their deletion fails the transaction too, so it is tried again without them)."""
-        team = record.owner
-        if not limit or not record.request.save_as_artifacts or team is None:
-            return
-        pipe.watch(self.keys.team_artifacts(team), self.keys.team_reserved(team))
-        kept = self._kept(pipe.hgetall(self.keys.team_artifacts(team)))
-        holds = self._holds(pipe, team)
-        reserved = sum(holds.values())
-        if kept + reserved + asked > limit:
-            reserved -= self._drop_gone_holds(team, holds)
-        hold_artifact_room(record, limit, asked, kept, reserved)
-
-    def _holds(self, client: redis.Redis | redis.client.Pipeline, team: str) -> dict[str, int]:
-        """What each of ``team``'s runs going holds of its quota of stored artifacts (run id → bytes)."""
-        return {run_id.decode(): int(held) for run_id, held in client.hgetall(self.keys.team_reserved(team)).items()}
-
-    def _drop_gone_holds(self, team: str, holds: dict[str, int]) -> int:
-        """Delete the holds of ``team``'s runs whose record is gone, or ended by a write that left its hold (only a
-        going run's record never expires: -1); ``holds``: run id → bytes. What they held."""
-        with self.redis.pipeline(transaction=False) as pipe:
-            for run_id in holds:
-                pipe.pttl(self.keys.record(run_id))
-            expiries = pipe.execute()
-        gone = [run_id for run_id, expiry in zip(holds, expiries, strict=True) if expiry != -1]
-        if gone:
-            self.redis.hdel(self.keys.team_reserved(team), *gone)
-        return sum(holds[run_id] for run_id in gone)
-
     def announce(self, pipe: redis.client.Pipeline, record: RunRecord) -> None:
         """Add a reserved run to the indexes, the counts and its event stream, in ``pipe`` (which may also carry
         its enqueueing); a run given room for its artifacts (``hold_room``) is stored as given it, and holds it."""
         if record.artifact_bytes_reserved and record.owner is not None:
             pipe.set(self.keys.record(record.id), record.model_dump_json())
-            pipe.hset(self.keys.team_reserved(record.owner), record.id, record.artifact_bytes_reserved)
+            self.artifacts.hold(pipe, record)
         pipe.zadd(self.keys.index(), {record.id: record.created_at})
         if record.owner is not None:
             pipe.zadd(self.keys.index(record.owner), {record.id: record.created_at})
@@ -326,12 +273,7 @@ class RedisRunStore(BaseRunStore):
         if record.status.done and not previous.done and record.request.keep_workspace:
             self.workspaces.release(pipe, record.request.workspace_id, record.id)
         if record.status.done and not previous.done and record.owner is not None:  # its hold becomes what it stored
-            if record.artifact_bytes_reserved:
-                pipe.hdel(self.keys.team_reserved(record.owner), record.id)
-            if stored := artifact_bytes(record):
-                self._tally(keys=[self.keys.team_artifacts(record.owner)],
-                            args=[int(self.clock() // TALLY_SECONDS), stored, self._first_tallied_hour(),
-                                  int(self.artifact_ttl) + TALLY_SECONDS], client=pipe)
+            self.artifacts.end(pipe, record)
 
     def _expire_from_indexes(self, pipe: redis.client.Pipeline, record: RunRecord, ttl: int) -> None:
         """Note when the ended ``record`` expires, and take up to ``TRIM_BATCH`` runs expired by now out of the
@@ -365,29 +307,15 @@ class RedisRunStore(BaseRunStore):
         records = [RunRecord.model_validate_json(raw) for raw in raws if raw]
         return [record for record in records if record.status == RunStatus.QUEUED]
 
-    def _first_tallied_hour(self) -> int:
-        """The oldest hour of a team's artifact tally whose artifacts are still kept."""
-        return int((self.clock() - self.artifact_ttl) // TALLY_SECONDS)
-
-    def _kept(self, tally: dict[bytes, bytes]) -> int:
-        """What a team's artifact tally (as read: hour → bytes) holds within the artifacts' retention."""
-        first = self._first_tallied_hour()
-        return sum(int(stored) for hour, stored in tally.items() if int(hour) >= first)
+    def hold_room(self, pipe: redis.client.Pipeline, record: RunRecord, limit: int | None, asked: int) -> None:
+        """``RedisArtifactRoom.hold_room``."""
+        self.artifacts.hold_room(pipe, record, limit, asked)
 
     def team_artifact_bytes(self, team: str) -> int:
-        key = self.keys.team_artifacts(team)
-        tally = self.redis.hgetall(key)
-        first = self._first_tallied_hour()
-        gone = [hour for hour in tally if int(hour) < first]
-        if gone:
-            self.redis.hdel(key, *gone)
-        return self._kept(tally)
+        return self.artifacts.kept(team)
 
     def team_artifact_reserved(self, team: str) -> int:
-        """As every store does; the holds of runs whose record is gone or ended are deleted first, so they count
-        no more."""
-        holds = self._holds(self.redis, team)
-        return sum(holds.values()) - self._drop_gone_holds(team, holds)
+        return self.artifacts.reserved(team)
 
     def team_usage(self, team: str) -> tuple[int, int]:
         """How many runs of ``team`` are queued and started. Runs whose record is gone (removed by hand, a flushed
