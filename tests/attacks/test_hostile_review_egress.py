@@ -3,15 +3,18 @@ Host header and of a tunnel's TLS server name.
 
 The proxy is served in-process on a loopback listener (the same ``EgressProxy`` a sandbox's listener is given), the
 allowed host ``ALLOWED`` pinned to ``tests.egress_tls.Origin``, which records every server name its TLS stack was
-asked for (its SNI callback) and every request head that reached it. Holes are ``xfail(strict=True)`` with what
-reached the origin; contained attacks are plain tests.
+asked for (its SNI callback) and every request head that reached it. The three holes the review found (a second
+ClientHello after a HelloRetryRequest, a bare CR in a header, a secret host in the worker's log) were strict xfails
+with what reached the origin; they are plain tests now, as are the contained attacks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
+import ssl
 import threading
 
 import pytest
@@ -116,33 +119,40 @@ def _tunnel(port: int, host: str, origin_port: int) -> socket.socket:
     return connection
 
 
-# ---- holes ---------------------------------------------------------------------------------------------------------
+CHANGE_CIPHER_SPEC = b"\x14\x03\x03\x00\x01\x01"
+"""The ChangeCipherSpec record a TLS 1.3 client may send before its second ClientHello."""
 
-@pytest.mark.xfail(strict=True, reason="only a tunnel's first ClientHello is read: a TLS 1.3 client offering no key "
-                                       "share gets a HelloRetryRequest, and its second ClientHello, naming "
-                                       "paste.attacker.example, is relayed unread; the origin's SNI callback saw "
-                                       "['api.allowed-egress.net', 'paste.attacker.example'] and it went on to "
-                                       "its ServerHello, certificate and Finished")
-def test_a_second_client_hello_after_a_hello_retry_request_names_the_tunnels_host(proxy, origin):
-    port, _ = proxy
-    connection = _tunnel(port, ALLOWED, origin.port)
+
+def _hello_retry(port: int, origin_port: int) -> socket.socket:
+    """A tunnel to ``ALLOWED`` whose first ClientHello (no key share) got a HelloRetryRequest back."""
+    connection = _tunnel(port, ALLOWED, origin_port)
     connection.sendall(tls13_hello(ALLOWED, None))
     header = connection.recv(5)
     answer = b""
     while len(answer) < int.from_bytes(header[3:5], "big"):
         answer += connection.recv(65536)
     assert answer[0] == 2 and answer[6:38] == HELLO_RETRY_RANDOM  # a HelloRetryRequest: the attack is set
-    connection.sendall(b"\x14\x03\x03\x00\x01\x01" + tls13_hello(FRONTED, os.urandom(32)))
+    return connection
+
+
+# ---- holes found, now closed ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("second", [
+    CHANGE_CIPHER_SPEC + tls13_hello(FRONTED, os.urandom(32)),
+    tls13_hello(FRONTED, os.urandom(32)),                                    # no ChangeCipherSpec first
+    CHANGE_CIPHER_SPEC + CHANGE_CIPHER_SPEC + tls13_hello(FRONTED, os.urandom(32)),
+    CHANGE_CIPHER_SPEC + b"\x17\x03\x03\x00\x10" + bytes(16),                # application data, no hello
+], ids=["after-change-cipher-spec", "alone", "after-two-change-cipher-specs", "no-hello"])
+def test_a_second_client_hello_after_a_hello_retry_request_names_the_tunnels_host(proxy, origin, second):
+    port, refused = proxy
+    connection = _hello_retry(port, origin.port)
+    connection.sendall(second)
     _read_all(connection)
     connection.close()
-    assert FRONTED not in origin.server_names, origin.server_names
+    assert FRONTED not in origin.server_names and origin.server_names == [ALLOWED], origin.server_names
+    assert refused.refusals.count == 1 and FRONTED not in str(refused.refusals.listed), refused.refusals.listed
 
 
-@pytest.mark.xfail(strict=True, reason="a header value holding a bare CR ('X-A: a\\rHost: paste.attacker.example') "
-                                       "passes Request.parse (only LF outside CRLF is refused) and is forwarded "
-                                       "verbatim: the origin received it; a server that ends a line at a bare CR "
-                                       "(RFC 9112 lets a recipient treat it as invalid, not as text) reads a second "
-                                       "Host")
 def test_a_header_holding_a_bare_carriage_return_is_refused(proxy, origin):
     port, _ = proxy
     connection = _connect(port)
@@ -182,6 +192,36 @@ def test_a_real_tls_client_through_the_tunnel_still_works(proxy, origin):
     assert _records(connection.recv(65536))[0][0] == 22  # the server's hello came back
 
 
+def test_a_real_tls_client_whose_server_asks_for_another_key_share_gets_through(proxy, origin):
+    origin.context.set_ecdh_curve("secp384r1")  # the client's share is x25519: a HelloRetryRequest asks for P-384
+    port, refused = proxy
+    context = ssl.create_default_context(cafile=origin.cert)
+    with context.wrap_socket(_tunnel(port, ALLOWED, origin.port), server_hostname=ALLOWED) as tls:
+        tls.sendall(f"GET /retried HTTP/1.1\r\nHost: {ALLOWED}\r\nConnection: close\r\n\r\n".encode())
+        assert _read_all(tls).endswith(b"reached /retried over TLS")
+    assert origin.server_names == [ALLOWED, ALLOWED] and refused.refusals.count == 0  # two hellos, both checked
+
+
+def test_a_second_client_hello_naming_the_tunnels_host_goes_on(proxy, origin):
+    port, refused = proxy
+    connection = _hello_retry(port, origin.port)
+    connection.sendall(CHANGE_CIPHER_SPEC + tls13_hello(ALLOWED.upper(), os.urandom(32)))
+    answer = _read_all(connection)
+    connection.close()
+    assert origin.server_names == [ALLOWED, ALLOWED.upper()] and refused.refusals.count == 0
+    assert answer and answer[0] in (20, 21, 22)  # the server's own answer to it came back, whatever it was
+
+
+def test_a_tab_in_a_header_value_is_still_forwarded(proxy, origin):
+    port, _ = proxy
+    connection = _connect(port)
+    connection.sendall(f"GET http://{ALLOWED}:{origin.port}/tab HTTP/1.1\r\nHost: {ALLOWED}:{origin.port}\r\n"
+                       "X-A: a\tb\r\nConnection: close\r\n\r\n".encode())
+    assert _read_all(connection).endswith(b"reached /tab")
+    connection.close()
+    assert b"X-A: a\tb\r\n" in origin.heads[0]
+
+
 @pytest.mark.parametrize(("head", "status"), [
     ("GET http://{a}/x HTTP/1.1\r\nHost: user@{a}\r\n\r\n", b"400"),                     # userinfo in Host
     ("GET http://user:pw@{a}/x HTTP/1.1\r\nHost: {a}\r\n\r\n", b"400"),                  # userinfo in the URI
@@ -192,6 +232,11 @@ def test_a_real_tls_client_through_the_tunnel_still_works(proxy, origin):
     ("GET http://{a}/x HTTP/1.1\r\nHost: {a}\r\nHost : {f}\r\n\r\n", b"400"),            # a space before ':'
     ("GET http://{a}/x HTTP/1.1\r\nHost: {a}\nHost: {f}\r\n\r\n", b"400"),               # a bare LF
     ("POST http://{a}/x?token=t HTTP/1.1\r\nHost: {a}\r\nContent-Length: 0\r\n\r\n", b"405"),
+    ("GET http://{a}/x HTTP/1.1\r\nHost: {a}\r\nX-A: a\rHost: {f}\r\n\r\n", b"400"),      # a bare CR
+    ("GET http://{a}/x HTTP/1.1\r\nHost: {a}\r\nX-A: a\r\r\n\r\n", b"400"),              # a CR before CRLF
+    ("GET http://{a}/x\rHost: {f} HTTP/1.1\r\nHost: {a}\r\n\r\n", b"400"),             # a CR in the line
+    ("GET http://{a}/x HTTP/1.1\r\nHost: {a}\r\nX-A: a\x00Host: {f}\r\n\r\n", b"400"),   # NUL
+    ("GET http://{a}/x HTTP/1.1\r\nHost: {a}\r\nX-A: a\x0bb\x7f\r\n\r\n", b"400"),      # VT, DEL
 ])
 def test_plain_requests_the_proxy_must_not_forward_are_refused_and_nothing_reaches_the_origin(proxy, origin, head,
                                                                                              status):
@@ -219,17 +264,15 @@ def test_http_1_0_without_host_gets_the_uris_host_and_a_later_fronted_request_is
     assert refused.refusals.count == 1 and FRONTED not in str(refused.refusals.listed), refused.refusals.listed
 
 
-@pytest.mark.xfail(strict=True, reason="the refusal is redacted in the run's result, but EgressProxy._connection "
-                                       "logs it first, unredacted: 'a sandbox's request was refused: "
-                                       "<token>.example.org:443 is not on the allow-list' reaches the worker's log")
 def test_a_refusal_naming_a_secret_host_does_not_put_the_secret_in_the_workers_log(proxy, caplog):
-    import logging
     token = "ghp_Att4ckT0kenValue9f3c2e"
     port, refused = proxy
     with caplog.at_level(logging.INFO, logger="worker.egress.proxy"):
         connection = _connect(port)
-        connection.sendall(f"CONNECT {token}.example.org:443 HTTP/1.1\r\nHost: {token}.example.org:443\r\n\r\n".encode())
+        host = f"{token}.example.org:443"
+        connection.sendall(f"CONNECT {host} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
         assert _read_all(connection).startswith(b"HTTP/1.1 403")
         connection.close()
     assert refused.refusals.count == 1
     assert token not in caplog.text, caplog.text
+    assert "refused (403 Forbidden): not on the allow-list" in caplog.text, caplog.text  # still says what happened

@@ -6,15 +6,18 @@ The allow-list (``AllowList``) of a build step is made per step from the index t
 the entries its request carries (``worker.egress.entries.run_allow_list``), wildcards (``*.example.com``)
 included. A request head (``Request``) is either ``CONNECT host:port`` or a plain-HTTP ``GET``/``HEAD`` with an
 absolute ``http://`` URI, no body, and no ``Host`` header naming another host or port than that URI (domain
-fronting; a missing one is set to the URI's); anything else is ``Refused`` with an HTTP status and a reason the
-build's own error message will show. A tunnel whose first bytes are not what it may carry (``worker.egress.tls``)
-is ``TunnelRefused``: its ``200`` was sent, so it is closed without an answer.
+fronting; a missing one is set to the URI's), with no control character but a tab in any of its lines (a CR or LF
+outside the CRLF that ends a line, NUL, DEL: a server beyond the proxy could read lines, and so headers, that the
+proxy did not); anything else is ``Refused`` with an HTTP status and a reason the build's own error message will
+show. A tunnel whose first bytes are not what it may carry (``worker.egress.tls``) is ``TunnelRefused``: its ``200``
+was sent, so it is closed without an answer.
 
 What a refusal reports (``Refused.destination``, and in a run's result ``RunResult.egress_refusals``) is the
 destination alone, ``host:port`` as the request named it (``Target.named``: the host's case and spelling kept, so
 that the result's redaction finds a secret used as a host name), or ``MALFORMED`` when no host could be read; a
 refusal's reason names at most that, never the request's path, query, headers or raw target, so that nothing of
-those (a token in a query string, say) reaches the result.
+those (a token in a query string, say) reaches the result. Its ``kind`` names what was refused in the proxy's own
+fixed words, nothing of the request's: what the worker's log shows.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 ALLOWED_HOSTS_SETTING = "SKILLRUN_ENV_ALLOWED_HOSTS"
 _NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
 _DROPPED_HEADERS = frozenset({"proxy-connection", "proxy-authorization"})
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""Characters no request line or header line may hold (a tab may; CRLF ends each line)."""
 _NAMED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 """Methods a refusal names (any other method's text is the client's own, and is not repeated)."""
 MALFORMED = "(malformed request)"
@@ -145,16 +150,19 @@ class Target:
 
 
 class Refused(Exception):
-    """A request the proxy does not carry out: the HTTP status it answers with, and why (``why`` names at most the
-    destination, never the request's path, query, headers or raw target)."""
+    """A request the proxy does not carry out: the HTTP status it answers with, why (``why`` names at most the
+    destination, never the request's path, query, headers or raw target), and ``kind``, what was refused in a few
+    fixed words of the proxy's (nothing of the request's, the destination neither)."""
 
-    def __init__(self, status: int, reason: str, why: str, destination: str = MALFORMED) -> None:
+    def __init__(self, status: int, reason: str, why: str, destination: str = MALFORMED, *, kind: str) -> None:
         super().__init__(why)
         self.status = status
         self.reason = reason
         self.destination = destination
         """What was asked for: ``Target.named``, or ``MALFORMED`` when the request named no host that could be
         read."""
+        self.kind = kind
+        """What was refused, in the proxy's own words ("not on the allow-list"): all the worker's log says of it."""
 
     def response(self, allowed: AllowList) -> bytes:
         body = f"skillrun: {self}. {allowed.refusal_hint()}\n".encode()
@@ -163,11 +171,12 @@ class Refused(Exception):
 
 
 class TunnelRefused(Refused):
-    """A tunnel the proxy opened (its ``200`` sent) and then ends for what its client sent first: no HTTP answer
-    can follow, so the connection is closed without one."""
+    """A tunnel the proxy opened (its ``200`` sent) and then ends for what its client sent first (or its server
+    answered that, or the client sent after a HelloRetryRequest): no HTTP answer can follow, so the connection is
+    closed without one."""
 
-    def __init__(self, why: str, destination: str) -> None:
-        super().__init__(403, "Forbidden", why, destination)
+    def __init__(self, why: str, destination: str, *, kind: str) -> None:
+        super().__init__(403, "Forbidden", why, destination, kind=kind)
 
     def response(self, allowed: AllowList) -> bytes:
         return b""
@@ -184,16 +193,22 @@ class Request:
 
     @classmethod
     def parse(cls, head: bytes) -> Request:
+        """The request ``head`` (up to and with its blank line) holds; ``Refused`` (400) for a head that is no
+        HTTP/1 request, has a malformed header line, or holds a control character other than a tab in any line
+        (a CR or LF outside the CRLF that ends it, NUL, DEL)."""
         text = head.decode("latin-1")
+        if _CONTROL.search(text.replace("\r\n", "")):
+            raise Refused(400, "Bad Request", "a request head holding a control character (a CR or LF outside a "
+                          "line's CRLF, NUL, DEL, ...)", kind="malformed request")
         lines = text.split("\r\n")
         words = lines[0].split(" ")
-        if len(words) != 3 or not words[2].startswith("HTTP/1.") or "\n" in text.replace("\r\n", ""):
-            raise Refused(400, "Bad Request", "not an HTTP/1 request")
+        if len(words) != 3 or not words[2].startswith("HTTP/1."):
+            raise Refused(400, "Bad Request", "not an HTTP/1 request", kind="malformed request")
         headers = []
         for line in filter(None, lines[1:]):
             name, colon, value = line.partition(":")
             if not colon or not name or name != name.strip():
-                raise Refused(400, "Bad Request", "a malformed header")
+                raise Refused(400, "Bad Request", "a malformed header", kind="malformed request")
             headers.append((name, value.strip()))
         return cls(words[0], words[1], words[2], tuple(headers))
 
@@ -202,7 +217,8 @@ class Request:
         try:
             return Target.read(self.target, None)
         except ValueError as exc:
-            raise Refused(400, "Bad Request", f"the CONNECT target is not host:port ({exc})") from None
+            raise Refused(400, "Bad Request", f"the CONNECT target is not host:port ({exc})",
+                          kind="malformed CONNECT target") from None
 
     def destination(self) -> Target:
         """Where a plain-HTTP request goes (its absolute URI's host and port); ``Refused`` for a request the proxy
@@ -213,23 +229,25 @@ class Request:
         if self.method not in ("GET", "HEAD"):
             method = self.method if self.method in _NAMED_METHODS else "this method"
             raise Refused(405, "Method Not Allowed", f"{method} is not forwarded to {target.named} over plain HTTP "
-                          "(GET and HEAD are; use HTTPS, through a CONNECT tunnel)", target.named)
+                          "(GET and HEAD are; use HTTPS, through a CONNECT tunnel)", target.named,
+                          kind="method not forwarded")
         if any(name.lower() == "transfer-encoding" or (name.lower() == "content-length" and value != "0")
                for name, value in self.headers):
             raise Refused(400, "Bad Request", f"a request to {target.named} with a body is not forwarded",
-                          target.named)
+                          target.named, kind="request with a body")
         hosts = [value for name, value in self.headers if name.lower() == "host"]
         if len(hosts) > 1:
             raise Refused(400, "Bad Request", f"a request to {target.named} with more than one Host header",
-                          target.named)
+                          target.named, kind="malformed Host header")
         try:
             fronted = bool(hosts) and split_authority(hosts[0], DEFAULT_PORTS["http"]) != target.address
         except ValueError:
             raise Refused(400, "Bad Request", f"a request to {target.named} whose Host header is not host[:port]",
-                          target.named) from None
+                          target.named, kind="malformed Host header") from None
         if fronted:
             raise Refused(403, "Forbidden", f"a request to {target.named} whose Host header names another host or "
-                          "port (domain fronting)", target.named)
+                          "port (domain fronting)", target.named,
+                          kind="Host header naming another host (domain fronting)")
         return target
 
     def _uri_target(self) -> Target:
@@ -238,10 +256,11 @@ class Request:
             parts = urlsplit(self.target)
             target = Target.read(parts.netloc, DEFAULT_PORTS[parts.scheme])
         except (KeyError, ValueError):
-            raise Refused(400, "Bad Request", "a plain request needs an absolute http:// URI with a host") from None
+            raise Refused(400, "Bad Request", "a plain request needs an absolute http:// URI with a host",
+                          kind="not an absolute http:// URI") from None
         if parts.scheme != "http":
             raise Refused(400, "Bad Request", f"a plain request to {target.named} needs an http:// URI (https:// goes "
-                          "through a CONNECT tunnel)", target.named)
+                          "through a CONNECT tunnel)", target.named, kind="not an http:// URI")
         return target
 
     def forwarded(self) -> bytes:

@@ -28,12 +28,20 @@ destination as the request named it and nothing else of the request (``worker.eg
 The host that is checked is the host that is served (no domain fronting): a plain request's ``Host`` header must
 name its URI's host and port, on every request of a kept-alive connection (a later one the proxy refuses is
 answered after the origin's last answer, and ends the connection; one to another host ends it unanswered, and the
-client opens a new connection, checked anew); and a tunnel must begin with a TLS ClientHello whose server name is
-its ``CONNECT`` host and that hides no other (``worker.egress.tls``), or it is closed with nothing sent on.
+client opens a new connection, checked anew); a request head holding a control character other than a tab (a bare
+CR, say) is refused; and a tunnel must begin with a TLS ClientHello whose server name is its ``CONNECT`` host and
+that hides no other (``worker.egress.tls``), or it is closed with nothing sent on. The start of the server's answer
+is read as well: when it is a HelloRetryRequest, the client's second ClientHello is checked as the first before it is
+sent on.
+
+The worker's log says that a request was refused, with the refusal's status and ``Refused.kind`` only: never its
+destination or reason, which hold what the request named (a secret used as a host name, say) and are redacted only
+in the run's result.
 
 Bounds: ``MAX_CONNECTIONS`` served at once per step (more wait in the listen queue), a request head within
-``HEAD_SECONDS`` and ``READ_BYTES``, a tunnel's ClientHello within ``HELLO_SECONDS`` (or the idle bound, when that
-is shorter) and ``worker.egress.tls.HELLO_BYTES``, a connection idle both ways for ``IDLE_SECONDS`` ended,
+``HEAD_SECONDS`` and ``READ_BYTES``, a tunnel's ClientHello, the start of its server's answer, and the second
+ClientHello after a HelloRetryRequest each within ``HELLO_SECONDS`` (or the idle bound, when that is shorter) and
+``worker.egress.tls.HELLO_BYTES``, a connection idle both ways for ``IDLE_SECONDS`` ended,
 ``READ_BYTES`` buffered each way (a side that does not read holds the other back). ``close`` ends the listener and
 every connection when the step ends.
 """
@@ -51,7 +59,7 @@ from worker.addresses import first_private, resolve
 from worker.config import get_worker_settings
 from worker.egress.listener import listen_inside
 from worker.egress.policy import Address, AllowList, Refused, Request, Target
-from worker.egress.tls import read_client_hello
+from worker.egress.tls import read_client_hello, read_server_answer
 from worker.errors import EgressError, SandboxError
 
 logger = logging.getLogger(__name__)
@@ -65,7 +73,8 @@ BACKLOG = 64
 READ_BYTES = 64 * 1024
 HEAD_SECONDS = 10.0
 HELLO_SECONDS = 10.0
-"""How long a tunnel's client has to send its TLS ClientHello once the tunnel is open."""
+"""How long a tunnel's client has to send its TLS ClientHello once the tunnel is open (and its server to answer it,
+and the client its second one after a HelloRetryRequest)."""
 CONNECT_SECONDS = 15.0
 IDLE_SECONDS = 120.0
 CLOSE_SECONDS = 5.0
@@ -191,7 +200,7 @@ class EgressProxy:
         try:
             await self._answer(reader, writer)
         except Refused as refused:
-            logger.info("a sandbox's request was refused: %s", refused)
+            logger.info("a sandbox's request was refused (%d %s): %s", refused.status, refused.reason, refused.kind)
             self.refusals.add(refused)
             writer.write(refused.response(self.allowed))
             with contextlib.suppress(OSError, TimeoutError):
@@ -212,16 +221,26 @@ class EgressProxy:
             await self._forward((reader, writer), upstream, request, target)
 
     async def _tunnel(self, client: tuple[Reader, Writer], upstream: tuple[Reader, Writer], target: Target) -> None:
-        """A tunnel to ``target``: its ClientHello checked (``worker.egress.tls``; nothing is sent on before), then
-        relayed both ways."""
+        """A tunnel to ``target``: its ClientHello checked (``worker.egress.tls``; nothing is sent on before), the
+        server's answer read up to what tells a HelloRetryRequest, then relayed both ways; after a HelloRetryRequest
+        the client's next ClientHello is checked as the first before anything more of the client's is sent on (the
+        server's side relayed meanwhile)."""
         client[1].write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        seconds = min(HELLO_SECONDS, self.idle_seconds)
         try:
-            hello = await read_client_hello(client[0], target, min(HELLO_SECONDS, self.idle_seconds))
+            upstream[1].write(await read_client_hello(client[0], target, seconds))
+            answer, retry = await read_server_answer(upstream[0], target, seconds)
         except BaseException:
             await _end(upstream[1])
             raise
-        upstream[1].write(hello)
-        await _Relay(self.idle_seconds).run(client, upstream, _copy, tunnel=True)
+        client[1].write(answer)
+
+        async def retried(reader: Reader, origin: Writer, relay: _Relay) -> None:
+            origin.write(await read_client_hello(reader, target, seconds, retried=True))
+            relay.moved()
+            await _copy(reader, origin, relay)
+
+        await _Relay(self.idle_seconds).run(client, upstream, retried if retry else _copy, tunnel=True)
 
     async def _forward(self, client: tuple[Reader, Writer], upstream: tuple[Reader, Writer], request: Request,
                        target: Target) -> None:
@@ -257,7 +276,7 @@ class EgressProxy:
         """A connection to ``target`` if it is allowed, at an address the proxy resolved and vetted."""
         (host, port), named = target.address, target.named
         if not self.allowed.allows(target.address):
-            raise Refused(403, "Forbidden", f"{named} is not on the allow-list", named)
+            raise Refused(403, "Forbidden", f"{named} is not on the allow-list", named, kind="not on the allow-list")
         addresses = self._addresses.get(target.address)
         if addresses is None and host in self.pinned:
             addresses = [self.pinned[host]]
@@ -268,10 +287,12 @@ class EgressProxy:
             except (OSError, UnicodeError) as exc:
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a name that resolves"
                 status = (502, "Bad Gateway") if index else (403, "Forbidden")
-                raise Refused(*status, f"cannot resolve {named}: {why}", named) from None
+                raise Refused(*status, f"cannot resolve {named}: {why}", named,
+                              kind="name that does not resolve") from None
             private = None if index else first_private(addresses)
             if private is not None:
-                raise Refused(403, "Forbidden", f"{named} resolves to a private or local address ({private})", named)
+                raise Refused(403, "Forbidden", f"{named} resolves to a private or local address ({private})", named,
+                              kind="private address")
             self._addresses[target.address] = addresses
         failure: BaseException | None = None
         for address in addresses:
@@ -280,15 +301,17 @@ class EgressProxy:
                                               CONNECT_SECONDS)
             except (OSError, TimeoutError) as exc:
                 failure = exc
-        raise Refused(502, "Bad Gateway", f"cannot connect to {named}: {failure or 'no address'}", named)
+        raise Refused(502, "Bad Gateway", f"cannot connect to {named}: {failure or 'no address'}", named,
+                      kind="host that cannot be reached")
 
 
 Pump = Callable[[Reader, Writer, "_Relay"], Awaitable[None]]
 
 
 class _Relay:
-    """Two connections relayed both ways until they are done (below), either fails, or neither moves for ``idle``
-    seconds; then the upstream one is closed (the client's is the caller's)."""
+    """Two connections relayed both ways until they are done (below), either fails (a pump's ``Refused`` is raised
+    for the caller to report), or neither moves for ``idle`` seconds; then the upstream one is closed (the client's
+    is the caller's)."""
 
     def __init__(self, idle: float) -> None:
         self.idle = idle
@@ -309,7 +332,12 @@ class _Relay:
             while pumps:
                 done, pumps = await asyncio.wait(pumps, timeout=self._moved + self.idle - self._loop.time(),
                                                  return_when=asyncio.FIRST_COMPLETED)
-                if [task for task in done if task.exception() is not None]:  # each one's looked at: none is logged
+                # each one's looked at: none is logged
+                failures = [exc for task in done if (exc := task.exception()) is not None]
+                refusals = [failure for failure in failures if isinstance(failure, Refused)]
+                if refusals:
+                    raise refusals[0]
+                if failures:
                     return
                 if (back in done and not tunnel) or (not done and self._loop.time() - self._moved >= self.idle):
                     return
