@@ -259,7 +259,7 @@ class RunCgroup:
 
     def empty(self) -> bool:
         """Whether the group holds no live process. The task count is read first; it also counts processes that
-        have exited but are not reaped yet (a sandbox's init, a moment after its monitor: ``sandbox.reap_adopted``)
+        have exited but are not reaped yet (a sandbox's init, a moment after its monitor: ``worker.orphans.reap_adopted``)
         or not released yet (an RCU grace period after the reap), so where it is not 0 the group's process list says
         (it lists no process that has exited; kept open and read anew from its start, as fast as the counter)."""
         if self.tasks() == 0:

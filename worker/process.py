@@ -33,7 +33,8 @@ from worker.errors import RuntimeUnavailableError
 from worker.fdwait import wait_readable
 from worker.launcher import Launcher
 from worker.ready_shell import ReadyShell
-from worker.sandbox import ORPHANS, SandboxSpec, SandboxStart, find_bwrap, reap_adopted
+from worker.orphans import ORPHANS, reap_adopted
+from worker.sandbox import SandboxSpec, SandboxStart, find_bwrap
 from worker.spawner import Spawner
 from worker.watch import CommandWatch, hold_mounts
 
@@ -238,7 +239,7 @@ def _settle(future: asyncio.Future) -> None:
 
 def _reaped(init: int, *, block: bool) -> bool:
     """Whether a sandbox's init (a descriptor of it, closed once reaped; -1: none) is reaped, by its monitor or
-    here (``sandbox.reap_adopted``), once the monitor is."""
+    here (``worker.orphans.reap_adopted``), once the monitor is."""
     if init < 0:
         return True
     if not reap_adopted(init, block=block):

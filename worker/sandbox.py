@@ -26,13 +26,9 @@ socket of the worker's on its loopback, its only way out, to the package index: 
 On the same pipe bwrap later says how the command ended (``SandboxStart.exit_code``), as soon as its init has
 reaped it: the caller need not wait for bwrap's own processes to end and the namespaces to be torn down.
 
-bwrap's monitor exits as soon as it has said so, often before its init has ended, and the init is then an orphan.
-While one of its sandboxes may leave one (``ORPHANS``: from before its start until its monitor and init are
-reaped), the process that starts sandboxes is a child subreaper, so such an init becomes its child rather than the
-host init's (which on many hosts — a container's, a VM's agent — reaps late or never), and is reaped there once
-its monitor is (``reap_adopted``): no zombie is left on the host, and none holds a place of its run group's
-``pids.max``. Only then: a subreaper for good would also adopt the orphans of every other program it runs (a
-browser's helpers, an MCP server's children), which nobody here waits for.
+bwrap's monitor exits as soon as it has said so, often before its init has ended, and the init is then an orphan,
+adopted and reaped by the process that starts sandboxes (``worker.orphans``): no zombie is left on the host, and
+none holds a place of its run group's ``pids.max``.
 
 That is a sandbox of the run's own: a workspace's first run, a run with network, a run while another of its
 workspace is going on. A warm run without network goes into its workspace's held sandbox instead, the same spec
@@ -45,13 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import os
 import re
 import shutil
 import subprocess
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -72,7 +66,6 @@ NET_NAMESPACE = re.compile(rb'"net-namespace"\s*:\s*(\d+)\s*[,}]')
 first, then the namespaces it made (a network namespace only where it was asked for one)."""
 EXIT_CODE = re.compile(rb'"exit-code"\s*:\s*(\d+)\s*}')
 """The report's last line: the command's exit code, or 128 + the signal that ended it (as bwrap exits with)."""
-PR_SET_CHILD_SUBREAPER = 36
 SYSTEM_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"),
                 ("usr/libx32", "/libx32"), ("usr/lib32", "/lib32"))
 """Merged-/usr systems (Debian 12, Ubuntu): the top-level folders are links into /usr."""
@@ -81,7 +74,6 @@ NetworkServer = Callable[[int, int], Awaitable[None]]
 """Serves a served sandbox's network namespace, given its init's pid and the namespace's inode while it is still
 blocked."""
 _SERVER: ContextVar[NetworkServer | None] = ContextVar("skillrun_sandbox_network_server", default=None)
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @contextlib.contextmanager
@@ -212,59 +204,6 @@ def _probe(bwrap: str) -> subprocess.CompletedProcess:
          "--as-pid-1", "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
         capture_output=True, text=True, timeout=30,
     )
-
-
-class OrphanAdoption:
-    """This process is a child subreaper (``PR_SET_CHILD_SUBREAPER``) while it is held: a descendant whose parent
-    ends first — a sandbox's init whose bwrap monitor exited before it — becomes this process's child, to be reaped
-    here (``reap_adopted``), instead of the host init's. Each sandbox that may leave an orphan holds it from before
-    its start until its monitor and init are reaped (``hold``, ``let_go``, from any thread); the last to let go
-    ends it. Processes inside a sandbox are adopted by its own init, never by this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._holders = 0
-
-    def hold(self) -> None:
-        with self._lock:
-            if not self._holders:
-                _subreaper(True)
-            self._holders += 1
-
-    def let_go(self) -> None:
-        with self._lock:
-            self._holders -= 1
-            if not self._holders:
-                _subreaper(False)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        self.hold()
-        try:
-            yield
-        finally:
-            self.let_go()
-
-
-def _subreaper(on: bool) -> None:
-    if _libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
-        raise RuntimeUnavailableError(
-            f"cannot make this process a child subreaper: {os.strerror(ctypes.get_errno())} (Linux 3.4 or later)")
-
-
-ORPHANS = OrphanAdoption()
-"""This process's adoption of its sandboxes' orphans."""
-
-
-def reap_adopted(pidfd: int, *, block: bool) -> bool:
-    """Reap the process ``pidfd`` refers to if it is this process's child: a sandbox's init (or a held sandbox's
-    pid 1) adopted when its bwrap monitor ended first (``ORPHANS``). Ask once that monitor has been reaped: from
-    then on its orphans are this process's. Whether nothing is left to wait for — reaped here, or never this
-    process's to reap (its monitor reaped it); ``False`` while it still runs and ``block`` is not set."""
-    try:
-        return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | (0 if block else os.WNOHANG)) is not None
-    except ChildProcessError:
-        return True
 
 
 def _proc_is_masked() -> bool:

@@ -42,7 +42,8 @@ from worker.errors import SpawnerError
 from worker.fdwait import wait_readable
 from worker.held_sandbox import FRESH_SOURCE, HeldStart
 from worker.ready_shell import READY_SHELL_LOADER, READY_TIMEOUT_SECONDS, ReadyShell, folder_identity
-from worker.sandbox import ORPHANS, SandboxSpec, find_bwrap, reap_adopted
+from worker.orphans import ORPHANS, reap_adopted
+from worker.sandbox import SandboxSpec, find_bwrap
 
 MAX_MESSAGE_BYTES = 64 * 1024
 """The largest request a spawner takes (it receives into a buffer of this size every time); a larger command or
@@ -321,7 +322,7 @@ class Spawner:
 
     def _watch(self) -> None:
         """Notice the spawner's host pid (in a held sandbox), its ready message, and its end; then, in a held sandbox,
-        reap the spawner if its bwrap monitor ended first and left it to this process (``sandbox.reap_adopted``)."""
+        reap the spawner if its bwrap monitor ended first and left it to this process (``worker.orphans.reap_adopted``)."""
         spawner = -1
         try:
             if self._held is not None:

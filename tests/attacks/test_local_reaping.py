@@ -4,12 +4,13 @@ bwrap's monitor exits as soon as its init has said how the command ended, often 
 the init was then left to the host's init, which on many hosts (a container's, a VM's agent) reaps late or never.
 Each such zombie held a pid of the host, and a place of its run group's ``pids.max``, which the workspace's next
 run in that group went without. The worker now adopts them (a child subreaper while a sandbox of its own may leave
-one: ``worker.sandbox.ORPHANS``) and reaps them. As root, for real.
+one: ``worker.orphans.ORPHANS``) and reaps them. As root, for real.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import subprocess
 import threading
@@ -19,6 +20,7 @@ import pytest
 
 from worker.contract import RunLimits
 from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.orphans import ORPHANS, _ended_namespace_init
 
 pytestmark = pytest.mark.root
 
@@ -139,3 +141,31 @@ def zombie_children() -> dict[int, str]:
         if fields[0] == "Z" and int(fields[1]) == os.getpid():
             found[int(entry)] = name
     return found
+
+
+CLONE_NEWPID = 0x20000000
+
+
+def test_an_adopted_init_that_ended_after_its_reaping_was_asked_for_is_swept_by_a_later_sandboxs_end():
+    """A sandbox's init adopted while this process was a subreaper, that ends after ``reap_adopted`` last asked (a
+    run cancelled or timed out meanwhile), would stay a zombie of the worker for ever (the full suite once found
+    one): the next sandbox's end sweeps such children, and only them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    other = subprocess.Popen(["true"])  # someone else's child of this process: never reaped by the sweep
+    other_pid = other.pid
+    with ORPHANS.held():
+        middle = os.fork()
+        if middle == 0:  # the monitor: into a PID namespace, fork its init, and end before it
+            if libc.unshare(CLONE_NEWPID) != 0 or os.fork() == 0:
+                time.sleep(0.3)
+                os._exit(0)
+            os._exit(0)
+        os.waitpid(middle, 0)
+        time.sleep(0.8)  # the init ends, adopted, and nobody asks for it
+    assert _zombie_inits() == [], "the sweep left an ended init"  # let_go swept it
+    other.wait(timeout=10)  # still this process's to wait for
+    assert other.returncode == 0 and other_pid not in zombie_children()
+
+
+def _zombie_inits() -> list[int]:
+    return [pid for pid in zombie_children() if _ended_namespace_init(pid)]
