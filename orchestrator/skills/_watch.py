@@ -3,8 +3,10 @@
 A cached repository must notice an edited, added or removed skill on its next call, but checking the modification
 time of every folder and ``SKILL.md`` costs two system calls per skill — tens of milliseconds per call for 2,000
 skills. On Linux, inotify reports changes to the watched folders (and to the files directly in them) as they happen,
-so asking costs one ``read``. Where inotify cannot be had (another system, or the watch limit reached) ``start``
-returns ``None`` and the caller falls back to modification times.
+so asking costs one ``read``. Where inotify cannot be had (another system, the system's watch limit reached, or
+``MAX_WATCHES`` of this process's repositories already watching: inotify instances are few, 128 per user by
+default, and shared by every process of that user) ``start`` returns ``None`` and the caller falls back to
+modification times.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ IN_MOVE_SELF = 0x800
 MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
         | IN_DELETE_SELF | IN_MOVE_SELF)
 READ_SIZE = 64 * 1024
+MAX_WATCHES = 16  # inotify instances one process holds at most
+
+_open = threading.BoundedSemaphore(MAX_WATCHES)
 
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
@@ -40,15 +45,16 @@ class FolderWatch:
         self._fd = fd
         self._changed = False
         self._lock = threading.Lock()  # never read after close: the fd number may belong to another file by then
-        self._closer = weakref.finalize(self, os.close, fd)
+        self._closer = weakref.finalize(self, _release, fd)
 
     @classmethod
     def start(cls, folders: Iterable[str]) -> FolderWatch | None:
         """Watch ``folders``; ``None`` when inotify is unavailable or a folder cannot be watched."""
-        if _libc is None or not hasattr(_libc, "inotify_init1"):
+        if _libc is None or not hasattr(_libc, "inotify_init1") or not _open.acquire(blocking=False):
             return None
         fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
+            _open.release()
             return None
         watch = cls(fd)
         for folder in folders:
@@ -74,3 +80,8 @@ class FolderWatch:
         with self._lock:
             self._changed = True
             self._closer()
+
+
+def _release(fd: int) -> None:
+    os.close(fd)
+    _open.release()

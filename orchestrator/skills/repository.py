@@ -4,10 +4,11 @@ A root is a folder that is a skill (has ``SKILL.md``) or holds skill folders, ne
 A broken ``SKILL.md`` is reported in ``problems()`` and never hides the other skills; when two folders declare
 the same name, the first (in root order) is used and the second is reported.
 
-``FsSkillRepository`` reads the disk on every call. ``CachedSkillRepository`` keeps what it parsed, with the
-summaries' search index, and on each call asks whether anything under the roots changed (one inotify read on Linux,
-else file and folder modification times), so edited, added and removed skills are noticed on the next call
-without parsing everything again.
+``FsSkillRepository`` keeps what it parsed, with the summaries' search index, and on each call asks whether
+anything under the roots changed (one inotify read on Linux, else file and folder modification times): edited,
+added and removed skills are seen by the next call, and a ``SKILL.md`` whose modification time and size did not
+change is never parsed again. ``CachedSkillRepository`` also keeps loaded skills (body and docs) until their files
+change, and can keep the summaries in a file between processes.
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ class BaseSkillRepository(ABC):
 
 
 class FsSkillRepository(BaseSkillRepository):
-    """Skills read from folders on disk, read again on every call."""
+    """Skills read from folders on disk, as they are at each call: a ``SKILL.md`` is parsed again only when its
+    modification time or size changed, and the summaries and their index are kept until something under the roots
+    changes."""
 
     def __init__(
         self,
@@ -164,9 +167,57 @@ class FsSkillRepository(BaseSkillRepository):
                 if (sha := cached_sha256(path)) is not None:  # a library version: a worker elsewhere fetches it
                     self._origins[path] = (str(path), sha)
             self.roots.append(path)
+        self._cached: _Scan | None = None
+        self._watch: FolderWatch | None = None
+        self._watch_tried = False
+        self._lock = threading.Lock()
 
     def _current(self) -> _Scan:
-        return self._scan()
+        with self._lock:  # the API asks from several threads; one of them rescans, the others wait for it
+            cached = self._cached
+            if cached is not None and self._fresh(cached):
+                return cached
+            if self._watch is not None:
+                self._watch.close()
+            self._watch, self._watch_tried = None, False
+            previous = self._previous()
+            scan = self._cached = self._scan(previous)
+            if cached is not None and scan.parsed == cached.parsed and scan.problems == cached.problems:
+                scan._summaries, scan.search_index = cached._summaries, cached.search_index  # the same set
+            self._scanned(scan, previous)
+            return scan
+
+    def _previous(self) -> Mapping[str, tuple[Stamp, SkillSummary]] | None:
+        """What the next scan may take without parsing: the last scan's summaries."""
+        return self._cached.parsed if self._cached is not None else None
+
+    def _scanned(self, scan: _Scan, previous: Mapping[str, tuple[Stamp, SkillSummary]] | None) -> None:
+        """Called with every new scan (a subclass may keep it)."""
+
+    def _fresh(self, scan: _Scan) -> bool:
+        """Whether ``scan`` is still current. The watch starts on the first reuse of a scan (a one-shot command
+        never pays for it); that first time, modification times cover what changed before it started."""
+        if self._watch is not None:
+            return not self._watch.changed()
+        if not self._watch_tried:
+            self._watch_tried = True
+            self._watch = FolderWatch.start(scan.folders)
+        return self._still_valid(scan)
+
+    @staticmethod
+    def _still_valid(scan: _Scan) -> bool:
+        stat = os.stat
+        try:
+            for folder, mtime in scan.folders.items():
+                if stat(folder).st_mtime_ns != mtime:
+                    return False
+            for skill_file, (mtime, size) in scan.skill_files.items():
+                info = stat(skill_file)
+                if info.st_mtime_ns != mtime or info.st_size != size:
+                    return False
+        except OSError:
+            return False
+        return True
 
     def summaries(self) -> list[SkillSummary]:
         return list(self._current().summaries())
@@ -272,8 +323,8 @@ class FsSkillRepository(BaseSkillRepository):
 
 
 class CachedSkillRepository(FsSkillRepository):
-    """Like ``FsSkillRepository`` (same arguments), but parses a file again only when its modification time or
-    size changed, and keeps the summaries and their search index until something under the roots changes.
+    """Like ``FsSkillRepository`` (same arguments), and also keeps each loaded skill (body and docs) until one of
+    its files changes.
 
     ``summary_cache``: a file where the parsed summaries are kept between processes (the command line starts a new
     process per command); entries whose file changed since are parsed again.
@@ -281,64 +332,23 @@ class CachedSkillRepository(FsSkillRepository):
 
     def __init__(self, *args: Any, summary_cache: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._cached: _Scan | None = None
         self._skills: dict[str, tuple[tuple, Skill]] = {}
         self._summary_cache = SummaryCache(summary_cache) if summary_cache is not None else None
-        self._watch: FolderWatch | None = None
-        self._watch_tried = False
-        self._lock = threading.Lock()
 
-    def _current(self) -> _Scan:
-        with self._lock:  # the API asks from several threads; one of them rescans, the others wait for it
-            return self._current_locked()
+    def _previous(self) -> Mapping[str, tuple[Stamp, SkillSummary]] | None:
+        previous = super()._previous()
+        if previous is None and self._summary_cache is not None:
+            return self._summary_cache.load()
+        return previous
 
-    def _current_locked(self) -> _Scan:
-        cached = self._cached
-        if cached is not None and self._fresh(cached):
-            return cached
-        if cached is not None:
-            previous = cached.parsed
-        elif self._summary_cache is not None:
-            previous = self._summary_cache.load()
-        else:
-            previous = None
-        if self._watch is not None:
-            self._watch.close()
-        self._watch, self._watch_tried = None, False
-        scan = self._cached = self._scan(previous)
+    def _scanned(self, scan: _Scan, previous: Mapping[str, tuple[Stamp, SkillSummary]] | None) -> None:
         if self._summary_cache is not None and scan.parsed != previous:
             self._summary_cache.save(scan.parsed)
-        return scan
 
     def _index_of(self, scan: _Scan) -> SkillIndex:
         if scan.search_index is None and self._summary_cache is not None:
             scan.search_index = self._summary_cache.index(scan.summaries())
         return scan.index()
-
-    def _fresh(self, scan: _Scan) -> bool:
-        """Whether ``scan`` is still current. The watch starts on the first reuse of a scan (a one-shot command
-        never pays for it); that first time, modification times cover what changed before it started."""
-        if self._watch is not None:
-            return not self._watch.changed()
-        if not self._watch_tried:
-            self._watch_tried = True
-            self._watch = FolderWatch.start(scan.folders)
-        return self._still_valid(scan)
-
-    @staticmethod
-    def _still_valid(scan: _Scan) -> bool:
-        stat = os.stat
-        try:
-            for folder, mtime in scan.folders.items():
-                if stat(folder).st_mtime_ns != mtime:
-                    return False
-            for skill_file, (mtime, size) in scan.skill_files.items():
-                info = stat(skill_file)
-                if info.st_mtime_ns != mtime or info.st_size != size:
-                    return False
-        except OSError:
-            return False
-        return True
 
     def get(self, name: str) -> Skill:
         entry = self._entry(name)

@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.errors import SkillNotFoundError, SkillsRootNotFoundError, SkillValidationError
 from orchestrator.skills import CachedSkillRepository, FsSkillRepository, create_default_skill_repository
+from orchestrator.skills import _watch
 from orchestrator.skills import repository as repository_module
 from orchestrator.skills import skill as skill_module
 from tests.conftest import write_skill
@@ -94,6 +95,72 @@ def test_repository_notices_edited_added_and_removed_skills(tmp_path, cached):
     folder.rmdir()
     _bump(tmp_path)
     assert repo.skill_list() == ["beta"]
+
+
+@pytest.fixture
+def parses(monkeypatch):
+    """The SKILL.md files parsed for their summaries, in order."""
+    seen = []
+    real = repository_module._read_summary
+    monkeypatch.setattr(repository_module, "_read_summary", lambda path: seen.append(path.parent.name) or real(path))
+    return seen
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_an_unchanged_skill_md_is_parsed_once_and_one_edit_is_seen_by_the_next_call(tmp_path, parses, cached):
+    folders = [write_skill(tmp_path, name) for name in ("alpha", "beta", "gamma")]
+    repo = create_default_skill_repository(str(tmp_path), use_cached_repository=cached)
+    for _ in range(3):
+        assert repo.skill_list() == ["alpha", "beta", "gamma"]
+        repo.index(), repo.get("beta"), repo.skill_ref("gamma"), repo.problems()
+    assert sorted(parses) == ["alpha", "beta", "gamma"]
+
+    # no clock bump: the same size and, on a coarse clock, the same modification time; the watch still sees it
+    text = (folders[1] / "SKILL.md").read_text()
+    (folders[1] / "SKILL.md").write_text(text.replace("The beta skill.", "The BETA skill."))
+    assert [s.description for s in repo.summaries()] == ["The alpha skill.", "The BETA skill.", "The gamma skill."]
+    assert sorted(parses) == ["alpha", "beta", "beta", "gamma"]
+
+
+def test_the_default_repository_looks_at_the_roots_once_while_nothing_changes(tmp_path, monkeypatch):
+    for name in ("alpha", "beta"):
+        write_skill(tmp_path, name)
+    repo = create_default_skill_repository(str(tmp_path))
+    walks = []
+    real = FsSkillRepository._skill_dirs
+    monkeypatch.setattr(FsSkillRepository, "_skill_dirs", staticmethod(lambda *a: walks.append(a) or real(*a)))
+    index = repo.index()
+    for _ in range(5):
+        assert repo.index() is index  # the index (and so the overview's ranking) is built once for this set
+        repo.summaries(), repo.get("alpha"), repo.skill_ref("beta")
+    assert len(walks) == 1
+
+    write_skill(tmp_path, "gamma")
+    assert repo.skill_list() == ["alpha", "beta", "gamma"]
+    assert len(walks) == 2 and repo.index() is not index
+
+
+def test_a_rescan_that_finds_the_same_skills_keeps_their_index(tmp_path):
+    folder = write_skill(tmp_path, "alpha")
+    repo = create_default_skill_repository(str(tmp_path))
+    index = repo.index()
+    repo.index()  # the watch starts here
+    (folder / "notes.txt").write_text("not a skill change")  # seen by the watch: the roots are looked at again
+    assert repo.index() is index
+
+
+def test_a_process_holds_a_bounded_number_of_watches_and_the_rest_still_see_changes(tmp_path):
+    repos = []
+    for n in range(_watch.MAX_WATCHES + 2):
+        write_skill(tmp_path / f"lib{n}", "alpha")
+        repo = create_default_skill_repository(str(tmp_path / f"lib{n}"))
+        repo.summaries(), repo.summaries()  # the second call starts a watch, while there are some left
+        repos.append(repo)
+    assert sum(r._watch is not None for r in repos) <= _watch.MAX_WATCHES
+    assert repos[-1]._watch is None
+    last = tmp_path / f"lib{_watch.MAX_WATCHES + 1}" / "alpha" / "SKILL.md"
+    last.write_text("---\nname: alpha\ndescription: Edited, longer than before.\n---\nBody.\n")
+    assert repos[-1].summaries()[0].description == "Edited, longer than before."
 
 
 def test_cached_repository_parses_an_unchanged_skill_once(tmp_path, monkeypatch):
