@@ -10,7 +10,8 @@ what the model was sent. A script item is a dict:
 * ``status``: answer with this HTTP error status instead (``headers``: with these headers)
 * ``usage``: ``{"prompt_tokens", "completion_tokens"}``
 
-or a callable taking the request body and returning such a dict.
+or a callable taking the request body and returning such a dict. ``timings`` holds, per request, when it arrived
+and when its reply was sent (``time.perf_counter``), so a benchmark can tell the model's time from the agent's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +31,7 @@ Script = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 class ScriptedModelServer:
     def __init__(self, chunk: int = 7) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.timings: list[tuple[float, float]] = []
         self.script: deque[Script] = deque()
         self.chunk = chunk
         self._ids = itertools.count(1)
@@ -36,11 +39,17 @@ class ScriptedModelServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else each small write after the first waits for the client's delayed ACK
 
             def log_message(self, *args: Any) -> None:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                arrived = time.perf_counter()
+                self._answer()
+                server.timings.append((arrived, time.perf_counter()))
+
+            def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if not self.path.endswith("/chat/completions"):
