@@ -42,6 +42,24 @@ def test_a_benchmark_prints_a_ratio_for_each_series(script, ratio_rows, extra, r
         assert len(numbers) >= 3 and all(n > 0 for n in numbers[:3]), rows[name]
 
 
+@pytest.mark.parametrize(("script", "args", "rows"), [
+    ("agent_loop.py", ["--rounds", "3", "--repeats", "1", "--sizes", "1,30"],
+     ["1 default", "1 cached", "30 default", "30 cached"]),
+    ("cli_start.py", ["--runs", "1", "--skills", "30"],
+     ["python -c pass", "skillrun --help", "skills list, 30 skills, first", "skills list, 30 skills, later"]),
+])
+def test_the_start_and_scale_benchmarks_print_a_ratio_for_each_row(script, args, rows):
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = {" ".join(line.split()[:-2] if script == "cli_start.py" else line.split()[:2]): line.split()
+               for line in done.stdout.splitlines()}
+    for row in rows:
+        assert row in printed, done.stdout
+        numbers = [float(x.rstrip("x")) for x in printed[row][-2 if script == "cli_start.py" else 2:]]
+        assert numbers and all(n > 0 for n in numbers), printed[row]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_soak_prints_its_rows_growth_and_targets():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from typing import TextIO
 
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -61,4 +62,7 @@ def clip(text: str, limit: int = 300) -> str:
 
 
 def print_json(data: object) -> None:
-    print(json_text(json.dumps(data, indent=2, ensure_ascii=False)))
+    """``data`` as JSON: indented for a terminal, else on one line (written by the C encoder, several times faster
+    for a long listing)."""
+    indent = 2 if sys.stdout.isatty() else None
+    print(json_text(json.dumps(data, indent=indent, ensure_ascii=False)))

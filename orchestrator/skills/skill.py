@@ -172,7 +172,8 @@ def split_front_matter(text: str, path: str) -> tuple[dict, str]:
                                                          "allowed (keep long material in the body or the docs)")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when PyYAML was built with it
     try:
-        for event in yaml.parse(header, Loader=loader):  # events only: an alias is refused before it is expanded
+        # events only: an alias is refused before it is expanded (a text without "*" has no alias to look for)
+        for event in yaml.parse(header, Loader=loader) if "*" in header else ():
             if isinstance(event, yaml.AliasEvent):
                 line = f" (line {event.start_mark.line + 2})" if event.start_mark is not None else ""
                 raise SkillValidationError(path, "front matter", f"YAML aliases are not allowed{line}: write the "
