@@ -13,7 +13,9 @@ Cold (the first run of a new workspace: create the workspace, stage, start the c
 * cold        the first run of a new workspace, its container made for it
 * pool        the first run of a new workspace that takes a warm container (``pool_size=2``; the pool's refill
               is awaited between measurements, as a model's thinking time would cover it)
-and all three again on gVisor.
+* by name     the same through the Python API's path, ``resolve_runtime("docker")`` with the worker settings' pool
+              (``SKILLRUN_DOCKER_POOL_SIZE``, default 2), begun by ``start(skill)`` instead of a warming run
+and all four again on gVisor.
 
 Needs a running Docker engine and the sandbox image (images/build.sh).
 Usage: .venv/bin/python benchmarks/docker_run.py [--runs N] [--cold-runs N] [--no-gvisor]
@@ -35,6 +37,7 @@ import docker  # noqa: E402
 
 from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
+from worker.runtimes import resolve_runtime  # noqa: E402
 from worker.runtimes.container import DEFAULT_IMAGE, ContainerWorkspaceRuntime  # noqa: E402
 from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
 
@@ -72,9 +75,11 @@ async def main() -> None:
     docker_runtimes = {name: ContainerWorkspaceRuntime(work / name, client=client, oci_runtime=name) for name in oci}
     pooled = {name: ContainerWorkspaceRuntime(work / f"{name}-pool", client=client, oci_runtime=name, pool_size=2)
               for name in oci}
+    named = {name: resolve_runtime("docker", work_root=work / f"{name}-named", client=client, oci_runtime=name)
+             for name in oci}
     bare = {name: client.containers.run(DEFAULT_IMAGE, ["sleep", "infinity"], detach=True, network_mode="none",
                                         runtime=name) for name in oci}
-    everything = [local, *docker_runtimes.values(), *pooled.values()]
+    everything = [local, *docker_runtimes.values(), *pooled.values(), *named.values()]
 
     async def idle() -> None:
         for runtime in everything:
@@ -92,8 +97,11 @@ async def main() -> None:
         return step
 
     try:
+        for runtime in named.values():
+            await runtime.start(SKILL)  # fills for the skill's library at once: no run taught it
         for runtime in everything:
-            await runtime.run(RunRequest(skill=SKILL, command="true", workspace_id="warm"))
+            if runtime not in named.values():
+                await runtime.run(RunRequest(skill=SKILL, command="true", workspace_id="warm"))
         warm_steps = {"local": run_in(local, "warm")}
         for name, runtime in docker_runtimes.items():
             warm_steps[f"bare exec/{name}"] = bare_exec(name)
@@ -113,23 +121,33 @@ async def main() -> None:
                 await run_in(runtime, f"cold-{next(counter)}")()
 
             taken: list[str] = []
+            taken_by_name: list[str] = []
 
             async def pool_run(pool=pool, taken=taken) -> None:  # noqa: ANN001
                 taken.append(f"cold-{next(counter)}")
                 await run_in(pool, taken[-1])()
 
-            async def clean_up(runtime=runtime, pool=pool, taken=taken) -> None:  # noqa: ANN001
+            async def named_run(runtime=named[name], taken=taken_by_name) -> None:  # noqa: ANN001
+                taken.append(f"cold-{next(counter)}")
+                await run_in(runtime, taken[-1])()
+
+            async def clean_up(runtime=runtime, pool=pool, taken=taken, by_name=named[name],  # noqa: ANN001
+                               taken_by_name=taken_by_name) -> None:
                 for container in client.containers.list(all=True, filters={"ancestor": DEFAULT_IMAGE, "status": "exited"}):
                     container.remove(force=True)
                 runtime.remove_containers()
                 while taken:  # a taken container goes with its workspace; the warm ones stay
                     pool.remove_workspace(taken.pop())
+                while taken_by_name:
+                    by_name.remove_workspace(taken_by_name.pop())
                 await pool.idle()
+                await by_name.idle()
 
             await run_in(pool, "warming")()  # the pool learns what new workspaces need, and fills
             await pool.idle()
             cold |= {f"{key}/{name}": value for key, value in (await interleaved(
-                {"docker run": docker_run, "cold": cold_run, "pool": pool_run}, args.cold_runs, clean_up,
+                {"docker run": docker_run, "cold": cold_run, "pool": pool_run, "by name": named_run}, args.cold_runs,
+                clean_up,
                 f"cold rounds ({name})")).items()}
     finally:
         for container in bare.values():
@@ -153,6 +171,8 @@ async def main() -> None:
         print(f"{'first run/' + name:<22} {median:>10.1f} {p95:>8.1f} {'':>9} {median / base_median:>9.2f}x")
         median, p95 = summary_ms(cold[f"pool/{name}"])
         print(f"{'first run, pool/' + name:<22} {median:>10.1f} {p95:>8.1f} {'':>9} {median / base_median:>9.3f}x")
+        median, p95 = summary_ms(cold[f"by name/{name}"])
+        print(f"{'first run, by name/' + name:<22} {median:>10.1f} {p95:>8.1f} {'':>9} {median / base_median:>9.3f}x")
 
 
 if __name__ == "__main__":

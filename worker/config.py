@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults
 from worker.artifacts.location import BlobUrl
+from worker.runtime_name import RuntimeName
 from worker.tokens import usable_worker_token
 
 MAX_CPU_SECONDS = 24 * 3600
@@ -75,7 +76,7 @@ class WorkerSettings(BaseSettings):
                     "with the engine, see the README).",
     )
     docker_pool_size: int = Field(
-        default=2, ge=0, le=64,
+        default=defaults.DOCKER_POOL_CONTAINERS, ge=0, le=64,
         description="Warm containers the Docker runtime keeps ready for new workspaces (0: none).",
     )
     url_cache_bytes: int = Field(
@@ -158,6 +159,20 @@ class WorkerSettings(BaseSettings):
     def artifacts_kept_seconds(self) -> int:
         """How long artifact versions are kept."""
         return self.artifact_ttl_seconds or self.result_ttl_seconds
+
+    def runtime_options(self, name: str | RuntimeName) -> dict[str, Any]:
+        """The keyword arguments the runtime called ``name`` takes from these settings — workspace disk size, run
+        CPUs and ``/tmp`` size, the Docker runtime's OCI runtime and warm pool — which ``resolve_runtime`` gives it
+        unless its caller names them: workers, the CLI and the Python API build runtimes alike. Where workspaces and
+        artifacts go is the caller's (each plane has its own ``work_root``)."""
+        options: dict[str, Any] = {}
+        if self.workspace_disk_bytes is not None:
+            options["disk_bytes"] = self.workspace_disk_bytes
+        if name in (RuntimeName.LOCAL, RuntimeName.DOCKER):
+            options |= {"cpus": self.run_cpus, "tmpfs_bytes": self.run_tmpfs_bytes}
+        if name == RuntimeName.DOCKER:
+            options |= {"oci_runtime": self.docker_oci_runtime, "pool_size": self.docker_pool_size}
+        return options
 
 
 @lru_cache

@@ -35,6 +35,8 @@ SANDBOX_TMPFS_BYTES = 64 * 1024 * 1024
 """Size of the private /tmp and, again, of /dev/shm of a sandboxed local run (memory the run's group pays for)."""
 SANDBOX_CPUS = 1.0
 """CPU time a sandboxed local run may use at once, in cores (its control group's quota)."""
+DOCKER_POOL_CONTAINERS = 2
+"""Warm containers the Docker runtime keeps ready for new workspaces when built by name (``resolve_runtime``)."""
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 SANDBOX_LANG = "C.UTF-8"

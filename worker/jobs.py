@@ -77,13 +77,9 @@ def runtime_for(name: str) -> BaseWorkspaceRuntime:
     """This process's runtime of kind ``name``, built from the worker settings on first use."""
     if name not in _runtimes:
         settings = get_worker_settings()
-        options: dict[str, Any] = {"work_root": settings.work_root, "disk_bytes": settings.workspace_disk_bytes}
-        if name in (RuntimeName.LOCAL, RuntimeName.DOCKER):
-            options |= {"cpus": settings.run_cpus, "tmpfs_bytes": settings.run_tmpfs_bytes}
-        if name == RuntimeName.DOCKER:
-            options |= {"oci_runtime": settings.docker_oci_runtime, "pool_size": settings.docker_pool_size}
-        options["artifact_store"] = create_artifact_store(settings.blob_url, settings.artifacts_dir)
-        _runtimes[name] = resolve_runtime(name, **options)
+        # the rest (limits, the Docker runtime's OCI runtime and pool) are resolve_runtime's, from the same settings
+        _runtimes[name] = resolve_runtime(name, work_root=settings.work_root,
+                                          artifact_store=create_artifact_store(settings.blob_url, settings.artifacts_dir))
     return _runtimes[name]
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_skill
+from worker.config import get_worker_settings
 from worker.contract import RunRequest, SkillRef
+from worker.runtimes import resolve_runtime
 from worker.runtimes.container import ContainerWorkspaceRuntime
 from worker.runtimes.container_boxes import WARM_LABEL
 from worker.runtimes.container_host import RESIDENT_UID
@@ -220,3 +222,37 @@ async def test_a_worker_that_stops_removes_its_warm_containers(docker_engine, re
     assert left == []
     assert not [p for p in root.iterdir() if p.name.startswith(RESERVED_PREFIX)
                 and not (p / "metadata.json").exists()]
+
+
+async def test_a_runtime_by_name_keeps_the_workers_warm_pool_and_its_first_new_workspace_takes_one(
+        docker_runtime_factory, docker_engine, work_root, monkeypatch):
+    monkeypatch.delenv("SKILLRUN_DOCKER_POOL_SIZE", raising=False)
+    get_worker_settings.cache_clear()
+    runtime = resolve_runtime("docker", work_root=work_root / "by-name", client=docker_engine.client)
+    try:
+        assert runtime.pool.size == get_worker_settings().docker_pool_size == 2 and _warm(docker_engine, runtime) == []
+        await runtime.start(SKILL)  # the pool fills for the library now, before any run
+        await runtime.idle()
+        warm = {c.id for c in _warm(docker_engine, runtime)}
+        assert len(warm) == 2
+        first = await runtime.run(_request("brand-new"))  # the runtime's first run, in a new workspace
+        assert first.stdout == "hi\n" and runtime.container_id("brand-new") in warm
+        await runtime.idle()
+        assert len(_warm(docker_engine, runtime)) == 3  # the taken one keeps its label; the pool refilled
+        taken = runtime.workspaces.find("brand-new").path
+    finally:
+        await runtime.close()
+        get_worker_settings.cache_clear()
+    assert _warm(docker_engine, runtime) == []  # close removed the pool's containers (and the taken one's)
+    assert [p for p in runtime.work_root.iterdir() if p.name.startswith(RESERVED_PREFIX)] == [taken]
+
+
+async def test_a_runtime_by_name_used_as_a_context_manager_removes_its_pool_on_exit(docker_engine, work_root,
+                                                                                    docker_runtime_factory):
+    async with resolve_runtime("docker", work_root=work_root / "ctx", client=docker_engine.client,
+                               pool_size=1) as runtime:
+        assert runtime.pool.size == 1  # the argument wins over the setting
+        await runtime.run(_request("first"))  # no library named at start: the first run teaches the pool
+        await runtime.idle()
+        assert len(_warm(docker_engine, runtime)) == 1
+    assert _warm(docker_engine, runtime) == []

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 from worker import defaults
 from worker.collect import Collection
+from worker.config import get_worker_settings
 from worker.contract import EgressRefusal, InputFile, RunRequest, RunResult, RuntimeName, RunTimings
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
 from worker.process import ProcessOutcome
@@ -135,10 +136,15 @@ class BaseWorkspaceRuntime(ABC):
         which runs are in a workspace removes it at once (``end_workspace``)."""
         await self.end_workspace(workspace_id)
 
+    async def start(self) -> None:
+        """Begin what the runtime keeps ready in the background (a Docker runtime's warm pool), on the running loop;
+        the first run begins it too. Nothing is started when the runtime is built."""
+
     async def close(self) -> None:
         """Release what the runtime holds (containers, sandboxes, connections)."""
 
     async def __aenter__(self) -> "BaseWorkspaceRuntime":
+        await self.start()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -154,7 +160,9 @@ RUNTIME_CLASSES: dict[str, str] = {
 
 
 def resolve_runtime(name: str | RuntimeName, **kwargs: Any) -> BaseWorkspaceRuntime:
-    """Build the runtime called ``name`` with ``kwargs``."""
+    """Build the runtime called ``name`` with ``kwargs``, over the worker settings' defaults for it
+    (``WorkerSettings.runtime_options``: pool size, OCI runtime, limits), so a runtime built here is set up as a
+    worker's is; a keyword argument given wins over its setting."""
     key = name.value if isinstance(name, RuntimeName) else name
     target = RUNTIME_CLASSES.get(key)
     if target is None:
@@ -167,4 +175,4 @@ def resolve_runtime(name: str | RuntimeName, **kwargs: Any) -> BaseWorkspaceRunt
         raise RuntimeUnavailableError(
             f"runtime {key!r} needs an optional dependency (pip install '.[{key}]'): {exc}"
         ) from exc
-    return getattr(module, class_name)(**kwargs)
+    return getattr(module, class_name)(**(get_worker_settings().runtime_options(key) | kwargs))

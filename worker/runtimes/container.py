@@ -44,7 +44,7 @@ import docker
 from worker import defaults
 from worker.artifacts import BaseArtifactStore
 from worker.cancellation import Cancellation
-from worker.contract import RunLimits, RunRequest, RunResult, RuntimeName
+from worker.contract import RunLimits, RunRequest, RunResult, RuntimeName, SkillRef
 from worker.egress import proxy_environment, run_allow_list
 from worker.egress.proxy import PROXY_PORT
 from worker.egress.relay import RELAY
@@ -387,9 +387,19 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         """Remove every container this runtime used, but those another worker's run is in (the workspaces stay)."""
         self.boxes.remove_all()
 
+    async def start(self, skill: SkillRef | None = None) -> None:
+        """Let the warm pool fill on the running loop (it refills on the loop the runs come on). It fills for the
+        library of the first new workspace's run, or, given ``skill``, for the library of ``skill`` at once."""
+        if self.pool is None:
+            return
+        template = None
+        if skill is not None:
+            template = (self.image, (str(await asyncio.to_thread(lambda: locate(skill).resolve())),))
+        self.pool.start(asyncio.get_running_loop(), template)
+
     async def run(self, request: RunRequest, *, allow_host_paths: bool = False) -> RunResult:
         if self.pool is not None:
-            self.pool.start(asyncio.get_running_loop())  # it refills on the loop the runs come on
+            self.pool.start(asyncio.get_running_loop())
         return await super().run(request, allow_host_paths=allow_host_paths)
 
     async def idle(self) -> None:

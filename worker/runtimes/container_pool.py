@@ -122,9 +122,15 @@ class WarmPool:
             self.boxes.remove((warm.folder.path.name, warm.template[0]))
         self.workspaces.release(warm.folder)
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Refill on ``loop`` from now on (the runtime's first run tells it its loop)."""
+    def start(self, loop: asyncio.AbstractEventLoop, template: Template | None = None) -> None:
+        """Refill on ``loop`` from now on (the runtime's ``start`` or first run tells it its loop); with
+        ``template``, fill for it now unless the pool has a template already."""
         self._loop = loop
+        if template is not None:
+            with self._lock:
+                if self._template is None:
+                    self._template, self._misses = template, {}
+            self._kick()
 
     def _kick(self) -> None:
         loop = self._loop
