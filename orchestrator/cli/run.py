@@ -14,7 +14,7 @@ from orchestrator.cli.output import print_json, size, table, write
 from orchestrator.config import get_settings
 from orchestrator.dispatch import InlineDispatcher
 from worker.artifacts import create_artifact_store
-from worker.contract import InputFile, RunRequest, RunResult
+from worker.contract import InputFile, RunRequest, RunResult, RuntimeName
 from worker.environments import SkillEnvironments
 from worker.process import TIMEOUT_EXIT_CODE
 from worker.runtimes import resolve_runtime
@@ -47,8 +47,11 @@ def run_skill(args: argparse.Namespace) -> int:
         fields["timeout"] = args.timeout
     request = RunRequest(runtime=args.runtime, **fields)
     settings = get_settings()
+    # The worker settings' runtime (OCI runtime, limits), but no warm pool: this process makes one run, and
+    # containers made for a next run would only be made and removed on the way out
+    once = {"pool_size": 0} if request.runtime == RuntimeName.DOCKER else {}
     runtime = resolve_runtime(args.runtime, work_root=args.work_root or settings.work_root,
-                              artifact_store=create_artifact_store(settings.blob_url, settings.artifacts_dir))
+                              artifact_store=create_artifact_store(settings.blob_url, settings.artifacts_dir), **once)
     result = asyncio.run(_dispatch(InlineDispatcher({args.runtime: runtime}), request, quiet=args.json))
     if args.json:
         print_json(result.model_dump(mode="json"))
