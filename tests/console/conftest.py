@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException, WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -88,12 +88,23 @@ def path_of(driver: WebDriver) -> str:
     return re.sub(r"^[a-z]+://[^/]+", "", driver.current_url)
 
 
+DETACHED = "does not belong to the document"
+
+
 def wait_for(driver: WebDriver, condition: Callable[[WebDriver], object], what: str, seconds: float = WAIT_SECONDS):
     """``condition``'s first truthy answer; elements that go stale (a page reloading itself) are looked up again.
     On timeout the failure says ``what`` was awaited and shows where the browser is and the page's text."""
+    def attempt(d: WebDriver) -> object:
+        try:
+            return condition(d)
+        except WebDriverException as exc:  # Chrome's other word for a stale element: a node a re-render replaced
+            if DETACHED not in (exc.msg or ""):
+                raise
+            return False
+
     try:
         return WebDriverWait(driver, seconds, poll_frequency=0.1,
-                             ignored_exceptions=(StaleElementReferenceException,)).until(condition)
+                             ignored_exceptions=(StaleElementReferenceException,)).until(attempt)
     except TimeoutException:
         try:
             text = driver.find_element(By.TAG_NAME, "body").text[:2000]
