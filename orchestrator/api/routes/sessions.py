@@ -24,7 +24,6 @@ from orchestrator.events import Event
 from orchestrator.models.constants import TOOL_STREAMING_ARGS
 from orchestrator.skills.tools import workspace_id_for
 from orchestrator.teams import Team
-from orchestrator.types import Content, Part
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=error_responses(401, 422))
 
@@ -90,9 +89,7 @@ async def post_message(
     session = await services.session_service.get_session(app_name=services.app_name, user_id=team.id, session_id=session_id)
     if session is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
-    runner = services.runner(team)
-    events = runner.run_async(user_id=team.id, session_id=session_id, new_message=Content(parts=[Part.from_text(body.text)]))
-    return StreamingResponse(_sse(events), media_type=SSE_MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(_sse(services.turn(team, session_id, body.text)), media_type=SSE_MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
 
 
 async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[str]:
