@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from orchestrator.errors import SkillValidationError
 from worker.egress.entries import parse_entries
 from worker.env_names import env_name_problem
@@ -140,7 +142,11 @@ def read_skill_file(skill_file: Path) -> str:
     path = str(skill_file)
     try:
         with open(skill_file, "rb") as file:
-            data = file.read(MAX_SKILL_FILE_BYTES + 1)
+            # read(n) makes an n-byte buffer first: ask for the file's size, and read on only if it grew since
+            expected = min(os.fstat(file.fileno()).st_size, MAX_SKILL_FILE_BYTES)
+            data = file.read(expected + 1)
+            if len(data) > expected:
+                data += file.read(MAX_SKILL_FILE_BYTES + 1 - len(data))
     except OSError as exc:
         raise SkillValidationError(path, "file", f"cannot be read: {exc.strerror}") from exc
     if len(data) > MAX_SKILL_FILE_BYTES:
@@ -154,8 +160,6 @@ def read_skill_file(skill_file: Path) -> str:
 
 def split_front_matter(text: str, path: str) -> tuple[dict, str]:
     """Return (front matter mapping, body) of a ``SKILL.md`` text (bounded as the module's description says)."""
-    import yaml  # here: a listing from kept summaries parses nothing and need not load it
-
     text = text.removeprefix("\ufeff")
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].strip() != "---":
@@ -170,6 +174,9 @@ def split_front_matter(text: str, path: str) -> tuple[dict, str]:
     if size > MAX_FRONT_MATTER_BYTES:
         raise SkillValidationError(path, "front matter", f"is {size} bytes; at most {MAX_FRONT_MATTER_BYTES} are "
                                                          "allowed (keep long material in the body or the docs)")
+    simple = _simple_front_matter(header)
+    if simple is not None:
+        return _plain(simple, path), body
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when PyYAML was built with it
     try:
         # events only: an alias is refused before it is expanded (a text without "*" has no alias to look for)
@@ -192,6 +199,34 @@ def split_front_matter(text: str, path: str) -> tuple[dict, str]:
     if not isinstance(data, dict):
         raise SkillValidationError(path, "front matter", "the front matter must be a YAML mapping of fields")
     return _plain(data, path), body
+
+
+# what YAML reads as text within a line: printable, less its line breaks (U+2028, U+2029) and the BOM
+_PRINTABLE = "\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff"
+_SIMPLE_LINE = re.compile(
+    f"([A-Za-z][A-Za-z0-9_-]*): ((?![\\s\\-?:,\\[\\]{{}}#&*!|>'\"%@`])[{_PRINTABLE}]+)\n"
+)
+_STR_TAG = "tag:yaml.org,2002:str"
+_RESOLVER = yaml.resolver.Resolver()
+
+
+def _simple_front_matter(header: str) -> dict | None:
+    """The mapping of a front matter made only of ``key: text`` lines, or ``None`` for anything else (which the YAML
+    loader reads). Most front matters are like this, and a YAML load costs ten times as much. Each line's key and
+    value must be plain scalars that YAML resolves to text (``yes``, ``1.0`` or ``null`` are not), on one line, with
+    nothing YAML reads otherwise: no indicator first, no ``: `` or `` #`` inside, no trailing space or colon."""
+    data: dict = {}
+    for line in header.splitlines(keepends=True):
+        match = _SIMPLE_LINE.fullmatch(line)
+        if match is None:
+            return None
+        key, value = match.groups()
+        if ": " in value or " #" in value or value[-1] in " :" or any(
+            _RESOLVER.resolve(yaml.ScalarNode, scalar, (True, False)) != _STR_TAG for scalar in (key, value)
+        ):
+            return None
+        data[key] = value
+    return data or None
 
 
 def _plain(data: dict, path: str) -> dict:

@@ -101,7 +101,7 @@ class SummaryCache:
             return
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(data, out)
+                out.write(json.dumps(data))  # dumps: the C encoder (dump writes piece by piece in Python)
             os.replace(temporary, path)
         except OSError:
             Path(temporary).unlink(missing_ok=True)

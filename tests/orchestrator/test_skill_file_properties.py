@@ -1,5 +1,6 @@
 """Properties of ``SKILL.md`` parsing on generated hostile input (hypothesis): it either gives front matter every
 reader can serve as JSON, or refuses with ``SkillValidationError``; and what it builds is bounded by what it read.
+Front matter of plain ``key: text`` lines, read without the YAML loader, reads exactly as the loader reads it.
 
 The bound is checked by counting (the values and characters the parsed front matter holds against the text's
 length), not by timing: an alias, a merge key or any other way to make a few bytes stand for many is refused.
@@ -11,8 +12,10 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import yaml
 
 from orchestrator.errors import SkillValidationError
+from orchestrator.skills import skill
 from orchestrator.skills.skill import split_front_matter
 
 EXPANSION = 4
@@ -80,3 +83,43 @@ def test_any_text_is_a_skill_file_or_a_clear_refusal(text):
     except SkillValidationError:
         return
     json.dumps(data, allow_nan=False)
+
+
+TRICKY = "aZ09 \t:#-?,[]{}&*!|>'\"%@`.~_+=/\\\xa0\x85\u2028\u2029\ufeff\x00\x1b\r\u00e9\U0001f600"
+SIMPLE_KEYS = st.one_of(st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,6}", fullmatch=True),
+                        st.sampled_from(["yes", "No", "ON", "off", "true", "null", "Null", "y", "n", "name"]))
+SIMPLE_VALUES = st.one_of(
+    st.text(alphabet=TRICKY, min_size=1, max_size=12),
+    st.text(alphabet="ab Z9.,():#-'\"[]\u00e9\xa0", min_size=1, max_size=16),  # mostly text, now and then YAML
+    st.sampled_from(["yes", "no", "~", "null", "1.0", "1_000", "0x1F", "2024-01-02", "2024-01-02 10:00:00", ".inf",
+                     "-.5", "+1", "1e3", "12:30:00", "190:20:30", "0o17", "<<", "=", "a: b", "a #b", "a:", "C#", "x:y",
+                     "Reads CSV, JSON or PDF input (see [docs]) and {explains} each step.", "-x", "? x", "a - b"]),
+)
+TEXT_VALUES = st.from_regex(r"[A-Za-z0-9\u00e9][A-Za-z0-9 ,.():#'\"\-\[\]{}*&!?\u00e9\xa0]{0,15}", fullmatch=True)
+SIMPLE_HEADERS = st.one_of(st.lists(st.tuples(SIMPLE_KEYS, SIMPLE_VALUES), min_size=1, max_size=4),
+                           st.lists(st.tuples(SIMPLE_KEYS, TEXT_VALUES), min_size=1, max_size=4)).map(
+    lambda rows: "".join(f"{key}: {value}\n" for key, value in rows))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(header=SIMPLE_HEADERS)
+def test_front_matter_read_without_the_loader_is_what_the_loader_reads(header):
+    simple = skill._simple_front_matter(header)
+    if simple is None:
+        return
+    assert simple == yaml.load(header, Loader=yaml.CSafeLoader) == yaml.load(header, Loader=yaml.SafeLoader)
+
+
+def test_ordinary_front_matter_is_read_without_the_loader(monkeypatch):
+    """Counted: the usual ``name`` / ``description`` / ``license`` lines never reach the YAML loader, and the result
+    is the loader's."""
+    header = ("name: pdf-tools\ndescription: Extract text and tables from PDF files, fill forms, merge documents. "
+              "Use when working with PDFs (forms, scans).\nlicense: Proprietary. LICENSE.txt has complete terms\n")
+    loads = []
+    monkeypatch.setattr(skill.yaml, "load", lambda *args, **kwargs: loads.append(args) or {})
+    data, body = split_front_matter(f"---\n{header}---\n# Body\n", "SKILL.md")
+    assert loads == [] and body == "# Body\n"
+    monkeypatch.undo()
+    assert data == yaml.safe_load(header)
+    data, _ = split_front_matter("---\nname: x\ndescription: d\nversion: 1.0\n---\n", "SKILL.md")
+    assert data["version"] == 1.0  # a line YAML does not read as text goes to the loader
