@@ -69,7 +69,7 @@ def test_the_cli_starts_without_loading_the_model_sdk():
 def test_the_cli_and_a_listing_load_only_what_they_use():
     code = ("import sys, orchestrator.cli; before = set(sys.modules); import orchestrator.cli.skills; "
             "print(sorted(m for m in ('pydantic_settings', 'orchestrator.config', 'worker.config') if m in before)); "
-            "print(sorted(m for m in ('worker.egress.proxy', 'worker.runtimes', 'worker.contract', 'yaml', "
+            "print(sorted(m for m in ('worker.egress.proxy', 'worker.runtimes', 'worker.contract', "
             "'orchestrator.skills.tools') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split("\n")[:2] == ["[]", "[]"], out  # no settings for --help; no proxy, runtime or parser for a listing
+    assert out.split("\n")[:2] == ["[]", "[]"], out  # no settings for --help; no proxy or runtime for a listing

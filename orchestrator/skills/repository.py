@@ -40,7 +40,7 @@ from orchestrator.skills.skill import (
     split_front_matter,
     validate_summary,
 )
-from orchestrator.skills.summary_cache import SummaryCache
+from orchestrator.skills.summary_cache import Stamp, SummaryCache
 from worker.errors import SkillRootError
 from worker.root_cache import cached_sha256
 from worker.roots import FetchLimits, is_url, resolve_root, split_pin
@@ -75,7 +75,12 @@ class _Entry:
         return Path(self.folder)
 
 
-Stamp = tuple[int, int]  # (mtime_ns, size) of a SKILL.md
+MISSING = -1
+"""A scanned folder's modification time when it did not exist: a root removed is seen when it comes back."""
+
+
+def _stamp(info: os.stat_result) -> Stamp:
+    return info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns
 
 
 @dataclass
@@ -84,7 +89,7 @@ class _Scan:
 
     entries: dict[str, _Entry] = field(default_factory=dict)
     problems: list[SkillProblem] = field(default_factory=list)
-    folders: dict[str, int] = field(default_factory=dict)  # scanned folder → mtime_ns
+    folders: dict[str, int] = field(default_factory=dict)  # scanned folder → mtime_ns (or MISSING)
     skill_files: dict[str, Stamp] = field(default_factory=dict)  # every SKILL.md seen → its stamp
     parsed: dict[str, tuple[Stamp, SkillSummary]] = field(default_factory=dict)  # usable SKILL.md → summary
     _summaries: list[SkillSummary] | None = None
@@ -206,18 +211,17 @@ class FsSkillRepository(BaseSkillRepository):
 
     @staticmethod
     def _still_valid(scan: _Scan) -> bool:
-        stat = os.stat
+        for folder, mtime in scan.folders.items():
+            try:
+                now = os.stat(folder).st_mtime_ns
+            except OSError:
+                now = MISSING
+            if now != mtime:
+                return False
         try:
-            for folder, mtime in scan.folders.items():
-                if stat(folder).st_mtime_ns != mtime:
-                    return False
-            for skill_file, (mtime, size) in scan.skill_files.items():
-                info = stat(skill_file)
-                if info.st_mtime_ns != mtime or info.st_size != size:
-                    return False
+            return all(_stamp(os.stat(skill_file)) == stamp for skill_file, stamp in scan.skill_files.items())
         except OSError:
             return False
-        return True
 
     def summaries(self) -> list[SkillSummary]:
         return list(self._current().summaries())
@@ -269,7 +273,7 @@ class FsSkillRepository(BaseSkillRepository):
         for root in self.roots:
             for folder, info in self._skill_dirs(root, scan):
                 skill_file = os.path.join(folder, SKILL_FILE)
-                stamp = scan.skill_files[skill_file] = (info.st_mtime_ns, info.st_size)
+                stamp = scan.skill_files[skill_file] = _stamp(info)
                 known = previous.get(skill_file) if previous else None
                 try:
                     summary = known[1] if known is not None and known[0] == stamp else _read_summary(Path(skill_file))
@@ -299,12 +303,17 @@ class FsSkillRepository(BaseSkillRepository):
             try:
                 scan.folders[folder] = os.stat(folder).st_mtime_ns
             except OSError as exc:
+                scan.folders[folder] = MISSING
                 scan.problems.append(SkillProblem(folder, "folder", f"cannot be read: {exc.strerror}"))
                 return
+            skill_file = os.path.join(folder, SKILL_FILE)
             with contextlib.suppress(OSError):
-                info = os.stat(os.path.join(folder, SKILL_FILE))
+                info = os.stat(skill_file)
                 if stat.S_ISREG(info.st_mode):
-                    found.append((folder, info))
+                    if os.path.islink(skill_file) and not _inside(folder, skill_file):
+                        scan.problems.append(SkillProblem(skill_file, "file", "is a link out of the skill's folder"))
+                    else:
+                        found.append((folder, info))
                     return
             if depth >= MAX_DEPTH:
                 return
@@ -352,7 +361,10 @@ class CachedSkillRepository(FsSkillRepository):
 
     def get(self, name: str) -> Skill:
         entry = self._entry(name)
-        stamp = _tree_stamp(entry.skill_dir)
+        try:
+            stamp = _tree_stamp(entry.skill_dir)
+        except OSError:  # removed since the scan
+            raise SkillNotFoundError(name, []) from None
         hit = self._skills.get(name)
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -366,12 +378,17 @@ def _read_summary(skill_file: Path) -> SkillSummary:
     return validate_summary(data, str(skill_file))
 
 
+def _inside(folder: str, path: str) -> bool:
+    inside = os.path.realpath(folder)
+    return os.path.commonpath([inside, os.path.realpath(path)]) == inside
+
+
 def _tree_stamp(skill_dir: Path) -> tuple:
     paths = [skill_dir / SKILL_FILE, *list_docs(skill_dir)]
     stamps = []
     for path in paths:
         info = path.stat()
-        stamps.append((str(path), info.st_mtime_ns, info.st_size))
+        stamps.append((str(path), *_stamp(info)))
     return tuple(stamps)
 
 

@@ -24,9 +24,11 @@ bytes, past Python's limit for turning one into text) are refused.
 from __future__ import annotations
 
 import datetime
+import errno
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,17 +138,29 @@ def _check_egress(declared: object, path: str) -> None:
         raise SkillValidationError(path, f"metadata.{EGRESS_KEY}", str(exc)) from None
 
 
+def read_regular_file(path: str | os.PathLike[str], limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of the regular file ``path`` (one more than ``limit`` says it is larger). Opened
+    without blocking, so a FIFO, a device or a folder put where a file was expected is refused (``OSError``,
+    ``EINVAL``) instead of read for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        # read(n) makes an n-byte buffer first: ask for the file's size, and read on only if it grew since
+        expected = min(info.st_size, limit)
+        data = file.read(expected + 1)
+        if len(data) > expected:
+            data += file.read(limit + 1 - len(data))
+        return data
+
+
 def read_skill_file(skill_file: Path) -> str:
     """The text of a ``SKILL.md``, read up to ``MAX_SKILL_FILE_BYTES``; ``SkillValidationError`` when it is larger,
-    not UTF-8 or cannot be read."""
+    not UTF-8, not a regular file or cannot be read."""
     path = str(skill_file)
     try:
-        with open(skill_file, "rb") as file:
-            # read(n) makes an n-byte buffer first: ask for the file's size, and read on only if it grew since
-            expected = min(os.fstat(file.fileno()).st_size, MAX_SKILL_FILE_BYTES)
-            data = file.read(expected + 1)
-            if len(data) > expected:
-                data += file.read(MAX_SKILL_FILE_BYTES + 1 - len(data))
+        data = read_regular_file(skill_file, MAX_SKILL_FILE_BYTES)
     except OSError as exc:
         raise SkillValidationError(path, "file", f"cannot be read: {exc.strerror}") from exc
     if len(data) > MAX_SKILL_FILE_BYTES:
@@ -350,7 +364,8 @@ def list_docs(skill_dir: Path) -> list[Path]:
                 continue
             if path.is_symlink() and os.path.commonpath([inside, os.path.realpath(path)]) != inside:
                 continue
-            found.append(path)
+            if path.is_file():  # not a FIFO or a device named like a doc
+                found.append(path)
     return found
 
 
@@ -377,9 +392,14 @@ def load_skill(skill_dir: Path, root: Path) -> Skill:
     docs = []
     for doc_path in list_docs(skill_dir):
         name = doc_path.relative_to(skill_dir).as_posix()
-        if doc_path.stat().st_size > MAX_DOC_BYTES:
+        try:
+            content = read_regular_file(doc_path, MAX_DOC_BYTES)
+        except OSError as exc:
+            raise SkillValidationError(str(doc_path), "doc", f"{name} cannot be read: {exc.strerror}") from exc
+        if len(content) > MAX_DOC_BYTES:
             raise SkillValidationError(str(doc_path), "doc", f"{name} is larger than {MAX_DOC_BYTES} bytes")
-        docs.append(SkillDoc(name=name, content=doc_path.read_text(encoding="utf-8", errors="replace")))
+        text = content.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads
+        docs.append(SkillDoc(name=name, content=text))
     return Skill(
         summary=summary,
         body=body.strip("\n"),

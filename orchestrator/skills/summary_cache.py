@@ -1,8 +1,10 @@
 """``SummaryCache``: parsed skill summaries kept in a file between processes.
 
 The command line starts a new process per command, so ``skillrun skills list`` would parse every ``SKILL.md`` of a
-library each time (most of its time on 2,000 skills). The cache maps each ``SKILL.md`` path to the modification
-time and size it had when parsed and the summary parsed from it; a file whose stamp differs is parsed again.
+library each time (most of its time on 2,000 skills). The cache maps each ``SKILL.md`` path to the stamp it had when
+parsed (``Stamp``) and the summary parsed from it; a file whose stamp differs is parsed again. The file is not
+trusted: a summary read back passes the same checks as a parsed one, and the file is read only if it is a regular
+file of at most ``MAX_FILE_BYTES``.
 ``--search`` would likewise index the whole library each time: the search index is kept in a second file with the
 digest of the summaries it was built from, and read back only for the same summaries. Files are replaced
 atomically, and an unreadable or foreign one is ignored (and rewritten), never an error. A folder of caches keeps
@@ -21,14 +23,18 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator.errors import SkillValidationError
 from orchestrator.skills.search import SkillIndex
-from orchestrator.skills.skill import SkillSummary
+from orchestrator.skills.skill import SkillSummary, read_regular_file, validate_summary
 
-FORMAT = 1
+FORMAT = 2
+MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_CACHES = 64
 LEFTOVER_SECONDS = 3600.0
 TEMPORARY_PREFIX = ".summaries-"
-Stamp = tuple[int, int]
+Stamp = tuple[int, int, int, int]
+"""(mtime_ns, size, inode, ctime_ns) of a SKILL.md: an edit whose modification time was put back, or a file renamed
+into place with the old one's time and size, still changes its inode or change time."""
 Parsed = Mapping[str, tuple[Stamp, SkillSummary]]
 
 
@@ -39,23 +45,26 @@ class SummaryCache:
         self.path = Path(path)
 
     def load(self) -> dict[str, tuple[Stamp, SkillSummary]]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            if data.get("format") != FORMAT:
-                return {}
-            os.utime(self.path)  # used now: the least recently used caches go first
-            return {
-                file: ((int(mtime), int(size)), SkillSummary(name=str(name), description=str(description)))
-                for file, (mtime, size, name, description) in data["skills"].items()
-            }
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        data = _read(self.path)
+        if data is None:
             return {}
+        with contextlib.suppress(OSError):
+            os.utime(self.path, follow_symlinks=False)  # used now: the least recently used caches go first
+        loaded = {}
+        try:
+            for file, (*stamp, name, description) in data["skills"].items():
+                with contextlib.suppress(SkillValidationError):  # parsed again instead
+                    summary = validate_summary({"name": name, "description": description}, file)
+                    loaded[file] = (tuple(int(part) for part in stamp), summary)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return {}
+        return loaded
 
     def save(self, parsed: Parsed) -> None:
         """Write ``parsed``; a cache that cannot be written only costs the next process its speed."""
         self._write(self.path, {
             "format": FORMAT,
-            "skills": {file: [stamp[0], stamp[1], s.name, s.description] for file, (stamp, s) in parsed.items()},
+            "skills": {file: [*stamp, s.name, s.description] for file, (stamp, s) in parsed.items()},
         })
         self._prune()
 
@@ -82,11 +91,11 @@ class SummaryCache:
         built and kept."""
         path = self.path.with_suffix(".index.json")
         digest = hashlib.sha256("\0".join(f"{s.name}\0{s.description}" for s in summaries).encode()).hexdigest()
+        data = _read(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("format") == FORMAT and data.get("digest") == digest:
+            if data is not None and data.get("digest") == digest:
                 return SkillIndex.restore(summaries, data["index"])
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError):
             pass
         index = SkillIndex(summaries)
         self._write(path, {"format": FORMAT, "digest": digest, "index": index.dump()})
@@ -105,3 +114,14 @@ class SummaryCache:
             os.replace(temporary, path)
         except OSError:
             Path(temporary).unlink(missing_ok=True)
+
+
+def _read(path: Path) -> dict | None:
+    """The JSON object of a cache file of this ``FORMAT``; ``None`` for anything else (missing, not a regular file,
+    too large, not JSON)."""
+    try:
+        text = read_regular_file(path, MAX_FILE_BYTES)
+        data = json.loads(text) if len(text) <= MAX_FILE_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None

@@ -13,6 +13,7 @@ from orchestrator.config import get_settings
 from orchestrator.skills import repository as repository_module
 from orchestrator.skills.search import SkillIndex
 from orchestrator.skills.skill import SkillSummary
+from orchestrator.skills.summary_cache import FORMAT as SUMMARY_FORMAT
 from orchestrator.skills.summary_cache import MAX_CACHES, TEMPORARY_PREFIX, SummaryCache
 from tests.conftest import write_skill
 
@@ -63,7 +64,7 @@ def test_a_corrupt_summary_cache_is_ignored_and_rewritten(tmp_path, data_dir, pa
     (cache,) = (data_dir / "skill-summaries").glob("*.json")
     cache.write_text("{not json")
     assert [s["name"] for s in _list(capsys, "--skills-root", str(tmp_path / "library"))["skills"]] == ["alpha"]
-    assert json.loads(cache.read_text())["format"] == 1
+    assert json.loads(cache.read_text())["format"] == SUMMARY_FORMAT
 
 
 def test_search_lists_the_matching_skills_best_first(tmp_path, data_dir, capsys):
