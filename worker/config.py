@@ -63,7 +63,7 @@ class WorkerSettings(BaseSettings):
                     "containers that share a work root share it too: put it on that volume).",
     )
     run_cpus: float = Field(
-        default=defaults.SANDBOX_CPUS, gt=0,
+        default=defaults.SANDBOX_CPUS, gt=0, le=defaults.MAX_RUN_CPUS, allow_inf_nan=False,
         description="CPU cores a run of the local or Docker runtime may use at once (its control group's quota).",
     )
     run_tmpfs_bytes: int = Field(
@@ -71,12 +71,12 @@ class WorkerSettings(BaseSettings):
         description="Size of a run's private /tmp (and, on the local runtime, /dev/shm) on the local or Docker runtime.",
     )
     docker_oci_runtime: str = Field(
-        default="runc", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        default="runc", pattern=defaults.OCI_RUNTIME_PATTERN,
         description="The OCI runtime the Docker runtime's containers run under: runc, or runsc for gVisor (registered "
                     "with the engine, see the README).",
     )
     docker_pool_size: int = Field(
-        default=defaults.DOCKER_POOL_CONTAINERS, ge=0, le=64,
+        default=defaults.DOCKER_POOL_CONTAINERS, ge=0, le=defaults.DOCKER_POOL_MAX,
         description="Warm containers the Docker runtime keeps ready for new workspaces (0: none).",
     )
     url_cache_bytes: int = Field(

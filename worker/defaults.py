@@ -36,6 +36,9 @@ SANDBOX_TMPFS_BYTES = 64 * 1024 * 1024
 SANDBOX_CPUS = 1.0
 """CPU time a sandboxed local run may use at once, in cores (its control group's quota)."""
 DOCKER_POOL_CONTAINERS = 2
+DOCKER_POOL_MAX = 64
+OCI_RUNTIME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MAX_RUN_CPUS = 1024
 """Warm containers the Docker runtime keeps ready for new workspaces when built by name (``resolve_runtime``)."""
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"

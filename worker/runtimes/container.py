@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +111,12 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         run's limit pays for). ``build_settings``: how skills' environments and derived images are built (default:
         the worker settings, ``SKILLRUN_ENV_*``); they are kept in ``SKILLRUN_ENVS_DIR`` or the work root's
         ``.skillrun/environments``, the local runtime's store."""
+        if not 0 <= pool_size <= defaults.DOCKER_POOL_MAX:
+            raise ValueError(f"pool_size must be from 0 to {defaults.DOCKER_POOL_MAX} (SKILLRUN_DOCKER_POOL_SIZE), "
+                             f"not {pool_size}")
+        if not re.fullmatch(defaults.OCI_RUNTIME_PATTERN, oci_runtime):
+            raise ValueError(f"oci_runtime {oci_runtime!r} is not an OCI runtime's name (SKILLRUN_DOCKER_OCI_RUNTIME): "
+                             "runc, or runsc for gVisor")
         workspaces = WorkspaceManager(work_root, disk_bytes=disk_bytes)
         self.targets = DockerTargets(lambda: self.client, image)
         environments = docker_environments(workspaces.registry / "environments", lambda: self.client, self.targets,

@@ -29,7 +29,13 @@ def map_docker_errors(action: str) -> Iterator[None]:
     except docker.errors.ImageNotFound as exc:
         raise RuntimeUnavailableError(f"{action}: image not found ({exc.explanation}); build it with images/build.sh") from exc
     except docker.errors.APIError as exc:
-        raise RuntimeUnavailableError(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
+        reason = str(exc.explanation or exc)
+        if "unknown runtime" in reason.lower():
+            raise RuntimeUnavailableError(
+                f"{action}: the Docker engine has no such OCI runtime ({reason}): set SKILLRUN_DOCKER_OCI_RUNTIME "
+                "(the runtime's oci_runtime) to one the engine lists in `docker info` (runc, or runsc once gVisor is "
+                "registered)") from exc
+        raise RuntimeUnavailableError(f"{action}: the Docker engine refused: {reason}") from exc
     except ENGINE_ERRORS as exc:
         raise RuntimeUnavailableError(f"{action}: no Docker engine answers ({exc}); start dockerd") from exc
 
