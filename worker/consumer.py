@@ -1,8 +1,9 @@
 """The queue consumer behind ``skillrun worker`` (also ``python -m worker``): consume runs from Redis, execute them.
 
 Each worker process is an RQ ``SimpleWorker`` (jobs run in the worker process itself, so workspace spawners and
-caches survive between jobs) listening on ``skillrun:<runtime>`` and on its node's queue (``worker.nodes``: the
-workers of one work root; the runs of the kept workspaces that live there), and beating for its node.
+caches survive between jobs; ``worker.queue_worker.RunWorker``, writing RQ's bookkeeping once per job) listening on
+``skillrun:<runtime>`` and on its node's queue (``worker.nodes``: the workers of one work root; the runs of the kept
+workspaces that live there), and beating for its node.
 ``--concurrency N`` starts N such processes; add processes or machines (``docker compose up --scale worker=N``) to
 scale out.
 
@@ -24,12 +25,12 @@ import subprocess
 import sys
 
 import redis
-from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from worker.config import get_worker_settings
 from worker.contract import RuntimeName
 from worker.nodes import NodeBeat, node_queue_name
+from worker.queue_worker import RunWorker
 
 QUEUE_PREFIX = "skillrun"
 BUILDING_RUNTIMES = (RuntimeName.LOCAL.value, RuntimeName.DOCKER.value)
@@ -87,8 +88,8 @@ def serve_worker(args: argparse.Namespace) -> int:
         # Unique even across containers that share a host name and number their processes alike (host network)
         node, name = this_node(), f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         beat = NodeBeat(connection, args.runtime, node, name).start()
-        worker = SimpleWorker(consumed_queues(args.runtime, node), connection=connection, serializer=JSONSerializer,
-                              name=name)
+        worker = RunWorker(consumed_queues(args.runtime, node), connection=connection, serializer=JSONSerializer,
+                           name=name)
         worker.work(burst=args.burst, logging_level="WARNING")
     finally:
         if beat is not None:

@@ -64,6 +64,11 @@ local function room(cap)
     return cap <= 0 or redis.call('ZCARD', KEYS[5]) + redis.call('HLEN', KEYS[7]) < cap
 end
 local function promote(cap)
+    if redis.call('LLEN', KEYS[3]) == 0 then
+        redis.call('SREM', KEYS[4], ARGV[2])
+        return 0
+    end
+    cap = cap or tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0')
     local moved = 0
     while room(cap) do
         local job = redis.call('LPOP', KEYS[3])
@@ -139,10 +144,17 @@ if ARGV[4] == '1' then
         end
     end
 end
-return promote(tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0'))
+return promote(nil)
 """
 """``KEYS`` as ``ADMIT``'s (but the last), ``ARGV = [job id that left the RQ queue or '', team, share, '1' to forget
 the team's jobs no longer in the RQ queue (the sweep)]``: how many runs moved from the line to the queue."""
+
+ENDED = _ROOM + """
+local cap = tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0')
+return {promote(cap), cap > 0 and 1 or 0}
+"""
+"""``KEYS`` as ``PROMOTE``'s, ``ARGV = ['', team, share]``: a run of the team ended; ``[how many runs moved from
+the line to the queue, 1 when the team has a cap on runs at once (its lines in other queues may move too) else 0]``."""
 
 WITHDRAW = _ROOM + """
 local gone = redis.call('LREM', KEYS[3], 0, ARGV[1])
@@ -150,7 +162,7 @@ if gone == 0 and redis.call('LREM', KEYS[1], 0, ARGV[1]) > 0 then
     rem(ARGV[1])
     gone = 1
 end
-promote(tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0'))
+promote(nil)
 return gone
 """
 """``KEYS`` as ``PROMOTE``'s, ``ARGV = [job id, team, share]``: 1 when the job was taken out of the team's line or
@@ -171,6 +183,7 @@ class TeamGate:
         self.share = share
         self._admit = connection.register_script(ADMIT)
         self._promote = connection.register_script(PROMOTE)
+        self._ended = connection.register_script(ENDED)
         self._withdraw = connection.register_script(WITHDRAW)
 
     def _keys(self, queue: str, team: str) -> list[str]:
@@ -196,8 +209,8 @@ class TeamGate:
     def ended(self, queue: str, team: str) -> int:
         """A run of ``team`` ended: under a cap on runs at once, its next run may join the queue — its own queue's,
         or (a team with a cap) another's where the team has a line."""
-        moved = int(self._promote(keys=self._keys(queue, team), args=["", team, self.share, 0]))
-        if self.redis.hexists(CAPS, team):
+        moved, capped = self._ended(keys=self._keys(queue, team), args=["", team, self.share])
+        if capped:
             for other in (q.decode() for q in self.redis.smembers(QUEUES)):
                 if other != queue and self.redis.sismember(teams_key(other), team):
                     moved += int(self._promote(keys=self._keys(other, team), args=["", team, self.share, 0]))
