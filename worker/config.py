@@ -67,7 +67,7 @@ class WorkerSettings(BaseSettings):
         description="CPU cores a run of the local or Docker runtime may use at once (its control group's quota).",
     )
     run_tmpfs_bytes: int = Field(
-        default=defaults.SANDBOX_TMPFS_BYTES, ge=1024 * 1024,
+        default=defaults.SANDBOX_TMPFS_BYTES, ge=1024 * 1024, le=1024**4,
         description="Size of a run's private /tmp (and, on the local runtime, /dev/shm) on the local or Docker runtime.",
     )
     docker_oci_runtime: str = Field(

@@ -351,6 +351,9 @@ class CachedSkillRepository(FsSkillRepository):
         return previous
 
     def _scanned(self, scan: _Scan, previous: Mapping[str, tuple[Stamp, SkillSummary]] | None) -> None:
+        for name in list(self._skills):  # loaded skills the library no longer has
+            if name not in scan.entries:
+                self._skills.pop(name, None)
         if self._summary_cache is not None and scan.parsed != previous:
             self._summary_cache.save(scan.parsed)
 

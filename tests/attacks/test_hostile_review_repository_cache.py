@@ -549,13 +549,19 @@ def test_python_m_worker_with_a_hostile_setting_says_so_in_one_line():
     assert "docker_pool_size" in line
 
 
-@pytest.mark.parametrize("value", ["inf", "1e300",
-                                   "nan", "0", "-2"])
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "0", "-2"])
 def test_a_run_cpus_setting_that_no_control_group_can_take_is_refused_by_the_settings(worker_env, value):
     worker_env(SKILLRUN_RUN_CPUS=value)
     with pytest.raises(ValidationError) as refused:
         WorkerSettings()
     assert [error["loc"] for error in refused.value.errors()] == [("run_cpus",)]
+
+@pytest.mark.parametrize("value", ["1024", str(10**30), "-1"])
+def test_a_tmpfs_size_no_mount_can_take_is_refused_by_the_settings(worker_env, value):
+    worker_env(SKILLRUN_RUN_TMPFS_BYTES=value)
+    with pytest.raises(ValidationError) as refused:
+        WorkerSettings()
+    assert [error["loc"] for error in refused.value.errors()] == [("run_tmpfs_bytes",)]
 
 
 @pytest.mark.parametrize("pool_size", [-1, 1_000_000])

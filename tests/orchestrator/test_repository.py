@@ -174,6 +174,20 @@ def test_cached_repository_parses_an_unchanged_skill_once(tmp_path, monkeypatch)
     assert len(calls) == 1
 
 
+def test_a_loaded_skill_the_library_no_longer_has_is_not_kept(tmp_path):
+    write_skill(tmp_path, "alpha")
+    write_skill(tmp_path, "beta")
+    repo = CachedSkillRepository(tmp_path)
+    repo.get("alpha")
+    repo.get("beta")
+    assert set(repo._skills) == {"alpha", "beta"}
+    for path in (tmp_path / "beta").iterdir():
+        path.unlink()
+    (tmp_path / "beta").rmdir()
+    assert [s.name for s in repo.summaries()] == ["alpha"]
+    assert set(repo._skills) == {"alpha"}
+
+
 def test_a_skill_whose_doc_is_broken_raises_on_get_with_the_file(tmp_path, monkeypatch):
     write_skill(tmp_path, "alpha", files={"BIG.md": "x" * 100})
     monkeypatch.setattr(skill_module, "MAX_DOC_BYTES", 10)
