@@ -4,7 +4,7 @@ import sys
 
 from pydantic import ValidationError
 
-from worker.cli import build_parser
+from worker.cli import build_parser, error_lines
 from worker.consumer import serve_worker
 from worker.errors import WorkerError
 
@@ -14,10 +14,9 @@ USAGE_ERROR = 2
 def main() -> int:
     try:
         return serve_worker(build_parser().parse_args())
-    except ValidationError as exc:  # a setting out of its bounds: one line each, naming its variable
-        for err in exc.errors():
-            where = ".".join(str(part) for part in err["loc"]) or "settings"
-            print(f"worker: error: {where} (SKILLRUN_{where.upper()}): {err['msg']}", file=sys.stderr)
+    except ValidationError as exc:  # a setting out of its bounds (SKILLRUN_<FIELD>): one line each
+        for line in error_lines(exc, "settings"):
+            print(f"worker: error: {line}", file=sys.stderr)
         return USAGE_ERROR
     except WorkerError as exc:
         print(f"worker: error: {exc}", file=sys.stderr)

@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from worker.runtime_name import RuntimeName
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,3 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m worker", description="Execute queued skill runs.")
     add_arguments(parser)
     return parser
+
+
+def error_lines(exc: ValidationError, what: str) -> list[str]:
+    """One line per error of ``exc``: where (``what`` when it names no field), then the message."""
+    return [f"{'.'.join(str(part) for part in err['loc']) or what}: {err['msg']}" for err in exc.errors()]

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from orchestrator.errors import OrchestratorError
 from orchestrator.quotas import TeamQuota
 from worker.cli import add_arguments as add_worker_arguments
+from worker.cli import error_lines
 from worker.errors import WorkerError
 
 USAGE_ERROR = 2
@@ -43,9 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"skillrun: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except ValidationError as exc:
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "request"
-            print(f"skillrun: error: {where}: {err['msg']}", file=sys.stderr)
+        for line in error_lines(exc, "request"):
+            print(f"skillrun: error: {line}", file=sys.stderr)
         return USAGE_ERROR
 
 
