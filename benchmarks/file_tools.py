@@ -4,9 +4,10 @@ in one process, interleaved, each series going first in turn and background hous
 timed). The figure that matters is each workspace series' ratio to the host series of the same tool.
 
 Each call goes through the tool's ``run_async``, as an agent's call does: a 4 KiB file read, 4 KiB written, and
-``echo hello``. Host mode's Read and Write are in-process file operations (a thread hop), its Bash a subprocess;
-workspace mode's are each a run (a sandboxed process, as root) — Read and Write start the operations' interpreter
-(``python3 -I -S``) in it.
+``echo hello``. Host mode's Read and Write are in-process file operations (a thread hop), its Bash a subprocess.
+In workspace mode Read and Write of a plain path are file operations too, made by the dispatcher as the workspace's
+user (its fast path: no run, ``worker.runtimes.host_files``), and Bash is a run (a sandboxed process, in the
+workspace's ready shell).
 
 With ``--all``, also Edit, Grep and Glob (in the workspace they run the operations module: ``python3`` in the sandbox).
 

@@ -25,6 +25,7 @@ from typing import Literal, TypeVar
 
 import redis
 
+from orchestrator.dispatch.files import DirectFiles
 from orchestrator.errors import DispatchError, OrchestratorError, RunLostError, UnavailableError
 from orchestrator.quotas import Quotas, TeamQuota, apply_ceilings, artifacts_refusal
 from orchestrator.text import check_text
@@ -130,6 +131,13 @@ class BaseDispatcher(ABC):
         """Accept ``request`` for execution. ``trusted`` callers (not a model) may use host paths for inputs;
         ``owner`` (a team) is recorded so that only it sees the run, and the submission is held to its quota
         (``QuotaExceededError``)."""
+
+    @contextlib.asynccontextmanager
+    async def workspace_files(self, request: RunRequest, owner: str | None = None) -> AsyncIterator[DirectFiles | None]:
+        """The files of ``request``'s kept workspace, reached from this process while the block lasts — for the file
+        tools, which read and write there without a run — as one of the workspace's uses (it is not removed under
+        the block); ``None`` where a run must go (not here, not ``owner``'s, not made yet, being removed)."""
+        yield None
 
     async def team_quota(self, owner: str | None) -> TeamQuota | None:
         """The quota that holds for ``owner`` (``None``: no quotas here, or no team)."""

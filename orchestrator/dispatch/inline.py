@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from orchestrator.dispatch.base import BaseDispatcher, Removal, WorkerStatus, artifact_refusals, workspace_refusals
+from orchestrator.dispatch.files import DirectFiles
 from orchestrator.errors import DispatchError
 from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
@@ -76,6 +77,19 @@ class InlineDispatcher(BaseDispatcher):
         if name not in self._runtimes:
             self._runtimes[name] = resolve_runtime(name, **self._options.get(name, {}))
         return self._runtimes[name]
+
+    @contextlib.asynccontextmanager
+    async def workspace_files(self, request: RunRequest, owner: str | None = None) -> AsyncIterator[DirectFiles | None]:
+        if not self.store.workspaces.join(request, owner):
+            yield None
+            return
+        try:
+            async with self.runtime(request.runtime.value).workspace_files(request.workspace_id) as files:
+                secrets = self.secrets
+                yield None if files is None else DirectFiles(
+                    files, None if secrets is None else lambda: secrets.reveal_all(owner))
+        finally:
+            self.store.workspaces.release(request.workspace_id, request.run_id)
 
     async def look(self, run_id: str) -> RunRecord | None:
         return self.store.get(run_id)

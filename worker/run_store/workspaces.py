@@ -127,6 +127,18 @@ class MemoryWorkspaces:
             entry.last_used_at = now
             entry.node = entry.node or node
 
+    def join(self, request: RunRequest, owner: str | None) -> bool:
+        """``claim``, for an existing kept workspace alone; ``False`` (nothing noted) where there is none, or where
+        ``claim`` would refuse."""
+        with self._lock:
+            entry = self._entries.get(request.workspace_id)
+            if entry is None or entry.state != "kept" or entry.owner != workspace_owner(request, owner) or \
+                    entry.runtime != request.runtime:
+                return False
+            entry.runs.append(request.run_id)
+            entry.last_used_at = self.clock()
+            return True
+
     def release(self, workspace_id: str, run_id: str) -> None:
         """A run in the workspace ended: its last use."""
         with self._lock:

@@ -6,11 +6,13 @@ Callers take ``runtime=None`` and build the default (``local``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import socket
 import stat
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from typing import Any, BinaryIO
 
 from worker import defaults
@@ -19,6 +21,7 @@ from worker.config import get_worker_settings
 from worker.contract import EgressRefusal, InputFile, RunRequest, RunResult, RuntimeName, RunTimings
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
 from worker.process import ProcessOutcome
+from worker.runtimes.host_files import WorkspaceFiles
 
 
 def worker_id() -> str:
@@ -135,6 +138,13 @@ class BaseWorkspaceRuntime(ABC):
         it, never under another run, and not at all if a run that keeps it was in it. A runtime that cannot tell
         which runs are in a workspace removes it at once (``end_workspace``)."""
         await self.end_workspace(workspace_id)
+
+    @contextlib.asynccontextmanager
+    async def workspace_files(self, workspace_id: str) -> AsyncIterator[WorkspaceFiles | None]:
+        """The workspace's files, for this process to read and write directly while the block lasts (the file tools'
+        fast path, ``worker.runtimes.host_files``); ``None`` where only a run can reach them (a workspace elsewhere,
+        not made yet, or being removed)."""
+        yield None
 
     async def start(self) -> None:
         """Begin what the runtime keeps ready in the background (a Docker runtime's warm pool), on the running loop;

@@ -34,6 +34,7 @@ from worker.library_fetch import locate, skill_root_in_use
 from worker.process import ProcessOutcome
 from worker.redaction import Redactor, redacting_sink
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
+from worker.runtimes.host_files import WorkspaceFiles
 from worker.runtimes.workspace_uses import WorkspaceUse, WorkspaceUses
 from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
@@ -112,8 +113,26 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         try:
             yield
         finally:
-            if use.leave() and not self._in_background(self._remove_unwanted, request.workspace_id, use):
-                await asyncio.to_thread(self._remove_unwanted, request.workspace_id, use)
+            await self._let_go(request.workspace_id, use)
+
+    async def _let_go(self, workspace_id: str, use: WorkspaceUse) -> None:
+        if use.leave() and not self._in_background(self._remove_unwanted, workspace_id, use):
+            await asyncio.to_thread(self._remove_unwanted, workspace_id, use)
+
+    @contextlib.asynccontextmanager
+    async def workspace_files(self, workspace_id: str) -> AsyncIterator[WorkspaceFiles | None]:
+        """A workspace this runtime has used, held as a run holds it (never removed under the block), whose files
+        this process reads and writes as its user would (``worker.runtimes.host_files``); ``None`` for one it has
+        not used, or one being removed."""
+        use = self.uses.enter(workspace_id, block=False) if WORKSPACE_ID_PATTERN.fullmatch(workspace_id) else None
+        if use is None:
+            yield None
+            return
+        try:
+            workspace = self.workspaces.find_known(workspace_id)
+            yield None if workspace is None else WorkspaceFiles(workspace.path, workspace.uid, workspace.gid)
+        finally:
+            await self._let_go(workspace_id, use)
 
     def _remove_unwanted(self, workspace_id: str, use: WorkspaceUse) -> None:
         """Remove a workspace no run is in (``use``: held by this run alone; released here) (blocking)."""

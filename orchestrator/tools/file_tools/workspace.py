@@ -1,8 +1,13 @@
 """Workspace mode (ours): the file tools act inside the session's workspace — the one ``skill_run`` uses — through
 the same dispatcher and runtime, so they have its sandbox, its limits and no host access.
 
-Each call is one run in the workspace (``<user>.<session>``, as ``skill_run``), and no host path is touched:
+Each call acts in the session's workspace (``<user>.<session>``, as ``skill_run``), and no host path is touched:
 
+* ``Read`` and ``Write`` of a plain path in a workspace the dispatcher reaches from this process (the embedded
+  default's, on a host runtime) need no run: the dispatcher reads or writes the file directly, as the workspace's
+  user would, declining any path with a link on it, a file that is not plain, or one the user does not own
+  (``worker.runtimes.host_files``); a read has the team's secrets taken out, as a run's output has. Everything
+  declined, and every other dispatcher, goes through a run:
 * ``Read`` — a run of ``:`` whose output collection takes the file (capped at the read cap; a link out of the
   workspace is refused by the collection); its bytes are answered here as host mode answers them.
 * ``Write`` — the content staged as an input, moved into place by a short script that resolves the target
@@ -92,6 +97,10 @@ class WorkspaceFileBackend(BaseFileBackend):
         return RunRequest(skill=self._skill_ref(), workspace_id=workspace_id_for(session.user_id, session.id),
                           limits=limits, **{**options, **fields})
 
+    def _direct(self, request: RunRequest, tool_context: InvocationContext):
+        """The workspace's files without a run, where the dispatcher reaches them (``None`` otherwise)."""
+        return self.skill_tools.dispatcher.workspace_files(request, owner=tool_context.session.user_id)
+
     async def _dispatch(self, request: RunRequest, tool_context: InvocationContext):
         return await self.skill_tools.dispatcher.run(request, owner=tool_context.session.user_id)
 
@@ -138,6 +147,10 @@ class WorkspaceFileBackend(BaseFileBackend):
             where = _inside(path, "path")
             request = self._request(tool_context, command=":", output_files=[f"$WORKSPACE_DIR/{where}"], cwd=ROOT,
                                     limits_update={"output_file_bytes": _ops.MAX_READ_BYTES})
+            async with self._direct(request, tool_context) as files:
+                data = None if files is None else await files.read(where, _ops.MAX_READ_BYTES)
+            if data is not None:
+                return _ops.read_answer(data, path, args.get("start_line"), args.get("end_line"))
             result = await self._dispatch(request, tool_context)
             if result.skipped_files:
                 reason = result.skipped_files[0].reason
@@ -160,6 +173,8 @@ class WorkspaceFileBackend(BaseFileBackend):
             return _ops.failure(str(exc))
         except (WorkerError, OrchestratorError) as exc:
             return _ops.failure(f"read could not run in the workspace: {exc}")
+        except OSError as exc:
+            return _ops.failure(f"{path} could not be read: {exc.strerror}")
 
     async def _staged_write(self, args: dict[str, Any], tool_context: InvocationContext | None) -> dict:
         """Write as a staged input moved into place by a short shell script (no interpreter started): the target's
@@ -176,6 +191,10 @@ class WorkspaceFileBackend(BaseFileBackend):
                 inputs.append(InputFile(name=staged, content=data))
                 prelude = f"src=\"$WORK_DIR/inputs/{staged}\"; trap 'rm -f -- \"$src\"' EXIT\n"
                 source = 'cat -- "$src"'
+            request = self._request(tool_context, command=":", cwd=ROOT)
+            async with self._direct(request, tool_context) as files:
+                if files is not None and await files.write(where, data, append=bool(args.get("append"))):
+                    return _written(where, data, args)
             script = WRITE_SCRIPT.format(prelude=prelude, target=shlex.quote(where), source=source,
                                          redirect=">>" if args.get("append") else ">")
             request = self._request(tool_context, command=script, inputs=inputs, cwd=ROOT)
@@ -190,10 +209,9 @@ class WorkspaceFileBackend(BaseFileBackend):
             return _ops.failure(str(exc))
         except (WorkerError, OrchestratorError) as exc:
             return _ops.failure(f"write could not run in the workspace: {exc}")
-        name = result.stdout.strip().splitlines()[-1]
-        verb = "appended to" if args.get("append") else "written to"
-        return {"success": True, "message": f"SUCCESS: file {name} {verb} successfully ({len(data)} bytes)",
-                "path": name}
+        except OSError as exc:
+            return _ops.failure(f"{path} could not be written: {exc.strerror}")
+        return _written(result.stdout.strip().splitlines()[-1], data, args)
 
     async def bash(self, command: str, cwd: str | None, timeout: float | None,
                    tool_context: InvocationContext | None) -> dict:
@@ -210,6 +228,11 @@ class WorkspaceFileBackend(BaseFileBackend):
         except (WorkerError, OrchestratorError) as exc:
             return _ops.failure(str(exc))
         return bash_answer(command, where, result.stdout, result.stderr, result.exit_code, result.timed_out, seconds)
+
+
+def _written(name: str, data: bytes, args: dict[str, Any]) -> dict:
+    verb = "appended to" if args.get("append") else "written to"
+    return {"success": True, "message": f"SUCCESS: file {name} {verb} successfully ({len(data)} bytes)", "path": name}
 
 
 def _inside(path: str, what: str) -> str:
