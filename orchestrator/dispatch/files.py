@@ -18,19 +18,21 @@ class DirectFiles:
         self.files = files
         self.secrets = secrets
 
-    async def read(self, path: str, limit: int) -> bytes | None:
-        """The file's bytes, redacted; ``None`` when a run must read it."""
-        return await asyncio.to_thread(self._read, path, limit)
+    async def read_text(self, path: str, limit: int, decode: Callable[[bytes], str]) -> str | None:
+        """The file's text (``decode``: its bytes to text, or an exception the caller answers), redacted as text —
+        so a secret is found in whatever encoding the file holds it; ``None`` when a run must read it."""
+        return await asyncio.to_thread(self._read_text, path, limit, decode)
 
-    async def write(self, path: str, data: bytes, *, append: bool = False) -> bool:
+    async def write(self, path: str, data: bytes, *, append: bool = False, max_size: int | None = None) -> bool:
         """Whether ``data`` was written; ``False`` when a run must write it (nothing changed)."""
-        return await asyncio.to_thread(self.files.write, path, data, append=append)
+        return await asyncio.to_thread(self.files.write, path, data, append=append, max_size=max_size)
 
-    def _read(self, path: str, limit: int) -> bytes | None:
+    def _read_text(self, path: str, limit: int, decode: Callable[[bytes], str]) -> str | None:
         data = self.files.read(path, limit)
-        if data is None or self.secrets is None:
-            return data
-        return Redactor(self.secrets()).data(data)
+        if data is None:
+            return None
+        text = decode(data)
+        return text if self.secrets is None else Redactor(self.secrets()).text(text)
 
 
 __all__ = ["DirectFiles"]

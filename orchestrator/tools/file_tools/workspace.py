@@ -148,9 +148,10 @@ class WorkspaceFileBackend(BaseFileBackend):
             request = self._request(tool_context, command=":", output_files=[f"$WORKSPACE_DIR/{where}"], cwd=ROOT,
                                     limits_update={"output_file_bytes": _ops.MAX_READ_BYTES})
             async with self._direct(request, tool_context) as files:
-                data = None if files is None else await files.read(where, _ops.MAX_READ_BYTES)
-            if data is not None:
-                return _ops.read_answer(data, path, args.get("start_line"), args.get("end_line"))
+                text = None if files is None else await files.read_text(
+                    where, _ops.MAX_READ_BYTES, lambda data: _ops.decode(data, path))
+            if text is not None:
+                return _ops.text_answer(text, path, args.get("start_line"), args.get("end_line"))
             result = await self._dispatch(request, tool_context)
             if result.skipped_files:
                 reason = result.skipped_files[0].reason
@@ -180,9 +181,12 @@ class WorkspaceFileBackend(BaseFileBackend):
         """Write as a staged input moved into place by a short shell script (no interpreter started): the target's
         fully resolved path must be inside the workspace (``realpath``, so a link out — of the file or a folder
         above it — is refused), and the staged input is removed whatever happens."""
-        path, data = args["path"], args["content"].encode("utf-8")
+        path = args["path"]
         try:
             where = _inside(path, "path")
+            if not _encodable(args["content"]):
+                raise _ops.Refused("content holds a character that is not Unicode text (a lone surrogate)")
+            data = args["content"].encode("utf-8")
             if len(data) > _ops.MAX_WRITE_BYTES:
                 raise _ops.Refused(f"content is {len(data)} bytes; Write takes up to {_ops.MAX_WRITE_BYTES} bytes")
             inputs, prelude, source = [], "", f"printf '%s' {shlex.quote(args['content'])}"
@@ -193,7 +197,8 @@ class WorkspaceFileBackend(BaseFileBackend):
                 source = 'cat -- "$src"'
             request = self._request(tool_context, command=":", cwd=ROOT)
             async with self._direct(request, tool_context) as files:
-                if files is not None and await files.write(where, data, append=bool(args.get("append"))):
+                if files is not None and await files.write(where, data, append=bool(args.get("append")),
+                                                           max_size=request.limits.file_size_bytes):
                     return _written(where, data, args)
             script = WRITE_SCRIPT.format(prelude=prelude, target=shlex.quote(where), source=source,
                                          redirect=">>" if args.get("append") else ">")
@@ -237,10 +242,20 @@ def _written(name: str, data: bytes, args: dict[str, Any]) -> dict:
 
 def _inside(path: str, what: str) -> str:
     """``path`` normalised, lexically inside the workspace root (links are checked where the run resolves it)."""
+    if "\0" in path or not _encodable(path):
+        raise _ops.Refused(f"{what} {path!r} is not a path: it holds a NUL or a character that is not Unicode text")
     where = posixpath.normpath(path)
     if posixpath.isabs(where) or where == ".." or where.startswith("../"):
         raise _ops.Refused(f"{what} {path!r} is outside the workspace; only paths inside it may be used")
     return where
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class WorkspaceFileToolSet(FileToolSet):

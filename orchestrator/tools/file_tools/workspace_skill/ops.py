@@ -69,7 +69,8 @@ class Root:
         return "." if rel == "." else rel
 
 
-def _decode(data: bytes, name: str) -> str:
+def decode(data: bytes, name: str) -> str:
+    """A file's text: UTF-8 (a BOM dropped), else GB18030; refused when binary or neither."""
     if b"\0" in data[:SNIFF_BYTES]:
         raise Refused(f"{name} is a binary file; Read returns text only")
     for encoding in ("utf-8-sig", "gb18030"):
@@ -104,7 +105,11 @@ def over_read_cap(path: str, size: int) -> str:
 
 def read_answer(data: bytes, path: str, start_line: int | None = None, end_line: int | None = None) -> dict:
     """Read's answer for a file's bytes: refused when binary or out of range."""
-    text = _decode(data, path)
+    return text_answer(decode(data, path), path, start_line, end_line)
+
+
+def text_answer(text: str, path: str, start_line: int | None = None, end_line: int | None = None) -> dict:
+    """Read's answer for a file's text (``decode``): refused when out of range."""
     lines = text.splitlines(keepends=True)
     total = len(lines)
     first = 1 if start_line is None else start_line
@@ -179,7 +184,7 @@ def edit(root: Root, path: str, old_string: str, new_string: str) -> dict:
         raise Refused(f"{path} is larger than {MAX_READ_BYTES} bytes; Edit takes smaller files")
     with open(real, "rb") as handle:
         raw = handle.read()
-    text = _decode(raw, path)
+    text = decode(raw, path)
     spans = [(m.start(), m.end()) for m in re.finditer(re.escape(old_string), text)]
     if not spans:
         spans = [(m.start(), m.end()) for m in _tolerant_pattern(old_string).finditer(text)]
