@@ -35,8 +35,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.context import InvocationContext
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, UnencodableTextError
 from orchestrator.skills.tools.skill_toolset import SkillToolSet, workspace_id_for
+from orchestrator.text import check_text
 from orchestrator.tools.file_tools.backends import BaseFileBackend, bash_answer, check_timeout
 from orchestrator.tools.file_tools.toolset import FileToolSet
 from orchestrator.tools.file_tools.workspace_skill import ops as _ops
@@ -184,8 +185,7 @@ class WorkspaceFileBackend(BaseFileBackend):
         path = args["path"]
         try:
             where = _inside(path, "path")
-            if not _encodable(args["content"]):
-                raise _ops.Refused("content holds a character that is not Unicode text (a lone surrogate)")
+            _text(args["content"], "content")
             data = args["content"].encode("utf-8")
             if len(data) > _ops.MAX_WRITE_BYTES:
                 raise _ops.Refused(f"content is {len(data)} bytes; Write takes up to {_ops.MAX_WRITE_BYTES} bytes")
@@ -242,20 +242,21 @@ def _written(name: str, data: bytes, args: dict[str, Any]) -> dict:
 
 def _inside(path: str, what: str) -> str:
     """``path`` normalised, lexically inside the workspace root (links are checked where the run resolves it)."""
-    if "\0" in path or not _encodable(path):
-        raise _ops.Refused(f"{what} {path!r} is not a path: it holds a NUL or a character that is not Unicode text")
+    if "\0" in path:
+        raise _ops.Refused(f"{what} {path!r} is not a path: it holds a NUL")
+    _text(path, what)
     where = posixpath.normpath(path)
     if posixpath.isabs(where) or where == ".." or where.startswith("../"):
         raise _ops.Refused(f"{what} {path!r} is outside the workspace; only paths inside it may be used")
     return where
 
 
-def _encodable(text: str) -> bool:
+def _text(value: str, what: str) -> None:
+    """``Refused`` for a string holding a lone surrogate (``orchestrator.text``)."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+        check_text(value, what)
+    except UnencodableTextError as exc:
+        raise _ops.Refused(str(exc)) from None
 
 
 class WorkspaceFileToolSet(FileToolSet):
