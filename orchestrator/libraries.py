@@ -34,10 +34,11 @@ from orchestrator.config import DEFAULT_MAX_LIBRARIES, DEFAULT_VERSIONS_KEPT
 from orchestrator.documents import BaseDocuments
 from orchestrator.errors import OrchestratorError, SkillError
 from orchestrator.skills.repository import FsSkillRepository
+from worker.archives import FetchLimits
 from worker.errors import SkillRootError
 from worker.folders import remove_tree
 from worker.root_cache import DIGEST
-from worker.roots import FetchLimits, download_archive, install_archive
+from worker.roots import download_archive, install_archive
 
 LIBRARY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 ARCHIVES_DIR = "archives"

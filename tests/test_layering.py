@@ -1,4 +1,5 @@
-"""The two planes: worker never imports orchestrator; public names are exported."""
+"""The two planes: worker never imports orchestrator; public names are exported; the run contract at the bottom; no
+modules that import each other."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 import orchestrator
 import worker
+from tests import import_graph
 
 
 def _modules(package) -> list[str]:
@@ -73,3 +75,42 @@ def test_the_cli_and_a_listing_load_only_what_they_use():
             "'orchestrator.skills.tools') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["[]", "[]"], out  # no settings for --help; no proxy or runtime for a listing
+
+
+def _loaded_by(module: str) -> list[str]:
+    code = (f"import sys; before = set(sys.modules); import {module}; "
+            "print(' '.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] == 'worker')))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+
+
+RUN_CONTRACT = {"worker", "worker.lazy", "worker.contract", "worker.defaults", "worker.env_names",
+                "worker.runtime_name", "worker.errors", "worker.addresses", "worker.egress", "worker.egress.entries"}
+"""All the run contract loads of the worker: its limits, names and the grammar of egress entries."""
+LOCAL_SANDBOX = {"worker.process", "worker.sandbox", "worker.spawner", "worker.ready_shell", "worker.launcher",
+                 "worker.held_sandbox", "worker.watch", "worker.seccomp", "worker.cgroups", "worker.cgroup_pool",
+                 "worker.user_network", "worker.egress.proxy", "worker.egress.listener"}
+"""The local runtime's sandbox: what a Docker or Cube worker, the API and a client never need."""
+
+
+def test_the_run_contract_is_at_the_bottom():
+    assert set(_loaded_by("worker.contract")) <= RUN_CONTRACT, _loaded_by("worker.contract")
+
+
+def test_the_runtime_base_does_not_load_the_local_sandbox():
+    for module in ("worker.runtimes.base", "worker.outcome"):
+        assert not set(_loaded_by(module)) & LOCAL_SANDBOX, (module, sorted(set(_loaded_by(module)) & LOCAL_SANDBOX))
+
+
+def test_no_modules_import_each_other_and_no_import_in_a_function_dodges_a_circle():
+    graph = import_graph.read_graph()
+    assert graph.circles() == []
+    assert graph.dodges() == []
+
+
+def test_the_import_graph_sees_a_circle_and_a_dodge():
+    graph = import_graph.ImportGraph(top={"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()},
+                                     inner={"a": set(), "b": set(), "c": set(), "d": {"a"}})
+    assert graph.circles() == [["a", "b", "c"]] and graph.dodges() == []
+    graph.top["c"] = set()
+    graph.inner["c"] = {"a"}
+    assert graph.circles() == [] and graph.dodges() == [("c", "a")]

@@ -34,7 +34,7 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, NoReturn
 
@@ -84,6 +84,21 @@ class ArchiveLimits:
     """Bytes written per archive byte."""
     max_depth: int = MAX_ARCHIVE_DEPTH
     """Path components of one entry; lower it at will, never raise it past ``MAX_ARCHIVE_DEPTH`` (see above)."""
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """How much a URL root may cost to fetch."""
+
+    max_download_bytes: int = 256 * 1024 * 1024
+    max_redirects: int = 5
+    download_seconds: float = 120.0
+    connect_seconds: float = 10.0
+    archive: ArchiveLimits = field(default_factory=ArchiveLimits)
+    allow_private_addresses: bool = True
+    """False refuses URLs (and redirects) to loopback, private, link-local and reserved addresses, however they are
+    spelled, and connects only to the addresses it vetted (``worker.addresses``): for URLs a remote caller names,
+    so the server cannot be used to reach its own network."""
 
 
 def safe_name(name: str, max_depth: int = MAX_ARCHIVE_DEPTH) -> PurePosixPath:

@@ -11,15 +11,12 @@ import hashlib
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 
 from worker.addresses import public_addresses
+from worker.archives import FetchLimits
 from worker.errors import SkillRootError, UnsafeArchiveError
-
-if TYPE_CHECKING:
-    from worker.roots import FetchLimits
 
 
 def download(

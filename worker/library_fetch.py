@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.archives import FetchLimits
 from worker.contract import SkillRef
 from worker.errors import SkillRootError
 from worker.root_cache import DIGEST
-from worker.roots import FetchLimits, is_url, resolve_root, root_in_use
+from worker.roots import is_url, resolve_root, root_in_use
 
 LIBRARY_ROUTE = "/v1/worker/libraries/{}"
 

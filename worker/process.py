@@ -22,23 +22,22 @@ import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from worker import defaults
 from worker.cancellation import Cancellation
 from worker.cgroups import RunCgroup
 from worker.contract import RunLimits
-from worker.egress.proxy import Refusals
 from worker.errors import RuntimeUnavailableError
 from worker.fdwait import wait_readable
 from worker.launcher import Launcher
-from worker.ready_shell import ReadyShell
 from worker.orphans import ORPHANS, reap_adopted
+from worker.outcome import TIMEOUT_EXIT_CODE, ProcessOutcome
+from worker.ready_shell import ReadyShell
 from worker.sandbox import SandboxSpec, SandboxStart, find_bwrap
 from worker.spawner import Spawner
+from worker.user_ids import SETPRIV_HARDENING, find_setpriv
 from worker.watch import CommandWatch, hold_mounts
 
-TIMEOUT_EXIT_CODE = 124
 GONE_TIMEOUT_SECONDS = 5.0
 """How long ``ProcessOutcome.gone`` waits for a sandbox's init to end, at most (its processes are all SIGKILLed)."""
 
@@ -49,42 +48,6 @@ _ULIMIT_FLAGS = (
     ("-f", resource.RLIMIT_FSIZE, "file_size_bytes", 1024),
     ("-n", resource.RLIMIT_NOFILE, "open_files", 1),
 )
-
-
-@dataclass
-class ProcessOutcome:
-    stdout: bytes
-    stderr: bytes
-    stdout_omitted: int
-    stderr_omitted: int
-    exit_code: int
-    timed_out: bool
-    cancelled: bool
-    duration_ms: int
-    notes: list[str]
-    oom_killed: bool = False
-    gone: asyncio.Future[None] | None = None
-    """For a sandboxed run: done once the sandbox's init has ended, and with it every process of the run (the
-    result may come while the kernel is still ending them, all SIGKILLed), and bwrap and the init are reaped, or
-    after ``GONE_TIMEOUT_SECONDS``."""
-    lingering: bool = False
-    """For a run in a held sandbox: some process of the run was still there after the grace period (the caller
-    gives the held sandbox up)."""
-    via: str = ""
-    """How the command reached its sandbox, where a runtime has more than one way (``RunTimings.exec_via``)."""
-    egress: Refusals | None = None
-    """For a run with an egress allow-list: what its proxy refused (``worker.egress.proxy.Refusals``)."""
-
-
-SETPRIV_HARDENING = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all")
-"""Also drop every capability from the bounding set and forbid setuid binaries from raising privileges."""
-
-
-@functools.cache
-def find_setpriv() -> str | None:
-    """util-linux's ``setpriv`` switches user in the exec'd child, so the (large) host process can spawn with
-    vfork instead of fork: several milliseconds less per run than ``Popen(user=...)``."""
-    return shutil.which("setpriv", path=defaults.SANDBOX_PATH + ":/usr/sbin:/sbin")
 
 
 def find_bash() -> str:

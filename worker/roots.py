@@ -38,10 +38,9 @@ import time
 import urllib.parse
 import zipfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.archives import ArchiveLimits, extract_tar, extract_zip
+from worker.archives import ArchiveLimits, FetchLimits, extract_tar, extract_zip
 from worker.errors import SkillRootError, UnsafeArchiveError
 from worker.folders import remove_tree
 from worker.root_cache import READY_FILE, evict, hold, intact, latest, record, touch
@@ -49,21 +48,6 @@ from worker.root_cache import READY_FILE, evict, hold, intact, latest, record, t
 HOLD_ATTEMPTS = 3
 """How often ``root_in_use`` fetches an entry again that was evicted between its resolution and its lock."""
 _ARCHIVE_SUFFIXES = {".tar.gz": "tar", ".tgz": "tar", ".tar": "tar", ".zip": "zip"}
-
-
-@dataclass(frozen=True)
-class FetchLimits:
-    """How much a URL root may cost to fetch."""
-
-    max_download_bytes: int = 256 * 1024 * 1024
-    max_redirects: int = 5
-    download_seconds: float = 120.0
-    connect_seconds: float = 10.0
-    archive: ArchiveLimits = field(default_factory=ArchiveLimits)
-    allow_private_addresses: bool = True
-    """False refuses URLs (and redirects) to loopback, private, link-local and reserved addresses, however they are
-    spelled, and connects only to the addresses it vetted (``worker.addresses``): for URLs a remote caller names,
-    so the server cannot be used to reach its own network."""
 
 
 def default_cache_dir() -> Path:

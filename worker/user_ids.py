@@ -7,15 +7,19 @@ against the other's process limit and own the other's files. The registry is one
 exists: one whose folder is gone (removed, or its whole work root deleted) is handed out again. Ids that a user
 or group of the host has are never handed out (a file a command writes must not belong to a real account, nor
 its group give a real group's access).
+
+Switching to such a user is ``setpriv``'s (``find_setpriv``), always with ``SETPRIV_HARDENING``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import grp
 import os
 import pwd
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,3 +114,14 @@ def host_account_exists(uid: int) -> bool:
         return True
     except KeyError:
         return False
+
+
+SETPRIV_HARDENING = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all")
+"""Also drop every capability from the bounding set and forbid setuid binaries from raising privileges."""
+
+
+@functools.cache
+def find_setpriv() -> str | None:
+    """util-linux's ``setpriv`` switches user in the exec'd child, so the (large) host process can spawn with
+    vfork instead of fork: several milliseconds less per run than ``Popen(user=...)``."""
+    return shutil.which("setpriv", path=defaults.SANDBOX_PATH + ":/usr/sbin:/sbin")

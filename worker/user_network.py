@@ -43,6 +43,7 @@ from worker import defaults
 from worker.cgroups import RunCgroup
 from worker.errors import RuntimeUnavailableError, SandboxError
 from worker.fdwait import wait_readable
+from worker.user_ids import SETPRIV_HARDENING, find_setpriv
 
 READY_TIMEOUT_SECONDS = 5.0
 TAP_NAME = "tap0"
@@ -128,9 +129,6 @@ class UserNetwork:
     def __init__(self, pid: int, namespace: int, cgroup: RunCgroup | None) -> None:
         """Start slirp4netns for the network namespace ``namespace`` (its inode, as bwrap reported it) of the
         sandbox whose init is ``pid``, in ``cgroup``. ``ProcessLookupError`` if that sandbox is gone."""
-        # Imported here: worker.process imports the sandbox module, which imports this one.
-        from worker.process import SETPRIV_HARDENING, find_setpriv
-
         setpriv = find_setpriv()
         if setpriv is None:
             raise RuntimeUnavailableError("util-linux setpriv is needed to run slirp4netns as the sandbox's user")

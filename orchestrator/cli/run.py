@@ -16,7 +16,7 @@ from orchestrator.dispatch import InlineDispatcher
 from worker.artifacts import create_artifact_store
 from worker.contract import InputFile, RunRequest, RunResult, RuntimeName
 from worker.environments import SkillEnvironments
-from worker.process import TIMEOUT_EXIT_CODE
+from worker.outcome import TIMEOUT_EXIT_CODE
 from worker.runtimes import resolve_runtime
 from worker.staging import resolve_skill_paths
 

@@ -41,9 +41,10 @@ from orchestrator.skills.skill import (
     validate_summary,
 )
 from orchestrator.skills.summary_cache import Stamp, SummaryCache
+from worker.archives import FetchLimits
 from worker.errors import SkillRootError
 from worker.root_cache import cached_sha256
-from worker.roots import FetchLimits, is_url, resolve_root, split_pin
+from worker.roots import is_url, resolve_root, split_pin
 
 if TYPE_CHECKING:
     from worker.contract import SkillRef

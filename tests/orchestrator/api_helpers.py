@@ -21,8 +21,8 @@ from orchestrator.sessions import BaseSessionService, InMemorySessionService
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from tests.services import free_port
+from worker.archives import FetchLimits
 from worker.artifacts import BaseArtifactStore
-from worker.roots import FetchLimits
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 

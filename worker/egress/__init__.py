@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 from worker.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {  # a run's allow-list entries need not load the proxy
-    "worker.egress.entries": ["Entry", "effective", "parse_entries", "parse_entry", "run_allow_list"],
-    "worker.egress.policy": ["MALFORMED", "AllowList", "Refused", "Request", "Target", "TunnelRefused"],
+    "worker.egress.entries": ["Entry", "effective", "parse_entries", "parse_entry"],
+    "worker.egress.policy": ["MALFORMED", "AllowList", "Refused", "Request", "Target", "TunnelRefused", "run_allow_list"],
     "worker.egress.proxy": ["EgressProxy", "Refusals", "proxy_environment"],
 })
 
 if TYPE_CHECKING:
-    from worker.egress.entries import Entry, effective, parse_entries, parse_entry, run_allow_list
-    from worker.egress.policy import MALFORMED, AllowList, Refused, Request, Target, TunnelRefused
+    from worker.egress.entries import Entry, effective, parse_entries, parse_entry
+    from worker.egress.policy import MALFORMED, AllowList, Refused, Request, Target, TunnelRefused, run_allow_list
     from worker.egress.proxy import EgressProxy, Refusals, proxy_environment

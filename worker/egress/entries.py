@@ -20,7 +20,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from worker.addresses import is_address
-from worker.egress.policy import AllowList
 from worker.errors import EgressError
 
 DEFAULT_PORT = 443
@@ -31,8 +30,6 @@ PRIVATE_SUFFIXES = ("localhost", "local", "internal", "intranet", "lan", "home",
 """Top-level names (and ``home.arpa``) that a private resolver answers, or none (RFC 2606, 6761, 6762, 8375)."""
 _LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _TOP_LABEL = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
-RUN_HINT = ("A run reaches only the hosts its skill declares (metadata.egress) that its team's egress allow-list "
-            "also has ({allowed}); the operator sets the team's list with: skillrun egress set TEAM ENTRY...")
 
 
 @dataclass(frozen=True, order=True)
@@ -116,12 +113,4 @@ def effective(declared: Iterable[str], team: Iterable[str]) -> list[str]:
     return sorted(str(entry) for entry in both)
 
 
-def run_allow_list(texts: Iterable[str]) -> AllowList:
-    """The proxy's allow-list for a run whose request carries the entries ``texts``."""
-    entries = parse_entries(texts)
-    allowed = AllowList(frozenset((e.host, e.port) for e in entries if not e.wildcard), frozenset(),
-                        frozenset(("." + e.host, e.port) for e in entries if e.wildcard))
-    return AllowList(allowed.hosts, allowed.index, allowed.suffixes, RUN_HINT.format(allowed=allowed.describe()))
-
-
-__all__ = ["DEFAULT_PORT", "MAX_ENTRIES", "Entry", "effective", "parse_entries", "parse_entry", "run_allow_list"]
+__all__ = ["DEFAULT_PORT", "MAX_ENTRIES", "Entry", "effective", "parse_entries", "parse_entry"]

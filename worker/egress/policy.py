@@ -3,7 +3,7 @@ and the request heads the proxy reads, with the refusals it answers.
 
 The allow-list (``AllowList``) of a build step is made per step from the index the step's environment names
 (``INDEX_VARIABLE``; PyPI's two hosts without it) and the operator's ``SKILLRUN_ENV_ALLOWED_HOSTS``; a run's from
-the entries its request carries (``worker.egress.entries.run_allow_list``), wildcards (``*.example.com``)
+the entries its request carries (``run_allow_list``), wildcards (``*.example.com``)
 included. A request head (``Request``) is either ``CONNECT host:port`` or a plain-HTTP ``GET``/``HEAD`` with an
 absolute ``http://`` URI, no body, and no ``Host`` header naming another host or port than that URI (domain
 fronting; a missing one is set to the URI's), with no control character but a tab in any of its lines (a CR or LF
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from worker.config import get_worker_settings
+from worker.egress.entries import parse_entries
 from worker.errors import DependencyError
 
 INDEX_VARIABLE = "UV_DEFAULT_INDEX"
@@ -37,6 +38,8 @@ PYPI_HOSTS = (("pypi.org", 443), ("files.pythonhosted.org", 443))
 """The default index's hosts: its pages, and the files they link to."""
 DEFAULT_PORTS = {"http": 80, "https": 443}
 ALLOWED_HOSTS_SETTING = "SKILLRUN_ENV_ALLOWED_HOSTS"
+RUN_HINT = ("A run reaches only the hosts its skill declares (metadata.egress) that its team's egress allow-list "
+            "also has ({allowed}); the operator sets the team's list with: skillrun egress set TEAM ENTRY...")
 _NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
 _DROPPED_HEADERS = frozenset({"proxy-connection", "proxy-authorization"})
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -108,6 +111,14 @@ class AllowList:
     def refusal_hint(self) -> str:
         return self.hint or (f"A build reaches only its package index ({self.describe()}); an operator may allow "
                              f"more hosts with {ALLOWED_HOSTS_SETTING}.")
+
+
+def run_allow_list(texts: Iterable[str]) -> AllowList:
+    """The proxy's allow-list for a run whose request carries the entries ``texts``."""
+    entries = parse_entries(texts)
+    allowed = AllowList(frozenset((e.host, e.port) for e in entries if not e.wildcard), frozenset(),
+                        frozenset(("." + e.host, e.port) for e in entries if e.wildcard))
+    return AllowList(allowed.hosts, allowed.index, allowed.suffixes, RUN_HINT.format(allowed=allowed.describe()))
 
 
 def split_authority(text: str, default_port: int | None) -> Address:
@@ -276,4 +287,4 @@ class Request:
 
 
 __all__ = ["ALLOWED_HOSTS_SETTING", "INDEX_VARIABLE", "MALFORMED", "PYPI_HOSTS", "Address", "AllowList", "Refused",
-           "Request", "Target", "TunnelRefused", "split_authority"]
+           "Request", "Target", "TunnelRefused", "run_allow_list", "split_authority"]

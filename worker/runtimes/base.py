@@ -20,7 +20,7 @@ from worker.collect import Collection
 from worker.config import get_worker_settings
 from worker.contract import EgressRefusal, InputFile, RunRequest, RunResult, RuntimeName, RunTimings
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
-from worker.process import ProcessOutcome
+from worker.outcome import ProcessOutcome
 from worker.runtimes.host_files import WorkspaceFiles
 
 

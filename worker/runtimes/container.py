@@ -55,7 +55,8 @@ from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
 from worker.errors import EnvironmentBuildError, InvalidRunRequestError
 from worker.library_fetch import locate
-from worker.process import ProcessOutcome, ulimit_prefix
+from worker.outcome import ProcessOutcome
+from worker.process import ulimit_prefix
 from worker.runtimes.base import command_environment
 from worker.runtimes.container_boxes import Box, Boxes
 from worker.runtimes.container_builds import DockerTargets, docker_environments

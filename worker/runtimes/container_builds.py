@@ -48,7 +48,7 @@ from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentSt
 from worker.environments.steps import BUILD_PROCESSES, OUTPUT_BYTES, StepRunner, installed_uv
 from worker.environments.target import PROBE, Target
 from worker.errors import DependencyError
-from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome
+from worker.outcome import TIMEOUT_EXIT_CODE, ProcessOutcome
 from worker.runtimes.container_host import RESIDENT_UID
 from worker.runtimes.docker_engine import ENGINE_ERRORS, engine_time, map_docker_errors
 

@@ -16,7 +16,7 @@ import docker.errors
 from worker import defaults
 from worker.cancellation import Cancellation
 from worker.contract import RunRequest
-from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome
+from worker.outcome import TIMEOUT_EXIT_CODE, ProcessOutcome
 from worker.runtimes.container_executor import CappedOutput, Frames
 from worker.runtimes.container_host import CLEAN_INSIDE, CLEANED
 from worker.runtimes.docker_engine import ENGINE_ERRORS, map_docker_errors

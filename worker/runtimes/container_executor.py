@@ -38,7 +38,7 @@ from pathlib import Path
 
 from worker.cancellation import Cancellation
 from worker.contract import RunRequest
-from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome
+from worker.outcome import TIMEOUT_EXIT_CODE, ProcessOutcome
 from worker.runtimes import executor_confine as confine
 from worker.runtimes import executor_inside as inside
 from worker.runtimes.container_host import CLEAN_INSIDE

@@ -45,7 +45,7 @@ from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.contract import RunRequest, RunResult, RuntimeName
 from worker.environments import EnvironmentBuilder
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, WorkspaceError
-from worker.process import TIMEOUT_EXIT_CODE
+from worker.outcome import TIMEOUT_EXIT_CODE
 from worker.runtimes.base import BaseWorkspaceRuntime, run_result
 from worker.runtimes.cube_builds import cube_builder
 from worker.runtimes.cube_environments import CubeEnvironments

@@ -27,7 +27,7 @@ from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentSt
 from worker.environments.steps import SandboxSteps, StepRunner
 from worker.environments.target import Target
 from worker.errors import DependencyError
-from worker.process import ProcessOutcome
+from worker.outcome import ProcessOutcome
 
 MANYLINUX_MINORS = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
 """The glibc 2.x versions uv's ``--python-platform`` can name (``<machine>-manylinux_2_<x>``)."""

@@ -31,8 +31,7 @@ from worker import defaults
 from worker.cancellation import Cancellation
 from worker.config import CubeCodeExecutorConfig
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
-from worker.process import TIMEOUT_EXIT_CODE, ProcessOutcome
-from worker.runtimes.host import decode_output
+from worker.outcome import TIMEOUT_EXIT_CODE, ProcessOutcome, decode_output
 
 REMOTE_TMP = "/tmp"
 KILLED_EXIT_CODE = 128 + 9

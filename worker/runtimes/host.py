@@ -31,7 +31,7 @@ from worker.environments import EnvironmentInfo, EnvironmentStatus, SkillEnviron
 from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.library_fetch import locate, skill_root_in_use
-from worker.process import ProcessOutcome
+from worker.outcome import ProcessOutcome, decode_output
 from worker.redaction import Redactor, redacting_sink
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
 from worker.runtimes.host_files import WorkspaceFiles
@@ -384,11 +384,3 @@ class _Prepared:
     cwd: str
     env: dict[str, str]
     patterns: list[str]
-
-
-def decode_output(data: bytes, omitted: int) -> str:
-    """A command's captured output as text (invalid UTF-8 replaced), with a marker where it was cut."""
-    text = data.decode("utf-8", "replace")
-    if omitted:
-        text += defaults.TRUNCATION_MARKER.format(omitted=omitted)
-    return text

@@ -24,15 +24,8 @@ from worker.egress import proxy_environment, run_allow_list
 from worker.egress.serving import serving_sandbox
 from worker.environments import SkillEnvironments, local_environments
 from worker.errors import InvalidRunRequestError, SpawnerError
-from worker.process import (
-    SETPRIV_HARDENING,
-    ProcessOutcome,
-    find_bash,
-    find_setpriv,
-    network_off_prefix,
-    run_process,
-    ulimit_prefix,
-)
+from worker.outcome import ProcessOutcome
+from worker.process import find_bash, network_off_prefix, run_process, ulimit_prefix
 from worker.ready_shell import ReadyShell
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
@@ -40,6 +33,7 @@ from worker.runtimes.run_groups import RunGroups
 from worker.sandbox import SandboxSpec
 from worker.spawner import Spawner, spawner_python
 from worker.staging import BaseSkillStager
+from worker.user_ids import SETPRIV_HARDENING, find_setpriv
 from worker.user_network import find_slirp4netns
 from worker.watch import kill_user_processes
 from worker.workspace import Workspace, WorkspaceManager

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from worker.cgroup_pool import CgroupPool
 from worker.cgroups import CgroupError, CgroupLimits, CgroupTree, RunCgroup
 from worker.launcher import Launcher, LauncherPool
-from worker.process import find_setpriv, network_off_prefix
+from worker.process import network_off_prefix
 from worker.sandbox import find_bwrap
+from worker.user_ids import find_setpriv
 
 
 class RunGroups:
