@@ -1,4 +1,5 @@
-"""Which environment variable names a run may set (through ``env``, or as a team secret's name).
+"""Which environment variable names a run may set (through ``env``, or as a team secret's name), and the six the
+workspace sets itself (``workspace_variables``).
 
 Light on purpose: skill parsing checks the secret names a ``SKILL.md`` declares with it, without loading the run
 contract or the settings.
@@ -33,3 +34,15 @@ def env_name_problem(name: str) -> str | None:
     if name in WORKSPACE_VARIABLES:
         return f"{name} is set by the workspace and may not be overridden"
     return None
+
+
+def workspace_variables(root: str, run_dir: str, skill_name: str) -> dict[str, str]:
+    """The guide's six workspace variables of a workspace at ``root`` (as the command sees it)."""
+    return {
+        "WORKSPACE_DIR": root,
+        "SKILLS_DIR": f"{root}/skills",
+        "WORK_DIR": f"{root}/work",
+        "OUTPUT_DIR": f"{root}/out",
+        "RUN_DIR": run_dir,
+        "SKILL_NAME": skill_name,
+    }

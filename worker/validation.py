@@ -14,7 +14,7 @@ from worker import defaults
 from worker.collect import expand_variables, resolve_patterns
 from worker.config import WorkerSettings, get_worker_settings
 from worker.contract import RunRequest
-from worker.env_names import MAX_ENV_NAME_CHARS, env_name_problem
+from worker.env_names import MAX_ENV_NAME_CHARS, env_name_problem, workspace_variables
 from worker.errors import InvalidRunRequestError
 
 _PLACEHOLDER_ROOT = "/skillrun-workspace"
@@ -80,14 +80,7 @@ def validate_env(env: dict[str, str]) -> None:
 
 
 def placeholder_variables(skill_name: str, root: str = _PLACEHOLDER_ROOT) -> dict[str, str]:
-    return {
-        "WORKSPACE_DIR": root,
-        "SKILLS_DIR": f"{root}/skills",
-        "WORK_DIR": f"{root}/work",
-        "OUTPUT_DIR": f"{root}/out",
-        "RUN_DIR": f"{root}/runs/run",
-        "SKILL_NAME": skill_name,
-    }
+    return workspace_variables(root, f"{root}/runs/run", skill_name)
 
 
 def resolve_cwd(cwd: str, variables: dict[str, str], skill_dir: str) -> str:

@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from worker.contract import WORKSPACE_ID_PATTERN
+from worker.env_names import workspace_variables
 from worker.errors import WorkspaceError
 from worker.folders import reachable_by_others, remove_tree
 from worker.user_ids import UserIdRegistry
@@ -86,15 +87,7 @@ class Workspace:
 
     def variables(self, skill_name: str, run_dir: Path) -> dict[str, str]:
         """The six workspace variables of the guide."""
-        root = str(self.path)
-        return {
-            "WORKSPACE_DIR": root,
-            "SKILLS_DIR": f"{root}/skills",
-            "WORK_DIR": f"{root}/work",
-            "OUTPUT_DIR": f"{root}/out",
-            "RUN_DIR": str(run_dir),
-            "SKILL_NAME": skill_name,
-        }
+        return workspace_variables(str(self.path), str(run_dir), skill_name)
 
     def read_metadata(self) -> dict:
         try:

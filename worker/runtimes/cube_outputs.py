@@ -26,6 +26,7 @@ from worker.artifacts import BaseArtifactStore
 from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.config import CubeCodeExecutorConfig
 from worker.contract import RunRequest
+from worker.env_names import workspace_variables
 from worker.errors import RuntimeUnavailableError, UnsafeArchiveError, WorkspaceError
 from worker.process import remote_ulimit_prefix
 from worker.redaction import Redactor, redacting_sink
@@ -34,7 +35,7 @@ from worker.runtimes.cube_executor import KILL_SCRIPT, CubeCodeExecutor, sandbox
 from worker.runtimes.cube_scripts import PACK_SCRIPT, glob_regex
 from worker.staging import WORKSPACE_LINKS
 from worker.tar_transfer import SIZES_MEMBER, extract_mirror
-from worker.workspace import Workspace
+from worker.validation import placeholder_variables
 
 ARTIFACT_DOWNLOAD_BYTES = 1024**3
 """Most bytes of output files fetched for one run that saves artifacts (whole files, not capped heads)."""
@@ -81,7 +82,7 @@ class CubeOutputs:
         dependency ``environment`` as ``VIRTUAL_ENV`` and first on ``PATH`` when it has one), killed with its
         process group after ``limit`` seconds (``timeout -s KILL``: 137); once it has exited, in the same round
         trip, kill what it left running and run ``pack`` (``pack_script``); exit with the command's status."""
-        variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(run_dir))
+        variables = workspace_variables(ws, run_dir, request.skill.name)
         env = command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
         if environment is not None:
             env = {**env, "VIRTUAL_ENV": environment, "PATH": f"{environment}/bin:{env.get('PATH', '')}"}
@@ -102,7 +103,7 @@ class CubeOutputs:
 
     def pack_script(self, request: RunRequest, ws: str, pack_dir: str) -> str:
         """The script that packs what the request's output patterns may match (nothing when it has none)."""
-        variables = Workspace(request.workspace_id, Path(ws)).variables(request.skill.name, Path(f"{ws}/runs/run"))
+        variables = placeholder_variables(request.skill.name, ws)
         patterns = resolve_patterns(request.output_files, variables, Path(ws))
         if not patterns:
             return ""
@@ -209,7 +210,7 @@ class CubeOutputs:
         sizes = extract_mirror(
             data, mirror, remote_root=ws, max_members=3 * (limits.output_max_files + 1) + 1, max_bytes=budget
         )
-        mirror_vars = Workspace(request.workspace_id, mirror).variables(request.skill.name, mirror / "runs" / "run")
+        mirror_vars = placeholder_variables(request.skill.name, str(mirror))
         patterns = resolve_patterns(request.output_files, mirror_vars, mirror)
         sink = (redacting_sink(self.artifact_store, request.workspace_id, Redactor(request.redacted_values))
                 if request.save_as_artifacts else None)

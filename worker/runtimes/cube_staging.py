@@ -34,8 +34,8 @@ from worker.runtimes.cube_executor import REMOTE_TMP, CubeCodeExecutor, ScriptOu
 from worker.runtimes.cube_scripts import FAST_GUARD, FAST_MISS_EXIT_CODE, PREP_SCRIPT, STAGE_SCRIPT
 from worker.staging import CopySkillStager, walk_tree
 from worker.tar_transfer import UploadArchive
-from worker.validation import resolve_cwd, validate_input_name
-from worker.workspace import METADATA_FILE, Workspace, run_stamp
+from worker.validation import placeholder_variables, resolve_cwd, validate_input_name
+from worker.workspace import METADATA_FILE, run_stamp
 
 
 @dataclass(frozen=True)
@@ -204,9 +204,7 @@ class CubeStaging:
     ) -> dict[str, str]:
         cwd_check = ""
         if request.cwd is not None:
-            placeholder = Workspace(request.workspace_id, Path(ws)).variables(
-                request.skill.name, Path(f"{ws}/runs/run")
-            )
+            placeholder = placeholder_variables(request.skill.name, ws)
             target = resolve_cwd(request.cwd, placeholder, f"{ws}/skills/{request.skill.name}")
             # The real path as base64: a folder name with a newline cannot add lines of its own.
             cwd_check = f'cd -- {shlex.quote(target)} 2>/dev/null && [ -d . ] && echo "cwd=$(pwd -P | base64 -w0)" || echo "cwd=-"'
