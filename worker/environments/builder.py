@@ -52,7 +52,7 @@ from worker.environments.store import (
 from worker.environments.target import Target
 from worker.errors import EnvironmentBuildError
 from worker.folders import remove_tree
-from worker.process import ProcessOutcome
+from worker.outcome import ProcessOutcome
 from worker.user_ids import UserIdRegistry
 
 MESSAGE_CHARS = 4000

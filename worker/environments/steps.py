@@ -20,6 +20,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from worker.egress.proxy import proxy_environment
 from worker.egress.serving import serving_sandbox
 from worker.environments.target import Target
 from worker.errors import CgroupError, DependencyError
-from worker.process import ProcessOutcome, run_process
+from worker.outcome import ProcessOutcome
+from worker.process import run_process
 from worker.sandbox import SandboxSpec, find_bwrap
 
 OUTPUT_BYTES = 256 * 1024
@@ -75,6 +77,7 @@ class SandboxSteps(StepRunner):
         self.sandboxed = sandboxed
         self.allowed_hosts = allowed_hosts
         self._tree: CgroupTree | str | None = None
+        self._detecting = threading.Lock()  # a build's first steps start together, each in a thread of its own
 
     async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
                   timeout: float, cancel: Cancellation) -> ProcessOutcome:
@@ -122,8 +125,9 @@ class SandboxSteps(StepRunner):
         bundle = self.ca_bundle
         if bundle and not bundle.startswith(("/etc/", "/usr/")):
             shown.append(bundle)
-        if self._tree is None:
-            self._tree = CgroupTree.detect()
+        with self._detecting:
+            if self._tree is None:
+                self._tree = CgroupTree.detect()
         cgroup = None
         if isinstance(self._tree, CgroupTree):
             cgroup = self._tree.new_group()
