@@ -10,6 +10,8 @@ Every error the worker raises descends from one root::
     │       ├── EnvironmentBuildError     resolving or installing the dependencies failed (the tool's own message)
     │       └── EnvironmentNotReadyError  the environment is not built and the run chose not to wait
     ├── RuntimeUnavailableError  a runtime cannot be used on this machine
+    ├── ExecutorError            a container's executor could not be reached, or went away during a run
+    │                            (``worker.runtimes.container_executor``: ``ExecutorUnavailable``, ``ExecutorLost``)
     ├── SandboxError             a command's bubblewrap sandbox did not start
     ├── CgroupError              a run's control group could not be made or used
     ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
@@ -79,6 +81,11 @@ class SkillRootError(WorkerError, RuntimeError):
 
 class UnsafeArchiveError(SkillRootError):
     """An archive has a hostile entry (absolute path, ``..``, link, device...) or exceeds a limit."""
+
+
+class ExecutorError(WorkerError):
+    """The program inside a container that executes its runs (``worker.runtimes.executor_inside``) could not be
+    reached, or went away; the Docker runtime answers it with another way in, or fails the run saying so."""
 
 
 class SandboxError(WorkerError):

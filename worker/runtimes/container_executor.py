@@ -38,6 +38,7 @@ from pathlib import Path
 
 from worker.cancellation import Cancellation
 from worker.contract import RunRequest
+from worker.errors import ExecutorError
 from worker.outcome import TIMEOUT_EXIT_CODE, ProcessOutcome
 from worker.runtimes import executor_confine as confine
 from worker.runtimes import executor_inside as inside
@@ -61,11 +62,11 @@ POLL_SECONDS = 0.05
 SWEEP_AFTER_SECONDS = 60.0
 
 
-class ExecutorUnavailable(Exception):
+class ExecutorUnavailable(ExecutorError):
     """The executor could not be reached or answered wrongly before a run started (the run did not start)."""
 
 
-class ExecutorLost(Exception):
+class ExecutorLost(ExecutorError):
     """The executor went away or stopped answering while a run was under way; ``outcome`` is the run's, as far
     as it was seen (set by ``ExecutorLink.run``)."""
 
