@@ -5,7 +5,9 @@ team's workspace, a workspace being removed — goes through a run, which answer
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from orchestrator.skills import SkillToolSet, create_default_skill_repository
 from orchestrator.skills.tools.skill_toolset import workspace_id_for
 from orchestrator.tools import WorkspaceFileToolSet
 from worker.contract import RunRequest, SkillRef
+from worker.runtimes.host_files import WorkspaceFiles
 from worker.runtimes.local import LocalWorkspaceRuntime
 from worker.secrets import FileSecretStore, SecretBox
 
@@ -143,3 +146,29 @@ async def test_another_teams_workspace_and_one_being_removed_are_not_reached(sta
     assert await dispatcher.remove_workspace(call.workspace_id) == "removed"
     async with dispatcher.workspace_files(request, owner="alice") as files:
         assert files is None
+
+
+async def test_a_cancelled_call_holds_the_workspace_until_its_thread_has_ended(stack, monkeypatch):
+    call, _ = await started(stack)
+    skill_tools, dispatcher, _ = stack
+    entered, release = threading.Event(), threading.Event()
+    real_write = WorkspaceFiles.write
+
+    def slow_write(self, *args, **kwargs):
+        entered.set()
+        release.wait(30)
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkspaceFiles, "write", slow_write)
+    writing = asyncio.create_task(call("Write", path="work/data.txt", content="late\n"))
+    assert await asyncio.to_thread(entered.wait, 30)
+    writing.cancel()
+    for _ in range(5):  # the cancelled call is still in the workspace while its thread writes
+        await asyncio.sleep(0)
+    assert not writing.done()
+    with pytest.raises(WorkspaceConflictError):
+        await dispatcher.remove_workspace(call.workspace_id)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await writing
+    assert (await dispatcher.get_workspace(call.workspace_id)).runs == []
