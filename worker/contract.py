@@ -202,7 +202,8 @@ class RunRequest(BaseModel):
 
 
 class OutputFile(BaseModel):
-    """A collected output file. ``content`` is text, base64 (``encoding == "base64"``) or omitted."""
+    """A collected output file. ``content`` is text (a file of a text type whose bytes are UTF-8), base64
+    (``encoding == "base64"``: any other file, its bytes as they are) or omitted (``"none"``)."""
 
     name: str
     content: str = ""

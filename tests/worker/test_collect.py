@@ -75,6 +75,23 @@ async def test_total_cap_is_shared_by_all_files(runtime, make_request):
     assert [f.truncated for f in result.output_files] == [False, False, True]
 
 
+async def test_what_comes_back_is_never_more_bytes_than_the_caps_let_a_file_have(runtime, make_request):
+    # Text that is not UTF-8 (NUL-free bytes libmagic calls text, Latin-1 here) would grow three times over as
+    # replacement characters: it comes back whole as base64. UTF-8 cut inside a character drops the split one.
+    limits = RunLimits(output_file_bytes=1000, output_total_bytes=5000)
+    command = ("printf 'caf\\351 ' > out/latin.txt; head -c 2000 /dev/zero | tr '\\0' '\\351' >> out/latin.txt; "
+               "(printf x; for i in $(seq 800); do printf '\\303\\251'; done) > out/utf8.txt")
+    result = await runtime.run(make_request(command, output_files=["out/*.txt"], limits=limits))
+    files = {f.name: f for f in result.output_files}
+    latin, utf8 = files["out/latin.txt"], files["out/utf8.txt"]
+    assert latin.encoding == "base64" and base64.b64decode(latin.content) == b"caf\xe9 " + b"\xe9" * 995
+    assert latin.truncated and latin.mime_type.startswith("text/")
+    assert utf8.encoding == "utf-8" and utf8.content == "x" + "\u00e9" * 499 and utf8.truncated
+    for found in result.output_files:
+        inline = base64.b64decode(found.content) if found.encoding == "base64" else found.content.encode("utf-8")
+        assert len(inline) <= limits.output_file_bytes
+
+
 async def test_double_star_and_braces_match_nested_files(runtime, make_request):
     command = "mkdir -p out/a/b; echo 1 > out/a/b/x.csv; echo 2 > out/top.txt; echo 3 > out/a/skip.log"
     result = await runtime.run(make_request(command, output_files=["$OUTPUT_DIR/**/*.{csv,txt}"]))

@@ -7,7 +7,8 @@ could leave the workspace (absolute outside it, or with a ``..`` segment) is ref
 it — to a file or a folder — is one ``skipped_files`` entry, and so is whatever else cannot be collected (a FIFO,
 a device, a socket, a dangling link, a loop, nesting past ``MAX_DEPTH`` folders, listings past
 ``MAX_LISTED_ENTRIES`` entries), each with its reason; collection itself does not fail. No file is ever read past
-the per-file or the total byte cap. Saved as artifacts, files are stored whole, and together count against the
+the per-file or the total byte cap, and what comes back is never more than was read: a file of a text type whose
+bytes are not UTF-8 comes back as base64 (``_utf8``). Saved as artifacts, files are stored whole, and together count against the
 run's ``artifact_total_bytes``: each at its full size (a sparse file's holes too: what is stored is its content),
 checked before it is read and again as it is stored (redaction may lengthen it); a file past what is left is
 refused. The same collection serves every runtime (a remote one collects from a local mirror of its workspace).
@@ -153,14 +154,26 @@ def _read_one(
     truncated = size > len(data)
     if omit_inline:
         output = OutputFile(name=name, content="", mime_type=mime, size=size, truncated=truncated, encoding="none")
-    elif is_text(mime, head):
-        output = OutputFile(name=name, content=data.decode("utf-8", "replace"), mime_type=mime, size=size, truncated=truncated)
+    elif is_text(mime, head) and (text := _utf8(data, cut=truncated)) is not None:
+        output = OutputFile(name=name, content=text, mime_type=mime, size=size, truncated=truncated)
     else:
         output = OutputFile(
             name=name, content=base64.b64encode(data).decode("ascii"), mime_type=mime, size=size,
             truncated=truncated, encoding="base64",
         )
     return output, artifact, len(data)
+
+
+def _utf8(data: bytes, *, cut: bool) -> str | None:
+    """``data`` as text when it is UTF-8 (of a file ``cut`` short, a character its end splits is dropped); ``None``
+    otherwise: it goes back as base64, whole, never as text with replacement characters, which would take more
+    bytes than the caps let the file have (three for each byte replaced)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if cut and exc.end == len(data) and exc.start >= len(data) - 3:
+            return data[:exc.start].decode("utf-8")
+        return None
 
 
 def _read_at_most(fd: int, limit: int) -> bytes:
