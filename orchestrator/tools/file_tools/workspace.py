@@ -141,8 +141,9 @@ class WorkspaceFileBackend(BaseFileBackend):
 
     async def _collect_read(self, args: dict[str, Any], tool_context: InvocationContext | None) -> dict | None:
         """Read as a run that only collects the file (the runtime's collection: capped, never following a link out
-        of the workspace) — no interpreter started. ``None`` for a file that is not UTF-8 (collection would replace
-        what it cannot decode): the operations module reads it."""
+        of the workspace) — no interpreter started. ``None`` for a file that may be text but is not UTF-8
+        (collection gives its bytes, whose redaction cannot see a secret in another encoding): the operations
+        module reads it, and its answer is redacted as text."""
         path = args["path"]
         try:
             where = _inside(path, "path")
@@ -164,12 +165,12 @@ class WorkspaceFileBackend(BaseFileBackend):
             found = result.output_files[0]
             if found.truncated or found.size > _ops.MAX_READ_BYTES:
                 raise _ops.Refused(_ops.over_read_cap(path, found.size))
-            if found.encoding == "base64":
-                data = base64.b64decode(found.content)
-            elif "\ufffd" in found.content:
+            if found.encoding != "base64":
+                return _ops.read_answer(found.content.encode("utf-8"), path, args.get("start_line"),
+                                        args.get("end_line"))
+            data = base64.b64decode(found.content)
+            if b"\0" not in data[:_ops.SNIFF_BYTES]:  # text in another encoding: the run redacted only its bytes
                 return None
-            else:
-                data = found.content.encode("utf-8")
             return _ops.read_answer(data, path, args.get("start_line"), args.get("end_line"))
         except _ops.Refused as exc:
             return _ops.failure(str(exc))
