@@ -27,8 +27,8 @@ from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from tests.cube_server import CubeStandIn  # noqa: E402
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
-from worker.runtimes.cube import CubeWorkspaceRuntime  # noqa: E402
-from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
+from worker.runtimes.cube.runtime import CubeWorkspaceRuntime  # noqa: E402
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime  # noqa: E402
 
 COMMAND = "echo hello"
 

@@ -38,8 +38,8 @@ import docker  # noqa: E402
 from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
 from worker.runtimes import resolve_runtime  # noqa: E402
-from worker.runtimes.container import DEFAULT_IMAGE, ContainerWorkspaceRuntime  # noqa: E402
-from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
+from worker.runtimes.docker.runtime import DEFAULT_IMAGE, ContainerWorkspaceRuntime  # noqa: E402
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime  # noqa: E402
 
 COMMAND = "echo hi"
 SKILL = SkillRef(name="python-math", root=str(ROOT / "skills"), path="python-math")

@@ -7,7 +7,7 @@
 * run https (docker) the same from a Docker run, through the relay and the proxy's unix socket (``--docker``).
 * no redaction      turning a 10 MiB stdout (``--megabytes``) into the result's text (decoding it), as every run does.
 * redaction         the same plus taking a team's secrets (``--secrets`` values, none present) out of it
-                    (``worker.redaction.Redactor``): what a run with team secrets pays for its stdout.
+                    (``worker.secrets.Redactor``): what a run with team secrets pays for its stdout.
 
 Each series is measured ``--runs`` times; the rows give median and p95 in ms and the ratio of the medians to the
 baseline (host https for the requests; no redaction for redaction). The server's name is pinned to 127.0.0.1
@@ -43,8 +43,8 @@ from cryptography.x509.oid import NameOID  # noqa: E402
 from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from worker.config import get_worker_settings  # noqa: E402
 from worker.contract import RunRequest, RuntimeName, SkillRef  # noqa: E402
-from worker.folders import remove_tree  # noqa: E402
-from worker.redaction import Redactor  # noqa: E402
+from worker.roots.folders import remove_tree  # noqa: E402
+from worker.secrets import Redactor  # noqa: E402
 
 HOST = "api.egress-bench.net"
 CLIENT = r'''
@@ -180,7 +180,7 @@ async def main() -> None:
 
 
 async def request_series(args: argparse.Namespace) -> None:
-    from worker.runtimes.local import LocalWorkspaceRuntime
+    from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
     scratch = scratch_dir("skillrun-bench-egress-")
     os.environ["SKILLRUN_EGRESS_PINNED_HOSTS"] = f"{HOST}=127.0.0.1"
@@ -197,7 +197,7 @@ async def request_series(args: argparse.Namespace) -> None:
     engine = None
     if args.docker:
         from tests.services import docker_engine_for
-        from worker.runtimes.container import ContainerWorkspaceRuntime
+        from worker.runtimes.docker.runtime import ContainerWorkspaceRuntime
 
         engine = docker_engine_for(str(Path(__file__).resolve().parent.parent))  # the running one, or one started
         runtimes.append(("run https (docker)", RuntimeName.DOCKER,

@@ -31,7 +31,7 @@ from orchestrator.dispatch import QueueDispatcher  # noqa: E402
 from orchestrator.skills import create_default_skill_repository  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
 from worker.contract import RunRequest  # noqa: E402
-from worker.folders import remove_tree  # noqa: E402
+from worker.roots.folders import remove_tree  # noqa: E402
 
 SKILL = create_default_skill_repository(str(ROOT / "skills")).skill_ref("python-math")
 

@@ -29,7 +29,7 @@ from orchestrator.context import InvocationContext  # noqa: E402
 from orchestrator.sessions import Session  # noqa: E402
 from orchestrator.skills import SkillToolSet, create_default_skill_repository  # noqa: E402
 from orchestrator.tools.file_tools import FileToolSet, WorkspaceFileToolSet  # noqa: E402
-from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime  # noqa: E402
 
 LIBRARY = Path(__file__).resolve().parent.parent / "skills"
 CONTENT = ("0123456789abcdef" * 4 + "\n") * 63  # 4 KiB less a little
@@ -64,7 +64,7 @@ async def main() -> None:
     modes: dict[str, tuple[dict, object | None]] = {"host": (await tools_of(FileToolSet(cwd=scratch / "host")), None)}
     runtimes = {"local": LocalWorkspaceRuntime(scratch / "local")}
     if args.docker:
-        from worker.runtimes.container import ContainerWorkspaceRuntime
+        from worker.runtimes.docker.runtime import ContainerWorkspaceRuntime
         runtimes["docker"] = ContainerWorkspaceRuntime(scratch / "docker")
     skill_sets = []
     for name, runtime in runtimes.items():

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
-from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime  # noqa: E402
 
 LIBRARY = Path(__file__).resolve().parent.parent / "skills"
 

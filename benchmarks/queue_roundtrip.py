@@ -36,7 +36,7 @@ from orchestrator.teams import TeamStore  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
 from worker.artifacts import FileArtifactStore  # noqa: E402
 from worker.contract import RunRequest  # noqa: E402
-from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime  # noqa: E402
 
 
 async def main() -> None:

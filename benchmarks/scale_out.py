@@ -33,7 +33,7 @@ from orchestrator.dispatch import QueueDispatcher  # noqa: E402
 from orchestrator.skills import create_default_skill_repository  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
 from worker.contract import RunRequest  # noqa: E402
-from worker.nodes import live_nodes  # noqa: E402
+from worker.jobs.nodes import live_nodes  # noqa: E402
 from worker.run_store import RunStatus  # noqa: E402
 
 

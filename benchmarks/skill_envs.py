@@ -41,8 +41,8 @@ from worker.environments import (  # noqa: E402
     build_settings,
     local_target,
 )
-from worker.folders import remove_tree  # noqa: E402
-from worker.runtimes.local import LocalWorkspaceRuntime  # noqa: E402
+from worker.roots.folders import remove_tree  # noqa: E402
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime  # noqa: E402
 
 REQUIREMENTS = ["tabulate>=0.9", "wcwidth>=0.2"]
 IMPORTS = "import tabulate, wcwidth"

@@ -24,7 +24,7 @@ from orchestrator.documents import RedisDocuments
 from orchestrator.teams import TeamStore
 from tests.orchestrator.api_helpers import new_team
 from tests.services import RedisServer, free_port
-from worker.folders import remove_tree
+from worker.roots.folders import remove_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 API_START_SECONDS = 60

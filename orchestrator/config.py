@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from orchestrator.quotas import MAX_ARTIFACT_BYTES_CEILING, MAX_BUILDS_CEILING, TeamQuota
 from worker import defaults as run_defaults
 from worker.artifacts.location import BlobUrl
-from worker.tokens import usable_worker_token
+from worker.jobs.tokens import usable_worker_token
 
 DEFAULT_SKILLS_ROOT = "./skills"
 PREPARABLE_RUNTIMES = ("local", "docker")

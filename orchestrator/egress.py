@@ -2,8 +2,8 @@
 documents (kind ``egress``, one document per team).
 
 A run gets the entries both its skill declares (``metadata.egress``) and its team's list allows
-(``worker.egress.entries.effective``); a skill that declares none, or a team with no list, gets no network. Entries
-are checked when set (``worker.egress.entries.parse_entry``: no addresses or ranges, no wildcard for everything or
+(``worker.egress.policy.effective``); a skill that declares none, or a team with no list, gets no network. Entries
+are checked when set (``worker.names.parse_entry``: no addresses or ranges, no wildcard for everything or
 a whole top-level domain, no private names, ports 1-65535); a list with a bad entry is refused whole and nothing is
 stored.
 """
@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from orchestrator.documents import BaseDocuments
 from orchestrator.errors import OrchestratorError
 from worker.contract import TEAM_NAME
-from worker.egress.entries import parse_entries
+from worker.names import parse_entries
 from worker.errors import EgressError
 
 KIND = "egress"

@@ -1,10 +1,10 @@
 """Team skill libraries: named, versioned sets of skills, each version pinned by its archive's sha256.
 
-A version comes from a URL (fetched with the limits of ``worker.roots``) or an uploaded archive; it is extracted
+A version comes from a URL (fetched with the limits of ``worker.roots.sources``) or an uploaded archive; it is extracted
 once, safely, into ``<libraries dir>/<sha256>/`` (content-addressed, immutable) and its archive is kept as
 ``<libraries dir>/archives/<sha256>``: a worker that shares the folder reads it, one on another host fetches the
-archive by its digest (``GET /v1/worker/libraries/<sha256>``, ``worker.library_fetch``). An archive refused — hostile
-(``worker.archives``: a path rule, a limit, more than ``MAX_ARCHIVE_DEPTH`` folders deep) or holding no usable skill —
+archive by its digest (``GET /v1/worker/libraries/<sha256>``, ``worker.roots.library_fetch``). An archive refused — hostile
+(``worker.roots.archives``: a path rule, a limit, more than ``MAX_ARCHIVE_DEPTH`` folders deep) or holding no usable skill —
 leaves nothing in the folder, whatever its depth. Each library has a current version; a team's runs and agents see
 its libraries' current versions.
 
@@ -34,11 +34,11 @@ from orchestrator.config import DEFAULT_MAX_LIBRARIES, DEFAULT_VERSIONS_KEPT
 from orchestrator.documents import BaseDocuments
 from orchestrator.errors import OrchestratorError, SkillError
 from orchestrator.skills.repository import FsSkillRepository
-from worker.archives import FetchLimits
+from worker.roots.archives import FetchLimits
 from worker.errors import SkillRootError
-from worker.folders import remove_tree
-from worker.root_cache import DIGEST
-from worker.roots import download_archive, install_archive
+from worker.roots.folders import remove_tree
+from worker.roots.cache import DIGEST
+from worker.roots.sources import download_archive, install_archive
 
 LIBRARY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 ARCHIVES_DIR = "archives"

@@ -6,7 +6,7 @@ a field the team's quota leaves unset takes the default. The dispatcher checks a
 quota before anything of it is stored (``QuotaExceededError``: HTTP 429, with what was exceeded and when to try
 again), and counts queued runs atomically with the submission, so a team at its quota that submits a hundred runs
 at once gets exactly as many in as it has room for. Past ``max_running`` a team's runs are not refused: they wait
-their turn in its line (``worker.fair_queue``).
+their turn in its line (``worker.jobs.fair_queue``).
 
 Builds of skills' dependency environments count too, in a field of their own (``max_builds``): the builds a team's
 library registrations start — one per library version and runtime, queued or under way — are counted in the same

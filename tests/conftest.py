@@ -23,8 +23,8 @@ from tests.package_index import PackageIndex, wheel
 from tests.services import RedisServer, docker_engine_for, unavailable
 from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.contract import RunRequest, SkillRef
-from worker.folders import remove_tree
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.roots.folders import remove_tree
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 IS_ROOT = os.geteuid() == 0
 

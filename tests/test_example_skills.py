@@ -22,8 +22,8 @@ from worker.environments import (
     local_target,
     read_manifest,
 )
-from worker.folders import remove_tree
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.roots.folders import remove_tree
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 LIBRARY = Path(__file__).resolve().parent.parent / "skills"
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from rq import Queue
 
-from worker.consumer import queue_name
+from worker.jobs.consumer import queue_name
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 KEDA_SCHEMA_FILE = Path(__file__).with_name("kubernetes") / "keda-scaledobject-schema.yaml"

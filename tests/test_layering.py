@@ -34,9 +34,14 @@ def test_every_module_imports():
         importlib.import_module(name)
 
 
+def _packages(package) -> list:
+    return [importlib.import_module(m.name) for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+            if m.ispkg]
+
+
 def test_public_names_are_exported_and_listed():
-    for package in (worker, orchestrator, importlib.import_module("orchestrator.skills"),
-                    importlib.import_module("worker.runtimes"), importlib.import_module("worker.artifacts")):
+    for package in (worker, orchestrator, *_packages(worker), importlib.import_module("orchestrator.skills")):
+        assert package.__doc__, f"{package.__name__} says nothing of what it holds"
         for name in package.__all__:
             assert hasattr(package, name), f"{package.__name__}.{name} is in __all__ but missing"
 
@@ -83,17 +88,21 @@ def _loaded_by(module: str) -> list[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
 
 
-RUN_CONTRACT = {"worker", "worker.lazy", "worker.contract", "worker.defaults", "worker.env_names",
-                "worker.runtime_name", "worker.errors", "worker.addresses", "worker.egress", "worker.egress.entries"}
-"""All the run contract loads of the worker: its limits, names and the grammar of egress entries."""
-LOCAL_SANDBOX = {"worker.process", "worker.sandbox", "worker.spawner", "worker.ready_shell", "worker.launcher",
-                 "worker.held_sandbox", "worker.watch", "worker.seccomp", "worker.cgroups", "worker.cgroup_pool",
-                 "worker.user_network", "worker.egress.proxy", "worker.egress.listener"}
+RUN_CONTRACT = {"worker", "worker.lazy", "worker.contract", "worker.defaults", "worker.names", "worker.errors"}
+"""All the run contract loads of the worker: its package, its limits, its names (runtimes, environment variables,
+egress entries) and the errors they raise."""
+LOCAL_SANDBOX = {"worker.egress.proxy", "worker.egress.listener"} | {
+    name for name in _modules(worker) if name.startswith(("worker.sandbox.", "worker.runtimes.local."))}
 """The local runtime's sandbox: what a Docker or Cube worker, the API and a client never need."""
 
 
 def test_the_run_contract_is_at_the_bottom():
     assert set(_loaded_by("worker.contract")) <= RUN_CONTRACT, _loaded_by("worker.contract")
+
+
+def test_the_worker_top_level_holds_a_handful_of_modules():
+    top = sorted(m.name for m in pkgutil.iter_modules(worker.__path__) if not m.ispkg)
+    assert len(top) <= 12, top
 
 
 def test_the_runtime_base_does_not_load_the_local_sandbox():

@@ -5,7 +5,7 @@ import sys
 from pydantic import ValidationError
 
 from worker.cli import build_parser, error_lines
-from worker.consumer import serve_worker
+from worker.jobs.consumer import serve_worker
 from worker.errors import WorkerError
 
 USAGE_ERROR = 2

@@ -1,12 +1,12 @@
 """Command-line arguments of ``skillrun worker`` / ``python -m worker`` (kept free of heavy imports, so the
-``skillrun`` command line starts fast; the consumer itself is ``worker.consumer``)."""
+``skillrun`` command line starts fast; the consumer itself is ``worker.jobs.consumer``)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from worker.runtime_name import RuntimeName
+from worker.names import RuntimeName
 
 if TYPE_CHECKING:
     from pydantic import ValidationError

@@ -12,8 +12,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker import defaults
 from worker.artifacts.location import BlobUrl
-from worker.runtime_name import RuntimeName
-from worker.tokens import usable_worker_token
+from worker.names import RuntimeName
+from worker.jobs.tokens import usable_worker_token
 
 MAX_CPU_SECONDS = 24 * 3600
 """Default operator ceiling on a run's ``limits.cpu_seconds``."""

@@ -24,9 +24,7 @@ from pydantic import (
 )
 
 from worker import defaults
-from worker.egress.entries import MAX_ENTRIES, parse_entries
-from worker.env_names import env_name_problem
-from worker.runtime_name import RuntimeName
+from worker.names import MAX_ENTRIES, RuntimeName, env_name_problem, parse_entries
 
 # Also JSON-schema patterns (where "$" is the end); in Python, use fullmatch: match would let a final newline in
 WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -149,7 +147,7 @@ class RunRequest(BaseModel):
     )
 
     _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
-    """The values of ``secrets``, put here by whoever executes the run just before it runs (``worker.secrets``);
+    """The values of ``secrets``, put here by whoever executes the run just before it runs (``worker.secrets.store``);
     never serialized, so never in a record, a job or a log."""
 
     _redacted_values: dict[str, str] = PrivateAttr(default_factory=dict)

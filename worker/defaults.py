@@ -29,7 +29,7 @@ SANDBOX_UID_BASE = 30000
 SANDBOX_UID_COUNT = 30000
 """Range of user ids handed to workspaces when the host process runs as root."""
 UID_REGISTRY_DIR = "/var/lib/skillrun/uids"
-"""Where the host's sandbox user ids are recorded (``worker.user_ids``): one registry for every work root."""
+"""Where the host's sandbox user ids are recorded (``worker.workspaces.user_ids``): one registry for every work root."""
 
 SANDBOX_TMPFS_BYTES = 64 * 1024 * 1024
 """Size of the private /tmp and, again, of /dev/shm of a sandboxed local run (memory the run's group pays for)."""

@@ -11,7 +11,7 @@ Every error the worker raises descends from one root::
     │       └── EnvironmentNotReadyError  the environment is not built and the run chose not to wait
     ├── RuntimeUnavailableError  a runtime cannot be used on this machine
     ├── ExecutorError            a container's executor could not be reached, or went away during a run
-    │                            (``worker.runtimes.container_executor``: ``ExecutorUnavailable``, ``ExecutorLost``)
+    │                            (``worker.runtimes.docker.executor``: ``ExecutorUnavailable``, ``ExecutorLost``)
     ├── SandboxError             a command's bubblewrap sandbox did not start
     ├── CgroupError              a run's control group could not be made or used
     ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
@@ -84,7 +84,7 @@ class UnsafeArchiveError(SkillRootError):
 
 
 class ExecutorError(WorkerError):
-    """The program inside a container that executes its runs (``worker.runtimes.executor_inside``) could not be
+    """The program inside a container that executes its runs (``worker.runtimes.docker.executor_inside``) could not be
     reached, or went away; the Docker runtime answers it with another way in, or fails the run saying so."""
 
 

@@ -31,7 +31,7 @@ class ProcessOutcome:
     gone: asyncio.Future[None] | None = None
     """For a sandboxed run: done once the sandbox's init has ended, and with it every process of the run (the
     result may come while the kernel is still ending them, all SIGKILLed), and bwrap and the init are reaped, or
-    after ``worker.process.GONE_TIMEOUT_SECONDS``."""
+    after ``worker.sandbox.process.GONE_TIMEOUT_SECONDS``."""
     lingering: bool = False
     """For a run in a held sandbox: some process of the run was still there after the grace period (the caller
     gives the held sandbox up)."""

@@ -14,7 +14,7 @@ from worker import defaults
 from worker.collect import expand_variables, resolve_patterns
 from worker.config import WorkerSettings, get_worker_settings
 from worker.contract import RunRequest
-from worker.env_names import MAX_ENV_NAME_CHARS, env_name_problem, workspace_variables
+from worker.names import MAX_ENV_NAME_CHARS, env_name_problem, workspace_variables
 from worker.errors import InvalidRunRequestError
 
 _PLACEHOLDER_ROOT = "/skillrun-workspace"

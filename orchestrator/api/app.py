@@ -40,7 +40,7 @@ from orchestrator.mcp_server import McpCaps
 from orchestrator.quotas import Quotas
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
-from worker.archives import FetchLimits
+from worker.roots.archives import FetchLimits
 from worker.config import get_worker_settings
 from worker.errors import SecretError
 from worker.validation import run_ceilings

@@ -23,9 +23,9 @@ from orchestrator.libraries import LIBRARY_NAME
 from orchestrator.text import check_text
 from worker import defaults
 from worker.contract import SKILL_NAME_PATTERN, WORKSPACE_ID_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
-from worker.env_names import ALLOWED_ENV_NAME, ENV_NAME, MAX_ENV_NAME_CHARS
+from worker.names import ALLOWED_ENV_NAME, ENV_NAME, MAX_ENV_NAME_CHARS
 from worker.run_store import RunRecord, RunStatus, WorkspaceEntry
-from worker.secrets import MAX_VALUE_BYTES, MIN_VALUE_BYTES, SecretInfo
+from worker.secrets.store import MAX_VALUE_BYTES, MIN_VALUE_BYTES, SecretInfo
 from worker.validation import (
     INPUT_NAME_PATTERN,
     MAX_COMMAND_CHARS,

@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="execute queued runs (needs Redis)")
     add_worker_arguments(worker)
-    worker.set_defaults(handler="worker.consumer:serve_worker")
+    worker.set_defaults(handler="worker.jobs.consumer:serve_worker")
 
     mcp = commands.add_parser(
         "mcp", help="serve the skill library to an MCP client over stdio (add it to Claude, Cursor, ...)",

@@ -12,7 +12,7 @@ from worker.artifacts import BaseArtifactStore
 from worker.contract import RuntimeName
 from worker.runtimes import BaseWorkspaceRuntime, LocalWorkspaceRuntime
 from worker.runtimes.base import resolve_runtime
-from worker.staging import BaseSkillStager
+from worker.workspaces.staging import BaseSkillStager
 
 
 def create_local_workspace_runtime(

@@ -8,7 +8,7 @@ import functools
 from collections.abc import Callable
 from typing import TypeVar
 
-from worker.redaction import Redactor
+from worker.secrets import Redactor
 from worker.runtimes.host_files import WorkspaceFiles
 
 T = TypeVar("T")

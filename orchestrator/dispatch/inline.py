@@ -18,8 +18,8 @@ from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.errors import WorkspaceError
-from worker.jobs import prune_artifacts, remove_one_off_workspace
-from worker.redaction import Redactor, redact_result
+from worker.jobs.execute import prune_artifacts, remove_one_off_workspace
+from worker.secrets import Redactor, redact_result
 from worker.run_store import (
     Attempt,
     MemoryRunStore,
@@ -31,7 +31,7 @@ from worker.run_store import (
 )
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
-from worker.secrets import SecretStore, attach_secrets, forget_secrets
+from worker.secrets.store import SecretStore, attach_secrets, forget_secrets
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Where a queued run goes: the node its kept workspace lives on, else its runtime's shared queue (``worker.nodes``).
+"""Where a queued run goes: the node its kept workspace lives on, else its runtime's shared queue (``worker.jobs.nodes``).
 
 A kept workspace is placed when its first run is accepted: on one of the runtime's live nodes, picked at random
 (none alive: the first worker that starts one of its runs places it on its own node). Its later runs, and its
@@ -18,10 +18,10 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from worker.consumer import queue_name
+from worker.jobs.consumer import queue_name
 from worker.contract import RunRequest
-from worker.fair_queue import TeamGate
-from worker.nodes import NODE_FORGET_SECONDS, NODE_GONE_SECONDS, live_nodes, node_alive, node_queue_name, nodes_key
+from worker.jobs.fair_queue import TeamGate
+from worker.jobs.nodes import NODE_FORGET_SECONDS, NODE_GONE_SECONDS, live_nodes, node_alive, node_queue_name, nodes_key
 from worker.run_store import RunRecord
 from worker.run_store.workspaces import RedisWorkspaces, WorkspaceEntry, WorkspaceRefusedError
 

@@ -9,13 +9,13 @@ no later run ends); when the change subscription drops (Redis went away) every w
 
 The same sweep puts back the jobs of queued runs that a dying worker took and never started
 (``orchestrator.dispatch.stranded``). Runs of a kept workspace go to the queue of the node it lives on
-(``orchestrator.dispatch.placement``). On every queue the teams take turns (``worker.fair_queue``): a team's runs
+(``orchestrator.dispatch.placement``). On every queue the teams take turns (``worker.jobs.fair_queue``): a team's runs
 past its turn wait in its own line, which the same sweep keeps moving; a submission is held to its team's quota
 (``orchestrator.quotas``) in the transaction that enqueues it.
 
 A kept workspace lives on the workers of its node: its removal (asked for, or idle — looked for after each sweep,
 in one process at a time) is a job on that node's queue (on the runtime's workspaces queue,
-``skillrun:<runtime>:workspaces``, while it was never placed; ``worker.jobs.remove_kept_workspace``), and the
+``skillrun:<runtime>:workspaces``, while it was never placed; ``worker.jobs.execute.remove_kept_workspace``), and the
 workspace is listed ``removing`` until a worker has removed it. Gone nodes are forgotten after a week.
 """
 
@@ -48,11 +48,11 @@ from orchestrator.dispatch.stranded import StrandedRuns, job_id_of
 from orchestrator.errors import DispatchError
 from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
-from worker.consumer import queue_name, workspaces_queue_name
+from worker.jobs.consumer import queue_name, workspaces_queue_name
 from worker.contract import RunRequest, RuntimeName
-from worker.fair_queue import FairQueue, TeamGate, team_of
-from worker.jobs import execute_run, remove_kept_workspace, remove_lost_runs_workspace
-from worker.nodes import node_queue_name, worker_beat_key
+from worker.jobs.fair_queue import FairQueue, TeamGate, team_of
+from worker.jobs.execute import execute_run, remove_kept_workspace, remove_lost_runs_workspace
+from worker.jobs.nodes import node_queue_name, worker_beat_key
 from worker.run_store import (
     AsyncRunReader,
     RedisRunStore,
@@ -173,7 +173,7 @@ class QueueDispatcher(BaseDispatcher):
     def _enqueue(self, record: RunRecord, priority: bool = False, pipe: redis.client.Pipeline | None = None, *,
                  cap: int = 0, fresh: bool = False) -> bool:
         """Put the run's next attempt on its queue; ``False`` (and the run failed) when it can never start there.
-        A ``fresh`` run (just submitted) takes its team's turn (``worker.fair_queue``, under a ``cap`` on its team's
+        A ``fresh`` run (just submitted) takes its team's turn (``worker.jobs.fair_queue``, under a ``cap`` on its team's
         runs at once); any other (a retry, a job put back) goes to the queue's front when ``priority``."""
         name, lost = self.placement.queue_of(record)
         if lost is not None and pipe is None:

@@ -3,9 +3,9 @@
 A worker killed after taking a run's job off a queue and before starting the run leaves the run queued with its job
 in no list (RQ pops it; RQ's started-job registry entry of the dead worker stays for minutes, then expires — into
 RQ's failed jobs when the job had been marked started, else it stays, expired, for good). An entry whose worker no
-longer beats (``worker.nodes``) counts as expired at once. The sweep looks at the runs queued for
+longer beats (``worker.jobs.nodes``) counts as expired at once. The sweep looks at the runs queued for
 ``STRANDED_SECONDS`` or more: one whose job (or a job forwarded for it, ``<id>-<attempt>-f``) is neither waiting in
-one of its runtime's queues — the shared one and its live nodes', or their teams' lines (``worker.fair_queue``) — nor held by a live registry entry, seen so in two
+one of its runtime's queues — the shared one and its live nodes', or their teams' lines (``worker.jobs.fair_queue``) — nor held by a live registry entry, seen so in two
 sweeps at least ``STRANDED_SECONDS`` apart, is put back (event ``requeued``). A job that only looked lost is
 harmless twice: a run starts once (``store.start``). A run waiting in the queue of a gone node fails with
 ``workspace_lost`` (``orchestrator.dispatch.placement``).
@@ -27,8 +27,8 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch.placement import Placement, lost_reason
-from worker.consumer import queue_name
-from worker.nodes import node_queue_name, worker_beat_key
+from worker.jobs.consumer import queue_name
+from worker.jobs.nodes import node_queue_name, worker_beat_key
 from worker.run_store import RedisRunStore, RunRecord
 
 STRANDED_SECONDS = 30.0
@@ -114,7 +114,7 @@ class StrandedRuns:
 
     def _started(self, queue: Queue, now: float, seen: _Seen) -> None:
         """The runs a live worker holds, and the registry entries of the ones whose worker is gone: the entry
-        expired, or its worker (the execution's ``worker_name``) stopped beating (``worker.nodes``)."""
+        expired, or its worker (the execution's ``worker_name``) stopped beating (``worker.jobs.nodes``)."""
         registry = StartedJobRegistry(queue=queue)
         registry.cleanup()
         entries = self.redis.zrange(registry.key, 0, -1, withscores=True)

@@ -41,10 +41,10 @@ from orchestrator.skills.skill import (
     validate_summary,
 )
 from orchestrator.skills.summary_cache import Stamp, SummaryCache
-from worker.archives import FetchLimits
+from worker.roots.archives import FetchLimits
 from worker.errors import SkillRootError
-from worker.root_cache import cached_sha256
-from worker.roots import is_url, resolve_root, split_pin
+from worker.roots.cache import cached_sha256
+from worker.roots.sources import is_url, resolve_root, split_pin
 
 if TYPE_CHECKING:
     from worker.contract import SkillRef
@@ -155,7 +155,7 @@ class FsSkillRepository(BaseSkillRepository):
         fetch_limits: FetchLimits | None = None,
     ) -> None:
         """``paths``: folders, ``file://`` URLs, or http(s) URLs of archives or of one SKILL.md (fetched into the
-        cache here, once; see ``worker.roots``)."""
+        cache here, once; see ``worker.roots.sources``)."""
         super().__init__(workspace_runtime)
         raw = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
         self.roots: list[Path] = []
@@ -261,7 +261,7 @@ class FsSkillRepository(BaseSkillRepository):
 
     def skill_ref(self, name: str) -> SkillRef:
         """A URL root is referred to by its URL and archive digest, so a worker elsewhere fetches the same bytes; a
-        library version's folder by its path and archive digest (``worker.library_fetch``)."""
+        library version's folder by its path and archive digest (``worker.roots.library_fetch``)."""
         from worker.contract import SkillRef  # here: listing skills does not load the run contract
 
         entry = self._entry(name)

@@ -35,8 +35,8 @@ from pathlib import Path
 import yaml
 
 from orchestrator.errors import SkillValidationError
-from worker.egress.entries import parse_entries
-from worker.env_names import env_name_problem
+from worker.names import parse_entries
+from worker.names import env_name_problem
 from worker.errors import EgressError
 
 SKILL_FILE = "SKILL.md"

@@ -1,7 +1,7 @@
 """One HTTP hop sent only to an address that was checked: the web tools' SSRF guard.
 
-The host is resolved once (``worker.addresses.resolve``) and, while private networks are blocked, every address it
-got must be public (``worker.addresses.is_public``: loopback, private, link-local with the cloud metadata endpoint,
+The host is resolved once (``worker.egress.addresses.resolve``) and, while private networks are blocked, every address it
+got must be public (``worker.egress.addresses.is_public``: loopback, private, link-local with the cloud metadata endpoint,
 shared, reserved, multicast and the IPv6 forms that carry such an IPv4 address are refused; integer, octal and hex
 spellings of an IPv4 host resolve to the address they mean and are vetted as that). The request then goes to one
 of those very addresses: the address is put in the request URL, the name in the ``Host`` header and as the TLS
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from worker.addresses import is_public, resolve
+from worker.egress.addresses import is_public, resolve
 
 Resolver = Callable[[str, int], list[str]]
 """``(host, port) -> addresses``, blocking; called once per hop, in a thread."""

@@ -10,7 +10,7 @@ import pytest
 
 from tests.integration.conftest import docker_engine, docker_runtime_factory  # noqa: F401 - shared fixtures
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 import textwrap
 
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 PID_NAMESPACE = "readlink /proc/self/ns/pid"
 

@@ -22,7 +22,7 @@ from orchestrator.libraries import LibraryRegistry
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import client, new_team
 from tests.orchestrator.test_api_teams import V1
-from worker.addresses import is_public
+from worker.egress.addresses import is_public
 from worker.config import get_worker_settings
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError

@@ -22,9 +22,9 @@ import pytest
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import client, new_team
 from tests.orchestrator.test_api_teams import skill_md
-from worker.archives import MAX_ARCHIVE_DEPTH, ArchiveLimits, extract_tar
+from worker.roots.archives import MAX_ARCHIVE_DEPTH, ArchiveLimits, extract_tar
 from worker.errors import UnsafeArchiveError
-from worker.roots import fetch_url_root
+from worker.roots.sources import fetch_url_root
 
 ATTACK_DEPTH = 1_500
 """Folders of the hostile entry: past Python's recursion limit, so any recursive walk of it fails."""

@@ -35,8 +35,8 @@ from tests.orchestrator.test_api_teams import skill_md, tar_gz
 from tests.package_index import sdist
 from tests.processes import running_with
 from worker.artifacts import FileArtifactStore
-from worker.consumer import environments_queue_name
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.jobs.consumer import environments_queue_name
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytestmark = pytest.mark.slow
 

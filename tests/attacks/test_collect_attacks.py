@@ -9,7 +9,7 @@ import os
 import pytest
 
 from worker.collect import MAX_DEPTH, MAX_LISTED_ENTRIES
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])

@@ -14,8 +14,8 @@ import subprocess
 import pytest
 
 from worker.contract import RunLimits
-from worker.runtimes.container_host import EXECUTOR_RESIDENTS
-from worker.runtimes.container_launch import container_limits
+from worker.runtimes.docker.host import EXECUTOR_RESIDENTS
+from worker.runtimes.docker.launch import container_limits
 
 pytestmark = pytest.mark.docker
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from worker.runtimes import executor_inside as inside
-from worker.runtimes.container_executor import ExecutorLink, ExecutorUnavailable
+from worker.runtimes.docker import executor_inside as inside
+from worker.runtimes.docker.executor import ExecutorLink, ExecutorUnavailable
 
 pytestmark = pytest.mark.docker
 

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = r"""
 import asyncio, json, os, sys
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.container import ContainerWorkspaceRuntime
+from worker.runtimes.docker.runtime import ContainerWorkspaceRuntime
 
 spec = json.loads(sys.argv[1])
 os.setgroups([spec["docker_gid"]])  # imported first, as root: the interpreter may live where this user cannot look

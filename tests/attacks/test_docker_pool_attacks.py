@@ -19,9 +19,9 @@ from tests.attacks.conftest import run_in  # noqa: F401 - shared fixture
 from tests.conftest import write_skill
 from tests.integration.conftest import docker_engine, docker_runtime_factory  # noqa: F401 - shared fixtures
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.container_boxes import LABEL, WARM_LABEL
-from worker.runtimes.container_launch import EXECUTOR_LABEL
-from worker.workspace import METADATA_FILE, RESERVED_PREFIX
+from worker.runtimes.docker.boxes import LABEL, WARM_LABEL
+from worker.runtimes.docker.launch import EXECUTOR_LABEL
+from worker.workspaces.manager import METADATA_FILE, RESERVED_PREFIX
 
 pytestmark = pytest.mark.docker
 

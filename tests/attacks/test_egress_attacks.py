@@ -16,7 +16,7 @@ from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allow
 from tests.integration.conftest import docker_engine, docker_runtime_factory  # noqa: F401 - shared fixtures
 from worker.contract import RunRequest, RuntimeName, SkillRef
 from worker.egress.proxy import MAX_REFUSALS_LISTED
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 TRICKS = r'''
 import json, os, socket, subprocess, sys

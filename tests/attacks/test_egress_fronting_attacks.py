@@ -23,7 +23,7 @@ from tests.egress_tls import tls_origin  # noqa: F401 - the allowed host's origi
 from tests.integration.conftest import docker_engine, docker_runtime_factory  # noqa: F401 - shared fixtures
 from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
 from worker.egress.policy import MALFORMED
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 SECRET = "s3cr3t-Q9xZ7"
 """What a run puts in a query string, a path, a method or a malformed request line: never in its result."""

@@ -40,7 +40,7 @@ from tests.attacks.test_mcp_attacks import (  # noqa: F401 - fixtures
 from tests.orchestrator.api_helpers import LIBRARY, make_services, new_team
 from worker.artifacts import FileArtifactStore
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 SURROGATES = {"high": "\ud800", "low": "\udc00", "reversed-pair": "\ude00\ud83d"}
 PLACES = {

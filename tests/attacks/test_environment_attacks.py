@@ -53,7 +53,7 @@ from worker.environments import (
 from worker.environments.declarations import read_declaration, read_manifest
 from worker.environments.steps import BUILD_PROCESSES
 from worker.errors import DependencyError
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

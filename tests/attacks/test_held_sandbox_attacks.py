@@ -1,4 +1,4 @@
-"""More attacks on a workspace's held sandbox (``worker.held_sandbox``), as a hostile tenant would try them.
+"""More attacks on a workspace's held sandbox (``worker.sandbox.held``), as a hostile tenant would try them.
 
 Each run goes through the public API (``LocalWorkspaceRuntime.run``) as root, with real users, namespaces, control
 groups and bubblewrap. The first runs of a workspace warm it up, so the runs after go into its held sandbox, where
@@ -18,7 +18,7 @@ from tests.attacks.held import PID_NAMESPACE, py, run, warm_held
 from tests.processes import running_with, sleeper, wait_none_with
 from tests.services import unavailable
 from worker.contract import RunLimits
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytestmark = pytest.mark.root
 

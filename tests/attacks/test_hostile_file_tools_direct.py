@@ -34,8 +34,8 @@ from orchestrator.tools import WorkspaceFileToolSet
 from tests.conftest import IS_ROOT
 from tests.services import unavailable
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.secrets import FileSecretStore, SecretBox
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.secrets.store import FileSecretStore, SecretBox
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = "python-math"

@@ -1,4 +1,4 @@
-"""Review of issue 30's archive fixes (``worker.archives``): what an upload (at most 256 MiB, as the API takes it)
+"""Review of issue 30's archive fixes (``worker.roots.archives``): what an upload (at most 256 MiB, as the API takes it)
 still makes the extractor hold before its entry limits are checked.
 
 ``ArchiveLimits`` bounds entries, depth, names and bytes written, checked entry by entry. Two readers run before
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.archives import ArchiveLimits, extract_tar, extract_zip
+from worker.roots.archives import ArchiveLimits, extract_tar, extract_zip
 from worker.errors import UnsafeArchiveError
 
 MiB = 1024 * 1024
@@ -69,7 +69,7 @@ _BUILDERS = """
 _EXTRACT = """
     import gc, pathlib, resource, sys, tempfile
     MiB = 1024 * 1024
-    from worker.archives import ArchiveLimits, extract_tar, extract_zip
+    from worker.roots.archives import ArchiveLimits, extract_tar, extract_zip
     from worker.errors import UnsafeArchiveError
     folder = pathlib.Path(tempfile.mkdtemp())
     archive = folder / "archive"

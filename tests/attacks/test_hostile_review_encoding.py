@@ -26,10 +26,10 @@ from tests.attacks.test_secret_attacks import (  # noqa: F401 - the fixtures
 from tests.integration.conftest import worker_env  # noqa: F401 - the queue's worker settings
 from tests.orchestrator.api_helpers import new_team
 from tests.orchestrator.conftest import model_server  # noqa: F401 - the scripted model
-from worker import jobs
+from worker.jobs import execute as jobs
 from worker.collect import collect_outputs
 from worker.contract import OutputFile, RunLimits, RunRequest, RunResult
-from worker.redaction import Redactor
+from worker.secrets import Redactor
 from worker.run_store import RedisRunStore, RunStatus
 
 

@@ -1,4 +1,4 @@
-"""Review of issue 30's redaction fixes (``worker.redaction``): what still gets through, and what still costs the
+"""Review of issue 30's redaction fixes (``worker.secrets``): what still gets through, and what still costs the
 worker more than the run's own limits.
 
 Each attack is written as the safe behaviour; those that got through when the review was made (the figures in
@@ -25,8 +25,8 @@ from worker import defaults
 from worker.artifacts import FileArtifactStore
 from worker.contract import RunLimits, RunResult
 from worker.errors import SecretError
-from worker.redaction import Redactor, forms_of, redact_result, redacting_sink
-from worker.secrets import check_value
+from worker.secrets import Redactor, forms_of, redact_result, redacting_sink
+from worker.secrets.store import check_value
 
 MiB = 1024 * 1024
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +200,7 @@ def test_near_misses_of_one_big_secret_cost_work_linear_in_the_output():
 # ---- cost: memory ---------------------------------------------------------------------------------------------------
 
 _DENSE = _MEASURE + """
-    from worker.redaction import Redactor
+    from worker.secrets import Redactor
     secret = "Zq8vT3kLmW2pXr9sBn4yHc7dFg"
     redactor = Redactor({{"K": secret}})
     redactor.text("warm " + secret)
@@ -225,7 +225,7 @@ def test_a_text_without_line_breaks_costs_memory_linear_in_it():
 
 _STREAMED = _MEASURE + """
     import random
-    from worker.redaction import Redactor
+    from worker.secrets import Redactor
     generator = random.Random(3)
     control = [chr(c) for c in range(1, 32) if chr(c) not in "\\n\\r\\t"]
     big = "".join(generator.choice(control) for _ in range(64 * 1024))  # a 64 KiB value: JSON escapes it 6 to 1

@@ -21,8 +21,8 @@ import pytest
 from tests.conftest import write_skill
 from tests.processes import running_with, sleeper, wait_none_with
 from worker.contract import RunLimits, SkillRef
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.workspace import WorkspaceManager
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.workspaces.manager import WorkspaceManager
 
 pytestmark = pytest.mark.root
 

@@ -30,12 +30,13 @@ from tests.conftest import write_skill
 from tests.host_network import host_address
 from tests.processes import running_with, sleeper, wait_gone
 from tests.services import ensure_installed, unavailable
-from worker import user_network, watch
+from worker.sandbox import user_network
+from worker.sandbox import command_watch as watch
 from worker.contract import RunLimits, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError, SandboxError
-from worker.ready_shell import READY_SHELL_LOADER
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.workspace import WorkspaceManager
+from worker.sandbox.ready_shell import READY_SHELL_LOADER
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.workspaces.manager import WorkspaceManager
 
 pytestmark = pytest.mark.root
 
@@ -823,7 +824,7 @@ async def _appears_anywhere(text: str, seconds: float) -> bool:
 WORKER = """
 import asyncio, sys
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 work_root, library = sys.argv[1:3]
 runtime = LocalWorkspaceRuntime(work_root, allow_network=True)
 request = RunRequest(skill=SkillRef(name="demo", root=library, path="demo"), network=True, timeout=60,

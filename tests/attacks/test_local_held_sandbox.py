@@ -1,4 +1,4 @@
-"""Attacks on what a workspace's held sandbox (``worker.held_sandbox``) shares between runs of one workspace.
+"""Attacks on what a workspace's held sandbox (``worker.sandbox.held``) shares between runs of one workspace.
 
 A warm run goes into a sandbox made once per workspace, where the spawner is pid 1 and the runs before it ran:
 each test here tries to use that, from one run against the spawner, the runs after it or the limits of its own.
@@ -17,7 +17,7 @@ from tests.attacks.held import PID_NAMESPACE, py, run, warm_held
 from tests.conftest import write_skill
 from tests.processes import running_with, sleeper, wait_none_with
 from worker.contract import RunLimits, SkillRef
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytestmark = pytest.mark.root
 

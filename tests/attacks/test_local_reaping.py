@@ -4,7 +4,7 @@ bwrap's monitor exits as soon as its init has said how the command ended, often 
 the init was then left to the host's init, which on many hosts (a container's, a VM's agent) reaps late or never.
 Each such zombie held a pid of the host, and a place of its run group's ``pids.max``, which the workspace's next
 run in that group went without. The worker now adopts them (a child subreaper while a sandbox of its own may leave
-one: ``worker.orphans.ORPHANS``) and reaps them. As root, for real.
+one: ``worker.sandbox.orphans.ORPHANS``) and reaps them. As root, for real.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 import pytest
 
 from worker.contract import RunLimits
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.orphans import ORPHANS, _ended_namespace_init
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.sandbox.orphans import ORPHANS, _ended_namespace_init
 
 pytestmark = pytest.mark.root
 

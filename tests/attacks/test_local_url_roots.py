@@ -5,7 +5,7 @@ A local run's staged skill links into its library's folder in the cache (``SKILL
 skills of libraries of its own on the same worker, each fetch pushing the cache past its bound (here one byte:
 everything not in use goes), while the victim's run waits half-way through; the victim's run must go on reading its
 staged files. The local runtime holds the run's cache entry for the whole run (``HostWorkspaceRuntime._holding_root``,
-``worker.library_fetch.skill_root_in_use``), as the Docker runtime does. As root, for real.
+``worker.roots.library_fetch.skill_root_in_use``), as the Docker runtime does. As root, for real.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pytest
 from tests.file_server import FileServer
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, SkillRef
-from worker.root_cache import evict
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.roots.cache import evict
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytestmark = pytest.mark.root
 

@@ -38,13 +38,13 @@ from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_teams import V1, skill_md, tar_gz
 from tests.orchestrator.test_worker_libraries import TOKEN, elsewhere, server  # noqa: F401 - fixtures
 from tests.services import ensure_installed
-from worker import nodes
+from worker.jobs import nodes
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, SkillRef
 from worker.errors import ArtifactError
-from worker.library_fetch import LIBRARY_ROUTE, locate, skill_root_in_use
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.roots.library_fetch import LIBRARY_ROUTE, locate, skill_root_in_use
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 SHA_V1 = hashlib.sha256(V1).hexdigest()
 AWS_SECRET = "aws-secret-" + "q" * 30
@@ -484,7 +484,7 @@ async def test_a_worker_s_command_reaches_neither_redis_nor_the_api_and_cannot_a
     reached them could forge jobs (RQ calls any importable function a job names) or fetch any library with a
     stolen token. A worker's runtime (built as ``skillrun worker`` builds it) gives commands no network at all and
     refuses runs that ask for one."""
-    from worker import jobs
+    from worker.jobs import execute as jobs
     from worker.errors import InvalidRunRequestError
 
     monkeypatch.setenv("SKILLRUN_WORK_ROOT", str(shared_dir / "worker-work"))

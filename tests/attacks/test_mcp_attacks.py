@@ -38,7 +38,7 @@ from tests.integration.conftest import worker_env, workers  # noqa: F401 - fixtu
 from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
 from tests.processes import _within, alive, running_with, sleeper, wait_gone, wait_none_with
 from worker.artifacts import FileArtifactStore
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024

@@ -24,7 +24,7 @@ from tests.integration.test_quotas import (  # noqa: F401 - fixtures
 )
 from tests.orchestrator.api_helpers import client, new_team
 from worker.contract import RunRequest
-from worker.fair_queue import line_key
+from worker.jobs.fair_queue import line_key
 from worker.run_store import RunRecord, RunStatus
 
 QUEUE = "skillrun:local"

@@ -1,5 +1,5 @@
 """Attacks on redaction's cost and reach: what a run makes the platform do to keep its team's secrets out of what
-comes back (``worker.redaction``), and which fields of a result it reaches.
+comes back (``worker.secrets``), and which fields of a result it reaches.
 
 Each test gives the redactor what the attack gave it — big secrets and output cut at its cap, a 256 MiB artifact,
 base64 wrapped at widths no list of forms could hold, egress refusals naming a secret, a result field added later —
@@ -43,12 +43,12 @@ from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allow
 from tests.integration.conftest import worker_env  # noqa: F401 - the queue's worker settings
 from tests.orchestrator.api_helpers import client, new_team
 from tests.orchestrator.conftest import model_server  # noqa: F401 - the scripted model
-from worker import jobs
+from worker.jobs import execute as jobs
 from worker.contract import RunLimits, RunRequest, RunResult
 from worker.errors import SecretError
-from worker.redaction import IDENTITY_FIELDS, Redactor, forms_of, redact_result
+from worker.secrets import IDENTITY_FIELDS, Redactor, forms_of, redact_result
 from worker.run_store import RedisRunStore, RunStatus
-from worker.secrets import (
+from worker.secrets.store import (
     MAX_TEAM_SECRET_BYTES,
     MAX_VALUE_BYTES,
     FileSecretStore,
@@ -168,7 +168,7 @@ async def test_the_heartbeat_goes_on_while_a_run_is_redacted(redis_url, worker_e
 STREAMED = textwrap.dedent("""
     import os, resource, sys, tempfile
     from worker.artifacts import FileArtifactStore
-    from worker.redaction import Redactor, redacting_sink
+    from worker.secrets import Redactor, redacting_sink
     folder = tempfile.mkdtemp()
     path = os.path.join(folder, "big.bin")
     secret = sys.argv[1]

@@ -1,4 +1,4 @@
-"""Attacks on team secrets (``worker.secrets``, ``worker.redaction``, ``/v1/secrets``, a run's ``secrets``): who can
+"""Attacks on team secrets (``worker.secrets.store``, ``worker.secrets``, ``/v1/secrets``, a run's ``secrets``): who can
 name, list, change or use a team's secret, and whether any part of a value comes back — in a run's answer, its record
 (memory or Redis), the RQ job, its events, its files and artifacts, the model's requests, MCP results, errors or logs.
 
@@ -41,12 +41,12 @@ from tests.integration.test_secrets_runtimes import _values
 from tests.orchestrator.api_helpers import api_in_a_thread, client, make_services, new_team
 from tests.orchestrator.conftest import model_server  # noqa: F401 - the scripted model
 from tests.orchestrator.test_api_sessions import parse_sse
-from worker import jobs
+from worker.jobs import execute as jobs
 from worker.contract import RunRequest, SkillRef
 from worker.errors import SecretError
 from worker.run_store import RedisRunStore, RunStatus
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.secrets import MAX_SECRETS_PER_TEAM, FileSecretStore, RedisSecretStore, SecretBox
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.secrets.store import MAX_SECRETS_PER_TEAM, FileSecretStore, RedisSecretStore, SecretBox
 
 pytestmark = pytest.mark.root
 

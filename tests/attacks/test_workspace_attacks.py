@@ -36,9 +36,9 @@ from tests.orchestrator.test_api_workspaces import services_with
 from tests.services import unavailable
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
-from worker.consumer import workspaces_queue_name
+from worker.jobs.consumer import workspaces_queue_name
 from worker.contract import RunRequest
-from worker.jobs import remove_kept_workspace
+from worker.jobs.execute import remove_kept_workspace
 
 HANG_GUARD = 120.0
 """Seconds a wait may take before the test says what never happened (a guard against hangs, not a measure)."""

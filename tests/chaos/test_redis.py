@@ -18,7 +18,7 @@ from orchestrator.documents import RedisDocuments
 from tests.chaos import ledger
 from tests.chaos.conftest import until
 from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
-from worker import nodes
+from worker.jobs import nodes
 from worker.artifacts import FileArtifactStore
 from worker.run_store import RunStatus
 

@@ -32,8 +32,8 @@ from tests.console.conftest import (
 )
 from tests.orchestrator.api_helpers import make_services
 from tests.orchestrator.test_api_teams import skill_md, tar_gz
-from worker.folders import remove_tree
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.roots.folders import remove_tree
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 WIDTH = 1280
 MIN_HEIGHT = 900

@@ -13,11 +13,11 @@ import pytest
 from tests.cube_server import CubeStandIn
 from tests.processes import WorkerProcesses
 from tests.services import DockerEngine, docker_engine_for
-from worker import jobs
+from worker.jobs import execute as jobs
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig, get_worker_settings
-from worker.runtimes.container import ContainerWorkspaceRuntime
-from worker.runtimes.container_images import PACKAGES_LABEL
-from worker.runtimes.cube import CubeCodeExecutor, CubeWorkspaceRuntime
+from worker.runtimes.docker.runtime import ContainerWorkspaceRuntime
+from worker.runtimes.docker.images import PACKAGES_LABEL
+from worker.runtimes.cube.runtime import CubeCodeExecutor, CubeWorkspaceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 

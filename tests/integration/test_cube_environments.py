@@ -24,10 +24,10 @@ from worker.config import CubeWorkspaceConfig
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings, Target, local_target
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
-from worker.runtimes import cube_builds
-from worker.runtimes.cube import CubeWorkspaceRuntime
-from worker.runtimes.cube_builds import cube_builder
-from worker.runtimes.cube_environments import BUILD_UID
+from worker.runtimes.cube import builds as cube_builds
+from worker.runtimes.cube.runtime import CubeWorkspaceRuntime
+from worker.runtimes.cube.builds import cube_builder
+from worker.runtimes.cube.environments import BUILD_UID
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
 from tests.integration.conftest import cube_config
 from worker.contract import RunRequest, SkillRef
 from worker.errors import RuntimeUnavailableError
-from worker.jobs import remove_one_off_workspace
-from worker.runtimes.cube import WORKSPACE_LABEL, CubeWorkspaceRuntime
-from worker.runtimes.cube_executor import KILL_ATTEMPTS
+from worker.jobs.execute import remove_one_off_workspace
+from worker.runtimes.cube.runtime import WORKSPACE_LABEL, CubeWorkspaceRuntime
+from worker.runtimes.cube.executor import KILL_ATTEMPTS
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "skills"

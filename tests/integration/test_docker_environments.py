@@ -20,12 +20,12 @@ from tests.processes import running_with
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
-from worker.runtimes.container_builds import (
+from worker.runtimes.docker.builds import (
     BUILD_LABEL,
     DockerTargets,
     docker_environments,
 )
-from worker.runtimes.container_images import REPOSITORY
+from worker.runtimes.docker.images import REPOSITORY
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

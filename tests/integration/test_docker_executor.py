@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from worker.contract import RunLimits, RunRequest, SkillRef
-from worker.runtimes import executor_confine, executor_inside
-from worker.runtimes.container_executor import ExecutorFiles
-from worker.runtimes.container_launch import container_limits
+from worker.runtimes.docker import executor_confine
+from worker.runtimes.docker import executor_inside
+from worker.runtimes.docker.executor import ExecutorFiles
+from worker.runtimes.docker.launch import container_limits
 
 pytestmark = pytest.mark.docker
 

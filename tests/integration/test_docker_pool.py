@@ -17,11 +17,11 @@ from tests.conftest import write_skill
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, SkillRef
 from worker.runtimes import resolve_runtime
-from worker.runtimes.container import ContainerWorkspaceRuntime
-from worker.runtimes.container_boxes import WARM_LABEL
-from worker.runtimes.container_host import RESIDENT_UID
-from worker.runtimes.docker_engine import engine_time
-from worker.workspace import RESERVED_PREFIX
+from worker.runtimes.docker.runtime import ContainerWorkspaceRuntime
+from worker.runtimes.docker.boxes import WARM_LABEL
+from worker.runtimes.docker.host import RESIDENT_UID
+from worker.runtimes.docker.engine import engine_time
+from worker.workspaces.manager import RESERVED_PREFIX
 
 pytestmark = pytest.mark.docker
 

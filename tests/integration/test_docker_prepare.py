@@ -26,7 +26,7 @@ from tests.orchestrator.test_api_teams import skill_md, tar_gz
 from tests.package_index import PackageIndex, sdist
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
-from worker.consumer import environments_queue_name
+from worker.jobs.consumer import environments_queue_name
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings
 from worker.errors import EnvironmentNotReadyError

@@ -16,9 +16,9 @@ import pytest
 from tests.file_server import FileServer
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
-from worker.root_cache import evict
-from worker.runtimes.container import ContainerWorkspaceRuntime
-from worker.runtimes.container_launch import container_limits
+from worker.roots.cache import evict
+from worker.runtimes.docker.runtime import ContainerWorkspaceRuntime
+from worker.runtimes.docker.launch import container_limits
 
 pytestmark = pytest.mark.docker
 
@@ -214,7 +214,7 @@ async def test_two_workers_running_one_workspace_at_once_share_its_container(doc
 WORKER_IN_A_PID_NAMESPACE = """
 import asyncio, json, sys
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.container import ContainerWorkspaceRuntime
+from worker.runtimes.docker.runtime import ContainerWorkspaceRuntime
 
 async def main():
     runtime = ContainerWorkspaceRuntime(sys.argv[1])

@@ -36,7 +36,7 @@ from worker.artifacts import FileArtifactStore
 from worker.contract import RunRequest, RuntimeName, SkillRef
 from worker.errors import InvalidRunRequestError
 from worker.run_store import RunStatus
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 PROBE = r'''
 import json, os, socket, ssl, sys, urllib.request

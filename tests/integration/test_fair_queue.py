@@ -1,4 +1,4 @@
-"""Teams take turns on a shared queue (worker/fair_queue.py): one team's flood does not hold back another team's next
+"""Teams take turns on a shared queue (worker/jobs/fair_queue.py): one team's flood does not hold back another team's next
 run, every run still starts once, and runs waiting in a team's line are neither lost nor taken for stranded ones.
 Real Redis, real worker processes (burst workers: they drain the queues and exit)."""
 
@@ -17,7 +17,7 @@ from orchestrator.dispatch import QueueDispatcher
 from orchestrator.dispatch import stranded as stranded_module
 from orchestrator.skills import create_default_skill_repository
 from worker.contract import RunRequest
-from worker.fair_queue import QUEUES, line_key, teams_key
+from worker.jobs.fair_queue import QUEUES, line_key, teams_key
 from worker.run_store import RunStatus
 
 REPO = Path(__file__).resolve().parents[2]

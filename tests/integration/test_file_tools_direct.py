@@ -22,8 +22,8 @@ from orchestrator.skills.tools.skill_toolset import workspace_id_for
 from orchestrator.tools import WorkspaceFileToolSet
 from worker.contract import RunRequest, SkillRef
 from worker.runtimes.host_files import WorkspaceFiles
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.secrets import FileSecretStore, SecretBox
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.secrets.store import FileSecretStore, SecretBox
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = "python-math"

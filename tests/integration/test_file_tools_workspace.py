@@ -21,7 +21,7 @@ from orchestrator.tools.file_tools import workspace as workspace_mode
 from orchestrator.tools.file_tools.workspace_skill import ops as file_ops
 from orchestrator.types import Content, Part
 from tests.model_server import ScriptedModelServer
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = "python-math"

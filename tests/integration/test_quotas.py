@@ -22,7 +22,7 @@ from orchestrator.skills import create_default_skill_repository
 from tests.orchestrator.api_helpers import LIBRARY, api_in_a_thread, client, make_services, new_team
 from worker.artifacts import FileArtifactStore
 from worker.contract import RunRequest
-from worker.fair_queue import line_key
+from worker.jobs.fair_queue import line_key
 from worker.run_store import RunRecord, RunStatus
 
 QUEUE = "skillrun:local"

@@ -1,7 +1,7 @@
 """What one run costs Redis, counted (not timed): the commands a one-off run of ``true`` takes from submission to its
 end, its caller's wait and its worker's RQ bookkeeping included, stay at or under the figure measured when they
 were cut (``benchmarks/redis_cost.py`` measures the same through the HTTP API). A Redis of the test's own, so that
-nothing else lands in its counters; a ``skillrun worker`` process (``worker.queue_worker.RunWorker``) in burst mode.
+nothing else lands in its counters; a ``skillrun worker`` process (``worker.jobs.queue_worker.RunWorker``) in burst mode.
 
 Counted twice, for ``RUNS`` and for twice as many runs: the difference is what the extra runs cost, without what a
 worker's start and end cost once (and the first run's scripts, loaded before)."""
@@ -29,9 +29,9 @@ RUNS = 10
 TEAM = "team-a"
 COMMANDS_PER_RUN = 115
 """At most, every command counted once (a script's own commands too, as ``INFO commandstats`` counts them): 111
-measured here, ten runs of one team queued at once (so through its line, ``worker.fair_queue``)."""
+measured here, ten runs of one team queued at once (so through its line, ``worker.jobs.fair_queue``)."""
 RQ_COMMANDS_PER_RUN = 32
-"""At most, of the commands on RQ's keys (``rq:*``): 31 measured; 57 before ``worker.queue_worker.RunWorker``."""
+"""At most, of the commands on RQ's keys (``rq:*``): 31 measured; 57 before ``worker.jobs.queue_worker.RunWorker``."""
 OWN = {"config|resetstat": 1, "info": 1}
 
 

@@ -13,7 +13,7 @@ import pytest
 from tests.services import GVISOR
 from worker.contract import InputFile, RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 SKILL = SkillRef(name="python-math", root=str(LIBRARY), path="python-math")

@@ -12,7 +12,7 @@ from orchestrator.skills import create_default_skill_repository
 from tests.orchestrator.test_secrets import LEAK, SECRET, leaked
 from worker.contract import RunRequest, RuntimeName
 from worker.run_store import RunRecord, RunStatus
-from worker.secrets import FileSecretStore, RedisSecretStore, SecretBox
+from worker.secrets.store import FileSecretStore, RedisSecretStore, SecretBox
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from orchestrator.dispatch import QueueDispatcher, stranded
 from orchestrator.dispatch.stranded import job_id_of
 from tests.integration.test_queue import burst, repo  # noqa: F401 (fixtures)
 from worker.contract import RunRequest
-from worker.nodes import worker_beat_key
+from worker.jobs.nodes import worker_beat_key
 from worker.run_store import RunStatus
 
 

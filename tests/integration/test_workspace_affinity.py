@@ -15,7 +15,7 @@ from rq import Queue
 from orchestrator.dispatch import QueueDispatcher, WorkspaceConflictError, stranded
 from tests.integration.test_queue import repo  # noqa: F401 - fixtures
 from tests.processes import WorkerProcesses
-from worker import nodes
+from worker.jobs import nodes
 from worker.config import get_worker_settings
 from worker.contract import RunRequest
 from worker.run_store import RunStatus

@@ -21,7 +21,7 @@ from orchestrator.sessions import BaseSessionService, InMemorySessionService
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from tests.services import free_port
-from worker.archives import FetchLimits
+from worker.roots.archives import FetchLimits
 from worker.artifacts import BaseArtifactStore
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"

@@ -19,7 +19,7 @@ from tests.artifact_stores import S3Server
 from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
 from tests.orchestrator.api_helpers import client as api_client
 from worker.artifacts import ArtifactStream, FileArtifactStore, create_artifact_store
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = 12 * 1024 * 1024 + 5

@@ -34,8 +34,8 @@ from tests.package_index import PackageIndex, sdist
 from tests.processes import running_with
 from worker.artifacts import FileArtifactStore
 from worker.config import get_worker_settings
-from worker.consumer import environments_queue_name
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.jobs.consumer import environments_queue_name
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from orchestrator.api import Services
 from orchestrator.dispatch import InlineDispatcher
 from orchestrator.sessions import InMemorySessionService, RedisSessionService
 from tests.orchestrator.api_helpers import client, make_services, new_team
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 def _services(model_server, work_root, session_service) -> Services:

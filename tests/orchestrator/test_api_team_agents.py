@@ -10,7 +10,7 @@ from orchestrator.dispatch import InlineDispatcher
 from orchestrator.sessions import InMemorySessionService
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_teams import skill_md, tar_gz
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 def _services(model_server, work_root) -> tuple[Services, list]:

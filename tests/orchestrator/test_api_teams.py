@@ -13,7 +13,7 @@ import pytest
 from orchestrator.libraries import LibraryRegistry
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import client, new_team
-from worker.archives import FetchLimits
+from worker.roots.archives import FetchLimits
 
 
 def skill_md(name: str, body: str = "Run scripts/go.sh.\n", description: str | None = None) -> bytes:

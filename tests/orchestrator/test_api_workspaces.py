@@ -12,7 +12,7 @@ from orchestrator.dispatch import InlineDispatcher
 from tests.conftest import IS_ROOT, workspace_dirs
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_runs import held_user_ids
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 def services_with(work_root, model_url: str = "http://127.0.0.1:9/v1", **options):

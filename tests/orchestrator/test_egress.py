@@ -23,7 +23,7 @@ from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allow
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_sessions import parse_sse
 from worker.egress import effective
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 BAD_ENTRIES = {
     "10.0.0.0/8": "is an address range",

@@ -13,7 +13,7 @@ from orchestrator.dispatch import InlineDispatcher
 from orchestrator.documents import FileDocuments
 from orchestrator.quotas import QuotaExceededError, Quotas, TeamQuota
 from worker.run_store import RunRecord, RunStatus
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 @pytest.fixture

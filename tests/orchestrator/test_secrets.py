@@ -20,9 +20,9 @@ from orchestrator.skills import create_default_skill_repository
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_sessions import parse_sse
 from worker.errors import SecretError
-from worker.redaction import Redactor
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.secrets import FileSecretStore, SecretBox
+from worker.secrets import Redactor
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.secrets.store import FileSecretStore, SecretBox
 
 SECRET = "ghp_Sup3rS3cretT0ken_42xyz"
 FORMS = {

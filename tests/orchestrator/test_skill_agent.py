@@ -16,7 +16,7 @@ from orchestrator.tools import FunctionTool
 from orchestrator.types import Content, Part
 from tests.orchestrator.conftest import declared_tools, system_message, tool_messages
 from tests.orchestrator.weather_tools import ask_name_information
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 

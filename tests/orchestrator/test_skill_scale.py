@@ -27,7 +27,7 @@ from orchestrator.types import Content, Part
 from tests.conftest import write_skill
 from tests.orchestrator.conftest import declared_tools, system_message, tool_messages
 from tests.synthetic_skills import labelled_requests, write_library
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 TOOLS = {"skill_load", "skill_run", "skill_search"}
 LONG_QUERY_CHARS = 10_000

@@ -17,8 +17,8 @@ from tests.orchestrator.api_helpers import api_in_a_thread, client, new_team
 from tests.orchestrator.test_api_teams import V1, skill_md, tar_gz
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, SkillRef
-from worker.library_fetch import LIBRARY_ROUTE
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.roots.library_fetch import LIBRARY_ROUTE
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 TOKEN = "worker-token-" + "k" * 32
 SHA_V1 = hashlib.sha256(V1).hexdigest()

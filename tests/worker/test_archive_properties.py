@@ -1,4 +1,4 @@
-"""Properties of the archive extractor (``worker.archives``) on generated hostile tar and zip archives.
+"""Properties of the archive extractor (``worker.roots.archives``) on generated hostile tar and zip archives.
 
 Members get generated names (absolute, ``..``, backslashes, drive letters, NUL and control characters, very long,
 deep, duplicated, colliding in case, colliding with what the destination already holds), types (files, folders,
@@ -32,9 +32,9 @@ from unittest import mock
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from worker.archives import ArchiveLimits, extract_tar, extract_zip
+from worker.roots.archives import ArchiveLimits, extract_tar, extract_zip
 from worker.errors import UnsafeArchiveError
-from worker.folders import remove_tree
+from worker.roots.folders import remove_tree
 
 LIMITS = ArchiveLimits(max_entries=8, max_entry_bytes=64, max_total_bytes=160, max_depth=5)
 """Small limits, so generated archives reach and pass each of them."""

@@ -54,7 +54,7 @@ async def test_the_embedded_default_prunes_artifacts_after_its_runs_and_keeps_re
 ):
     from orchestrator.api.app import build_services
     from orchestrator.config import Settings
-    from worker import jobs
+    from worker.jobs import execute as jobs
 
     monkeypatch.setattr(jobs, "_pruned_at", float("-inf"))  # this process has not pruned yet
     store_setting = ({"artifacts_dir": tmp_path / "artifacts"} if where == "artifacts_dir"

@@ -15,7 +15,7 @@ from tests.artifact_stores import age, leftovers
 from worker.artifacts import FileArtifactStore, S3ArtifactStore, create_artifact_store
 from worker.config import WorkerSettings
 from worker.errors import ArtifactError
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 DAY = 24 * 3600
 STORAGE_FULL = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>XMinioStorageFull</Code><Message>Storage '

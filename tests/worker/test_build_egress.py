@@ -379,7 +379,7 @@ async def test_a_build_leaves_no_socket_or_task_of_its_proxy_behind(shared_dir: 
 async def test_a_container_build_reaches_the_index_through_its_proxy_and_nothing_else(
     shared_dir: Path, dists: Path, index: PackageIndex, upstreams, docker_engine  # noqa: F811 - the fixture
 ):
-    from worker.runtimes.container_builds import ContainerSteps, DockerTargets
+    from worker.runtimes.docker.builds import ContainerSteps, DockerTargets
 
     private, other = await _servers(upstreams)
     _probe(dists, "prober", index, private.port, other.port)

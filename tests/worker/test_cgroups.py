@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.services import unavailable
-from worker.cgroup_pool import CgroupPool
-from worker.cgroups import CgroupTree
+from worker.sandbox.cgroups.pool import CgroupPool
+from worker.sandbox.cgroups.groups import CgroupTree
 
 pytestmark = pytest.mark.root
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def test_closing_a_pool_removes_its_groups_and_its_folder():
 
 def test_the_folder_a_killed_worker_left_is_swept_by_the_next_tree():
     # a worker that makes a group, then dies without closing anything (SIGKILL)
-    code = ("import os, signal; from worker.cgroups import CgroupTree; t = CgroupTree.detect(); g = t.new_group(); "
+    code = ("import os, signal; from worker.sandbox.cgroups.groups import CgroupTree; t = CgroupTree.detect(); g = t.new_group(); "
             "print(next(iter(g.paths.values()))); os.kill(os.getpid(), signal.SIGKILL)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.stdout.strip(), done.stderr
@@ -51,7 +51,7 @@ def test_the_folder_a_killed_worker_left_is_swept_by_the_next_tree():
 
 
 def test_sweeping_tolerates_folders_another_process_removes_meanwhile(tmp_path, monkeypatch):
-    from worker import cgroup_hierarchies
+    from worker.sandbox.cgroups import hierarchies as cgroup_hierarchies
 
     monkeypatch.setattr(cgroup_hierarchies, "OWNERS", tmp_path / "owners")
     (tmp_path / "owners").mkdir()
@@ -73,7 +73,7 @@ def test_sweeping_tolerates_folders_another_process_removes_meanwhile(tmp_path, 
 
 
 async def _first_runs_launched(runtime) -> None:  # noqa: ANN001 - a LocalWorkspaceRuntime
-    """Wait until the runtime's launchers wait (``worker.launcher``), so the next first run is launched."""
+    """Wait until the runtime's launchers wait (``worker.sandbox.launcher``), so the next first run is launched."""
     await runtime.idle()
     if runtime.groups.missing is not None:
         unavailable(f"no run groups on this host: {runtime.groups.missing}")
@@ -83,7 +83,7 @@ async def _first_runs_launched(runtime) -> None:  # noqa: ANN001 - a LocalWorksp
 async def test_a_first_runs_sandbox_is_born_in_its_run_group_with_the_environment_it_would_have(
     work_root, make_request, monkeypatch
 ):
-    from worker.runtimes.local import LocalWorkspaceRuntime
+    from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
     look = "env | sort; cat /proc/self/cgroup | grep -E ':(memory|pids|cpu)[,:]'"
     async with LocalWorkspaceRuntime(work_root / "launched") as launched, \
@@ -106,7 +106,7 @@ def _environment(result, runtime) -> list[str]:  # noqa: ANN001 - a RunResult of
 
 
 async def test_closing_the_runtime_ends_its_launchers_and_their_groups(work_root, make_request):
-    from worker.runtimes.local import LocalWorkspaceRuntime
+    from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
     runtime = LocalWorkspaceRuntime(work_root)
     await runtime.run(make_request("true", workspace_id="w"))

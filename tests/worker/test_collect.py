@@ -10,12 +10,12 @@ import zlib
 import pytest
 
 from tests.conftest import workspace_dirs
-from worker import mime
+from worker.collect import mime
 from worker.artifacts import FileArtifactStore
 from worker.collect import expand_braces
 from worker.contract import InputFile, RunLimits
 from worker.errors import InvalidRunRequestError
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 def _png() -> bytes:

@@ -6,7 +6,7 @@ import pytest
 
 from worker.environments import Target
 from worker.errors import DependencyError
-from worker.runtimes.cube_builds import for_target, uv_platform
+from worker.runtimes.cube.builds import for_target, uv_platform
 
 SANDBOX = Target("cube", "/usr/local/bin/python3", "3.12.4", "x86_64", "glibc-2.36")
 

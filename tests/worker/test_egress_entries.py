@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.egress import Entry, effective, parse_entry, run_allow_list
+from worker.egress import effective, run_allow_list
+from worker.names import Entry, parse_entry
 from worker.egress.proxy import pinned_hosts
 from worker.errors import EgressError
 

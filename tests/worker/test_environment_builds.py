@@ -25,7 +25,7 @@ from worker.environments import (
 from worker.environments.declarations import Declaration
 from worker.environments.steps import SandboxSteps, StepRunner
 from worker.errors import EnvironmentNotReadyError
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytestmark = pytest.mark.slow
 

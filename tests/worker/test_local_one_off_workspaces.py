@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.jobs import remove_one_off_workspace
+from worker.jobs.execute import remove_one_off_workspace
 from worker.runtimes.workspace_uses import USES_DIR
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 HANG_GUARD_SECONDS = 60.0
 GATED = "echo mine > $WORK_DIR/mine; until [ -e $WORK_DIR/go ]; do sleep 0.02; done; cat $WORK_DIR/mine"

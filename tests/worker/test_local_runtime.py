@@ -14,7 +14,7 @@ from tests.processes import running_with, sleeper, wait_none_with
 from tests.services import ensure_installed
 from worker.contract import InputFile, RunLimits
 from worker.errors import InvalidRunRequestError
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 async def test_command_runs_in_the_staged_skill_folder_with_the_six_variables(runtime, make_request):

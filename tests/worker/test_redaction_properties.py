@@ -13,7 +13,7 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.redaction import Redactor, forms_of
+from worker.secrets import Redactor, forms_of
 
 WORK_PER_CHARACTER = 64
 """Characters read and compared per character of text and of the forms (a text is read once per view and per

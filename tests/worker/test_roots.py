@@ -17,13 +17,13 @@ import pytest
 
 from orchestrator.skills import create_default_skill_repository
 from tests.file_server import FileServer
-from worker.archives import ArchiveLimits, FetchLimits
+from worker.roots.archives import ArchiveLimits, FetchLimits
 from worker.config import WorkerSettings
 from worker.contract import RunRequest, SkillRef
 from worker.errors import SkillRootError, UnsafeArchiveError
-from worker.root_cache import LEFTOVER_SECONDS, READY_FILE, URLS_DIR, evict
-from worker.roots import fetch_url_root, resolve_root, root_in_use
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.roots.cache import LEFTOVER_SECONDS, READY_FILE, URLS_DIR, evict
+from worker.roots.sources import fetch_url_root, resolve_root, root_in_use
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 SKILL_MD = b"---\nname: remote-skill\ndescription: Fetched from a URL.\n---\nDo remote things.\n"
 

@@ -13,8 +13,8 @@ import pytest
 from tests.processes import running_with, sleeper, wait_none_with
 from tests.services import unavailable
 from worker import defaults
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.sandbox import SandboxStart
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.sandbox.bubblewrap import SandboxStart
 
 pytestmark = pytest.mark.root
 
@@ -155,7 +155,7 @@ async def test_a_held_run_that_left_nothing_is_found_ended_without_a_thread(work
     # sandbox, which bwrap's monitor leaves to the host's init (one that never reaps, as on these machines, leaves it
     # there for good), and the count lags a reaped process by an RCU grace period. The group's process list lists
     # no such process: it says the group is empty, where waking a thread to look cost a warm run a fifth of its time.
-    from worker import watch
+    from worker.sandbox import command_watch as watch
     looked = []
     empty_group = watch.empty_group
     monkeypatch.setattr(watch, "empty_group", lambda group: looked.append(group) or empty_group(group))

@@ -12,11 +12,12 @@ from orchestrator.code_executors import (
     create_container_workspace_runtime,
     create_local_workspace_runtime,
 )
-from worker import defaults, jobs
+from worker import defaults
+from worker.jobs import execute as jobs
 from worker.config import get_worker_settings
 from worker.runtimes import resolve_runtime
-from worker.runtimes.container import ContainerWorkspaceRuntime
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.runtimes.docker.runtime import ContainerWorkspaceRuntime
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from tests.processes import sleeper, wait_gone, wait_none_with
-from worker import spawner as spawner_module
-from worker.runtimes.local import LocalWorkspaceRuntime
+from worker.sandbox import spawner as spawner_module
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytestmark = pytest.mark.root
 

@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import IS_ROOT, write_skill
 from worker.contract import SkillRef
 from worker.errors import StagingError
-from worker.staging import CopySkillStager, LinkSkillStager
-from worker.workspace import WorkspaceManager
+from worker.workspaces.staging import CopySkillStager, LinkSkillStager
+from worker.workspaces.manager import WorkspaceManager
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_a_settled_library_folder_is_checked_by_its_mtime_alone(workspace, libra
     staged = stager.stage(workspace, _ref(library))
     listed: list[str] = []
     real_listdir = os.listdir
-    monkeypatch.setattr("worker.staging.os.listdir", lambda path: listed.append(str(path)) or real_listdir(path))
+    monkeypatch.setattr("worker.workspaces.staging.os.listdir", lambda path: listed.append(str(path)) or real_listdir(path))
     assert stager.current(workspace, _ref(library)) == staged
     assert listed == []
     (folder / "NEW.md").write_text("new doc")  # moves the folder's mtime

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from worker import staging
+from worker.workspaces import staging
 from worker.contract import RunRequest, SkillRef
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.staging import LinkSkillStager
-from worker.workspace import WorkspaceManager
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.workspaces.staging import LinkSkillStager
+from worker.workspaces.manager import WorkspaceManager
 
 
 def test_a_stager_remembers_the_latest_workspaces_only(work_root: Path, library: Path, monkeypatch):

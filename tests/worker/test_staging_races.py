@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 
 from worker.contract import SkillRef
-from worker.staging import WORKSPACE_LINKS, CopySkillStager
-from worker.workspace import Workspace, WorkspaceManager
+from worker.workspaces.staging import WORKSPACE_LINKS, CopySkillStager
+from worker.workspaces.manager import Workspace, WorkspaceManager
 
 REPO = Path(__file__).resolve().parents[2]
 MEETING_SECONDS = 10.0
@@ -25,8 +25,8 @@ CHILD = """
 import os, sys, time
 from pathlib import Path
 from worker.contract import SkillRef
-from worker.staging import CopySkillStager
-from worker.workspace import WorkspaceManager
+from worker.workspaces.staging import CopySkillStager
+from worker.workspaces.manager import WorkspaceManager
 
 work_root, library, meeting, me, count, seconds = sys.argv[1:]
 rename, renamed = os.rename, []

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from worker.errors import UnsafeArchiveError
-from worker.tar_transfer import SIZES_MEMBER, UploadArchive, extract_mirror
+from worker.workspaces.tar_transfer import SIZES_MEMBER, UploadArchive, extract_mirror
 
 REMOTE = "/workspace/cube_agent/ws_a_1234"
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from worker.errors import WorkspaceError
-from worker.user_ids import UserIdRegistry, host_account_exists
+from worker.workspaces.user_ids import UserIdRegistry, host_account_exists
 
 
 def test_two_owners_never_hold_the_same_id_and_an_owner_keeps_its_own(tmp_path):

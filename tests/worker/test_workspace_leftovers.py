@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from worker.workspace import HALF_MADE_SECONDS, METADATA_FILE, WorkspaceManager
+from worker.workspaces.manager import HALF_MADE_SECONDS, METADATA_FILE, WorkspaceManager
 
 REPO = Path(__file__).resolve().parents[2]
 KILLED_WHILE_CREATING = """
 import os, signal, sys
-from worker.workspace import WorkspaceManager
+from worker.workspaces.manager import WorkspaceManager
 
 work_root, workspace_id, when = sys.argv[1:]
 real_symlink = os.symlink

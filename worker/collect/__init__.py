@@ -32,7 +32,7 @@ from worker.collect.beneath import MAX_DEPTH, MAX_LISTED_ENTRIES, Beneath, Refus
 from worker.collect.patterns import expand_braces, expand_variables, resolve_patterns
 from worker.contract import ArtifactFile, OutputFile, RunLimits, SkippedFile
 from worker.errors import ArtifactError
-from worker.mime import detect_mime, is_text
+from worker.collect.mime import detect_mime, is_text
 
 __all__ = [
     "MAX_DEPTH", "MAX_LISTED_ENTRIES", "ArtifactSink", "Collection", "collect_outputs", "expand_braces",

@@ -6,7 +6,7 @@ package index is a socket the worker listens on inside it and serves from its ow
 making it takes a thread of the worker in that namespace for a moment. That thread is one of its own, which ends
 after: nothing else of the worker ever runs in a sandbox's namespace, even should leaving it fail.
 
-The namespace is opened as the sandbox's user (``worker.user_network.open_network_namespace``: a worker in a
+The namespace is opened as the sandbox's user (``worker.sandbox.user_network.open_network_namespace``: a worker in a
 container may not open it as root) and joined as root (``setns`` needs CAP_SYS_ADMIN, which the worker has for
 bubblewrap anyway, over the namespace: root has it over the sandbox's user namespaces, made by a user of its own).
 """
@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 
-from worker.user_network import open_network_namespace
+from worker.sandbox.user_network import open_network_namespace
 
 CLONE_NEWNET = 0x40000000
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from worker.config import get_worker_settings
-from worker.egress.entries import parse_entries
 from worker.errors import DependencyError
+from worker.names import parse_entries
 
 INDEX_VARIABLE = "UV_DEFAULT_INDEX"
 """Where a step's environment names the index it uses (PyPI without it): what its allow-list is made from."""
@@ -111,6 +111,15 @@ class AllowList:
     def refusal_hint(self) -> str:
         return self.hint or (f"A build reaches only its package index ({self.describe()}); an operator may allow "
                              f"more hosts with {ALLOWED_HOSTS_SETTING}.")
+
+
+def effective(declared: Iterable[str], team: Iterable[str]) -> list[str]:
+    """What a run of a skill declaring ``declared`` may reach, its team allowing ``team``: each destination both
+    allow (the narrower entry of each pair where one covers the other), as entry texts."""
+    skill_entries, team_entries = parse_entries(declared), parse_entries(team)
+    both = {mine for mine in skill_entries if any(theirs.covers(mine) for theirs in team_entries)}
+    both |= {theirs for theirs in team_entries if any(mine.covers(theirs) for mine in skill_entries)}
+    return sorted(str(entry) for entry in both)
 
 
 def run_allow_list(texts: Iterable[str]) -> AllowList:
@@ -287,4 +296,4 @@ class Request:
 
 
 __all__ = ["ALLOWED_HOSTS_SETTING", "INDEX_VARIABLE", "MALFORMED", "PYPI_HOSTS", "Address", "AllowList", "Refused",
-           "Request", "Target", "TunnelRefused", "run_allow_list", "split_authority"]
+           "Request", "Target", "TunnelRefused", "effective", "run_allow_list", "split_authority"]

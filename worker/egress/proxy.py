@@ -1,7 +1,7 @@
 """A sandbox's only way out: an allow-list HTTP proxy the worker serves on the loopback of the sandbox.
 
 Build steps use it to reach the package index (below), and runs whose request carries an egress allow-list
-(``RunRequest.egress``, ``worker.egress.entries``) to reach those hosts: the same proxy, the same checks, the
+(``RunRequest.egress``, ``worker.names``) to reach those hosts: the same proxy, the same checks, the
 run's allow-list instead of the index's; each refusal is counted and listed (``refusals``) in the run's result.
 
 A build step runs untrusted code (a source distribution's build backend), so it runs with the isolation of a run
@@ -11,7 +11,7 @@ the private network, not cloud metadata). Its sandbox has a network namespace of
 (``SandboxStart.release``, through ``served_by``) the worker places a listening socket on ``127.0.0.1:3128`` there
 (``worker.egress.listener``) and serves it from its own network (``EgressProxy``); ``HTTPS_PROXY``
 and its kin in the step's environment point uv at it. (The Docker runtime's build containers reach it through a
-unix socket instead: ``worker.runtimes.container_builds``.)
+unix socket instead: ``worker.runtimes.docker.builds``.)
 
 What passes: ``CONNECT host:port`` (a tunnel; TLS stays end to end, uv checks the index's certificate with its own
 CA bundle) and plain-HTTP ``GET``/``HEAD`` requests with an absolute URI (an ``http://`` index), when ``host:port``
@@ -19,7 +19,7 @@ is on the allow-list (``AllowList``): the index's host and port (PyPI's two host
 ``SKILLRUN_ENV_ALLOWED_HOSTS`` (both in ``worker.egress.policy``). The proxy resolves the name itself, once per
 step or run, and connects to an address it got: for the index's hosts whatever the worker's resolver says (the
 operator chose the index, and the network's DNS may well lead it to a private mirror or an intercepting gateway),
-for the other hosts public addresses only (``worker.addresses``), so such a name that resolves to a private
+for the other hosts public addresses only (``worker.egress.addresses``), so such a name that resolves to a private
 address, now or on a second lookup (DNS rebinding), gets nowhere; a name the operator pinned
 (``SKILLRUN_EGRESS_PINNED_HOSTS``, for tests and private deployments) goes to its pinned address without a lookup.
 Anything else is answered with an error status and the reason, and counted and listed (``refusals``) with the
@@ -55,7 +55,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 
-from worker.addresses import first_private, resolve
+from worker.egress.addresses import first_private, resolve
 from worker.config import get_worker_settings
 from worker.egress.listener import listen_inside
 from worker.egress.policy import Address, AllowList, Refused, Request, Target
@@ -138,7 +138,7 @@ class EgressProxy:
 
     async def serve_sandbox(self, uid: int, pid: int, namespace: int) -> None:
         """Listen in the network namespace ``namespace`` of the sandbox whose init is ``pid`` (its user ``uid``) and
-        serve it (a ``NetworkServer`` of ``worker.sandbox``, with ``uid`` bound)."""
+        serve it (a ``NetworkServer`` of ``worker.sandbox.bubblewrap``, with ``uid`` bound)."""
         try:
             listener = await asyncio.to_thread(listen_inside, pid, uid, namespace, PROXY_PORT, BACKLOG)
         except ProcessLookupError:

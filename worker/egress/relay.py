@@ -3,7 +3,7 @@ folder the container mounts (``listen_in_folder``), and in the container a relay
 ``python3``) that listens on the loopback port ``HTTPS_PROXY`` names, starts the command and carries each
 connection to that socket. The relay is no guard (it runs as the sandbox's user, which may kill or bypass it and
 reach the socket itself): the proxy is. Used by the Docker runtime's build steps
-(``worker.runtimes.container_builds``) and its runs with an egress allow-list (``worker.runtimes.container``).
+(``worker.runtimes.docker.builds``) and its runs with an egress allow-list (``worker.runtimes.docker.runtime``).
 """
 
 from __future__ import annotations

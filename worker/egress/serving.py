@@ -15,7 +15,7 @@ from pathlib import Path
 from worker.egress.policy import AllowList
 from worker.egress.proxy import EgressProxy
 from worker.egress.relay import listen_in_folder
-from worker.sandbox import served_by
+from worker.sandbox.bubblewrap import served_by
 
 
 @contextlib.asynccontextmanager

@@ -36,7 +36,7 @@ import hashlib
 import ipaddress
 from dataclasses import dataclass
 
-from worker.addresses import is_address
+from worker.names import is_address
 from worker.egress.policy import Target, TunnelRefused
 
 HELLO_BYTES = 8 * 1024

@@ -51,9 +51,9 @@ from worker.environments.store import (
 )
 from worker.environments.target import Target
 from worker.errors import EnvironmentBuildError
-from worker.folders import remove_tree
+from worker.roots.folders import remove_tree
 from worker.outcome import ProcessOutcome
-from worker.user_ids import UserIdRegistry
+from worker.workspaces.user_ids import UserIdRegistry
 
 MESSAGE_CHARS = 4000
 """What of a failed step's output an error quotes (its end, where the resolver or installer says what failed)."""

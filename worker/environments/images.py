@@ -1,7 +1,7 @@
 """Derived Docker images (the sandbox image plus a skill's Debian packages) as the environment store knows them,
 without an engine: their content tags, and where one stands.
 
-``worker.runtimes.container_images`` builds them with the engine; what it leaves in the store — the last use
+``worker.runtimes.docker.images`` builds them with the engine; what it leaves in the store — the last use
 (``images/<digest>.used``, written when the image is built, removed with it), a failure record
 (``locks/image-<digest>.failed``) and the lock a build holds (``image-<digest>``) — is what ``image_status`` reads,
 so the API, which has no engine, says what the Docker runtime's workers would find.

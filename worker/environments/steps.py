@@ -11,7 +11,7 @@ through the worker's allow-list proxy (``worker.egress.proxy``), its only way ou
 own, in a network namespace of its own served by the proxy (root hosts), or as the current user where the host has no
 sandbox (with the host's network: a development host's builds are not contained). The Docker runtime's runner,
 which runs a step in a throwaway container of the sandbox image, is
-``worker.runtimes.container_builds.ContainerSteps``.
+``worker.runtimes.docker.builds.ContainerSteps``.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from worker.cancellation import Cancellation
-from worker.cgroups import CgroupLimits, CgroupTree, RunCgroup
+from worker.sandbox.cgroups.groups import CgroupLimits, CgroupTree, RunCgroup
 from worker.egress.policy import AllowList
 from worker.egress.proxy import proxy_environment
 from worker.egress.serving import serving_sandbox
 from worker.environments.target import Target
 from worker.errors import CgroupError, DependencyError
 from worker.outcome import ProcessOutcome
-from worker.process import run_process
-from worker.sandbox import SandboxSpec, find_bwrap
+from worker.sandbox.process import run_process
+from worker.sandbox.bubblewrap import SandboxSpec, find_bwrap
 
 OUTPUT_BYTES = 256 * 1024
 """What is kept of a build step's stdout and stderr (its messages end up in the error)."""

@@ -9,7 +9,7 @@ Layout under the store's root (``SKILLRUN_ENVS_DIR``)::
     envs/<environment key>.json    what it holds: target, requirements, locked packages, size, build time
     envs/<environment key>.used    its mtime is the environment's last use
     envs/<environment key>.locks   the requirements keys whose locks it was built from, one a line
-    images/<digest>.used           a derived Docker image's last use (``worker.runtimes.container_images``)
+    images/<digest>.used           a derived Docker image's last use (``worker.runtimes.docker.images``)
     targets/<runtime>.json         the target the runtime's workers last built for (what the API reads)
     .building/                     environments being built (a folder per build, renamed into envs/ when done)
     .locks/<name>.lock             one lock file per key: one build at a time, on this host and any sharing it
@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from worker.environments.target import Target
-from worker.folders import remove_tree, still_at
+from worker.roots.folders import remove_tree, still_at
 
 LOCK_POLL_SECONDS = 0.2
 USE_TOUCH_SECONDS = 60.0

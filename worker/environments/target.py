@@ -2,7 +2,7 @@
 
 Everything here is part of an environment's key, so an environment is only ever used where it was built for. The
 local runtime's target is the host's ``python3`` (``local_target``); the Docker runtime's is the sandbox image's,
-asked once per image id by a throwaway container (``worker.runtimes.container_builds.DockerTargets``), with the
+asked once per image id by a throwaway container (``worker.runtimes.docker.builds.DockerTargets``), with the
 same ``PROBE``.
 """
 

@@ -7,5 +7,5 @@ from worker.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "worker.runtimes.base": ["RUNTIME_CLASSES", "BaseWorkspaceRuntime", "resolve_runtime"],
-    "worker.runtimes.local": ["LocalWorkspaceRuntime"],
+    "worker.runtimes.local.runtime": ["LocalWorkspaceRuntime"],
 })

@@ -162,9 +162,9 @@ class BaseWorkspaceRuntime(ABC):
 
 
 RUNTIME_CLASSES: dict[str, str] = {
-    RuntimeName.LOCAL.value: "worker.runtimes.local:LocalWorkspaceRuntime",
-    RuntimeName.DOCKER.value: "worker.runtimes.container:ContainerWorkspaceRuntime",
-    RuntimeName.CUBE.value: "worker.runtimes.cube:CubeWorkspaceRuntime",
+    RuntimeName.LOCAL.value: "worker.runtimes.local.runtime:LocalWorkspaceRuntime",
+    RuntimeName.DOCKER.value: "worker.runtimes.docker.runtime:ContainerWorkspaceRuntime",
+    RuntimeName.CUBE.value: "worker.runtimes.cube.runtime:CubeWorkspaceRuntime",
 }
 """Runtime name → ``module:Class``. Optional runtimes are imported only when asked for."""
 

@@ -30,15 +30,15 @@ from worker.contract import WORKSPACE_ID_PATTERN, InputFile, RunRequest, RunResu
 from worker.environments import EnvironmentInfo, EnvironmentStatus, SkillEnvironments
 from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
-from worker.library_fetch import locate, skill_root_in_use
+from worker.roots.library_fetch import locate, skill_root_in_use
 from worker.outcome import ProcessOutcome, decode_output
-from worker.redaction import Redactor, redacting_sink
+from worker.secrets import Redactor, redacting_sink
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
 from worker.runtimes.host_files import WorkspaceFiles
 from worker.runtimes.workspace_uses import WorkspaceUse, WorkspaceUses
-from worker.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
+from worker.workspaces.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
-from worker.workspace import Workspace, WorkspaceManager
+from worker.workspaces.manager import Workspace, WorkspaceManager
 
 COPY_CHUNK_BYTES = 1024 * 1024
 MAX_REMEMBERED_WORKSPACES = 4096
@@ -92,7 +92,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     @contextlib.asynccontextmanager
     async def _holding_root(self, request: RunRequest) -> AsyncIterator[None]:
         """A library root fetched into the URL-root cache stays there for the whole run (its staged skill links
-        into it): the eviction of a bounded cache passes over it (``worker.library_fetch.skill_root_in_use``)."""
+        into it): the eviction of a bounded cache passes over it (``worker.roots.library_fetch.skill_root_in_use``)."""
         if not locate(request.skill).remote:
             yield
             return

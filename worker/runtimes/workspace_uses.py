@@ -17,7 +17,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from worker.folders import still_at
+from worker.roots.folders import still_at
 
 USES_DIR = "uses"
 UNWANTED_AT, KEPT_AT = 0, 1

@@ -14,7 +14,7 @@ from pathlib import Path
 from orchestrator.api.environments.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
 from orchestrator.quotas import builds_refusal
 from worker.environments import EnvironmentStatus
-from worker.jobs import WAITING
+from worker.jobs.execute import WAITING
 from worker.runtimes.host import HostWorkspaceRuntime
 
 logger = logging.getLogger(__name__)

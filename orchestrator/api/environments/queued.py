@@ -1,6 +1,6 @@
 """``QueuedEnvironments`` — queue mode: builds are sandboxed and need a worker's root (and, for Docker, its engine),
 so one RQ job per runtime and library version (its id is theirs, so it is never queued twice) goes to that runtime's
-workers (``worker.jobs.prepare_environments`` on ``skillrun:<runtime>:environments``); the job's ``meta`` is its
+workers (``worker.jobs.execute.prepare_environments`` on ``skillrun:<runtime>:environments``); the job's ``meta`` is its
 progress, and the store the API reads is the workers' (``SKILLRUN_ENVS_DIR``, or the shared work root's
 ``.skillrun/environments``). The API has no engine: the Docker runtime's states are read from what its workers
 record there — the target they last built for (the sandbox image's id and ``python3``) and the derived images they
@@ -28,7 +28,7 @@ from rq.serializers import JSONSerializer
 from orchestrator.api.environments.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
 from orchestrator.quotas import builds_refusal
 from worker.config import get_worker_settings
-from worker.consumer import environments_queue_name
+from worker.jobs.consumer import environments_queue_name
 from worker.contract import RuntimeName
 from worker.environments import (
     EnvironmentBuilder,
@@ -40,9 +40,9 @@ from worker.environments import (
 )
 from worker.environments.images import bundle_digest, image_status, image_tag
 from worker.errors import DependencyError
-from worker.jobs import PREPARE_BEAT_KEY, prepare_environments
-from worker.root_cache import cached_sha256
-from worker.workspace import REGISTRY_DIR, default_work_root
+from worker.jobs.execute import PREPARE_BEAT_KEY, prepare_environments
+from worker.roots.cache import cached_sha256
+from worker.workspaces.manager import REGISTRY_DIR, default_work_root
 
 WAITING_FOR_WORKER = "waiting for a worker"
 JOB_RECORD_SECONDS = 24 * 3600

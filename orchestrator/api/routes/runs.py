@@ -31,7 +31,7 @@ from orchestrator.quotas import QuotaExceededError
 from orchestrator.teams import Team
 from worker.contract import InputFile, RunRequest, RuntimeName, SkillRef
 from worker.egress import effective
-from worker.env_names import env_name_problem
+from worker.names import env_name_problem
 from worker.errors import ArtifactError, BlobStoreError, SecretError, WorkerError
 from worker.run_store import ENDING_EVENTS, RunRecord, RunStatus
 from worker.validation import MAX_PATH_CHARS, validate_request

@@ -2,7 +2,7 @@
 
 A run names the secrets it needs (``RunCreate.secrets``); each must be declared by its skill (``metadata.secrets``)
 and stored for the team. The values reach the command's environment only, and are taken out of everything the run
-gives back (``worker.redaction``).
+gives back (``worker.secrets``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from orchestrator.api.responses import error_responses
 from orchestrator.api.schemas import SecretSet, SecretsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.teams import Team
-from worker.env_names import ENV_NAME, MAX_ENV_NAME_CHARS
+from worker.names import ENV_NAME, MAX_ENV_NAME_CHARS
 from worker.errors import SecretError
-from worker.secrets import SecretInfo, SecretStore
+from worker.secrets.store import SecretInfo, SecretStore
 
 router = APIRouter(prefix="/v1/secrets", tags=["secrets"], responses=error_responses(401, 403, 422))
 

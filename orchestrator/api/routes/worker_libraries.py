@@ -1,4 +1,4 @@
-"""What workers on other hosts fetch from the API: a library version's archive by its sha256 (``worker.library_fetch``),
+"""What workers on other hosts fetch from the API: a library version's archive by its sha256 (``worker.roots.library_fetch``),
 with the workers' token (``orchestrator.api.auth.current_worker``), streamed from the kept file."""
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ from orchestrator.tools.toolset import BaseToolSet
 from worker.contract import WORKSPACE_ID_PATTERN, RunRequest
 from worker.egress import effective
 from worker.errors import WorkerError
-from worker.runtimes.local import LocalWorkspaceRuntime
-from worker.staging import BaseSkillStager
+from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.workspaces.staging import BaseSkillStager
 from worker.validation import validate_request
 
 Mode = Literal["add", "replace", "clear"]

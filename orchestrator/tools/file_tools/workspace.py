@@ -51,7 +51,7 @@ OPS_SCRIPT = '"$SKILLS_DIR/file-tools/ops.py"'
 WORKSPACE_SKILL = Path(__file__).resolve().parent / "workspace_skill"
 QUICK_COMMAND_CHARS = 2048
 """A command this short fits, with the run's variables, in one atomic pipe write (``PIPE_BUF``, 4 KiB) to the
-workspace's ready shell (``worker.ready_shell``); a longer one starts a sandbox of its own (about 35 ms more here)."""
+workspace's ready shell (``worker.sandbox.ready_shell``); a longer one starts a sandbox of its own (about 35 ms more here)."""
 INLINE_ARGS_CHARS = QUICK_COMMAND_CHARS // 2
 """Arguments (quoted for the shell) up to this long travel in the command; longer ones as an input file."""
 ARGS_FOLDER = ".file-tools"

@@ -1,0 +1,149 @@
+"""Launchers: a process waiting in a new run's control group, so the run's sandbox is born there.
+
+Moving a process into a cgroup v1 memory group waits for an RCU grace period (the kernel's cgroup migration lock
+is a per-CPU semaphore that its writer must first turn to slow mode): 8–12 ms on a small VM, on a first run's
+path when its new sandbox is moved into its group (``SandboxStart.release``). A child is born in its parent's
+groups without moving, so a ``Launcher`` — bash as root, reading one request on a pipe, its output pipes and a
+``SandboxStart``'s ends already given — is started ahead and moved into a spare run group while nothing waits
+for it; a run that starts a sandbox of its own (``process.run_process``) sends it its folder and command line,
+and it ``exec``s them there: the sandbox, and everything of the run, is born in the run's group. bwrap sets the
+command's environment (``--clearenv``, ``--setenv``): the launcher's own (bash's) goes no further than bwrap. A
+launcher is started in a network namespace of its own (``unshare --net``, as root), so a run without network gets
+it without making one on its path (a run with network gets another from bwrap, as always).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+
+from worker.sandbox.cgroups.pool import CgroupPool
+from worker.sandbox.cgroups.groups import CgroupError, CgroupLimits, RunCgroup
+from worker.sandbox.bubblewrap import SandboxStart
+
+SPARE_LAUNCHERS = 2
+"""Launchers kept waiting for runs that start a sandbox of their own (first runs of workspaces)."""
+
+LAUNCHER_SCRIPT = 'IFS= read -r -d "" dir <&{fd} && mapfile -d "" -u {fd} argv && exec {fd}<&- && cd -- "$dir" && exec -- "${{argv[@]}}"'
+"""What a launcher runs: read its folder and command line (NUL-terminated, on the request pipe ``fd``), then
+become it."""
+
+
+class Launcher:
+    """A root bash in its run group (``cgroup``, made for it), waiting to become a run's sandbox."""
+
+    def __init__(self, bash: str, cgroup: RunCgroup, network_off: tuple[str, ...]) -> None:
+        """Start the launcher under ``network_off`` (a network namespace of its own with nothing in it, which a run
+        without network keeps: none is made on its path) and move it into ``cgroup`` (blocks: a thread's, off any
+        run's path)."""
+        self.cgroup = cgroup
+        self.start = SandboxStart()
+        request_r, self._request = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [*network_off, bash, "-c", LAUNCHER_SCRIPT.format(fd=request_r)], pass_fds=[request_r, *self.start.child_fds()],
+                env={"PATH": "/usr/bin:/bin"}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, process_group=0,
+            )
+        except BaseException:
+            os.close(self._request)
+            self.start.close()
+            raise
+        finally:
+            os.close(request_r)
+        self.fds = self.start.child_fds()
+        """The numbers the sandbox's ends have in the launcher (closed here)."""
+        self.start.sent()
+        try:
+            cgroup.add(self.proc.pid)
+        except BaseException:
+            self.discard()
+            raise
+
+    def launch(self, argv: list[str], cwd: str) -> None:
+        """Become ``argv`` in ``cwd`` (a request of a few kilobytes: the pipe takes it at once)."""
+        request = b"".join(part.encode() + b"\0" for part in [cwd, *argv])
+        try:
+            with open(self._request, "wb", closefd=True) as pipe:
+                pipe.write(request)
+        finally:
+            self._request = -1
+
+    def discard(self) -> None:
+        """Kill an unused launcher and let go of what it holds (its group is the caller's)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            pipe.close()
+        if self._request >= 0:
+            os.close(self._request)
+            self._request = -1
+        self.start.close()
+
+
+class LauncherPool:
+    """Launchers waiting in run groups of their own (made by ``groups``' tree), for runs starting a sandbox."""
+
+    def __init__(self, bash: str, groups: CgroupPool, network_off: tuple[str, ...]) -> None:
+        self._bash = bash
+        self._groups = groups
+        self._network_off = network_off
+        self._waiting: list[Launcher] = []
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> list[Launcher]:
+        with self._lock:
+            return list(self._waiting)
+
+    def take(self, limits: CgroupLimits) -> Launcher | None:
+        """A waiting launcher, its group held to ``limits`` (the caller's from now on: ``refill`` makes the next),
+        or ``None``."""
+        with self._lock:
+            launcher = self._waiting.pop() if self._waiting else None
+        if launcher is None:
+            return None
+        try:
+            if launcher.proc.poll() is not None:  # killed meanwhile
+                raise CgroupError("the launcher has ended")
+            launcher.cgroup.set_limits(limits)
+        except CgroupError:
+            launcher.discard()
+            launcher.cgroup.remove()
+            return None
+        launcher.cgroup.begin()
+        return launcher
+
+    def refill(self) -> None:
+        """Have ``SPARE_LAUNCHERS`` launchers wait (blocks: a thread's)."""
+        while True:
+            with self._lock:
+                if len(self._waiting) >= SPARE_LAUNCHERS or self._closed:
+                    return
+            group = self._groups.tree.new_group()
+            try:
+                launcher = Launcher(self._bash, group, self._network_off)
+            except (OSError, CgroupError):
+                group.remove()
+                return
+            with self._lock:
+                if not self._closed:
+                    self._waiting.append(launcher)
+                    continue
+            launcher.discard()
+            group.remove()
+            return
+
+    def close(self) -> None:
+        """End the waiting launchers and remove their groups; none is made after (blocks: a thread's)."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = self._waiting, []
+        for launcher in waiting:
+            launcher.discard()
+            launcher.cgroup.remove()

@@ -1,0 +1,305 @@
+"""Team secrets: values a skill's commands get in their environment, stored encrypted, never shown back.
+
+* ``SecretBox`` encrypts with Fernet (``cryptography``) under the operator's key, ``SKILLRUN_SECRETS_KEY`` (a
+  Fernet key; several, comma-separated, to rotate: the first encrypts, any decrypts). The team and the name are
+  sealed in with the value, so a ciphertext copied to another team's or name's entry does not decrypt there.
+* ``SecretStore`` keeps them per team: in Redis (``skillrun:secrets:<team>``, a hash of name → sealed entry) with a
+  queue, else in files (``<dir>/<team>.json``, mode 0600). Values are written, listed by name and date, removed,
+  and read back (``reveal``) only by whoever runs a team's run: a worker, or the process running it inline.
+
+A name is a shell variable name that the workspace and the loader do not claim (``worker.names``);
+a value is 8 bytes to ``MAX_VALUE_BYTES`` (shorter ones would be redacted wherever their characters occur).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from pydantic import BaseModel
+
+from worker.contract import TEAM_NAME, RunRequest
+from worker.names import env_name_problem
+from worker.errors import SecretError
+from worker.secrets import Redactor, forms_of
+from worker.secrets.matching import SELF_OVERLAP_CHARS, repeats_near_its_start
+
+MAX_VALUE_BYTES = 64 * 1024
+MIN_VALUE_BYTES = 8
+MAX_SECRETS_PER_TEAM = 100
+MAX_TEAM_SECRET_BYTES = 1024 * 1024
+"""All of a team's values together: what every run of the team is redacted of, so what building its redactor costs
+(``worker.secrets``)."""
+REDIS_PREFIX = "skillrun:secrets:"
+
+
+class SecretInfo(BaseModel):
+    """What is shown of a secret: its name and dates, never its value."""
+
+    name: str
+    created_at: float
+    updated_at: float
+
+
+def check_name(name: str) -> None:
+    problem = env_name_problem(name)
+    if problem is not None:
+        raise SecretError(f"secret name: {problem}")
+
+
+def check_value(name: str, value: str) -> None:
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise SecretError(f"the value of {name} is not valid Unicode text (it holds a lone surrogate)") from None
+    if size < MIN_VALUE_BYTES:
+        raise SecretError(f"the value of {name} is {size} bytes; a secret is at least {MIN_VALUE_BYTES} (shorter ones "
+                          f"would be redacted wherever their characters occur)")
+    if size > MAX_VALUE_BYTES:
+        raise SecretError(f"the value of {name} is {size} bytes; a secret is at most {MAX_VALUE_BYTES}")
+    if "\0" in value:
+        raise SecretError(f"the value of {name} holds a NUL character, which an environment variable cannot")
+    if any(repeats_near_its_start(form) for form in forms_of(value)):
+        raise SecretError(f"the value of {name} starts with a short piece repeated (its first "
+                          f"{SELF_OVERLAP_CHARS} characters, or those of an encoding of it, come again right after): "
+                          "a secret is a random value, and looking for one like this in every run's output would cost "
+                          "each run many times its size")
+
+
+class SecretBox:
+    """Seals and opens secret values under the operator's key(s)."""
+
+    def __init__(self, keys: str) -> None:
+        parts = [part.strip() for part in keys.split(",") if part.strip()]
+        try:
+            self._fernet = MultiFernet([Fernet(part.encode()) for part in parts])
+        except (ValueError, TypeError):
+            raise SecretError("SKILLRUN_SECRETS_KEY must be one or more Fernet keys (32 url-safe base64 bytes, "
+                              "comma-separated); make one with: python3 -c 'from cryptography.fernet import "
+                              "Fernet; print(Fernet.generate_key().decode())'") from None
+
+    def seal(self, team: str, name: str, value: str) -> str:
+        return self._fernet.encrypt(json.dumps({"team": team, "name": name, "value": value}).encode()).decode()
+
+    def open(self, team: str, name: str, sealed: str) -> str:
+        try:
+            content = json.loads(self._fernet.decrypt(sealed.encode()))
+        except InvalidToken:
+            raise SecretError(f"secret {name} of team {team} cannot be decrypted: SKILLRUN_SECRETS_KEY is not the key "
+                              "it was stored with (add that key after the new one to rotate)") from None
+        if content.get("team") != team or content.get("name") != name:
+            raise SecretError(f"secret {name} of team {team} holds another secret's value: refused")
+        return content["value"]
+
+
+class SecretStore(ABC):
+    """A team's secrets (see the module docstring)."""
+
+    def __init__(self, box: SecretBox | None) -> None:
+        self.box = box
+
+    @staticmethod
+    def _team(team: str | None) -> str:
+        if team is None or not TEAM_NAME.fullmatch(team):
+            raise SecretError(f"secrets belong to a team; {team!r} is none (runs with secrets go through the API)")
+        return team
+
+    def _sealer(self) -> SecretBox:
+        if self.box is None:
+            raise SecretError("secrets need the operator's key: set SKILLRUN_SECRETS_KEY on the API and its workers")
+        return self.box
+
+    def set(self, team: str, name: str, value: str) -> SecretInfo:
+        team = self._team(team)
+        check_name(name)
+        check_value(name, value)
+        sealed = self._sealer().seal(team, name, value)
+        with self._locked(team):
+            entries = self._entries(team)
+            if name not in entries and len(entries) >= MAX_SECRETS_PER_TEAM:
+                raise SecretError(f"team {team} has {len(entries)} secrets, the most it may have: remove one first")
+            size = len(value.encode())
+            others = sum(_size(entry) for other, entry in entries.items() if other != name)
+            if others + size > MAX_TEAM_SECRET_BYTES:
+                raise SecretError(f"team {team}'s secrets would hold {others + size} bytes; a team's secrets hold at "
+                                  f"most {MAX_TEAM_SECRET_BYTES} together (every run of the team is redacted of all "
+                                  "of them): remove one first")
+            now = time.time()
+            created = entries.get(name, {}).get("created_at", now)
+            self._put(team, name, {"sealed": sealed, "bytes": size, "created_at": created, "updated_at": now})
+        return SecretInfo(name=name, created_at=created, updated_at=now)
+
+    def list(self, team: str) -> list[SecretInfo]:
+        team = self._team(team)
+        return [SecretInfo(name=name, created_at=entry["created_at"], updated_at=entry["updated_at"])
+                for name, entry in sorted(self._entries(team).items())]
+
+    def remove(self, team: str, name: str) -> bool:
+        """``False`` when the team has no secret of that name."""
+        team = self._team(team)
+        check_name(name)
+        return self._delete(team, name)
+
+    def reveal(self, team: str | None, names: list[str]) -> dict[str, str]:
+        """The values of ``names`` (each must exist) for a run of ``team``."""
+        if not names:
+            return {}
+        return _named(self._team(team), self.reveal_all(team), names)
+
+    def reveal_all(self, team: str | None) -> dict[str, str]:
+        """Every secret of ``team`` (none for an owner that is not a team): what any run of it is redacted of."""
+        if team is None or not TEAM_NAME.fullmatch(team):
+            return {}
+        entries = self._entries(team)
+        if not entries:
+            return {}
+        sealer = self._sealer()
+        return {name: sealer.open(team, name, entry["sealed"]) for name, entry in entries.items()}
+
+    @abstractmethod
+    def any_stored(self) -> bool:
+        """Whether any team has a secret (the API refuses to start without a key then)."""
+
+    @abstractmethod
+    def _entries(self, team: str) -> dict[str, dict]:
+        ...
+
+    @abstractmethod
+    def _put(self, team: str, name: str, entry: dict) -> None:
+        ...
+
+    @abstractmethod
+    def _delete(self, team: str, name: str) -> bool:
+        ...
+
+    @abstractmethod
+    def _locked(self, team: str):  # noqa: ANN202 - a context manager
+        ...
+
+
+class RedisSecretStore(SecretStore):
+    def __init__(self, client: redis.Redis, box: SecretBox | None) -> None:
+        super().__init__(box)
+        self.redis = client
+
+    def any_stored(self) -> bool:
+        return next(iter(self.redis.scan_iter(f"{REDIS_PREFIX}*", count=100)), None) is not None
+
+    def _entries(self, team: str) -> dict[str, dict]:
+        return {name.decode(): json.loads(raw) for name, raw in self.redis.hgetall(REDIS_PREFIX + team).items()}
+
+    def _put(self, team: str, name: str, entry: dict) -> None:
+        self.redis.hset(REDIS_PREFIX + team, name, json.dumps(entry))
+
+    def _delete(self, team: str, name: str) -> bool:
+        return bool(self.redis.hdel(REDIS_PREFIX + team, name))
+
+    def _locked(self, team: str):  # noqa: ANN202
+        return self.redis.lock(f"{REDIS_PREFIX}{team}:lock", timeout=10, blocking_timeout=10)
+
+
+class FileSecretStore(SecretStore):
+    def __init__(self, folder: Path, box: SecretBox | None) -> None:
+        super().__init__(box)
+        self.folder = folder
+        self._lock = threading.Lock()
+
+    def any_stored(self) -> bool:
+        return self.folder.is_dir() and any(
+            self._entries(path.stem) for path in self.folder.glob("*.json") if TEAM_NAME.fullmatch(path.stem))
+
+    def _path(self, team: str) -> Path:
+        return self.folder / f"{team}.json"
+
+    def _entries(self, team: str) -> dict[str, dict]:
+        path = self._path(team)
+        try:
+            entries = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise SecretError(f"the secrets file {path} cannot be read ({exc}): restore it from a backup") from None
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) and "sealed" in e for e in entries.values()):
+            raise SecretError(f"the secrets file {path} is not a mapping of secrets: restore it from a backup")
+        return entries
+
+    def _write(self, team: str, entries: dict[str, dict]) -> None:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        descriptor, partial = tempfile.mkstemp(dir=self.folder, prefix=".partial-")
+        with os.fdopen(descriptor, "w") as out:  # mkstemp makes it 0600
+            json.dump(entries, out)
+        os.replace(partial, self._path(team))
+
+    def _put(self, team: str, name: str, entry: dict) -> None:
+        self._write(team, {**self._entries(team), name: entry})
+
+    def _delete(self, team: str, name: str) -> bool:
+        with self._locked(team):
+            entries = self._entries(team)
+            if entries.pop(name, None) is None:
+                return False
+            self._write(team, entries)
+            return True
+
+    @contextlib.contextmanager
+    def _locked(self, team: str) -> Iterator[None]:
+        """The store held against other threads and processes (the API, ``skillrun secrets``) for a change."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self._lock:
+            folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(folder, fcntl.LOCK_EX)  # the folder's lock: nothing but the teams' files in it
+                yield
+            finally:
+                os.close(folder)
+
+
+def _size(entry: dict) -> int:
+    """A stored value's size: as recorded, or (entries from before sizes were) its sealed length, which is more."""
+    return int(entry.get("bytes", len(entry["sealed"])))
+
+
+def box_from(key: object) -> SecretBox | None:
+    """The box for a ``secrets_key`` setting (a ``SecretStr``), or ``None`` when it is unset."""
+    if key is None:
+        return None
+    return SecretBox(key.get_secret_value())  # type: ignore[attr-defined]
+
+
+def attach_secrets(request: RunRequest, store: SecretStore | None, owner: str | None) -> Redactor:
+    """Put the values of the secrets ``request`` names (``owner``'s) where its runtime reads them, just before it
+    runs; and return the redactor that takes every secret of the team out of what comes back — not only the
+    named ones: a file an earlier run left in the workspace may hold a secret this run was not given."""
+    if store is None:
+        if request.secrets:
+            raise SecretError("this run names secrets, but secrets are not set up here: set SKILLRUN_SECRETS_KEY on "
+                              "the API and its workers")
+        return Redactor({})
+    every = store.reveal_all(owner)
+    if request.secrets:
+        request.secret_values.update(_named(SecretStore._team(owner), every, request.secrets))
+    request.redacted_values.update(every)
+    return Redactor(every)
+
+
+def forget_secrets(request: RunRequest) -> None:
+    """Drop the values ``attach_secrets`` put on ``request``, once its run ended."""
+    request.secret_values.clear()
+    request.redacted_values.clear()
+
+
+def _named(team: str, every: dict[str, str], names: list[str]) -> dict[str, str]:
+    missing = [name for name in names if name not in every]
+    if missing:
+        raise SecretError(f"team {team} has no secret {', '.join(missing)}: set it with skillrun secrets set")
+    return {name: every[name] for name in names}
