@@ -6,7 +6,8 @@ Light on purpose, importing nothing of the worker but its errors: the command li
 parsing (the secret and egress names a ``SKILL.md`` declares) use it without loading the run contract's models or
 the settings.
 
-Egress entries. A run's egress allow-list: its entries, what makes one acceptable, and the list a run gets.
+Egress entries: what a run's allow-list holds and what makes an entry acceptable (the list a run gets is
+``worker.egress.policy.effective``).
 
 An entry is ``host`` or ``*.domain``, with an optional ``:port`` (443 unless given): ``api.github.com``,
 ``*.example.com:8443``. A team's list is set by the operator (``orchestrator.egress``); a skill declares the hosts

@@ -35,8 +35,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.errors import SkillValidationError
-from worker.names import parse_entries
-from worker.names import env_name_problem
+from worker.names import env_name_problem, parse_entries
 from worker.errors import EgressError
 
 SKILL_FILE = "SKILL.md"
