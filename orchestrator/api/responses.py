@@ -56,6 +56,14 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorPublic, "description": _DESCRIPTIONS[code]} for code in codes}
 
 
+def stream_error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a server-sent-events route, whose own media type is ``text/event-stream``: each of ``codes``
+    (with those every route may answer: 401, 422, 503) is still a JSON ``ErrorPublic``, sent before any stream."""
+    schema = {"$ref": f"#/components/schemas/{ErrorPublic.__name__}"}
+    return {code: {"description": _DESCRIPTIONS[code], "content": {"application/json": {"schema": schema}}}
+            for code in sorted({401, 422, 503, *codes})}
+
+
 def error_response(status_code: int, detail: str, errors: list[FieldProblem] | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorPublic(detail=detail, errors=errors or [])

@@ -5,9 +5,11 @@ team's run is a 404 here too."""
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from orchestrator.api.file_paths import FILE_NAME
 from orchestrator.api.routes.runs import FileName, RunId, artifact_file, event_stream, output_file, team_run
@@ -88,12 +90,18 @@ async def _team_run(services: Services, run_id: str, team: Team) -> RunRecord:
         raise ConsoleError(410, str(exc)) from exc
 
 
-@router.get("/{run_id}/events", response_class=StreamingResponse)
-async def run_events(run_id: str = RunId, team: Team = Depends(signed_in),
-                     services: Services = Depends(get_services)) -> StreamingResponse:
+async def followed_run(run_id: str = RunId, team: Team = Depends(signed_in),
+                       services: Services = Depends(get_services)) -> RunRecord:
+    """The run a console stream follows, checked before the stream starts."""
+    return await _team_run(services, run_id, team)
+
+
+@router.get("/{run_id}/events", response_class=EventSourceResponse)
+async def run_events(record: RunRecord = Depends(followed_run),
+                     services: Services = Depends(get_services)) -> AsyncIterator[ServerSentEvent]:
     """The run's events as server-sent events, as ``GET /v1/runs/{id}/events`` sends them."""
-    await _team_run(services, run_id, team)
-    return StreamingResponse(event_stream(services, run_id), media_type="text/event-stream")
+    async for event in event_stream(services, record.id):
+        yield event
 
 
 @router.get(f"/{{run_id}}/files/{FILE_NAME}", response_class=Response)

@@ -24,10 +24,12 @@ def _client(services: Services) -> httpx.AsyncClient:
 
 
 def parse_sse(text: str) -> list[tuple[str, dict]]:
+    """The (event, data) pairs of a server-sent event stream; comment lines (keep-alive pings) are skipped."""
     items = []
     for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        items.append((lines["event"], json.loads(lines["data"])))
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(":"))
+        if lines:
+            items.append((lines["event"], json.loads(lines["data"])))
     return items
 
 

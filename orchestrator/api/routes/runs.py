@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
@@ -17,12 +16,15 @@ from pathlib import PurePosixPath
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from orchestrator.api import run_ids
 from orchestrator.api.auth import current_team
 from orchestrator.api.environments import not_ready
 from orchestrator.api.file_paths import FILE_NAME
-from orchestrator.api.responses import UNAVAILABLE_RETRY_AFTER_SECONDS, ErrorPublic, error_responses, over_quota
+from orchestrator.api.responses import (
+    UNAVAILABLE_RETRY_AFTER_SECONDS, ErrorPublic, error_responses, over_quota, stream_error_responses,
+)
 from orchestrator.api.schemas import RUN_ID, RunCreate, RunPublic, RunsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.egress import EgressStore
@@ -229,31 +231,35 @@ EVENTS = {"content": {"text/event-stream": {}}, "description": "queued, started,
           "(Redis went away: follow again after retry_after seconds)."}
 
 
-@router.get("/{run_id}/events", response_class=StreamingResponse, responses={200: EVENTS, **FOUND})
-async def run_events(run_id: str = RunId, team: Team = Depends(current_team), services: Services = Depends(get_services)) -> StreamingResponse:
+async def followed_run(run_id: str = RunId, team: Team = Depends(current_team),
+                       services: Services = Depends(get_services)) -> RunRecord:
+    """The run a stream follows, checked before the stream starts (404 / 410 as an answer, not a broken stream)."""
+    return await team_run(services, run_id, team)
+
+
+@router.get("/{run_id}/events", response_class=EventSourceResponse, responses={200: EVENTS, **stream_error_responses(404, 410)})
+async def run_events(record: RunRecord = Depends(followed_run),
+                     services: Services = Depends(get_services)) -> AsyncIterator[ServerSentEvent]:
     """The run's events as server-sent events (with timings), until it ends."""
-    await team_run(services, run_id, team)
-    return StreamingResponse(event_stream(services, run_id), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    async for event in event_stream(services, record.id):
+        yield event
 
 
-def _sse(kind: str, data: dict) -> str:
-    return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
-
-
-async def event_stream(services: Services, run_id: str) -> AsyncIterator[str]:
+async def event_stream(services: Services, run_id: str) -> AsyncIterator[ServerSentEvent]:
+    """A run's events until it ends, then ``closing``, ``lost`` or ``unavailable`` when it could not be followed."""
     last = None
     try:
         async for event in services.dispatcher.follow(run_id):
             last = event.type
-            yield _sse(event.type, event.model_dump())
+            yield ServerSentEvent(event=event.type, data=event.model_dump())
     except RunLostError as exc:
-        yield _sse("lost", {"reason": str(exc)})
+        yield ServerSentEvent(event="lost", data={"reason": str(exc)})
         return
     except UnavailableError as exc:
-        yield _sse("unavailable", {"reason": str(exc), "retry_after": exc.retry_after})
+        yield ServerSentEvent(event="unavailable", data={"reason": str(exc), "retry_after": exc.retry_after})
         return
     if last not in ENDING_EVENTS:
-        yield _sse("closing", {"reason": "the API is shutting down; follow the run again"})
+        yield ServerSentEvent(event="closing", data={"reason": "the API is shutting down; follow the run again"})
 
 
 @router.get(f"/{{run_id}}/files/{FILE_NAME}", response_class=Response,

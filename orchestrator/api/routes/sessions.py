@@ -8,14 +8,13 @@ The stream's events, each ``event: <kind>`` with a JSON ``data`` line:
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Response, status
-from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.responses import ErrorPublic, error_responses
+from orchestrator.api.responses import ErrorPublic, error_responses, stream_error_responses
 from orchestrator.api.routes.workspaces import remove
 from orchestrator.api.schemas import SESSION_ID, MessageCreate, SessionCreate, SessionPublic
 from orchestrator.api.services import Services, get_services
@@ -27,7 +26,6 @@ from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=error_responses(401, 422))
 
-SSE_MEDIA_TYPE = "text/event-stream"
 SessionId = Path(pattern=SESSION_ID, description="The session's id.")
 
 
@@ -76,27 +74,30 @@ async def delete_session(
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post(
-    "/{session_id}/messages",
-    response_class=StreamingResponse,
-    responses={200: {"content": {SSE_MEDIA_TYPE: {}}, "description": "The agent's events as server-sent events."},
-               **error_responses(400, 404, 413)},
-)
-async def post_message(
-    body: MessageCreate, session_id: str = SessionId, team: Team = Depends(current_team), services: Services = Depends(get_services)
-) -> StreamingResponse:
-    """Send a message; the answer streams back as server-sent events while the agent works."""
+async def existing_session(session_id: str = SessionId, team: Team = Depends(current_team),
+                           services: Services = Depends(get_services)) -> str:
+    """The id of the team's session ``session_id``, checked before a stream starts (404 as an answer)."""
     session = await services.session_service.get_session(app_name=services.app_name, user_id=team.id, session_id=session_id)
     if session is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
-    return StreamingResponse(_sse(services.turn(team, session_id, body.text)), media_type=SSE_MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
+    return session_id
 
 
-async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[str]:
-    async for event in events:
+@router.post(
+    "/{session_id}/messages",
+    response_class=EventSourceResponse,
+    responses={200: {"content": {EventSourceResponse.media_type: {}}, "description": "The agent's events as server-sent events."},
+               **stream_error_responses(400, 404, 413)},
+)
+async def post_message(
+    body: MessageCreate, session_id: str = Depends(existing_session), team: Team = Depends(current_team),
+    services: Services = Depends(get_services),
+) -> AsyncIterator[ServerSentEvent]:
+    """Send a message; the answer streams back as server-sent events while the agent works."""
+    async for event in services.turn(team, session_id, body.text):
         for kind, data in sse_items(event):
-            yield f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-    yield "event: done\ndata: {}\n\n"
+            yield ServerSentEvent(event=kind, data=data)
+    yield ServerSentEvent(event="done", data={})
 
 
 def sse_items(event: Event) -> list[tuple[str, dict]]:
