@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.figures import markdown_table, publish  # noqa: E402
 from tests.synthetic_skills import write_library  # noqa: E402
 
 
@@ -69,9 +70,14 @@ def main() -> None:
                     run_ms(command, env)  # the summaries back for the commands after it
     base = statistics.median(samples["python -c pass"])
     print(f"{'command':<36} {'median ms':>10} {'vs python':>10}")
+    rows = []
     for name, values in samples.items():
         median = statistics.median(values)
         print(f"{name:<36} {median:>10.0f} {median / base:>9.1f}x")
+        rows.append([name, f"{median:.0f}", f"{median / base:.1f}x"])
+    publish("cli_start", "The command line's start",
+            f"Medians of {args.runs} runs of each command, a new process each; the baseline is `python -c pass`.\n\n"
+            + markdown_table(["command", "median ms", "vs python -c pass"], rows))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.figures import summary_ms  # noqa: E402
+from benchmarks.figures import markdown_table, publish, summary_ms  # noqa: E402
 from orchestrator.context import InvocationContext  # noqa: E402
 from orchestrator.sessions import Session  # noqa: E402
 from orchestrator.skills import (  # noqa: E402
@@ -126,7 +126,14 @@ def declarations(tools: list[BaseTool]) -> str:
     return json.dumps([{"type": "function", "function": t.declaration()} for t in tools])
 
 
+PROMPT_ROWS: list[list[object]] = []
+"""What :func:`row` printed, for the results page."""
+SCALE_ROWS: list[list[object]] = []
+"""What :func:`scale_row` printed, for the results page."""
+
+
 def row(label: str, full: int, reduced: int) -> str:
+    PROMPT_ROWS.append([label, full, reduced, f"{full / max(reduced, 1):.1f}x"])
     return f"{label:<46} {full:>10} {reduced:>10} {full / max(reduced, 1):>8.1f}x"
 
 
@@ -167,6 +174,9 @@ def scale_row(size: int, root: Path) -> str:
         found += in_overview
     build_median, build_p95 = summary_ms(builds)
     rank_median, rank_p95 = summary_ms(ranks)
+    SCALE_ROWS.append([f"{size:,}", len(requests), sorted(sizes)[len(sizes) // 2], max(sizes), f"{index_ms:.1f}",
+                       f"{build_median:.3f} / {build_p95:.3f}", f"{rank_median:.3f} / {rank_p95:.3f}",
+                       f"{100 * found_overview / len(requests):.1f}%", f"{100 * found / len(requests):.1f}%"])
     return (f"{size:>6} {len(requests):>5} {sorted(sizes)[len(sizes) // 2]:>8} {max(sizes):>6} {index_ms:>9.1f} "
             f"{build_median:>7.3f} {build_p95:>7.3f} {rank_median:>7.3f} {rank_p95:>7.3f} "
             f"{100 * found_overview / len(requests):>7.1f}% {100 * found / len(requests):>7.1f}%")
@@ -202,6 +212,13 @@ async def main() -> None:
         print(row(f"synthetic 50x10: {len(pool)} tools vs {len(chosen)} after one load",
                   tokens(declarations(pool)), tokens(declarations(chosen))))
     scale()
+    publish("injection_tokens", "Skill injection: prompt tokens",
+            "Estimated tokens (UTF-8 bytes / 4); the baseline is everything inlined.\n\n"
+            + markdown_table(["prompt part", "everything", "tiered", "ratio"], PROMPT_ROWS)
+            + "\n\nThe bounded overview at team scale (default `SkillOptions`; times in ms):\n\n"
+            + markdown_table(["skills", "requests", "overview tokens per request (median)", "max", "index ms",
+                              "build (median / p95)", "ranking (median / p95)", "right skill in the overview",
+                              "… or in one `skill_search`"], SCALE_ROWS))
 
 
 if __name__ == "__main__":

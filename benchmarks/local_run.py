@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import markdown_table, publish, scratch_dir, summary_ms  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime  # noqa: E402
 
@@ -113,9 +113,16 @@ async def main() -> None:
     series += [("shared-uid", shared, bare), ("unboxed", unboxed, bare)] if as_root else []
     series += [("bare", cold_bare, cold_bare), ("cold", cold, cold_bare)]
     series += [("cold-unbox", cold_unboxed, cold_bare)] if as_root else []
+    rows = []
     for name, samples, baseline in series:
         (med, p95), (base, _) = summary_ms(samples), summary_ms(baseline)
         print(f"{name:<10} {med:>10.2f} {p95:>8.2f} {med / base:>15.2f}")
+        rows.append([name, f"{med:.2f}", f"{p95:.2f}", f"{med / base:.2f}"])
+    publish("local_run", "Local runtime",
+            f"{args.runs} runs of each series, command `{args.command}`, "
+            f"{'as root (per-workspace users)' if as_root else 'not root'}. The ratio is each median against its "
+            "baseline: `bare` (`bash -c`) for the series after it, and `warm/ready` is warm against the ready bash.\n\n"
+            + markdown_table(["series", "median ms", "p95 ms", "ratio (median)"], rows))
 
 
 def _ready_bash() -> subprocess.Popen:
