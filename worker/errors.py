@@ -17,6 +17,7 @@ Every error the worker raises descends from one root::
     ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
     ├── SecretError              a team secret cannot be stored, found or decrypted (the operator key is missing or wrong)
     ├── EgressError              an egress allow-list entry is malformed, too broad or private
+    ├── AddressRefusedError      a URL's host resolves to an address the server may not connect to (or to none)
     ├── ArtifactError            an artifact cannot be stored or read
     │   └── BlobStoreError       the blob store (S3) refused a request or could not be reached
     └── SkillRootError           a skills root URL cannot be fetched (also a RuntimeError, as the guide says)
@@ -106,3 +107,13 @@ class SecretError(WorkerError):
 
 class EgressError(WorkerError, ValueError):
     """An egress allow-list entry is malformed, too broad (an address range, ``*``) or private (``localhost``)."""
+
+
+class AddressRefusedError(WorkerError):
+    """A URL's host resolves to an address the server may not connect to (private, local, reserved), or to none
+    (``worker.egress.pinned``). ``address`` is the refused one, ``None`` when the host has none."""
+
+    def __init__(self, host: str, address: str | None, message: str) -> None:
+        super().__init__(message)
+        self.host = host
+        self.address = address

@@ -4,7 +4,7 @@ HTML becomes Markdown (``markdownify``, after ``<script>``, ``<style>``, ``<svg>
 ``<template>`` are removed); other textual types come back as they are; binary types are refused with
 ``UNSUPPORTED_CONTENT_TYPE`` before their body is read. Every hop — the URL and each redirect, followed here, never
 by httpx — passes the tool's domain policy (``BLOCKED_URL``) and, with ``block_private_network`` (the default), the
-SSRF guard of ``_pinned_http`` (``SSRF_BLOCKED_URL``), and is sent to the very address that was checked. At most
+SSRF guard of ``worker.egress.pinned`` (``SSRF_BLOCKED_URL``), and is sent to the very address that was checked. At most
 ``max_response_bytes`` are read from the wire (the stream is closed there), at most ``max_content_length``
 characters (or the call's ``max_length``) are returned. The result is always a ``FetchResult`` dict; ``error`` holds
 ``CODE: detail`` when the fetch failed or was refused: ``INVALID_ARGS``, ``INVALID_URL``, ``BLOCKED_URL``,
@@ -25,10 +25,11 @@ from bs4 import BeautifulSoup
 from markdownify import MarkdownConverter
 
 from orchestrator.context import InvocationContext
-from orchestrator.tools._pinned_http import AddressPolicy, AddressRefused, Resolver, send_pinned
 from orchestrator.tools._ttl_cache import TTLCache
 from orchestrator.tools._web_urls import clean_domains, domain_permitted, parse_web_url, url_host, url_key
 from orchestrator.tools.base import BaseTool
+from worker.egress.pinned import AddressPolicy, Resolver, send_async
+from worker.errors import AddressRefusedError
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_USER_AGENT = "trpc-agent-python-webfetch/1.0"
@@ -207,16 +208,16 @@ class WebFetchTool(BaseTool):
         return httpx.AsyncClient(proxy=self.proxy, trust_env=False, verify=self._ssl_context)
 
     async def _follow(self, client: httpx.AsyncClient, url: httpx.URL) -> FetchResult:
-        """Each hop checked and sent through ``send_pinned``; the last one read into a result."""
+        """Each hop checked and sent through ``send_async``; the last one read into a result."""
         for hop in range(self.max_redirects + 1):
             host = url_host(url)
             if not domain_permitted(host, self.allowed_domains, self.blocked_domains):
                 raise _Refused(f"BLOCKED_URL: {host!r} is not permitted by the tool's domain policy")
             tunnelled = self.proxy is not None and self.http_client is None and url.scheme == "https"
             try:
-                response = await send_pinned(client, url, {"User-Agent": self.user_agent}, self.timeout, self.policy,
-                                             tunnelled=tunnelled)
-            except AddressRefused as exc:
+                response = await send_async(client, url, {"User-Agent": self.user_agent}, self.policy, self.timeout,
+                                            tunnelled=tunnelled)
+            except AddressRefusedError as exc:
                 raise _Refused(f"SSRF_BLOCKED_URL: {exc}") from None
             try:
                 location = response.headers.get("location") if response.is_redirect else None

@@ -1,9 +1,8 @@
 """Which network addresses a URL a remote caller names may reach: public ones only.
 
-``public_addresses(host, port)`` resolves a host once and vets every address it got; the caller then connects to
-one of those very addresses (``worker.roots.sources`` puts it in the request URL, with the original ``Host`` header and TLS
-server name), so a name that resolves to a public address for the check and to a private one for the connection
-(DNS rebinding) gets nowhere. An address is refused when it is not global (loopback, private, link-local, shared,
+A host is resolved once (``resolve``) and every address it got is vetted; the caller then connects to one of those
+very addresses (``worker.egress.pinned``, the egress proxy), so a name that resolves to a public address for the
+check and to a private one for the connection (DNS rebinding) gets nowhere. An address is refused when it is not global (loopback, private, link-local, shared,
 reserved, documentation…), multicast, or an IPv6 spelling of a refused IPv4 address: IPv4-mapped (``::ffff:a.b.c.d``)
 and IPv4-compatible (``::a.b.c.d``) addresses, NAT64 (``64:ff9b::/96``), 6to4 (``2002::/16``). Teredo
 (``2001::/32``) and local-use NAT64 (``64:ff9b:1::/48``) are refused outright: what they reach cannot be told from the
@@ -15,8 +14,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-
-from worker.errors import SkillRootError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -51,18 +48,6 @@ def resolve(host: str, port: int) -> list[str]:
     """Every address ``host`` resolves to, in the resolver's order of preference (the one lookup made)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     return list(dict.fromkeys(info[4][0] for info in infos))
-
-
-def public_addresses(host: str, port: int) -> list[str]:
-    """The addresses of ``host``, each vetted; refused when any of them is not public."""
-    try:
-        addresses = resolve(host, port)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise SkillRootError(f"cannot resolve {host!r}") from exc
-    private = first_private(addresses)
-    if private is not None:
-        raise SkillRootError(f"refused, {host!r} is a private or local address ({private})")
-    return addresses
 
 
 def first_private(addresses: list[str]) -> str | None:

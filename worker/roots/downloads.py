@@ -1,4 +1,5 @@
-"""Downloads of URL roots and archives: streamed within ``FetchLimits``, each hop sent only to vetted addresses.
+"""Downloads of URL roots and archives: streamed within ``FetchLimits``, each hop sent only to vetted addresses
+(``worker.egress.pinned``).
 
 Kept apart from ``worker.roots.sources`` so that resolving a local folder (every command of the CLI) does not import
 httpx.
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
-from worker.egress.addresses import public_addresses
+from worker.egress import pinned
+from worker.errors import AddressRefusedError, SkillRootError, UnsafeArchiveError
 from worker.roots.archives import FetchLimits
-from worker.errors import SkillRootError, UnsafeArchiveError
 
 
 def download(
@@ -74,29 +75,15 @@ def _get(client: httpx.Client, url: str, limits: FetchLimits, headers: Mapping[s
 
 
 def _send(client: httpx.Client, url: httpx.URL, limits: FetchLimits, headers: Mapping[str, str]) -> httpx.Response:
-    """Send one hop. Without ``allow_private_addresses`` the host is resolved once, every address it has is vetted
-    (``worker.egress.addresses``), and the request is sent to a vetted address itself: the IP goes in the request URL,
-    the name in the ``Host`` header and as the TLS server name (so certificates are still checked against the name).
-    No second lookup happens, so the connection cannot go anywhere the check did not see (DNS rebinding)."""
+    """Send one hop; without ``allow_private_addresses`` only to an address of the host that was vetted."""
     if url.scheme not in ("http", "https"):
         raise SkillRootError(f"{url}: only http and https URLs can be fetched")
-    if limits.allow_private_addresses:
-        return client.send(client.build_request("GET", url, headers=headers), stream=True)
-    host = url.raw_host.decode("ascii")
     try:
-        addresses = public_addresses(host, url.port or (443 if url.scheme == "https" else 80))
-    except SkillRootError as exc:
-        raise SkillRootError(f"{url}: {exc}") from None
-    extensions = {"sni_hostname": host} if url.scheme == "https" else {}
-    failure: httpx.ConnectError | None = None
-    for address in addresses:  # in the resolver's order, as a connection to the name would try them
-        request = client.build_request("GET", url.copy_with(host=address), headers={**headers, "Host": url.netloc.decode("ascii")},
-                                       extensions=extensions)
-        try:
-            return client.send(request, stream=True)
-        except httpx.ConnectError as exc:
-            failure = exc
-    raise failure or SkillRootError(f"{url}: {host!r} has no address")
+        return pinned.send(client, url, headers, pinned.AddressPolicy(not limits.allow_private_addresses))
+    except AddressRefusedError as exc:
+        if exc.address is not None:
+            raise SkillRootError(f"{url}: refused, {exc.host!r} is a private or local address ({exc.address})") from None
+        raise SkillRootError(f"{url}: cannot resolve {exc.host!r}") from None
 
 
 __all__ = ["download"]
