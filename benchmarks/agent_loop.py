@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.figures import markdown_table, publish  # noqa: E402
 from orchestrator.agents import LlmAgent  # noqa: E402
 from orchestrator.code_executors import create_local_workspace_runtime  # noqa: E402
 from orchestrator.models import OpenAIModel  # noqa: E402
@@ -119,13 +120,20 @@ def main() -> None:
                     samples.setdefault((size, repository), []).append(measure(*libraries[size], repository, args.rounds))
             print(f"pass {repeat + 1} of {args.repeats} done", file=sys.stderr, flush=True)
     print(f"{'skills':>6} {'repository':<10} {'round ms':>9} {'agent ms':>9} {'vs first':>9}")
+    rows = []
     for (size, repository), runs in samples.items():
         round_ms, agent_ms = (statistics.median(values) for values in zip(*runs))
         base = statistics.median(r for r, _ in samples[sizes[0], repository])
         print(f"{size:>6} {repository:<10} {round_ms:>9.1f} {agent_ms:>9.1f} {round_ms / base:>8.2f}x")
+        rows.append([f"{size:,}", repository, f"{round_ms:.1f}", f"{agent_ms:.1f}", f"{round_ms / base:.2f}x"])
     print(f"medians of {args.repeats} processes of {args.rounds} rounds; vs first: the round against the round on "
           f"{sizes[0]} skill(s) with the same repository; agent ms: the agent's own time between a round's two model "
           "requests (the skill_run call included)")
+    publish("agent_loop", "An agent at scale",
+            f"Medians of {args.repeats} processes of {args.rounds} rounds. *vs first*: the round against the round on "
+            f"{sizes[0]} skill(s) with the same repository; *agent ms*: the agent's own time between a round's two "
+            "model requests (the `skill_run` call included).\n\n"
+            + markdown_table(["skills", "repository", "round ms", "agent ms", "vs first"], rows))
 
 
 if __name__ == "__main__":

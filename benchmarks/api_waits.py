@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import markdown_table, publish, scratch_dir, summary_ms  # noqa: E402
 from orchestrator.documents import RedisDocuments  # noqa: E402
 from orchestrator.teams import TeamStore  # noqa: E402
 from tests.orchestrator.api_helpers import new_team  # noqa: E402
@@ -119,6 +119,13 @@ async def main() -> None:
     print(f"{'idle':<22}{base_median:>10.2f}{base_p95:>10.2f}{1:>7.2f}x")
     print(f"{f'{args.waits} open waits':<22}{median:>10.2f}{p95:>10.2f}{median / base_median:>7.2f}x")
     print(f"API CPU with the waits open and nothing else: {idle_cpu * 100:.1f}% of a core")
+    publish("api_waits", "Open waits",
+            f"Submission latency, {args.submits} submits each; {still_open} of {args.waits} waits open to the end. "
+            "Target: within 2x of idle.\n\n"
+            + markdown_table(["series", "median ms", "p95 ms", "ratio"],
+                             [["idle", f"{base_median:.2f}", f"{base_p95:.2f}", "1.00x"],
+                              [f"{args.waits} open waits", f"{median:.2f}", f"{p95:.2f}", f"{median / base_median:.2f}x"]])
+            + f"\n\nAPI CPU with the waits open and nothing else: {idle_cpu * 100:.1f}% of a core.")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.figures import summary_ms  # noqa: E402
+from benchmarks.figures import Recording, preformatted, publish, summary_ms  # noqa: E402
 from worker.artifacts import BaseArtifactStore, FileArtifactStore, S3ArtifactStore  # noqa: E402
 
 MIB = 1024 * 1024
@@ -50,6 +50,7 @@ def main() -> None:
         s3 = S3ArtifactStore("bench", "artifacts", endpoint_url=endpoint)
         s3.client.create_bucket(Bucket="bench")
         stores: dict[str, BaseArtifactStore] = {"filesystem": FileArtifactStore(scratch / "artifacts"), "s3": s3}
+        printed = Recording()
         print(f"{'series':<18}{'median ms':>12}{'p95 ms':>10}{'MiB/s':>9}{'vs filesystem':>15}")
         for size in sizes:
             source = scratch / f"out-{size}.bin"
@@ -66,6 +67,9 @@ def main() -> None:
                 print(f"{size} MiB into S3 held at most {held_mib(s3, source):.0f} MiB of Python memory at once "
                       "(tracemalloc's peak over one save, not timed)")
             source.unlink()
+        publish("blob_store", "Blob store",
+                f"{args.runs} saves of each size into each store, interleaved; the S3 store on moto's server on "
+                "loopback against the filesystem store.\n\n" + preformatted(printed.text()))
     finally:
         if server is not None:
             server.terminate()

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import markdown_table, publish, scratch_dir, summary_ms  # noqa: E402
 from tests.cube_server import CubeStandIn  # noqa: E402
 from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
@@ -90,9 +90,15 @@ async def main() -> None:
     print(f"{'series':<22} {'median ms':>10} {'p95 ms':>8} {'vs local':>9} {'vs bare':>8}")
     local, _ = summary_ms(series["local run"])
     bare, _ = summary_ms(series["bare sandbox command"])
+    rows = []
     for name, samples in series.items():
         median, p95 = summary_ms(samples)
         print(f"{name:<22} {median:>10.1f} {p95:>8.1f} {median / local:>8.1f}x {median / bare:>7.2f}x")
+        rows.append([name, f"{median:.1f}", f"{p95:.1f}", f"{median / local:.1f}x", f"{median / bare:.2f}x"])
+    publish("cube_run", "Cube runtime",
+            f"The Cube runtime against the E2B stand-in on loopback, {args.runs} warm runs of each series, command "
+            f"`{COMMAND}`.\n\n" + markdown_table(["series", "median ms", "p95 ms", "vs local run", "vs bare sandbox command"],
+                                                  rows))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import NameOID  # noqa: E402
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import Recording, preformatted, publish, scratch_dir, summary_ms  # noqa: E402
 from worker.config import get_worker_settings  # noqa: E402
 from worker.contract import RunRequest, RuntimeName, SkillRef  # noqa: E402
 from worker.roots.folders import remove_tree  # noqa: E402
@@ -169,6 +169,7 @@ async def main() -> None:
     parser.add_argument("--docker", action="store_true", help="also measure a Docker run (needs an engine)")
     args = parser.parse_args()
 
+    printed = Recording()
     print(f"{'series':<20}  {'p50 ms':>9}  {'p95 ms':>9}  {'ratio':>10}")
     if os.geteuid() == 0:
         await request_series(args)
@@ -177,6 +178,10 @@ async def main() -> None:
     bare, redacted = redaction_series(args.megabytes, args.secrets, args.runs)
     print(row("no redaction", bare, None))
     print(row("redaction", redacted, summary_ms(bare)[0]))
+    publish("egress", "Egress and redaction",
+            f"{args.runs} runs of each series, {args.requests} HTTPS requests a run (each a new connection), a "
+            f"{args.megabytes} MiB stdout redacted of {args.secrets} secrets (none present). Ratios: against host https "
+            "for the requests, against no redaction for redaction.\n\n" + preformatted(printed.text()))
 
 
 async def request_series(args: argparse.Namespace) -> None:

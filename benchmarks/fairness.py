@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import markdown_table, publish, scratch_dir, summary_ms  # noqa: E402
 from orchestrator.dispatch import QueueDispatcher  # noqa: E402
 from orchestrator.skills import create_default_skill_repository  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
@@ -93,9 +93,15 @@ async def main() -> None:
     print(f"team B's next run, 'sleep {args.seconds:g}', {args.runs} rounds, {args.workers} workers; in each round team "
           f"A queued {args.flood} runs at once just before it ({min(waiting)}-{max(waiting)} still waiting)")
     print(f"{'series':<12} {'median ms':>10} {'p95 ms':>9} {'ratio':>7}  target: <= 2x")
+    rows = []
     for name, samples in (("B alone", alone), ("B, A floods", behind)):
         median, p95 = summary_ms(samples)
         print(f"{name:<12} {median:>10.1f} {p95:>9.1f} {median / base:>7.2f}")
+        rows.append([name, f"{median:.1f}", f"{p95:.1f}", f"{median / base:.2f}"])
+    publish("fairness", "Fairness between teams",
+            f"Team B's next run, `sleep {args.seconds:g}`, {args.runs} rounds, {args.workers} workers; in each round "
+            f"team A queued {args.flood} runs at once just before it ({min(waiting)}-{max(waiting)} still waiting). "
+            "Target: at most 2x.\n\n" + markdown_table(["series", "median ms", "p95 ms", "ratio"], rows))
 
 
 if __name__ == "__main__":

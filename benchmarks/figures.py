@@ -4,6 +4,7 @@ publishing a run's figures as a page of the documentation site (``docs/benchmark
 from __future__ import annotations
 
 import datetime
+import io
 import os
 import platform
 import statistics
@@ -36,6 +37,32 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def preformatted(text: str) -> str:
+    """``text`` as printed, as a Markdown code block: for a benchmark whose tables are laid out for a terminal."""
+    return "```text\n" + text.strip("\n") + "\n```"
+
+
+class Recording:
+    """What is printed on stdout from its creation on, still printed as before; :meth:`text` ends the recording and
+    returns it (for :func:`publish`)."""
+
+    def __init__(self) -> None:
+        self._stdout = sys.stdout
+        self._buffer = io.StringIO()
+        sys.stdout = self
+
+    def write(self, text: str) -> int:
+        self._buffer.write(text)
+        return self._stdout.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stdout, name)
+
+    def text(self) -> str:
+        sys.stdout = self._stdout
+        return self._buffer.getvalue()
 
 
 def machine() -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import markdown_table, publish, scratch_dir, summary_ms  # noqa: E402
 from orchestrator.context import InvocationContext  # noqa: E402
 from orchestrator.sessions import Session  # noqa: E402
 from orchestrator.skills import SkillToolSet, create_default_skill_repository  # noqa: E402
@@ -102,11 +102,17 @@ async def main() -> None:
             await runtime.close()
 
     print(f"{'series':<28}  {'median ms':>9}  {'p95 ms':>9}  {'vs host':>8}")
+    rows = []
     for tool in calls:
         host_median, _ = summary_ms(samples[(tool, "host")])
         for mode in modes:
             median, p95 = summary_ms(samples[(tool, mode)])
             print(f"{tool + ' ' + mode:<28}  {median:9.2f}  {p95:9.2f}  {median / host_median:7.2f}x")
+            rows.append([f"{tool} {mode}", f"{median:.2f}", f"{p95:.2f}", f"{median / host_median:.2f}x"])
+    publish("file_tools", "File tools",
+            f"{args.runs} calls of each series through the tool's `run_async`, interleaved; each workspace series "
+            "against host mode's call of the same tool.\n\n"
+            + markdown_table(["series", "median ms", "p95 ms", "vs host"], rows))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import markdown_table, publish, scratch_dir, summary_ms  # noqa: E402
 from orchestrator.config import Settings  # noqa: E402
 from orchestrator.dispatch import dispatcher_for  # noqa: E402
 from tests.services import free_port  # noqa: E402
@@ -154,10 +154,16 @@ async def main() -> None:
     base, _ = summary_ms(samples["direct"])
     print(f"skill_run of {COMMAND!r} in a warm workspace, {args.runs} runs each (interleaved), local runtime")
     print(f"{'series':<12} {'median ms':>10} {'p95 ms':>8} {'ratio':>7} {'added ms':>9}  target: <= {TARGET_MS:g} ms added")
+    rows = []
     for name, values in samples.items():
         median, p95 = summary_ms(values)
         added = f"{median - base:>9.2f}" if name.startswith("mcp ") else f"{'':>9}"
         print(f"{name:<12} {median:>10.2f} {p95:>8.2f} {median / base:>7.2f} {added}")
+        rows.append([name, f"{median:.2f}", f"{p95:.2f}", f"{median / base:.2f}", added.strip()])
+    publish("mcp_roundtrip", "MCP round trip",
+            f"`skill_run` of `{COMMAND}` in a warm workspace, {args.runs} runs of each series (interleaved), local "
+            f"runtime. Target: at most {TARGET_MS:g} ms added to the direct call.\n\n"
+            + markdown_table(["series", "median ms", "p95 ms", "ratio", "added ms"], rows))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import markdown_table, publish, scratch_dir, summary_ms  # noqa: E402
 from orchestrator.api import Services, create_app  # noqa: E402
 from orchestrator.assistant import create_assistant  # noqa: E402
 from orchestrator.config import Settings  # noqa: E402
@@ -95,9 +95,14 @@ async def main() -> None:
     base, _ = summary_ms(series["inline"])
     print(f"trivial run round trip, {args.runs} runs each (one worker process)")
     print(f"{'series':<8} {'median ms':>10} {'p95 ms':>8} {'added over inline (median)':>28}")
+    rows = []
     for name, samples in series.items():
         med, p95 = summary_ms(samples)
         print(f"{name:<8} {med:>10.2f} {p95:>8.2f} {med - base:>25.2f} ms")
+        rows.append([name, f"{med:.2f}", f"{p95:.2f}", f"{med - base:.2f} ms"])
+    publish("queue_roundtrip", "Queue round trip",
+            f"A trivial run's round trip, {args.runs} runs of each series (one worker process), interleaved.\n\n"
+            + markdown_table(["series", "median ms", "p95 ms", "added over inline (median)"], rows))
 
 
 if __name__ == "__main__":

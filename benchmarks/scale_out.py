@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.figures import scratch_dir  # noqa: E402
+from benchmarks.figures import markdown_table, publish, scratch_dir  # noqa: E402
 from orchestrator.dispatch import QueueDispatcher  # noqa: E402
 from orchestrator.skills import create_default_skill_repository  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
@@ -127,6 +127,11 @@ async def main() -> None:
     print(f"{'workers':<8} {'runs/s':>8} {'speed-up':>9}")
     for n in counts:
         print(f"{n:<8} {results[n]:>8.1f} {results[n] / results[counts[0]]:>8.2f}x")
+    publish("scale_out", "Scale-out",
+            f"{args.runs} short runs per point on the {args.runtime} runtime ({where}; 16 kept workspaces), none lost, "
+            f"none run twice.\n\n" + markdown_table(
+                ["workers", "runs/s", "speed-up over one"],
+                [[n, f"{results[n]:.1f}", f"{results[n] / results[counts[0]]:.2f}x"] for n in counts]))
 
 
 if __name__ == "__main__":
