@@ -14,12 +14,20 @@
     ├── UnencodableTextError        a string holds a lone surrogate, which no store can keep (names the field)
     ├── ModelError                  the model endpoint failed (after retries) or answered nonsense
     ├── ToolError                   a tool is misdeclared (bad schema, duplicate name)
+    ├── ToolCallRefusedError        a tool refuses one call; the model sees the message as the call's error
     ├── McpConnectionError          an MCP server cannot be started or reached, or the connection was lost
     ├── TeamError                   (orchestrator.teams) an unknown team or key, a bad team name
     ├── EgressListError             (orchestrator.egress) an egress allow-list entry that is refused
-    └── LibraryError                (orchestrator.libraries) a library that cannot be registered or changed
+    ├── LibraryError                (orchestrator.libraries) a library that cannot be registered or changed
+    ├── UsageError                  (orchestrator.cli) bad command-line input
+    ├── NonFiniteNumberError        (orchestrator.api.mcp) a number in an MCP request that is not finite
+    ├── ConsoleError                (orchestrator.console.auth) a console page or action refused, with its status
+    └── SignInRequiredError         (orchestrator.console.auth) no live console session: to the sign-in page
 
-Errors of the execution plane (``worker.errors``) pass through unchanged; their root is ``WorkerError``.
+Errors of the execution plane (``worker.errors``) pass through unchanged; their root is ``WorkerError``. The one
+exception class outside both trees is ``Refused`` of the file tools' in-sandbox module
+(``orchestrator/tools/file_tools/workspace_skill/ops.py``), which runs inside a workspace and imports nothing of
+either plane.
 """
 
 from __future__ import annotations
@@ -105,6 +113,10 @@ class ModelError(OrchestratorError):
 
 class ToolError(OrchestratorError):
     """A tool is declared wrongly (a type with no JSON schema, a duplicate registered name)."""
+
+
+class ToolCallRefusedError(OrchestratorError):
+    """A tool call the tool will not carry out; ``str()`` is the error the model sees in the call's result."""
 
 
 class McpConnectionError(OrchestratorError):

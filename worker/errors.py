@@ -17,6 +17,10 @@ Every error the worker raises descends from one root::
     ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
     ├── SecretError              a team secret cannot be stored, found or decrypted (the operator key is missing or wrong)
     ├── EgressError              an egress allow-list entry is malformed, too broad or private
+    ├── EgressRefusedError       (``worker.egress.policy``) a request the egress proxy does not carry out, with its
+    │   │                        HTTP status; the proxy answers it, it never leaves the proxy
+    │   └── TunnelRefusedError   a tunnel ended for what its client sent first (no HTTP answer can follow)
+    ├── PathRefusedError         (``worker.collect.beneath``) a path output collection does not collect or follow
     ├── AddressRefusedError      a URL's host resolves to an address the server may not connect to (or to none)
     ├── ArtifactError            an artifact cannot be stored or read
     │   └── BlobStoreError       the blob store (S3) refused a request or could not be reached

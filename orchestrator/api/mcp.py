@@ -35,7 +35,7 @@ from starlette.types import Message, Receive, Scope, Send
 from orchestrator.api.responses import error_response
 from orchestrator.api.services import Services
 from orchestrator.egress import EgressStore
-from orchestrator.errors import UnencodableTextError
+from orchestrator.errors import OrchestratorError, UnencodableTextError
 from orchestrator.mcp_server.conversation import Scope as CallerScope
 from orchestrator.mcp_server.server import McpCaps, SkillMcpServer
 from orchestrator.teams import Team
@@ -140,7 +140,7 @@ def _refusal(body: bytes) -> JSONResponse | None:
     where it is (``params.arguments.command``)."""
     try:
         message = json.loads(body, parse_constant=_not_finite, parse_float=_finite)
-    except NonFiniteNumber as exc:
+    except NonFiniteNumberError as exc:
         return _error(PARSE_ERROR, f"Parse error: {exc} is not a finite number; JSON numbers must be finite")
     except (ValueError, RecursionError) as exc:
         return _error(PARSE_ERROR, f"Parse error: the body is not JSON the server can read ({type(exc).__name__})")
@@ -158,18 +158,18 @@ def _error(code: int, message: str, request_id: int | str | None = None) -> JSON
                         status_code=400)
 
 
-class NonFiniteNumber(ValueError):
+class NonFiniteNumberError(OrchestratorError, ValueError):
     """A number in a request that is not finite (its text is the message)."""
 
 
 def _not_finite(token: str) -> float:
-    raise NonFiniteNumber(token)
+    raise NonFiniteNumberError(token)
 
 
 def _finite(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):
-        raise NonFiniteNumber(text[:40])
+        raise NonFiniteNumberError(text[:40])
     return number
 
 

@@ -26,7 +26,7 @@ PREPARED_RUNTIMES = ("local", "docker")
 """Runtimes whose environments are built on this host before runs (a Cube sandbox installs its own)."""
 
 
-class UsageError(Exception):
+class UsageError(OrchestratorError):
     """Bad command-line input."""
 
 
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = getattr(importlib.import_module(module_name), function)
     try:
         return handler(args)
-    except (UsageError, OrchestratorError, WorkerError) as exc:
+    except (OrchestratorError, WorkerError) as exc:
         print(f"skillrun: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except ValidationError as exc:

@@ -25,7 +25,7 @@ from starlette.datastructures import FormData, UploadFile
 from orchestrator.api.services import Services, get_services
 from orchestrator.console.render import page
 from orchestrator.console.sessions import BaseConsoleSessions, ConsoleSession
-from orchestrator.errors import UnencodableTextError
+from orchestrator.errors import OrchestratorError, UnencodableTextError
 from orchestrator.teams import Team
 from orchestrator.text import check_text
 
@@ -38,11 +38,11 @@ MAX_KEY_CHARS = 200
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
 
-class SignInRequired(Exception):
+class SignInRequiredError(OrchestratorError):
     """No live session: the browser is sent to the login page."""
 
 
-class ConsoleError(Exception):
+class ConsoleError(OrchestratorError):
     """A page that cannot be shown or an action that was refused: an error page with ``status_code``."""
 
     def __init__(self, status_code: int, message: str) -> None:
@@ -62,11 +62,11 @@ async def signed_in(
     token = request.cookies.get(SESSION_COOKIE, "")
     session = await sessions.get(token)
     if session is None:
-        raise SignInRequired()
+        raise SignInRequiredError()
     team = await asyncio.to_thread(services.teams.team_of_key, session.key_id)
     if team is None or team.id != session.team_id:
         await sessions.close(token)
-        raise SignInRequired()
+        raise SignInRequiredError()
     request.state.console = session
     request.state.console_team = team
     return team

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.console import auth, libraries, operator, runs, skills
-from orchestrator.console.auth import PREFIX, ConsoleError, SignInRequired
+from orchestrator.console.auth import PREFIX, ConsoleError, SignInRequiredError
 from orchestrator.console.render import SECURITY_HEADERS, page
 from orchestrator.console.sessions import BaseConsoleSessions
 
@@ -57,7 +57,7 @@ def mount_console(app: FastAPI, sessions: BaseConsoleSessions) -> None:
     api_http_error = app.exception_handlers[StarletteHTTPException]
     api_validation_error = app.exception_handlers[RequestValidationError]
 
-    async def sign_in(request: Request, exc: SignInRequired) -> Response:
+    async def sign_in(request: Request, exc: SignInRequiredError) -> Response:
         return RedirectResponse(f"{PREFIX}/login", status_code=303)
 
     async def refused(request: Request, exc: ConsoleError) -> Response:
@@ -74,7 +74,7 @@ def mount_console(app: FastAPI, sessions: BaseConsoleSessions) -> None:
         message = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return page(request, "error.html", 422, message=message or "invalid request", status=422)
 
-    app.add_exception_handler(SignInRequired, sign_in)
+    app.add_exception_handler(SignInRequiredError, sign_in)
     app.add_exception_handler(ConsoleError, refused)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)

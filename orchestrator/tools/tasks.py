@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.context import InvocationContext
+from orchestrator.errors import ToolCallRefusedError
 from orchestrator.tools.base import BaseTool
 from orchestrator.tools.session_blob import blob_lock, branch_of, load_blob, save_blob, state_key
 from orchestrator.tools.toolset import BaseToolSet
@@ -167,7 +168,7 @@ def _ids(args: dict[str, Any], name: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
-        raise _Refused(f"INVALID_ARGS: `{name}` must be an array of task ids")
+        raise ToolCallRefusedError(f"INVALID_ARGS: `{name}` must be an array of task ids")
     return [str(v) for v in value]
 
 
@@ -176,19 +177,15 @@ def _text(args: dict[str, Any], name: str, *, required: bool = False) -> str | N
     if value is None and not required:
         return None
     if not isinstance(value, str) or (required and not value.strip()):
-        raise _Refused(f"INVALID_ARGS: `{name}` must be a{' non-empty' if required else ''} string")
+        raise ToolCallRefusedError(f"INVALID_ARGS: `{name}` must be a{' non-empty' if required else ''} string")
     return value
 
 
 def _task_id(args: dict[str, Any]) -> str:
     value = args.get("taskId")
     if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
-        raise _Refused("INVALID_ARGS: `taskId` is required and must be a task id string")
+        raise ToolCallRefusedError("INVALID_ARGS: `taskId` is required and must be a task id string")
     return str(value)
-
-
-class _Refused(Exception):
-    """A refusal the model sees as ``{"error": str(exc)}``."""
 
 
 class _TaskTool(BaseTool):
@@ -214,7 +211,7 @@ class _TaskTool(BaseTool):
             store = _decode(load_blob(tool_context, key))
             try:
                 result = self._apply(store, args)
-            except _Refused as exc:
+            except ToolCallRefusedError as exc:
                 return {"error": str(exc)}
             if self.writes:
                 save_blob(tool_context, key, store.model_dump_json(by_alias=True))
@@ -231,7 +228,7 @@ class TaskCreateTool(_TaskTool):
         active_form = _text(args, "activeForm")
         metadata = args.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
-            raise _Refused("INVALID_ARGS: `metadata` must be an object")
+            raise ToolCallRefusedError("INVALID_ARGS: `metadata` must be an object")
         store.highwatermark += 1
         task = TaskRecord(id=str(store.highwatermark), subject=subject, description=description,
                           active_form=active_form, metadata=metadata)
@@ -245,25 +242,25 @@ class TaskUpdateTool(_TaskTool):
         task_id = _task_id(args)
         task = store.tasks.get(task_id)
         if task is None:
-            raise _Refused(f"NOT_FOUND: task {task_id!r} does not exist")
+            raise ToolCallRefusedError(f"NOT_FOUND: task {task_id!r} does not exist")
         status = args.get("status")
         if status is not None and status not in {s.value for s in TaskStatus}:
-            raise _Refused(f"INVALID_ARGS: `status` must be one of {', '.join(s.value for s in TaskStatus)}")
+            raise ToolCallRefusedError(f"INVALID_ARGS: `status` must be one of {', '.join(s.value for s in TaskStatus)}")
         if task.status is TaskStatus.DELETED and status not in (None, TaskStatus.DELETED.value):
-            raise _Refused(f"INVALID_STATUS: task {task_id!r} is deleted and cannot change")
+            raise ToolCallRefusedError(f"INVALID_STATUS: task {task_id!r} is deleted and cannot change")
         edits = {name: _ids(args, name) for name in ("addBlockedBy", "removeBlockedBy", "addBlocks", "removeBlocks")}
         for other in edits["addBlockedBy"] + edits["addBlocks"]:
             if other == task_id:
-                raise _Refused(f"INVALID_DEPENDENCY: task {task_id!r} cannot depend on itself")
+                raise ToolCallRefusedError(f"INVALID_DEPENDENCY: task {task_id!r} cannot depend on itself")
             if other not in store.tasks:
-                raise _Refused(f"INVALID_DEPENDENCY: task {other!r} does not exist")
+                raise ToolCallRefusedError(f"INVALID_DEPENDENCY: task {other!r} does not exist")
             if store.tasks[other].status is TaskStatus.DELETED:
-                raise _Refused(f"INVALID_DEPENDENCY: task {other!r} is deleted")
+                raise ToolCallRefusedError(f"INVALID_DEPENDENCY: task {other!r} is deleted")
         fields = {name: _text(args, name, required=name == "subject" and args.get(name) is not None)
                   for name in ("subject", "description", "activeForm", "owner")}
         metadata = args.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
-            raise _Refused("INVALID_ARGS: `metadata` must be an object")
+            raise ToolCallRefusedError("INVALID_ARGS: `metadata` must be an object")
 
         for upstream in edits["addBlockedBy"]:
             store.link(upstream, task_id)
@@ -274,7 +271,7 @@ class TaskUpdateTool(_TaskTool):
         for downstream in edits["removeBlocks"]:
             store.unlink(task_id, downstream)
         if cycle := store.cycle():
-            raise _Refused(f"INVALID_DEPENDENCY: dependency cycle (each blocked by the next): {' -> '.join(cycle)}")
+            raise ToolCallRefusedError(f"INVALID_DEPENDENCY: dependency cycle (each blocked by the next): {' -> '.join(cycle)}")
         for name, attr in (("subject", "subject"), ("description", "description"), ("activeForm", "active_form"),
                            ("owner", "owner")):
             if fields[name] is not None:
@@ -286,12 +283,12 @@ class TaskUpdateTool(_TaskTool):
         if status is not None and status != task.status.value:
             new = TaskStatus(status)
             if new in (TaskStatus.IN_PROGRESS, TaskStatus.COMPLETED) and (waiting := store.open_blockers(task)):
-                raise _Refused(f"INVALID_STATUS: task {task_id!r} is blocked by unfinished task(s) "
+                raise ToolCallRefusedError(f"INVALID_STATUS: task {task_id!r} is blocked by unfinished task(s) "
                                f"{', '.join(waiting)}; finish those first")
             if new is TaskStatus.IN_PROGRESS and self.toolset.enforce_single_in_progress:
                 busy = [t.id for t in store.ordered() if t.status is TaskStatus.IN_PROGRESS and t.id != task_id]
                 if busy:
-                    raise _Refused(f"INVALID_STATUS: task {busy[0]!r} is already in_progress; complete it first")
+                    raise ToolCallRefusedError(f"INVALID_STATUS: task {busy[0]!r} is already in_progress; complete it first")
             task.status = new
             if new in _FINISHED:
                 unblocked = store.release(task_id)
@@ -308,7 +305,7 @@ class TaskGetTool(_TaskTool):
         task_id = _task_id(args)
         task = store.tasks.get(task_id)
         if task is None:
-            raise _Refused(f"NOT_FOUND: task {task_id!r} does not exist")
+            raise ToolCallRefusedError(f"NOT_FOUND: task {task_id!r} does not exist")
         return {"task": task.model_dump(mode="json", by_alias=True)}
 
 
@@ -318,7 +315,7 @@ class TaskListTool(_TaskTool):
     def _apply(self, store: TaskStore, args: dict[str, Any]) -> dict[str, Any]:
         include_deleted = args.get("includeDeleted", False)
         if not isinstance(include_deleted, bool):
-            raise _Refused("INVALID_ARGS: `includeDeleted` must be a boolean")
+            raise ToolCallRefusedError("INVALID_ARGS: `includeDeleted` must be a boolean")
         tasks = [t.summary() for t in store.ordered() if include_deleted or t.status is not TaskStatus.DELETED]
         return {"tasks": tasks, "stats": store.stats()}
 

@@ -25,6 +25,7 @@ from bs4 import BeautifulSoup
 from markdownify import MarkdownConverter
 
 from orchestrator.context import InvocationContext
+from orchestrator.errors import ToolCallRefusedError
 from orchestrator.tools._ttl_cache import TTLCache
 from orchestrator.tools._web_urls import clean_domains, domain_permitted, parse_web_url, url_host, url_key
 from orchestrator.tools.base import BaseTool
@@ -90,10 +91,6 @@ def media_type(header: str) -> str:
 
 def is_textual(kind: str) -> bool:
     return kind.startswith("text/") or kind in TEXT_TYPES or kind.endswith(("+json", "+xml"))
-
-
-class _Refused(Exception):
-    """A hop the tool will not make; ``str()`` is the result's ``error``."""
 
 
 class WebFetchTool(BaseTool):
@@ -191,7 +188,7 @@ class WebFetchTool(BaseTool):
                 else:
                     async with self._client() as client:
                         result = await self._follow(client, url)
-        except _Refused as exc:
+        except ToolCallRefusedError as exc:
             result = FetchResult(url=raw, error=str(exc))
         except httpx.HTTPError as exc:
             result = FetchResult(url=raw, error=f"HTTP_ERROR: {type(exc).__name__}: {exc}")
@@ -212,13 +209,13 @@ class WebFetchTool(BaseTool):
         for hop in range(self.max_redirects + 1):
             host = url_host(url)
             if not domain_permitted(host, self.allowed_domains, self.blocked_domains):
-                raise _Refused(f"BLOCKED_URL: {host!r} is not permitted by the tool's domain policy")
+                raise ToolCallRefusedError(f"BLOCKED_URL: {host!r} is not permitted by the tool's domain policy")
             tunnelled = self.proxy is not None and self.http_client is None and url.scheme == "https"
             try:
                 response = await send_async(client, url, {"User-Agent": self.user_agent}, self.policy, self.timeout,
                                             tunnelled=tunnelled)
             except AddressRefusedError as exc:
-                raise _Refused(f"SSRF_BLOCKED_URL: {exc}") from None
+                raise ToolCallRefusedError(f"SSRF_BLOCKED_URL: {exc}") from None
             try:
                 location = response.headers.get("location") if response.is_redirect else None
                 if location is None or not self.follow_redirects:
@@ -227,9 +224,9 @@ class WebFetchTool(BaseTool):
                 await response.aclose()
             target = parse_web_url(str(url.join(location)))
             if target is None:
-                raise _Refused(f"INVALID_URL: redirect to {location!r}, which is not an http(s) URL")
+                raise ToolCallRefusedError(f"INVALID_URL: redirect to {location!r}, which is not an http(s) URL")
             url = target
-        raise _Refused(f"HTTP_ERROR: more than {self.max_redirects} redirects")
+        raise ToolCallRefusedError(f"HTTP_ERROR: more than {self.max_redirects} redirects")
 
     async def _read(self, response: httpx.Response, url: httpx.URL) -> FetchResult:
         kind = media_type(response.headers.get("content-type", ""))

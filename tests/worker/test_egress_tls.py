@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.egress_tls import ENCRYPTED_CLIENT_HELLO, certificate, crafted_hello, python_hello, server_name_extension
-from worker.egress.policy import Target, TunnelRefused
+from worker.egress.policy import Target, TunnelRefusedError
 from worker.egress.tls import (
     HELLO_BYTES,
     HELLO_RETRY_RANDOM,
@@ -186,15 +186,15 @@ def test_handshake_records_that_hold_no_server_hello_start_are_malformed(data, w
         hello_retry(data)
 
 
-async def _answer(data: bytes, limit: int = HELLO_BYTES) -> tuple[tuple[bytes, bool] | TunnelRefused, int]:
+async def _answer(data: bytes, limit: int = HELLO_BYTES) -> tuple[tuple[bytes, bool] | TunnelRefusedError, int]:
     """What ``read_server_answer`` makes of a server that answers ``data`` then ends: its result or refusal, and how
     many bytes it took."""
     reader = asyncio.StreamReader()
     reader.feed_data(data)
     reader.feed_eof()
     try:
-        outcome: tuple[bytes, bool] | TunnelRefused = await read_server_answer(reader, TARGET, 5.0, limit)
-    except TunnelRefused as refused:
+        outcome: tuple[bytes, bool] | TunnelRefusedError = await read_server_answer(reader, TARGET, 5.0, limit)
+    except TunnelRefusedError as refused:
         outcome = refused
     return outcome, len(data) - len(await reader.read())
 
@@ -209,12 +209,12 @@ async def test_the_answer_reader_takes_the_start_of_the_answer_and_leaves_the_re
 async def test_the_answer_reader_refuses_a_server_that_is_late_malformed_or_ends_inside_its_hello():
     reader = asyncio.StreamReader()
     reader.feed_data(RETRY[:20])
-    with pytest.raises(TunnelRefused, match="did not answer its TLS ClientHello within 0.2 s"):
+    with pytest.raises(TunnelRefusedError, match="did not answer its TLS ClientHello within 0.2 s"):
         await read_server_answer(reader, TARGET, 0.2)
     outcome, _ = await _answer(RETRY[:20])
-    assert isinstance(outcome, TunnelRefused) and "ended the connection inside" in str(outcome)
+    assert isinstance(outcome, TunnelRefusedError) and "ended the connection inside" in str(outcome)
     outcome, _ = await _answer(b"\x16\x03\x03\x00\x00")
-    assert isinstance(outcome, TunnelRefused) and outcome.destination == TARGET.named and outcome.kind
+    assert isinstance(outcome, TunnelRefusedError) and outcome.destination == TARGET.named and outcome.kind
     assert await _answer(b"") == ((b"", False), 0)  # a server that closed at once answered nothing: no refusal
 
 
@@ -233,15 +233,15 @@ def test_a_client_hello_must_name_the_tunnels_host_and_hide_no_other(hello, host
     assert why is None if refused is None else refused in why
 
 
-async def _read(data: bytes, limit: int = HELLO_BYTES, retried: bool = False) -> tuple[bytes | TunnelRefused, int]:
+async def _read(data: bytes, limit: int = HELLO_BYTES, retried: bool = False) -> tuple[bytes | TunnelRefusedError, int]:
     """What ``read_client_hello`` makes of a tunnel that sends ``data`` then ends: its result or refusal, and how many
     bytes it took."""
     reader = asyncio.StreamReader()
     reader.feed_data(data)
     reader.feed_eof()
     try:
-        outcome: bytes | TunnelRefused = await read_client_hello(reader, TARGET, 5.0, limit, retried=retried)
-    except TunnelRefused as refused:
+        outcome: bytes | TunnelRefusedError = await read_client_hello(reader, TARGET, 5.0, limit, retried=retried)
+    except TunnelRefusedError as refused:
         outcome = refused
     return outcome, len(data) - len(await reader.read())
 
@@ -253,18 +253,18 @@ async def test_the_reader_takes_the_hello_and_leaves_what_follows():
 
 async def test_the_reader_refuses_naming_the_tunnel_and_nothing_the_client_sent():
     outcome, _ = await _read(python_hello("secret-name.example.org"))
-    assert isinstance(outcome, TunnelRefused) and outcome.destination == TARGET.named
+    assert isinstance(outcome, TunnelRefusedError) and outcome.destination == TARGET.named
     assert "secret-name" not in str(outcome) and outcome.response(None) == b""  # the 200 went: no HTTP answer
     outcome, _ = await _read(b"GET /?token=secret HTTP/1.1\r\n\r\n")
-    assert isinstance(outcome, TunnelRefused) and "token" not in str(outcome)
+    assert isinstance(outcome, TunnelRefusedError) and "token" not in str(outcome)
     outcome, taken = await _read(b"\x16\x03\x03\x40\x00" + bytes(2**14))  # a full record, past the bound
-    assert isinstance(outcome, TunnelRefused) and taken == 5
+    assert isinstance(outcome, TunnelRefusedError) and taken == 5
 
 
 async def test_the_reader_waits_for_a_hello_no_longer_than_it_is_told():
     reader = asyncio.StreamReader()
     reader.feed_data(REAL[:100])
-    with pytest.raises(TunnelRefused, match="sent no TLS ClientHello within 0.2 s"):
+    with pytest.raises(TunnelRefusedError, match="sent no TLS ClientHello within 0.2 s"):
         await read_client_hello(reader, TARGET, 0.2)
 
 
@@ -274,7 +274,7 @@ async def test_a_tunnel_ended_before_its_first_byte_asked_nothing_and_one_ended_
     with pytest.raises(asyncio.IncompleteReadError):
         await read_client_hello(reader, TARGET, 1.0)
     outcome, _ = await _read(REAL[:-1])
-    assert isinstance(outcome, TunnelRefused) and "ended inside its ClientHello" in str(outcome)
+    assert isinstance(outcome, TunnelRefusedError) and "ended inside its ClientHello" in str(outcome)
 
 
 @st.composite
@@ -312,7 +312,7 @@ def test_hostile_first_bytes_end_in_a_hello_or_a_refusal_and_are_read_no_further
         assert 0 < found and len(data) + found <= limit  # never asks past the bound
     outcome, taken = asyncio.run(_read(data, limit, retried))
     assert taken <= limit
-    assert isinstance(outcome, TunnelRefused) or (outcome == data[:taken] and isinstance(found, ClientHello))
+    assert isinstance(outcome, TunnelRefusedError) or (outcome == data[:taken] and isinstance(found, ClientHello))
 
 
 @settings(max_examples=300, deadline=None)
@@ -329,4 +329,4 @@ def test_hostile_server_answers_end_in_a_verdict_or_a_refusal_and_are_read_no_fu
     if isinstance(found, bool):
         assert outcome == (data[:taken], found)
     else:
-        assert isinstance(outcome, TunnelRefused)
+        assert isinstance(outcome, TunnelRefusedError)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.collect.beneath import MAX_DEPTH, MAX_LISTED_ENTRIES, Beneath, Refused
+from worker.collect.beneath import MAX_DEPTH, MAX_LISTED_ENTRIES, Beneath, PathRefusedError
 from worker.collect.patterns import expand_braces, expand_variables, resolve_patterns
 from worker.contract import ArtifactFile, OutputFile, RunLimits, SkippedFile
 from worker.errors import ArtifactError
@@ -80,7 +80,7 @@ def collect_outputs(
     try:
         for pattern in patterns:
             for found in tree.match(pattern, skill_rel):
-                own = found.name if isinstance(found, Refused) else "/".join(found[0])
+                own = found.name if isinstance(found, PathRefusedError) else "/".join(found[0])
                 if own in seen:
                     continue
                 seen.add(own)
@@ -88,7 +88,7 @@ def collect_outputs(
                 if named.setdefault(name, own) != own:
                     result.skipped.append(SkippedFile(name=name, reason=_SAME_NAME))
                     continue
-                if isinstance(found, Refused):
+                if isinstance(found, PathRefusedError):
                     result.skipped.append(SkippedFile(name=name, reason=found.reason))
                     continue
                 if len(result.files) >= limits.output_max_files:
@@ -108,7 +108,7 @@ def collect_outputs(
                 if artifact is not None:
                     result.artifacts.append(artifact)
                     room -= artifact.size
-    except Refused as stop:  # the listing budget is spent: what was collected so far stands
+    except PathRefusedError as stop:  # the listing budget is spent: what was collected so far stands
         result.skipped.append(SkippedFile(name=_text_name(stop.name), reason=stop.reason))
     return result
 

@@ -4,7 +4,7 @@ Every name is looked up in a folder opened beneath the workspace root one compon
 and a link is followed by reading it and resolving its target here, lexically, against the root — so nothing
 outside the workspace is listed, stat'ed or opened, whatever links (``/tmp``, ``/proc/1/root``), loops or renames
 a command planted. A path is a tuple of names below the root with no link in it. What cannot be followed is a
-``Refused`` with its name and reason, never an exception out of the walk.
+``PathRefusedError`` with its name and reason, never an exception out of the walk.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import os
 import re
 import stat
 from collections.abc import Iterator
+
+from worker.errors import WorkerError
 
 MAX_DEPTH = 64
 """Folders a ``**`` descends below where it starts."""
@@ -30,7 +32,7 @@ _MAGIC = re.compile(r"[*?\[]")
 Rel = tuple[str, ...]
 
 
-class Refused(Exception):
+class PathRefusedError(WorkerError):
     """A path that is not collected (or not followed), its name and why."""
 
     def __init__(self, name: str, reason: str) -> None:
@@ -69,7 +71,7 @@ class Beneath:
         return None
 
     def resolve(self, start: Rel, parts: list[str], shown: str) -> tuple[Rel, os.stat_result]:
-        """Where ``parts`` lead from folder ``start``, links followed, and what is there. Raises ``Refused``
+        """Where ``parts`` lead from folder ``start``, links followed, and what is there. Raises ``PathRefusedError``
         (named ``shown``, or a dangling link by where it points) when that leaves the workspace, is missing, loops
         or nests too deep; ``OSError`` when a folder on the way cannot be read."""
         current = list(start)
@@ -84,7 +86,7 @@ class Beneath:
                     continue
                 if part == "..":
                     if not current:
-                        raise Refused(shown, OUTSIDE)
+                        raise PathRefusedError(shown, OUTSIDE)
                     current.pop()
                     fd = _swap(fd, self.open(tuple(current)))
                     info = os.fstat(fd)
@@ -92,16 +94,16 @@ class Beneath:
                 try:
                     info = os.stat(part, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
-                    raise Refused("/".join([*current, part, *reversed(todo)]), MISSING) from None
+                    raise PathRefusedError("/".join([*current, part, *reversed(todo)]), MISSING) from None
                 if stat.S_ISLNK(info.st_mode):
                     links += 1
                     if links > MAX_LINKS:
-                        raise Refused(shown, f"cannot be read: more than {MAX_LINKS} links to follow")
+                        raise PathRefusedError(shown, f"cannot be read: more than {MAX_LINKS} links to follow")
                     target = os.readlink(part, dir_fd=fd)
                     if target.startswith("/"):
                         below = self.inside(target)
                         if below is None:
-                            raise Refused(shown, OUTSIDE)
+                            raise PathRefusedError(shown, OUTSIDE)
                         current = []
                         fd = _swap(fd, self.open(()))
                         target = "/".join(below)
@@ -109,7 +111,7 @@ class Beneath:
                     continue
                 current.append(part)
                 if len(current) > MAX_PATH_PARTS:
-                    raise Refused(shown, f"is more than {MAX_PATH_PARTS} folders deep")
+                    raise PathRefusedError(shown, f"is more than {MAX_PATH_PARTS} folders deep")
                 if any(p not in ("", ".") for p in todo):
                     fd = _swap(fd, os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd))
             return tuple(current), info
@@ -118,7 +120,7 @@ class Beneath:
 
     def entries(self, rel: Rel, shown: str) -> list[tuple[str, bool]]:
         """(name, may be a folder: a folder or a link) of each entry of folder ``rel``, in name order. Raises
-        ``Refused`` once the collection has listed ``MAX_LISTED_ENTRIES``."""
+        ``PathRefusedError`` once the collection has listed ``MAX_LISTED_ENTRIES``."""
         found: list[tuple[str, bool]] = []
         try:
             fd = self.open(rel)
@@ -129,7 +131,7 @@ class Beneath:
                 for entry in it:
                     self.listed += 1
                     if self.listed > MAX_LISTED_ENTRIES:
-                        raise Refused(shown, f"collection stopped: its patterns listed more than {MAX_LISTED_ENTRIES} entries")
+                        raise PathRefusedError(shown, f"collection stopped: its patterns listed more than {MAX_LISTED_ENTRIES} entries")
                     found.append((entry.name, entry.is_dir(follow_symlinks=False) or entry.is_symlink()))
         except OSError:
             pass
@@ -137,20 +139,20 @@ class Beneath:
             os.close(fd)
         return sorted(found)
 
-    def folder(self, rel: Rel, name: str, shown: str) -> Rel | Refused | None:
-        """The real folder that entry ``name`` of ``rel`` is or leads to; a ``Refused`` when it leads somewhere it
+    def folder(self, rel: Rel, name: str, shown: str) -> Rel | PathRefusedError | None:
+        """The real folder that entry ``name`` of ``rel`` is or leads to; a ``PathRefusedError`` when it leads somewhere it
         may not; ``None`` when it is not a folder or not there."""
         try:
             where, info = self.resolve(rel, [name], shown)
-        except Refused as refused:
+        except PathRefusedError as refused:
             return None if refused.reason == MISSING else refused
         except OSError as exc:
-            return Refused(shown, f"cannot be read: {exc.strerror or exc}")
+            return PathRefusedError(shown, f"cannot be read: {exc.strerror or exc}")
         return where if stat.S_ISDIR(info.st_mode) else None
 
-    def match(self, pattern: str, skill_rel: str) -> Iterator[tuple[Rel, os.stat_result] | Refused]:
+    def match(self, pattern: str, skill_rel: str) -> Iterator[tuple[Rel, os.stat_result] | PathRefusedError]:
         """What ``pattern`` (absolute, or relative to the skill folder ``skill_rel``) matches, depth first,
-        names in order: each a path and what is there, or a ``Refused`` named as written from the pattern's base."""
+        names in order: each a path and what is there, or a ``PathRefusedError`` named as written from the pattern's base."""
         if pattern.startswith("/"):
             below = self.inside(pattern)
             if below is None:  # refused before the run
@@ -160,7 +162,7 @@ class Beneath:
         else:
             try:
                 base = self.resolve((), skill_rel.split("/"), skill_rel)[0]
-            except (Refused, OSError):
+            except (PathRefusedError, OSError):
                 return
             segments = _parts(pattern)
         visited: set[Rel] = set()
@@ -176,13 +178,13 @@ class Beneath:
             if seg == "**":
                 stack.append((rel, i + 1, shown))
                 if len(shown) >= MAX_DEPTH:
-                    yield Refused(here, f"is more than {MAX_DEPTH} folders deep; not searched further")
+                    yield PathRefusedError(here, f"is more than {MAX_DEPTH} folders deep; not searched further")
                     continue
                 for name, maybe_folder in self.entries(rel, here):
                     if name.startswith(".") or not maybe_folder:
                         continue
                     folder = self.folder(rel, name, "/".join((*shown, name)))
-                    if isinstance(folder, Refused):
+                    if isinstance(folder, PathRefusedError):
                         yield folder
                     elif folder is not None and folder not in visited:
                         visited.add(folder)
@@ -199,20 +201,20 @@ class Beneath:
                     yield from self._final(rel, name, "/".join((*shown, name)))
                     continue
                 folder = self.folder(rel, name, "/".join((*shown, name)))
-                if isinstance(folder, Refused):
+                if isinstance(folder, PathRefusedError):
                     yield folder
                 elif folder is not None:
                     below.append((folder, i + 1, (*shown, name)))
             stack.extend(reversed(below))
 
-    def _final(self, rel: Rel, name: str, shown: str) -> Iterator[tuple[Rel, os.stat_result] | Refused]:
+    def _final(self, rel: Rel, name: str, shown: str) -> Iterator[tuple[Rel, os.stat_result] | PathRefusedError]:
         try:
             yield self.resolve(rel, [name], shown)
-        except Refused as refused:
+        except PathRefusedError as refused:
             if refused.reason != MISSING or refused.name != "/".join((*rel, name)):
                 yield refused  # a name that simply is not there matched nothing
         except OSError as exc:
-            yield Refused(shown, f"cannot be read: {exc.strerror or exc}")
+            yield PathRefusedError(shown, f"cannot be read: {exc.strerror or exc}")
 
 
 def _parts(path: str) -> list[str]:

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 from worker.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {  # the policy need not load the proxy
-    "worker.egress.policy": ["MALFORMED", "AllowList", "Refused", "Request", "Target", "TunnelRefused", "effective",
+    "worker.egress.policy": ["MALFORMED", "AllowList", "EgressRefusedError", "Request", "Target", "TunnelRefusedError", "effective",
                              "run_allow_list"],
     "worker.egress.proxy": ["EgressProxy", "Refusals", "proxy_environment"],
     "worker.egress.pinned": ["AddressPolicy", "Resolver", "pinned_requests", "send", "send_async"],
 })
 
 if TYPE_CHECKING:
-    from worker.egress.policy import (MALFORMED, AllowList, Refused, Request, Target, TunnelRefused, effective,
+    from worker.egress.policy import (MALFORMED, AllowList, EgressRefusedError, Request, Target, TunnelRefusedError, effective,
                                       run_allow_list)
     from worker.egress.pinned import AddressPolicy, Resolver, pinned_requests, send, send_async
     from worker.egress.proxy import EgressProxy, Refusals, proxy_environment

@@ -8,11 +8,11 @@ included. A request head (``Request``) is either ``CONNECT host:port`` or a plai
 absolute ``http://`` URI, no body, and no ``Host`` header naming another host or port than that URI (domain
 fronting; a missing one is set to the URI's), with no control character but a tab in any of its lines (a CR or LF
 outside the CRLF that ends a line, NUL, DEL: a server beyond the proxy could read lines, and so headers, that the
-proxy did not); anything else is ``Refused`` with an HTTP status and a reason the build's own error message will
-show. A tunnel whose first bytes are not what it may carry (``worker.egress.tls``) is ``TunnelRefused``: its ``200``
+proxy did not); anything else is ``EgressRefusedError`` with an HTTP status and a reason the build's own error message will
+show. A tunnel whose first bytes are not what it may carry (``worker.egress.tls``) is ``TunnelRefusedError``: its ``200``
 was sent, so it is closed without an answer.
 
-What a refusal reports (``Refused.destination``, and in a run's result ``RunResult.egress_refusals``) is the
+What a refusal reports (``EgressRefusedError.destination``, and in a run's result ``RunResult.egress_refusals``) is the
 destination alone, ``host:port`` as the request named it (``Target.named``: the host's case and spelling kept, so
 that the result's redaction finds a secret used as a host name), or ``MALFORMED`` when no host could be read; a
 refusal's reason names at most that, never the request's path, query, headers or raw target, so that nothing of
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from worker.config import get_worker_settings
-from worker.errors import DependencyError
+from worker.errors import DependencyError, WorkerError
 from worker.names import parse_entries
 
 INDEX_VARIABLE = "UV_DEFAULT_INDEX"
@@ -169,7 +169,7 @@ class Target:
         return cls(address, f"{host}:{address[1]}")
 
 
-class Refused(Exception):
+class EgressRefusedError(WorkerError):
     """A request the proxy does not carry out: the HTTP status it answers with, why (``why`` names at most the
     destination, never the request's path, query, headers or raw target), and ``kind``, what was refused in a few
     fixed words of the proxy's (nothing of the request's, the destination neither)."""
@@ -190,7 +190,7 @@ class Refused(Exception):
                 f"Connection: close\r\n\r\n").encode() + body
 
 
-class TunnelRefused(Refused):
+class TunnelRefusedError(EgressRefusedError):
     """A tunnel the proxy opened (its ``200`` sent) and then ends for what its client sent first (or its server
     answered that, or the client sent after a HelloRetryRequest): no HTTP answer can follow, so the connection is
     closed without one."""
@@ -213,73 +213,73 @@ class Request:
 
     @classmethod
     def parse(cls, head: bytes) -> Request:
-        """The request ``head`` (up to and with its blank line) holds; ``Refused`` (400) for a head that is no
+        """The request ``head`` (up to and with its blank line) holds; ``EgressRefusedError`` (400) for a head that is no
         HTTP/1 request, has a malformed header line, or holds a control character other than a tab in any line
         (a CR or LF outside the CRLF that ends it, NUL, DEL)."""
         text = head.decode("latin-1")
         if _CONTROL.search(text.replace("\r\n", "")):
-            raise Refused(400, "Bad Request", "a request head holding a control character (a CR or LF outside a "
+            raise EgressRefusedError(400, "Bad Request", "a request head holding a control character (a CR or LF outside a "
                           "line's CRLF, NUL, DEL, ...)", kind="malformed request")
         lines = text.split("\r\n")
         words = lines[0].split(" ")
         if len(words) != 3 or not words[2].startswith("HTTP/1."):
-            raise Refused(400, "Bad Request", "not an HTTP/1 request", kind="malformed request")
+            raise EgressRefusedError(400, "Bad Request", "not an HTTP/1 request", kind="malformed request")
         headers = []
         for line in filter(None, lines[1:]):
             name, colon, value = line.partition(":")
             if not colon or not name or name != name.strip():
-                raise Refused(400, "Bad Request", "a malformed header", kind="malformed request")
+                raise EgressRefusedError(400, "Bad Request", "a malformed header", kind="malformed request")
             headers.append((name, value.strip()))
         return cls(words[0], words[1], words[2], tuple(headers))
 
     def tunnel(self) -> Target:
-        """Where a ``CONNECT`` goes; ``Refused`` when its target is not ``host:port``."""
+        """Where a ``CONNECT`` goes; ``EgressRefusedError`` when its target is not ``host:port``."""
         try:
             return Target.read(self.target, None)
         except ValueError as exc:
-            raise Refused(400, "Bad Request", f"the CONNECT target is not host:port ({exc})",
+            raise EgressRefusedError(400, "Bad Request", f"the CONNECT target is not host:port ({exc})",
                           kind="malformed CONNECT target") from None
 
     def destination(self) -> Target:
-        """Where a plain-HTTP request goes (its absolute URI's host and port); ``Refused`` for a request the proxy
+        """Where a plain-HTTP request goes (its absolute URI's host and port); ``EgressRefusedError`` for a request the proxy
         does not forward: anything but a read without a body (what uv asks of an index), or one whose ``Host``
         header names another host or port (domain fronting: the origin would serve that other host). Each
         refusal names the URI's host where it could be read."""
         target = self._uri_target()
         if self.method not in ("GET", "HEAD"):
             method = self.method if self.method in _NAMED_METHODS else "this method"
-            raise Refused(405, "Method Not Allowed", f"{method} is not forwarded to {target.named} over plain HTTP "
+            raise EgressRefusedError(405, "Method Not Allowed", f"{method} is not forwarded to {target.named} over plain HTTP "
                           "(GET and HEAD are; use HTTPS, through a CONNECT tunnel)", target.named,
                           kind="method not forwarded")
         if any(name.lower() == "transfer-encoding" or (name.lower() == "content-length" and value != "0")
                for name, value in self.headers):
-            raise Refused(400, "Bad Request", f"a request to {target.named} with a body is not forwarded",
+            raise EgressRefusedError(400, "Bad Request", f"a request to {target.named} with a body is not forwarded",
                           target.named, kind="request with a body")
         hosts = [value for name, value in self.headers if name.lower() == "host"]
         if len(hosts) > 1:
-            raise Refused(400, "Bad Request", f"a request to {target.named} with more than one Host header",
+            raise EgressRefusedError(400, "Bad Request", f"a request to {target.named} with more than one Host header",
                           target.named, kind="malformed Host header")
         try:
             fronted = bool(hosts) and split_authority(hosts[0], DEFAULT_PORTS["http"]) != target.address
         except ValueError:
-            raise Refused(400, "Bad Request", f"a request to {target.named} whose Host header is not host[:port]",
+            raise EgressRefusedError(400, "Bad Request", f"a request to {target.named} whose Host header is not host[:port]",
                           target.named, kind="malformed Host header") from None
         if fronted:
-            raise Refused(403, "Forbidden", f"a request to {target.named} whose Host header names another host or "
+            raise EgressRefusedError(403, "Forbidden", f"a request to {target.named} whose Host header names another host or "
                           "port (domain fronting)", target.named,
                           kind="Host header naming another host (domain fronting)")
         return target
 
     def _uri_target(self) -> Target:
-        """The absolute ``http://`` URI's host and port; ``Refused`` for any other target."""
+        """The absolute ``http://`` URI's host and port; ``EgressRefusedError`` for any other target."""
         try:
             parts = urlsplit(self.target)
             target = Target.read(parts.netloc, DEFAULT_PORTS[parts.scheme])
         except (KeyError, ValueError):
-            raise Refused(400, "Bad Request", "a plain request needs an absolute http:// URI with a host",
+            raise EgressRefusedError(400, "Bad Request", "a plain request needs an absolute http:// URI with a host",
                           kind="not an absolute http:// URI") from None
         if parts.scheme != "http":
-            raise Refused(400, "Bad Request", f"a plain request to {target.named} needs an http:// URI (https:// goes "
+            raise EgressRefusedError(400, "Bad Request", f"a plain request to {target.named} needs an http:// URI (https:// goes "
                           "through a CONNECT tunnel)", target.named, kind="not an http:// URI")
         return target
 
@@ -295,5 +295,5 @@ class Request:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-__all__ = ["ALLOWED_HOSTS_SETTING", "INDEX_VARIABLE", "MALFORMED", "PYPI_HOSTS", "Address", "AllowList", "Refused",
-           "Request", "Target", "TunnelRefused", "effective", "run_allow_list", "split_authority"]
+__all__ = ["ALLOWED_HOSTS_SETTING", "INDEX_VARIABLE", "MALFORMED", "PYPI_HOSTS", "Address", "AllowList", "EgressRefusedError",
+           "Request", "Target", "TunnelRefusedError", "effective", "run_allow_list", "split_authority"]

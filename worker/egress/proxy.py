@@ -34,7 +34,7 @@ that hides no other (``worker.egress.tls``), or it is closed with nothing sent o
 is read as well: when it is a HelloRetryRequest, the client's second ClientHello is checked as the first before it is
 sent on.
 
-The worker's log says that a request was refused, with the refusal's status and ``Refused.kind`` only: never its
+The worker's log says that a request was refused, with the refusal's status and ``EgressRefusedError.kind`` only: never its
 destination or reason, which hold what the request named (a secret used as a host name, say) and are redacted only
 in the run's result.
 
@@ -58,7 +58,7 @@ from collections.abc import Awaitable, Callable
 from worker.egress.addresses import first_private, resolve
 from worker.config import get_worker_settings
 from worker.egress.listener import listen_inside
-from worker.egress.policy import Address, AllowList, Refused, Request, Target
+from worker.egress.policy import Address, AllowList, EgressRefusedError, Request, Target
 from worker.egress.tls import read_client_hello, read_server_answer
 from worker.errors import EgressError, SandboxError
 
@@ -116,7 +116,7 @@ class Refusals:
         self.count = 0
         self.listed: list[tuple[str, str]] = []
 
-    def add(self, refused: Refused) -> None:
+    def add(self, refused: EgressRefusedError) -> None:
         self.count += 1
         if len(self.listed) < MAX_REFUSALS_LISTED:
             self.listed.append((refused.destination[:300], str(refused)[:500]))
@@ -199,7 +199,7 @@ class EgressProxy:
             raise
         try:
             await self._answer(reader, writer)
-        except Refused as refused:
+        except EgressRefusedError as refused:
             logger.info("a sandbox's request was refused (%d %s): %s", refused.status, refused.reason, refused.kind)
             self.refusals.add(refused)
             writer.write(refused.response(self.allowed))
@@ -247,7 +247,7 @@ class EgressProxy:
         """Plain-HTTP requests to ``target``, the first ``request`` and those the client sends after it on the same
         connection, each checked and rewritten for the origin; a later one the proxy refuses is raised once the
         origin's answers have all gone back."""
-        later: list[Refused] = []
+        later: list[EgressRefusedError] = []
 
         async def requests(reader: Reader, origin: Writer, relay: _Relay) -> None:
             current = request
@@ -263,7 +263,7 @@ class EgressProxy:
                     current = Request.parse(head)
                     if current.destination().address != target.address:
                         break  # another host on a kept-alive connection: the client opens a new one
-                except Refused as refused:
+                except EgressRefusedError as refused:
                     later.append(refused)
                     break
             origin.write_eof()
@@ -276,7 +276,7 @@ class EgressProxy:
         """A connection to ``target`` if it is allowed, at an address the proxy resolved and vetted."""
         (host, port), named = target.address, target.named
         if not self.allowed.allows(target.address):
-            raise Refused(403, "Forbidden", f"{named} is not on the allow-list", named, kind="not on the allow-list")
+            raise EgressRefusedError(403, "Forbidden", f"{named} is not on the allow-list", named, kind="not on the allow-list")
         addresses = self._addresses.get(target.address)
         if addresses is None and host in self.pinned:
             addresses = [self.pinned[host]]
@@ -287,11 +287,11 @@ class EgressProxy:
             except (OSError, UnicodeError) as exc:
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a name that resolves"
                 status = (502, "Bad Gateway") if index else (403, "Forbidden")
-                raise Refused(*status, f"cannot resolve {named}: {why}", named,
+                raise EgressRefusedError(*status, f"cannot resolve {named}: {why}", named,
                               kind="name that does not resolve") from None
             private = None if index else first_private(addresses)
             if private is not None:
-                raise Refused(403, "Forbidden", f"{named} resolves to a private or local address ({private})", named,
+                raise EgressRefusedError(403, "Forbidden", f"{named} resolves to a private or local address ({private})", named,
                               kind="private address")
             self._addresses[target.address] = addresses
         failure: BaseException | None = None
@@ -301,7 +301,7 @@ class EgressProxy:
                                               CONNECT_SECONDS)
             except (OSError, TimeoutError) as exc:
                 failure = exc
-        raise Refused(502, "Bad Gateway", f"cannot connect to {named}: {failure or 'no address'}", named,
+        raise EgressRefusedError(502, "Bad Gateway", f"cannot connect to {named}: {failure or 'no address'}", named,
                       kind="host that cannot be reached")
 
 
@@ -309,7 +309,7 @@ Pump = Callable[[Reader, Writer, "_Relay"], Awaitable[None]]
 
 
 class _Relay:
-    """Two connections relayed both ways until they are done (below), either fails (a pump's ``Refused`` is raised
+    """Two connections relayed both ways until they are done (below), either fails (a pump's ``EgressRefusedError`` is raised
     for the caller to report), or neither moves for ``idle`` seconds; then the upstream one is closed (the client's
     is the caller's)."""
 
@@ -334,7 +334,7 @@ class _Relay:
                                                  return_when=asyncio.FIRST_COMPLETED)
                 # each one's looked at: none is logged
                 failures = [exc for task in done if (exc := task.exception()) is not None]
-                refusals = [failure for failure in failures if isinstance(failure, Refused)]
+                refusals = [failure for failure in failures if isinstance(failure, EgressRefusedError)]
                 if refusals:
                     raise refusals[0]
                 if failures:

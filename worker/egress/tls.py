@@ -4,7 +4,7 @@ Without this check a tunnel to an allowed host could carry a TLS connection to a
 (a CDN, a shared front end) also serves: the server picks the site from the ClientHello's server name (SNI), not from
 the address it was reached at (domain fronting). So before the egress proxy relays a tunnel it reads its first bytes
 (``read_client_hello``): the TLS records that hold the ClientHello, no more than ``HELLO_BYTES`` of them and within the
-time it is given, and refuses the tunnel (``TunnelRefused``) when they are not a well-formed ClientHello, when its
+time it is given, and refuses the tunnel (``TunnelRefusedError``) when they are not a well-formed ClientHello, when its
 server name is not the ``CONNECT`` host (case and a final dot aside), when it names none and the host is a name
 (a tunnel to an address may come without one, as TLS leaves it), or when it carries an extension that hides the name
 it is really for (``HIDING_EXTENSIONS``: Encrypted Client Hello, and the ESNI draft before it). What it read goes on
@@ -37,7 +37,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from worker.names import is_address
-from worker.egress.policy import Target, TunnelRefused
+from worker.egress.policy import Target, TunnelRefusedError
 
 HELLO_BYTES = 8 * 1024
 """The most of a tunnel's first bytes read for its ClientHello, record headers included (one is 0.5-2 KiB)."""
@@ -93,20 +93,20 @@ async def read_client_hello(reader: asyncio.StreamReader, target: Target, second
                             limit: int = HELLO_BYTES, *, retried: bool = False) -> bytes:
     """The first bytes of a tunnel to ``target`` (with ``retried``: the next ones, after the server's
     HelloRetryRequest), read from ``reader`` within ``seconds``: the TLS records that hold its ClientHello, when that
-    hello may go to ``target``; ``TunnelRefused`` (naming ``target``) otherwise. ``asyncio.IncompleteReadError`` when
+    hello may go to ``target``; ``TunnelRefusedError`` (naming ``target``) otherwise. ``asyncio.IncompleteReadError`` when
     the client ends the tunnel before sending anything (it asked nothing)."""
     try:
         data, hello = await asyncio.wait_for(_read(reader, limit, retried), seconds)
     except TimeoutError:
-        raise TunnelRefused(f"the tunnel to {target.named} sent no TLS ClientHello within {seconds:g} s",
+        raise TunnelRefusedError(f"the tunnel to {target.named} sent no TLS ClientHello within {seconds:g} s",
                             target.named, kind="no TLS ClientHello in time") from None
     except ValueError as exc:
         sent = "did not answer its server's HelloRetryRequest with" if retried else "did not begin with"
-        raise TunnelRefused(f"the tunnel to {target.named} {sent} a TLS ClientHello it may carry: {exc}",
+        raise TunnelRefusedError(f"the tunnel to {target.named} {sent} a TLS ClientHello it may carry: {exc}",
                             target.named, kind="malformed TLS ClientHello") from None
     why = hello.refusal(target.address[0])
     if why is not None:
-        raise TunnelRefused(f"the tunnel to {target.named} was closed: {why}", target.named,
+        raise TunnelRefusedError(f"the tunnel to {target.named} was closed: {why}", target.named,
                             kind="TLS server name")
     return data
 
@@ -115,15 +115,15 @@ async def read_server_answer(reader: asyncio.StreamReader, target: Target, secon
                              limit: int = HELLO_BYTES) -> tuple[bytes, bool]:
     """The first bytes the server of a tunnel to ``target`` answers its ClientHello with, read from ``reader``
     within ``seconds``, no more than ``hello_retry`` needs, and whether they open a HelloRetryRequest;
-    ``TunnelRefused`` (naming ``target``) when they do not come in time, or open TLS handshake records that hold no
+    ``TunnelRefusedError`` (naming ``target``) when they do not come in time, or open TLS handshake records that hold no
     server's first message. A server that ends the connection before sending anything answered ``b""`` (no retry)."""
     try:
         return await asyncio.wait_for(_read_answer(reader, limit), seconds)
     except TimeoutError:
-        raise TunnelRefused(f"the server of the tunnel to {target.named} did not answer its TLS ClientHello within "
+        raise TunnelRefusedError(f"the server of the tunnel to {target.named} did not answer its TLS ClientHello within "
                             f"{seconds:g} s", target.named, kind="no TLS answer in time") from None
     except ValueError as exc:
-        raise TunnelRefused(f"the server of the tunnel to {target.named} answered its TLS ClientHello with bytes "
+        raise TunnelRefusedError(f"the server of the tunnel to {target.named} answered its TLS ClientHello with bytes "
                             f"the proxy cannot read: {exc}", target.named, kind="malformed TLS answer") from None
 
 

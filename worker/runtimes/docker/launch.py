@@ -37,6 +37,7 @@ from worker.runtimes.docker.executor import (
 )
 from worker.runtimes.docker.host import EXECUTOR_RESIDENTS, RESIDENT_PROCESSES, RESIDENT_UID
 from worker.runtimes.docker.engine import ENGINE_ERRORS
+from worker.errors import ExecutorError
 
 EXECUTOR_LABEL = "skillrun.executor"
 """On a container with an executor: its control folder."""
@@ -83,7 +84,7 @@ def container_limits(run_limits: tuple[int, int], *, executor: bool) -> tuple[in
     return memory, processes + RESIDENT_PROCESSES
 
 
-class _NoExecutor(Exception):
+class _NoExecutorError(ExecutorError):
     """The image's containers cannot run the executor (remembered for the image)."""
 
 
@@ -113,7 +114,7 @@ class Launcher:
                     problem = str(exc)
                     with contextlib.suppress(*ENGINE_ERRORS):
                         self.client().api.remove_container(container_id, force=True)
-            except _NoExecutor as exc:
+            except _NoExecutorError as exc:
                 problem, permanent = str(exc), True
             except docker.errors.APIError as exc:
                 self.executors.remove_control(control)
@@ -154,7 +155,7 @@ class Launcher:
         ).id
 
     def _await(self, container_id: str, control: Path, token: bytes) -> ExecutorLink:
-        """The executor's connection, once it listens (``_NoExecutor`` when the container ended first,
+        """The executor's connection, once it listens (``_NoExecutorError`` when the container ended first,
         ``ExecutorUnavailable`` when it did not listen in time)."""
         api = self.client().api
         deadline = time.monotonic() + START_SECONDS
@@ -170,8 +171,8 @@ class Launcher:
                 if not state["Running"]:
                     said = api.logs(container_id, tail=5).decode(errors="replace").strip()
                     api.remove_container(container_id, force=True)
-                    raise _NoExecutor(f"the executor ended as it started (exit code {state['ExitCode']}): "
-                                      f"{said[-300:] or 'no output'}")
+                    raise _NoExecutorError(f"the executor ended as it started (exit code {state['ExitCode']}): "
+                                           f"{said[-300:] or 'no output'}")
                 next_look = now + LOOK_SECONDS
             if now >= deadline:
                 raise ExecutorUnavailable(f"the executor did not listen within {START_SECONDS:.0f} s ({last})")
