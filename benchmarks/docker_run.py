@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import docker  # noqa: E402
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import Recording, preformatted, publish, scratch_dir, summary_ms  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
 from worker.runtimes import resolve_runtime  # noqa: E402
 from worker.runtimes.docker.runtime import DEFAULT_IMAGE, ContainerWorkspaceRuntime  # noqa: E402
@@ -155,6 +155,7 @@ async def main() -> None:
         for runtime in everything:
             await runtime.close()
 
+    printed = Recording()
     print(f"docker runtime ({', '.join(oci)}), {args.runs} warm and {args.cold_runs} cold runs, command {COMMAND!r}")
     print(f"{'series':<22} {'median ms':>10} {'p95 ms':>8} {'vs local':>9} {'vs engine':>10}")
     local_median = summary_ms(warm["local"])[0]
@@ -173,6 +174,9 @@ async def main() -> None:
         print(f"{'first run, pool/' + name:<22} {median:>10.1f} {p95:>8.1f} {'':>9} {median / base_median:>9.3f}x")
         median, p95 = summary_ms(cold[f"by name/{name}"])
         print(f"{'first run, by name/' + name:<22} {median:>10.1f} {p95:>8.1f} {'':>9} {median / base_median:>9.3f}x")
+    publish("docker_run", "Docker runtime",
+            "Warm runs against a warm local run and a bare `docker exec`; first runs against `docker run` of the same "
+            "image and command.\n\n" + preformatted(printed.text()))
 
 
 if __name__ == "__main__":

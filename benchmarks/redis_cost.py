@@ -40,6 +40,7 @@ import redis  # noqa: E402
 from rq.defaults import DEFAULT_WORKER_TTL  # noqa: E402
 
 from benchmarks.api_runs import Tally, api_client, block, one_run  # noqa: E402
+from benchmarks.figures import Recording, preformatted, publish  # noqa: E402
 from benchmarks.redis_meter import NESTING, Measure, Meter  # noqa: E402
 from benchmarks.stack import Stack, workers_idle  # noqa: E402
 from orchestrator.dispatch.queue import SWEEP_LEASE_SECONDS  # noqa: E402
@@ -282,6 +283,7 @@ def main() -> None:
     args.idle_workers = sorted({int(k) for k in args.idle_workers.split(",")} | {args.workers})
     args.settle = defaults.JOB_RESULT_TTL_SECONDS + 5 if args.settle is None else args.settle
 
+    printed = Recording()
     with Stack("skillrun-redis-cost-") as stack, closing(Meter(stack.url, stack.server.port, stack.pids)) as meter, \
             redis.Redis.from_url(stack.url) as control:
         print(f"redis_cost: Redis {control.info('server')['redis_version']} (append-only, fsync every second), local "
@@ -292,6 +294,9 @@ def main() -> None:
             stack.start_worker()
         measure(args, stack, meter, control, sets)
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    publish("redis_cost", "What one run costs Redis",
+            "From Redis's own counters (`INFO all`), less the meter's own calls and bytes.\n\n"
+            + preformatted(printed.text()))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.figures import scratch_dir, summary_ms  # noqa: E402
+from benchmarks.figures import Recording, preformatted, publish, scratch_dir, summary_ms  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
 from worker.environments import (  # noqa: E402
     EnvironmentBuilder,
@@ -179,6 +179,7 @@ async def main() -> None:
     base_ms = summary_ms(series["without"])
     import_ms = max(imports_s - empty_s, 0.0) * 1000
     build_ms, hand_ms, locked_ms = (summary_ms(cold[kind]) for kind in ("build", "hand", "locked"))
+    printed = Recording()
     print(f"{'series':<10}  {'median ms':>10}  {'p95 ms':>10}  {'ratio':>9}")
     print(row("without", *base_ms, 1.0))
     print(row("imports", import_ms, import_ms, 1.0))
@@ -198,6 +199,7 @@ async def main() -> None:
     total = sum(info.size_bytes for info in held)
     print(f"disk: ten skills with the same requirements use {len(held)} environment(s), {total / 1024**2:.1f} MiB "
           f"(one environment: {ready.info.size_bytes / 1024**2:.1f} MiB).")
+    publish("skill_envs", "Skill environments", "Packages from the real index.\n\n" + preformatted(printed.text()))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from benchmarks.api_runs import Tally, api_client, block  # noqa: E402
+from benchmarks.figures import Recording, preformatted, publish  # noqa: E402
 from benchmarks.stack import Stack, workers_idle  # noqa: E402
 from orchestrator.dispatch.queue import SWEEP_SECONDS  # noqa: E402
 from worker import defaults  # noqa: E402
@@ -205,12 +206,15 @@ def main() -> None:
     args.every = min(args.every, args.runs)
     args.settle = retention_horizon(args.result_ttl) if args.settle is None else args.settle
 
+    printed = Recording()
     with Stack("skillrun-soak-", result_ttl=args.result_ttl) as stack:
         base_url = stack.start_api()
         for _ in range(2):
             stack.start_worker()
         with redis.Redis.from_url(stack.url) as store:
             ok = asyncio.run(soak(args, base_url, stack.key, store, stack.work_root, stack.pids()))
+    publish("soak", "Soak", "Rows once retention has caught up, the growth per 1,000 runs, and a verdict per "
+            "target.\n\n" + preformatted(printed.text()))
     sys.exit(1 if args.check and not ok else 0)
 
 
