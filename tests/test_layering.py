@@ -10,7 +10,9 @@ import sys
 
 import orchestrator
 import worker
+from orchestrator.errors import OrchestratorError
 from tests import import_graph
+from worker.errors import WorkerError
 
 
 def _modules(package) -> list[str]:
@@ -123,3 +125,25 @@ def test_the_import_graph_sees_a_circle_and_a_dodge():
     graph.top["c"] = set()
     graph.inner["c"] = {"a"}
     assert graph.circles() == [] and graph.dodges() == [("c", "a")]
+
+
+IN_SANDBOX = {"orchestrator.tools.file_tools.workspace_skill.ops"}
+"""Runs inside a workspace and imports nothing of either plane, so its one exception is its own."""
+
+
+def _exceptions_defined_in(package) -> list[type[BaseException]]:
+    found = []
+    for name in _modules(package):
+        if name in IN_SANDBOX:
+            continue
+        module = importlib.import_module(name)
+        found += [value for value in vars(module).values() if isinstance(value, type)
+                  and issubclass(value, BaseException) and value.__module__ == name]
+    return found
+
+
+def test_every_error_is_under_its_planes_root():
+    for package, root in ((worker, WorkerError), (orchestrator, OrchestratorError)):
+        outside = sorted(f"{error.__module__}.{error.__qualname__}" for error in _exceptions_defined_in(package)
+                         if not issubclass(error, root))
+        assert outside == [], f"errors outside {root.__name__}: {outside}"

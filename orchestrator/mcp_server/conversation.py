@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.context import InvocationContext
+from orchestrator.errors import OrchestratorError
 from orchestrator.dispatch import BaseDispatcher, WorkspaceConflictError
 from orchestrator.sessions.session import Session, apply_delta
 from orchestrator.skills.options import SkillLoadMode, SkillOptions
@@ -55,7 +56,7 @@ class McpCaller:
 CALLER = McpCaller()
 
 
-class ForeignSessionError(PermissionError):
+class ForeignSessionError(OrchestratorError, PermissionError):
     """A call on an MCP session another team opened."""
 
 

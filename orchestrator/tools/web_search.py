@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from orchestrator.context import InvocationContext
+from orchestrator.errors import OrchestratorError
 from orchestrator.tools._search_providers import (
     PROVIDERS,
     DuckDuckGoProvider,
@@ -155,7 +156,7 @@ class WebSearchTool(BaseTool):
             async with asyncio.timeout(self.timeout):
                 data = await self._ask(query)
             answer = self.provider.parse(data, query)
-        except (httpx.HTTPError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        except (httpx.HTTPError, _StatusError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
             return {"error": f"HTTP_ERROR: {_describe(exc)}", "provider": name, "query": query.text}
         except TimeoutError:
             return {"error": f"HTTP_ERROR: the search took longer than {self.timeout:g} s", "provider": name,
@@ -238,7 +239,9 @@ class WebSearchTool(BaseTool):
         return chosen
 
 
-class _StatusError(httpx.HTTPError):
+class _StatusError(OrchestratorError):
+    """A search provider answered with an error status (its message, when it sent one)."""
+
     def __init__(self, status: int, reason: str, detail: str) -> None:
         super().__init__(f"HTTP {status} {reason}" + (f": {detail}" if detail else ""))
 
