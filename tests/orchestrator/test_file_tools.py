@@ -23,6 +23,7 @@ from orchestrator.tools.file_tools import (
     WriteTool,
 )
 from orchestrator.tools.file_tools.workspace_skill import ops as _ops
+from worker.defaults import TRUNCATION_MARKER
 
 
 @pytest.fixture
@@ -301,7 +302,7 @@ async def test_bash_output_is_capped(root, ctx):
     bash = next(t for t in await tool_set.get_tools() if t.name == "Bash")
     answer = await call(bash, ctx, command="head -c 500000 /dev/zero | tr '\\0' a; echo done >&2")
     assert answer["success"] is True and answer["stdout"].startswith("a" * 1000)
-    assert "[... 499000 bytes omitted]" in answer["stdout"] and answer["stderr"] == "done\n"
+    assert TRUNCATION_MARKER.format(omitted=499000) in answer["stdout"] and answer["stderr"] == "done\n"
 
 
 async def test_unknown_and_wrongly_typed_arguments_are_refused(root, ctx):

@@ -8,7 +8,7 @@ from worker.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "worker.sandbox.bubblewrap": ["SandboxSpec", "SandboxStart", "find_bwrap"],
     "worker.sandbox.held": ["HeldStart"],
-    "worker.sandbox.process": ["run_process"],
+    "worker.sandbox.process": ["find_bash", "run_process"],
     "worker.sandbox.spawner": ["Spawner"],
     "worker.sandbox.ready_shell": ["ReadyShell"],
     "worker.sandbox.user_network": ["UserNetwork"],

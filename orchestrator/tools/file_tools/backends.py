@@ -9,8 +9,23 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from orchestrator.context import InvocationContext
-from orchestrator.tools.file_tools._bash import DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS, host_environment, run_bash
 from orchestrator.tools.file_tools.workspace_skill import ops as _ops
+from worker.outcome import decode_output
+from worker.sandbox import find_bash, run_process
+
+DEFAULT_TIMEOUT_SECONDS = 300.0
+MAX_TIMEOUT_SECONDS = 3600.0
+MAX_OUTPUT_BYTES = 64 * 1024
+"""What host-mode ``Bash`` keeps of one stream (the rest is read and dropped, so the command never blocks on a full
+pipe)."""
+HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def host_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The command's environment, built from scratch (no host secret reaches the model): PATH, HOME, LANG, TERM."""
+    env = {"PATH": HOST_PATH, "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8", "TERM": "dumb"}
+    env.update(extra or {})
+    return env
 
 
 def check_timeout(timeout: float | None) -> float:
@@ -49,9 +64,10 @@ class BaseFileBackend(ABC):
 
 class HostFileBackend(BaseFileBackend):
     """A folder of this machine (default: the current directory). Paths that leave it are refused; ``Bash`` runs in
-    it (or a folder inside it) as this process's user, in a process group of its own, with an environment built
-    from scratch (``env`` adds to it). A shell command can still name any host path: for isolation, use the
-    workspace mode."""
+    it (or a folder inside it) as this process's user, on the process runner runs use (``worker.sandbox``: a process
+    group of its own, output capped, everything it started killed at its timeout and once it has ended), with an
+    environment built from scratch (``env`` adds to it). A shell command can still name any host path: for
+    isolation, use the workspace mode."""
 
     def __init__(self, cwd: str | os.PathLike[str] | None = None, *, env: dict[str, str] | None = None,
                  output_bytes: int | None = None) -> None:
@@ -75,7 +91,9 @@ class HostFileBackend(BaseFileBackend):
                 raise _ops.Refused(f"cwd {cwd!r} is not a directory")
         except _ops.Refused as exc:
             return _ops.failure(str(exc))
-        options = {"output_bytes": self.output_bytes} if self.output_bytes else {}
-        outcome = await run_bash(command, where, seconds, env=host_environment(self.env), **options)
-        return bash_answer(command, where, outcome.stdout, outcome.stderr, outcome.return_code, outcome.timed_out,
-                           seconds)
+        cap = self.output_bytes or MAX_OUTPUT_BYTES
+        outcome = await run_process([find_bash(), "-c", command], cwd=where, env=host_environment(self.env),
+                                    timeout=seconds, stdout_cap=cap, stderr_cap=cap)
+        return bash_answer(command, where, decode_output(outcome.stdout, outcome.stdout_omitted),
+                           decode_output(outcome.stderr, outcome.stderr_omitted), outcome.exit_code,
+                           outcome.timed_out, seconds)
