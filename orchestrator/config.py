@@ -6,13 +6,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
 
 from orchestrator.quotas import MAX_ARTIFACT_BYTES_CEILING, MAX_BUILDS_CEILING, TeamQuota
 from worker import defaults as run_defaults
-from worker.artifacts.location import BlobUrl
-from worker.jobs.tokens import usable_worker_token
+from worker.config import PlaneSettings
 
 DEFAULT_SKILLS_ROOT = "./skills"
 PREPARABLE_RUNTIMES = ("local", "docker")
@@ -32,30 +30,19 @@ DEFAULT_MAX_LIBRARIES = 50
 LoadModeName = Literal["once", "turn", "session"]
 
 
-class Settings(BaseSettings):
-    """Everything the orchestrator reads from its environment. An empty variable means unset (Compose passes one it
-    was not given as empty): its default applies, never an empty path or URL."""
-
-    model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore", env_ignore_empty=True,
-                                      hide_input_in_errors=True)  # a refused value may hold a secret
+class Settings(PlaneSettings):
+    """Everything the orchestrator reads from its environment: the settings both planes share
+    (``worker.config.PlaneSettings``) and the control plane's own."""
 
     skills_root: str = Field(
         default=DEFAULT_SKILLS_ROOT,
         validation_alias=AliasChoices("SKILLS_ROOT", "SKILLRUN_SKILLS_ROOT"),
         description="Skills roots, comma-separated.",
     )
-    work_root: Path | None = Field(default=None, description="Where workspaces are created (default: the temp dir).")
-    artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored (default: under work_root).")
-    blob_url: BlobUrl | None = Field(
-        default=None, description="The artifact store, instead of artifacts_dir: file:///path, or s3://bucket/prefix "
-                                  "(?endpoint=http://host:port for MinIO and other S3-protocol servers; credentials "
-                                  "from boto3's chain, such as AWS_ACCESS_KEY_ID). The workers' must be the same.",
-    )
     data_dir: Path = Field(
         default_factory=lambda: Path.home() / ".local" / "share" / "skillrun",
         description="Where the embedded default keeps sessions.",
     )
-    redis_url: str | None = Field(default=None, description="Redis for the run queue, run records, sessions, registries.")
     libraries_dir: Path | None = Field(default=None, description="Where library versions are extracted (default: data_dir/libraries).")
     library_versions_kept: int = Field(
         default=DEFAULT_VERSIONS_KEPT, ge=1,
@@ -81,7 +68,6 @@ class Settings(BaseSettings):
         default=50, ge=1, description="Console sign-ins a team keeps at once; one more ends the team's oldest.",
     )
     max_attempts: int = Field(default=run_defaults.MAX_ATTEMPTS, ge=1, description="Tries of a run whose worker was lost.")
-    result_ttl_seconds: int = Field(default=run_defaults.RESULT_TTL_SECONDS, gt=0, description="How long run records are kept.")
     workspace_idle_seconds: float = Field(
         default=DEFAULT_WORKSPACE_IDLE_SECONDS, gt=0, allow_inf_nan=False,
         description="A kept workspace no run has used for this long is removed (folder, user id, spawner, container, "
@@ -112,15 +98,6 @@ class Settings(BaseSettings):
     api_url: str = Field(default="http://127.0.0.1:8000", description="The API the command line's API commands "
                                                                        "(skillrun workspaces) talk to.")
     api_key: str | None = Field(default=None, repr=False, description="The team key those commands send.")
-    worker_token: SecretStr | None = Field(
-        default=None, description="The secret workers show to fetch library archives from the API "
-                                  "(GET /v1/worker/libraries/<sha256>); unset, that route is off. At least 24 characters.",
-    )
-    secrets_key: SecretStr | None = Field(
-        default=None, description="The operator's key team secrets are encrypted with: one or more Fernet keys, "
-                                  "comma-separated (the first encrypts; any decrypts, to rotate). The workers' must "
-                                  "be the same. The API refuses to start with stored secrets and no key.",
-    )
     max_steps: int = Field(default=25, gt=0, description="Model calls per message before the agent stops.")
     skill_overview_max_chars: int = Field(
         default=DEFAULT_OVERVIEW_MAX_CHARS, ge=0,
@@ -160,11 +137,6 @@ class Settings(BaseSettings):
                     "(local, docker): those this deployment runs skills on. With Redis, each goes to that runtime's "
                     "workers (skillrun:<runtime>:environments).",
     )
-
-    @field_validator("worker_token")
-    @classmethod
-    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
-        return usable_worker_token(value)
 
     @field_validator("prepare_runtimes")
     @classmethod

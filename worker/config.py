@@ -1,4 +1,5 @@
-"""Settings of the execution plane (``SKILLRUN_*``), read by queue workers."""
+"""Settings of the execution plane (``SKILLRUN_*``), read by queue workers, and the settings both planes share
+(``PlaneSettings``, which the control plane's settings extend)."""
 
 from __future__ import annotations
 
@@ -31,24 +32,48 @@ def host_memory_bytes() -> int:
     return max(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), defaults.MEMORY_BYTES)
 
 
-class WorkerSettings(BaseSettings):
-    """Where a worker keeps things, and the operator's ceilings on what a run request may ask for (enforced by
-    ``worker.validation.validate_request`` in workers and, before queueing, in the API). An empty variable means
-    unset, as for the orchestrator's settings."""
+class PlaneSettings(BaseSettings):
+    """The settings both planes read, declared once: where runs, workspaces and artifacts live, how long records are
+    kept, and the secrets the API and its workers share. An empty variable means unset (Compose passes one it was
+    not given as empty): its default applies, never an empty path or URL."""
 
     model_config = SettingsConfigDict(env_prefix="SKILLRUN_", env_file=".env", extra="ignore", env_ignore_empty=True,
                                       hide_input_in_errors=True)  # a refused value may hold a secret
 
-    redis_url: str | None = Field(default=None, description="The Redis the run queue lives in.")
-    work_root: Path | None = Field(default=None, description="Where workspaces are created; shared by all workers.")
-    artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored; shared by all workers.")
+    redis_url: str | None = Field(default=None, description="The Redis of the run queue, run records, sessions and "
+                                                            "registries (unset: the embedded default, in process).")
+    work_root: Path | None = Field(default=None, description="Where workspaces are created (default: the temp dir); "
+                                                             "shared by all workers of a host.")
+    artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored (default: under "
+                                                                 "work_root); the API's and the workers' the same.")
     blob_url: BlobUrl | None = Field(
         default=None, description="The artifact store, instead of artifacts_dir: file:///path, or s3://bucket/prefix "
                                   "(?endpoint=http://host:port for MinIO and other S3-protocol servers; credentials "
-                                  "from boto3's chain, such as AWS_ACCESS_KEY_ID). The API's must be the same.",
+                                  "from boto3's chain, such as AWS_ACCESS_KEY_ID). The API's and the workers' the same.",
     )
     result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0,
                                     description="How long run records (results, output files) are kept after the run.")
+    worker_token: SecretStr | None = Field(
+        default=None, description="The secret workers show the API to fetch library archives "
+                                  "(GET /v1/worker/libraries/<sha256>); unset on the API, that route is off. At least "
+                                  "24 characters.",
+    )
+    secrets_key: SecretStr | None = Field(
+        default=None, description="The operator's key team secrets are encrypted with: one or more Fernet keys, "
+                                  "comma-separated (the first encrypts; any decrypts, to rotate). The API's and the "
+                                  "workers' the same. The API refuses to start with stored secrets and no key.",
+    )
+
+    @field_validator("worker_token")
+    @classmethod
+    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
+        return usable_worker_token(value)
+
+
+class WorkerSettings(PlaneSettings):
+    """Where a worker keeps things, and the operator's ceilings on what a run request may ask for (enforced by
+    ``worker.validation.validate_request`` in workers and, before queueing, in the API)."""
+
     artifact_ttl_seconds: int | None = Field(
         default=None, gt=0,
         description="How long an artifact version is kept after it was stored; at least result_ttl_seconds, which "
@@ -119,14 +144,6 @@ class WorkerSettings(BaseSettings):
         description="The API, for a worker on a host without the API's libraries folder: the library versions its "
                     "runs need are fetched from the API by sha256 (with worker_token) into the URL-root cache.",
     )
-    worker_token: SecretStr | None = Field(
-        default=None, description="The secret a worker shows the API to fetch library archives (the API's own "
-                                  "SKILLRUN_WORKER_TOKEN).",
-    )
-    secrets_key: SecretStr | None = Field(
-        default=None, description="The operator's key team secrets are encrypted with (one or more Fernet keys, "
-                                  "comma-separated; the first encrypts). The API's must be the same.",
-    )
     library_fetch_seconds: float = Field(
         default=300.0, gt=0, allow_inf_nan=False, description="The longest fetching one library archive from the API "
                                                               "may take.",
@@ -143,11 +160,6 @@ class WorkerSettings(BaseSettings):
         default_factory=host_memory_bytes, gt=0, description="The most memory a run may ask for (default: the host's)."
     )
     max_processes: int = Field(default=MAX_PROCESSES, gt=0, description="The most processes a run may ask for.")
-
-    @field_validator("worker_token")
-    @classmethod
-    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
-        return usable_worker_token(value)
 
     @model_validator(mode="after")
     def _artifacts_outlive_records(self) -> "WorkerSettings":
