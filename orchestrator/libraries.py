@@ -34,11 +34,8 @@ from orchestrator.config import DEFAULT_MAX_LIBRARIES, DEFAULT_VERSIONS_KEPT
 from orchestrator.documents import BaseDocuments
 from orchestrator.errors import OrchestratorError, SkillError
 from orchestrator.skills.repository import FsSkillRepository
-from worker.roots.archives import FetchLimits
 from worker.errors import SkillRootError
-from worker.roots.folders import remove_tree
-from worker.roots.cache import DIGEST
-from worker.roots.sources import download_archive, install_archive
+from worker.roots import DIGEST, FetchLimits, download_archive, install_archive, remove_tree
 
 LIBRARY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 ARCHIVES_DIR = "archives"

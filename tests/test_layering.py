@@ -3,10 +3,12 @@ modules that import each other."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import orchestrator
 import worker
@@ -147,3 +149,27 @@ def test_every_error_is_under_its_planes_root():
         outside = sorted(f"{error.__module__}.{error.__qualname__}" for error in _exceptions_defined_in(package)
                          if not issubclass(error, root))
         assert outside == [], f"errors outside {root.__name__}: {outside}"
+
+
+def _worker_imports_of_the_control_plane() -> dict[str, set[str]]:
+    """Each worker module the control plane's code imports (module level, in functions, under ``TYPE_CHECKING``),
+    with the files that import it."""
+    found: dict[str, set[str]] = {}
+    root = Path(orchestrator.__file__).parent
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                if name == "worker" or name.startswith("worker."):
+                    found.setdefault(name, set()).add(str(path.relative_to(root.parent)))
+    return found
+
+
+def test_the_control_plane_imports_the_worker_only_through_its_front_doors():
+    """``worker``, its top-level modules and its packages (each ``__init__`` exports what the control plane may
+    use); never a module inside a worker package."""
+    behind = {module: sorted(files) for module, files in _worker_imports_of_the_control_plane().items()
+              if module.count(".") > 1}
+    assert behind == {}, f"imports past a worker package's __init__: {behind}"
+    assert _worker_imports_of_the_control_plane(), "the scan found no imports of the worker at all"

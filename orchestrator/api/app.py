@@ -40,9 +40,9 @@ from orchestrator.mcp_server import McpCaps
 from orchestrator.quotas import Quotas
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
-from worker.roots.archives import FetchLimits
 from worker.config import get_worker_settings
 from worker.errors import SecretError
+from worker.roots import FetchLimits
 from worker.validation import run_ceilings
 
 

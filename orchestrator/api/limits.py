@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.api.responses import error_response
 from worker import defaults
-from worker.roots.archives import FetchLimits
+from worker.roots import FetchLimits
 
 JSON_BODY_BYTES = 4 * 1024 * 1024
 """Any body but those below: sessions, messages, library registrations."""

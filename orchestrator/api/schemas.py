@@ -25,7 +25,7 @@ from worker import defaults
 from worker.contract import SKILL_NAME_PATTERN, WORKSPACE_ID_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
 from worker.names import ALLOWED_ENV_NAME, ENV_NAME, MAX_ENV_NAME_CHARS
 from worker.run_store import RunRecord, RunStatus, WorkspaceEntry
-from worker.secrets.store import MAX_VALUE_BYTES, MIN_VALUE_BYTES, SecretInfo
+from worker.secrets import MAX_VALUE_BYTES, MIN_VALUE_BYTES, SecretInfo
 from worker.validation import (
     INPUT_NAME_PATTERN,
     MAX_COMMAND_CHARS,

@@ -22,7 +22,7 @@ from orchestrator.skills import BaseSkillRepository, CachedSkillRepository
 from orchestrator.teams import Team, TeamStore
 from orchestrator.types import Content, Part
 from worker.artifacts import BaseArtifactStore
-from worker.secrets.store import SecretStore
+from worker.secrets import SecretStore
 
 AgentFactory = Callable[[BaseSkillRepository], BaseAgent]
 

@@ -31,10 +31,8 @@ from worker.environments import (
     read_manifest,
 )
 from worker.errors import DependencyError, WorkerError
-from worker.runtimes import resolve_runtime
-from worker.runtimes.host import HostWorkspaceRuntime
-from worker.runtimes.local.runtime import LocalWorkspaceRuntime
-from worker.workspaces.staging import resolve_skill_paths
+from worker.runtimes import HostWorkspaceRuntime, LocalWorkspaceRuntime, resolve_runtime
+from worker.workspaces import resolve_skill_paths
 
 FAILED_STATES = ("failed", "invalid")
 DAY_SECONDS = 24 * 3600
@@ -139,7 +137,7 @@ def derived_images(environments: SkillEnvironments):  # noqa: ANN201 - DerivedIm
     try:
         import docker
 
-        from worker.runtimes.docker.images import DerivedImages
+        from worker.runtimes import DerivedImages
     except ImportError:
         return None
     try:

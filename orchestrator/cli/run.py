@@ -18,7 +18,7 @@ from worker.contract import InputFile, RunRequest, RunResult, RuntimeName
 from worker.environments import SkillEnvironments
 from worker.outcome import TIMEOUT_EXIT_CODE
 from worker.runtimes import resolve_runtime
-from worker.workspaces.staging import resolve_skill_paths
+from worker.workspaces import resolve_skill_paths
 
 
 def run_skill(args: argparse.Namespace) -> int:

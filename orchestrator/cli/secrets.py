@@ -16,7 +16,7 @@ from orchestrator.cli.output import print_json, table
 from orchestrator.cli.teams import team_store, when
 from orchestrator.config import get_settings
 from orchestrator.dispatch import secret_store_for
-from worker.secrets.store import SecretStore
+from worker.secrets import SecretStore
 
 
 def _secrets(team: str) -> SecretStore:

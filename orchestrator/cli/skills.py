@@ -15,7 +15,7 @@ from orchestrator.cli.output import print_json, size, table
 from orchestrator.config import get_settings
 from orchestrator.skills import CachedSkillRepository
 from worker.errors import WorkerError
-from worker.roots.sources import is_url
+from worker.roots import is_url
 
 if TYPE_CHECKING:
     from worker.environments import EnvironmentStatus

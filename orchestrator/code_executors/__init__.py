@@ -10,9 +10,8 @@ from typing import cast
 
 from worker.artifacts import BaseArtifactStore
 from worker.contract import RuntimeName
-from worker.runtimes import BaseWorkspaceRuntime, LocalWorkspaceRuntime
-from worker.runtimes.base import resolve_runtime
-from worker.workspaces.staging import BaseSkillStager
+from worker.runtimes import BaseWorkspaceRuntime, LocalWorkspaceRuntime, resolve_runtime
+from worker.workspaces import BaseSkillStager
 
 
 def create_local_workspace_runtime(

@@ -15,7 +15,7 @@ from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig
 from worker.errors import RuntimeUnavailableError
 
 try:
-    from worker.runtimes.cube.runtime import CodeExecutionResult, CubeCodeExecutor, CubeWorkspaceRuntime
+    from worker.runtimes import CodeExecutionResult, CubeCodeExecutor, CubeWorkspaceRuntime
 except ImportError as exc:  # the e2b SDK is missing
     raise RuntimeUnavailableError(f"the Cube runtime needs the cube extra (pip install '.[cube]'): {exc}") from exc
 

@@ -16,8 +16,8 @@ from orchestrator.dispatch.base import BaseDispatcher
 from orchestrator.dispatch.inline import InlineDispatcher
 from orchestrator.dispatch.queue import QueueDispatcher
 from worker.artifacts import BaseArtifactStore, FileArtifactStore, create_artifact_store
-from worker.secrets.store import FileSecretStore, RedisSecretStore, SecretStore, box_from
-from worker.workspaces.manager import REGISTRY_DIR, default_work_root
+from worker.secrets import FileSecretStore, RedisSecretStore, SecretStore, box_from
+from worker.workspaces import REGISTRY_DIR, default_work_root
 
 
 def secret_store_for(settings: Settings) -> SecretStore:

@@ -8,8 +8,8 @@ import functools
 from collections.abc import Callable
 from typing import TypeVar
 
+from worker.runtimes import WorkspaceFiles
 from worker.secrets import Redactor
-from worker.runtimes.host_files import WorkspaceFiles
 
 T = TypeVar("T")
 

@@ -18,8 +18,7 @@ from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
 from worker.contract import RunRequest, RunResult
 from worker.errors import WorkspaceError
-from worker.jobs.execute import prune_artifacts, remove_one_off_workspace
-from worker.secrets import Redactor, redact_result
+from worker.jobs import execute_started, prune_artifacts, remove_one_off_workspace
 from worker.run_store import (
     Attempt,
     MemoryRunStore,
@@ -29,9 +28,8 @@ from worker.run_store import (
     RunWaiters,
     WorkspaceEntry,
 )
-from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
-from worker.runtimes.base import worker_id
-from worker.secrets.store import SecretStore, attach_secrets, forget_secrets
+from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime, worker_id
+from worker.secrets import SecretStore
 
 logger = logging.getLogger(__name__)
 
@@ -159,29 +157,18 @@ class InlineDispatcher(BaseDispatcher):
         if record is None:
             return None
         held = Attempt.of(record)
-        redactor = Redactor({})
-        try:
-            if self.secrets is not None or request.secrets:  # a read of the team's secrets (a file, Redis)
-                redactor = await asyncio.to_thread(attach_secrets, request, self.secrets, record.owner)
-            result = await runtime.run(request, allow_host_paths=trusted)
-        except Exception as exc:  # bad input, an unusable runtime, a secret not there: the run fails with the reason
-            said = f"{type(exc).__name__}: {exc}"
-            self.store.fail(request.run_id, redactor.text(said), held)
+        ended = await execute_started(request, record, runtime, self.secrets, self._who, allow_host_paths=trusted)
+        if ended.result is None:
+            self.store.fail(request.run_id, ended.said, held)
             await _clean_up(runtime, request)
-            if reraise and redactor.text(said) != said:  # the caller (a model's tool) sees the reason redacted
-                raise DispatchError(redactor.text(said)) from None
+            if reraise and ended.redacted:  # the caller (a model's tool) sees the reason redacted
+                raise DispatchError(ended.said) from None
             if reraise:
-                raise
+                raise ended.failure
             return None
-        finally:
-            forget_secrets(request)
-        if redactor:  # linear in what the run gave back, yet megabytes: not on the event loop
-            await asyncio.to_thread(redact_result, result, redactor, request.limits)
-        result.worker_id = self._who
-        result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
-        self.store.finish(request.run_id, result, held)
+        self.store.finish(request.run_id, ended.result, held)
         await _clean_up(runtime, request)
-        return result
+        return ended.result
 
     async def run(self, request: RunRequest, *, trusted: bool = False, owner: str | None = None) -> RunResult:
         """In process there is nothing to wait for: run at once; bad input raises as it is. A caller cancelled while

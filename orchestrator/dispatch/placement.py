@@ -18,12 +18,18 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from worker.jobs.consumer import queue_name
 from worker.contract import RunRequest
-from worker.jobs.fair_queue import TeamGate
-from worker.jobs.nodes import NODE_FORGET_SECONDS, NODE_GONE_SECONDS, live_nodes, node_alive, node_queue_name, nodes_key
-from worker.run_store import RunRecord
-from worker.run_store.workspaces import RedisWorkspaces, WorkspaceEntry, WorkspaceRefusedError
+from worker.jobs import (
+    NODE_FORGET_SECONDS,
+    NODE_GONE_SECONDS,
+    TeamGate,
+    live_nodes,
+    node_alive,
+    node_queue_name,
+    nodes_key,
+    queue_name,
+)
+from worker.run_store import RedisWorkspaces, RunRecord, WorkspaceEntry, WorkspaceRefusedError
 
 LOST = "workspace_lost"
 

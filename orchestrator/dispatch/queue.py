@@ -48,11 +48,19 @@ from orchestrator.dispatch.stranded import StrandedRuns, job_id_of
 from orchestrator.errors import DispatchError
 from orchestrator.quotas import TeamQuota, queued_refusal
 from worker import defaults
-from worker.jobs.consumer import queue_name, workspaces_queue_name
 from worker.contract import RunRequest, RuntimeName
-from worker.jobs.fair_queue import FairQueue, TeamGate, team_of
-from worker.jobs.execute import execute_run, remove_kept_workspace, remove_lost_runs_workspace
-from worker.jobs.nodes import node_queue_name, worker_beat_key
+from worker.jobs import (
+    FairQueue,
+    TeamGate,
+    execute_run,
+    node_queue_name,
+    queue_name,
+    remove_kept_workspace,
+    remove_lost_runs_workspace,
+    team_of,
+    worker_beat_key,
+    workspaces_queue_name,
+)
 from worker.run_store import (
     AsyncRunReader,
     RedisRunStore,
@@ -61,10 +69,9 @@ from worker.run_store import (
     RunStatus,
     RunWaiters,
     WorkspaceEntry,
+    joining,
 )
-from worker.run_store.workspaces import joining
-from worker.runtimes import RUNTIME_CLASSES
-from worker.runtimes.base import worker_id
+from worker.runtimes import RUNTIME_CLASSES, worker_id
 
 logger = logging.getLogger(__name__)
 

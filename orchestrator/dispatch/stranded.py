@@ -27,8 +27,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from orchestrator.dispatch.placement import Placement, lost_reason
-from worker.jobs.consumer import queue_name
-from worker.jobs.nodes import node_queue_name, worker_beat_key
+from worker.jobs import node_queue_name, queue_name, worker_beat_key
 from worker.run_store import RedisRunStore, RunRecord
 
 STRANDED_SECONDS = 30.0

@@ -22,7 +22,7 @@ from orchestrator.skills.repository import BaseSkillRepository, SkillProblem
 from orchestrator.skills.search import SkillIndex
 from orchestrator.skills.skill import Skill, SkillSummary
 from worker.contract import SkillRef
-from worker.roots.sources import is_url, split_pin
+from worker.roots import is_url, split_pin
 
 
 class FilteredSkillRepository(BaseSkillRepository):

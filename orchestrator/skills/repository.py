@@ -41,14 +41,12 @@ from orchestrator.skills.skill import (
     validate_summary,
 )
 from orchestrator.skills.summary_cache import Stamp, SummaryCache
-from worker.roots.archives import FetchLimits
 from worker.errors import SkillRootError
-from worker.roots.cache import cached_sha256
-from worker.roots.sources import is_url, resolve_root, split_pin
+from worker.roots import FetchLimits, cached_sha256, is_url, resolve_root, split_pin
 
 if TYPE_CHECKING:
     from worker.contract import SkillRef
-    from worker.runtimes.base import BaseWorkspaceRuntime
+    from worker.runtimes import BaseWorkspaceRuntime
 
 MAX_DEPTH = 4
 

@@ -29,7 +29,7 @@ from orchestrator.errors import ToolCallRefusedError
 from orchestrator.tools._ttl_cache import TTLCache
 from orchestrator.tools._web_urls import clean_domains, domain_permitted, parse_web_url, url_host, url_key
 from orchestrator.tools.base import BaseTool
-from worker.egress.pinned import AddressPolicy, Resolver, send_async
+from worker.egress import AddressPolicy, Resolver, send_async
 from worker.errors import AddressRefusedError
 
 DEFAULT_TIMEOUT_SECONDS = 30.0

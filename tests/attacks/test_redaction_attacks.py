@@ -43,6 +43,7 @@ from tests.egress_hosts import ALLOWED, allowed_server  # noqa: F401 - the allow
 from tests.integration.conftest import worker_env  # noqa: F401 - the queue's worker settings
 from tests.orchestrator.api_helpers import client, new_team
 from tests.orchestrator.conftest import model_server  # noqa: F401 - the scripted model
+from worker.jobs import core
 from worker.jobs import execute as jobs
 from worker.contract import RunLimits, RunRequest, RunResult
 from worker.errors import SecretError
@@ -141,14 +142,14 @@ async def test_the_heartbeat_goes_on_while_a_run_is_redacted(redis_url, worker_e
     jobs.get_worker_settings.cache_clear()
     RedisSecretStore(redis.Redis.from_url(redis_url), SecretBox(key)).set("team-a", "GH_TOKEN", SECRET)
     beating: list[bool] = []
-    redact = jobs.redact_result
+    redact = core.redact_result
 
     def observed(result: RunResult, redactor: Redactor, limits: RunLimits) -> None:
         beating.append(any(thread.name == f"heartbeat-{result.run_id}" and thread.is_alive()
                            for thread in threading.enumerate()))
         redact(result, redactor, limits)
 
-    monkeypatch.setattr(jobs, "redact_result", observed)
+    monkeypatch.setattr(core, "redact_result", observed)
     ref = create_default_skill_repository(str(secret_library)).skill_ref("github")
     dispatcher = QueueDispatcher(redis_url)
     runs = RedisRunStore(redis.Redis.from_url(redis_url))

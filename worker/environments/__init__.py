@@ -11,6 +11,7 @@ from pathlib import Path
 from worker.config import get_worker_settings
 from worker.environments.builder import BuildSettings, EnvironmentBuilder
 from worker.environments.declarations import MANIFEST_FILE, Declaration, Manifest, read_declaration, read_manifest
+from worker.environments.images import bundle_digest, image_status, image_tag
 from worker.environments.manager import DeclarationCache, EnvironmentStatus, SkillEnvironments
 from worker.environments.store import EnvironmentInfo, EnvironmentStore
 from worker.environments.target import Target, local_target
@@ -45,6 +46,9 @@ __all__ = [
     "SkillEnvironments",
     "Target",
     "build_settings",
+    "bundle_digest",
+    "image_status",
+    "image_tag",
     "local_environments",
     "local_target",
     "read_declaration",

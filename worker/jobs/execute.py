@@ -2,7 +2,8 @@
 
 ``execute_run(run_id)`` is what the dispatcher enqueues (RQ, JSON-serialized: the job carries only the run id;
 the request lives in the run store). It marks the run started, renews its heartbeat from a thread (which also
-notices a cancel request and stops the command), runs it with this process's runtime, and stores the result.
+notices a cancel request and stops the command), runs it with this process's runtime through the core that the
+in-process dispatcher shares (``worker.jobs.core``), and stores the result.
 A worker process keeps one event loop and one runtime per kind, so workspaces' spawners and staging caches
 survive from job to job.
 
@@ -27,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from pydantic_core import PydanticSerializationError
 from rq import Queue, get_current_job
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -35,16 +35,16 @@ from rq.serializers import JSONSerializer
 from worker import defaults
 from worker.artifacts import create_artifact_store
 from worker.config import get_worker_settings
-from worker.contract import RunRequest, RunResult, RuntimeName, SkillRef
+from worker.contract import RunRequest, RuntimeName, SkillRef
 from worker.errors import ArtifactError, WorkerError, WorkspaceError
+from worker.jobs.core import execute_started
 from worker.jobs.fair_queue import TeamGate
 from worker.jobs.nodes import node_id, node_queue_name
-from worker.secrets import Redactor, redact_result
 from worker.run_store import Attempt, BaseRunStore, RedisRunStore, RedisWorkspaces, RunRecord, RunStatus
 from worker.runtimes import BaseWorkspaceRuntime, resolve_runtime
 from worker.runtimes.base import worker_id
 from worker.runtimes.host import HostWorkspaceRuntime
-from worker.secrets.store import RedisSecretStore, SecretStore, attach_secrets, box_from, forget_secrets
+from worker.secrets.store import RedisSecretStore, SecretStore, box_from
 from worker.workspaces.staging import resolve_skill_paths
 from worker.workspaces.manager import default_work_root
 
@@ -145,45 +145,22 @@ def execute_stored_run(store: BaseRunStore, run_id: str, who: str, node: str | N
     stop = threading.Event()
     beat = threading.Thread(target=_beat, args=(store, run_id, held, runtime, stop), daemon=True, name=f"heartbeat-{run_id}")
     beat.start()
-    redactor = Redactor({})
-    try:
-        try:
-            redactor = attach_secrets(record.request, _secret_store(store), record.owner)
-            result: RunResult | Exception = _event_loop().run_until_complete(runtime.run(record.request))
-        except Exception as exc:  # a bad request, an unusable runtime, a secret not there: the run fails with why
-            result = exc
-        finally:
-            forget_secrets(record.request)
-        if not isinstance(result, Exception):
-            redact_result(result, redactor, record.request.limits)  # part of the run: its heartbeat goes on
-            result = _storable(result)
-        if isinstance(result, Exception):
-            error = redactor.text(f"{type(result).__name__}: {result}")
+    try:  # redacting is part of the run: its heartbeat goes on
+        ended = _event_loop().run_until_complete(
+            execute_started(record.request, record, runtime, _secret_store(store), who))
     finally:
         stop.set()
         beat.join()
-    if isinstance(result, Exception):
-        ended = _through_outage(run_id, lambda: store.fail(run_id, error, held))
-        summary: dict[str, Any] = {"run_id": run_id, "failed": redactor.text(str(result))}
+    if ended.result is None:
+        stored = _through_outage(run_id, lambda: store.fail(run_id, ended.said, held))
+        summary: dict[str, Any] = {"run_id": run_id, "failed": ended.reason}
     else:
-        result.worker_id = who
-        result.timings.queue_ms = round(((record.started_at or 0) - record.created_at) * 1000, 3)
-        ended = _through_outage(run_id, lambda: store.finish(run_id, result, held))
-        summary = {"run_id": run_id, "exit_code": result.exit_code}
-    if ended_by(ended, held):
+        stored = _through_outage(run_id, lambda: store.finish(run_id, ended.result, held))
+        summary = {"run_id": run_id, "exit_code": ended.result.exit_code}
+    if ended_by(stored, held):
         _event_loop().run_until_complete(remove_one_off_workspace(runtime, record.request))
     prune_artifacts(runtime)
     return summary
-
-
-def _storable(result: RunResult) -> RunResult | WorkerError:
-    """``result``, or the error failing its run when it holds text no store can keep (a lone surrogate): written as
-    a store writes it first, so the run ends failed, saying why, instead of staying started."""
-    try:
-        result.model_dump_json()
-    except PydanticSerializationError as exc:
-        return WorkerError(f"the run's result holds text no store can keep ({exc})")
-    return result
 
 
 def _secret_store(store: BaseRunStore) -> SecretStore | None:

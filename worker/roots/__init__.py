@@ -6,8 +6,10 @@ from __future__ import annotations
 from worker.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "worker.roots.sources": ["is_url", "resolve_root", "root_in_use"],
+    "worker.roots.sources": ["download_archive", "install_archive", "is_url", "resolve_root", "root_in_use",
+                             "split_pin"],
     "worker.roots.archives": ["ArchiveLimits", "FetchLimits", "extract_tar", "extract_zip"],
     "worker.roots.library_fetch": ["locate", "skill_root_in_use"],
     "worker.roots.folders": ["remove_tree"],
+    "worker.roots.cache": ["DIGEST", "cached_sha256"],
 })

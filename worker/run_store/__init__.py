@@ -27,6 +27,7 @@ from worker.run_store.workspaces import (
     WorkspaceEntry,
     WorkspaceKeys,
     WorkspaceRefusedError,
+    joining,
 )
 
 __all__ = [
@@ -50,4 +51,5 @@ __all__ = [
     "WorkspaceKeys",
     "WorkspaceRefusedError",
     "duration_bucket",
+    "joining",
 ]

@@ -8,5 +8,7 @@ from worker.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "worker.secrets.redactor": ["PLACEHOLDER", "Redactor", "forms_of"],
     "worker.secrets.results": ["IDENTITY_FIELDS", "redact_result", "redacting_sink"],
-    "worker.secrets.store": ["FileSecretStore", "RedisSecretStore", "SecretBox", "SecretInfo", "SecretStore"],
+    "worker.secrets.store": ["FileSecretStore", "MAX_VALUE_BYTES", "MIN_VALUE_BYTES", "RedisSecretStore",
+                             "SecretBox", "SecretInfo", "SecretStore", "attach_secrets", "box_from",
+                             "forget_secrets"],
 })

@@ -31,7 +31,7 @@ from orchestrator.skills.repository import FsSkillRepository
 from worker.contract import RuntimeName, SkillRef
 from worker.environments import MANIFEST_FILE, EnvironmentStatus, read_manifest
 from worker.errors import DependencyError, WorkerError
-from worker.workspaces.staging import resolve_skill_paths
+from worker.workspaces import resolve_skill_paths
 
 SETTLED = ("ready", "none", "invalid")
 """States a preparation cannot change: built, nothing to build, or a declaration to fix first."""

@@ -14,8 +14,8 @@ from pathlib import Path
 from orchestrator.api.environments.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
 from orchestrator.quotas import builds_refusal
 from worker.environments import EnvironmentStatus
-from worker.jobs.execute import WAITING
-from worker.runtimes.host import HostWorkspaceRuntime
+from worker.jobs import WAITING
+from worker.runtimes import HostWorkspaceRuntime
 
 logger = logging.getLogger(__name__)
 

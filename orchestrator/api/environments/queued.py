@@ -28,7 +28,6 @@ from rq.serializers import JSONSerializer
 from orchestrator.api.environments.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
 from orchestrator.quotas import builds_refusal
 from worker.config import get_worker_settings
-from worker.jobs.consumer import environments_queue_name
 from worker.contract import RuntimeName
 from worker.environments import (
     EnvironmentBuilder,
@@ -36,13 +35,15 @@ from worker.environments import (
     SkillEnvironments,
     Target,
     build_settings,
+    bundle_digest,
+    image_status,
+    image_tag,
     local_environments,
 )
-from worker.environments.images import bundle_digest, image_status, image_tag
 from worker.errors import DependencyError
-from worker.jobs.execute import PREPARE_BEAT_KEY, prepare_environments
-from worker.roots.cache import cached_sha256
-from worker.workspaces.manager import REGISTRY_DIR, default_work_root
+from worker.jobs import PREPARE_BEAT_KEY, environments_queue_name, prepare_environments
+from worker.roots import cached_sha256
+from worker.workspaces import REGISTRY_DIR, default_work_root
 
 WAITING_FOR_WORKER = "waiting for a worker"
 JOB_RECORD_SECONDS = 24 * 3600

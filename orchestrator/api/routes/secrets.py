@@ -16,9 +16,9 @@ from orchestrator.api.responses import error_responses
 from orchestrator.api.schemas import SecretSet, SecretsPublic
 from orchestrator.api.services import Services, get_services
 from orchestrator.teams import Team
-from worker.names import ENV_NAME, MAX_ENV_NAME_CHARS
 from worker.errors import SecretError
-from worker.secrets.store import SecretInfo, SecretStore
+from worker.names import ENV_NAME, MAX_ENV_NAME_CHARS
+from worker.secrets import SecretInfo, SecretStore
 
 router = APIRouter(prefix="/v1/secrets", tags=["secrets"], responses=error_responses(401, 403, 422))
 

@@ -2,7 +2,7 @@
 
 from orchestrator.skills.tools.dynamic_toolset import DynamicSkillToolSet
 from orchestrator.skills.tools.skill_toolset import SkillToolSet, workspace_id_for
-from worker.workspaces.staging import BaseSkillStager, CopySkillStager, LinkSkillStager
+from worker.workspaces import BaseSkillStager, CopySkillStager, LinkSkillStager
 
 __all__ = [
     "BaseSkillStager",

@@ -40,9 +40,9 @@ from orchestrator.tools.toolset import BaseToolSet
 from worker.contract import WORKSPACE_ID_PATTERN, RunRequest
 from worker.egress import effective
 from worker.errors import WorkerError
-from worker.runtimes.local.runtime import LocalWorkspaceRuntime
-from worker.workspaces.staging import BaseSkillStager
+from worker.runtimes import LocalWorkspaceRuntime
 from worker.validation import validate_request
+from worker.workspaces import BaseSkillStager
 
 Mode = Literal["add", "replace", "clear"]
 SKIPPED_SHOWN = 50
