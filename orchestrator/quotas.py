@@ -10,7 +10,7 @@ their turn in its line (``worker.jobs.fair_queue``).
 
 Builds of skills' dependency environments count too, in a field of their own (``max_builds``): the builds a team's
 library registrations start — one per library version and runtime, queued or under way — are counted in the same
-step that starts them (``orchestrator.api.environments``); a registration that would pass the quota is refused
+step that starts them (``orchestrator.builds``); a registration that would pass the quota is refused
 (429), nothing of it registered or started, and a build that ends (finished, failed, cancelled, its worker lost)
 frees its place. Builds and runs do not share places: a build goes to its runtime's builders
 (``skillrun:<runtime>:environments``), never through the team's line of runs, and what a run builds for itself

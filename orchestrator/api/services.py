@@ -12,7 +12,7 @@ from fastapi import Request
 from pydantic import SecretStr
 
 from orchestrator.agents.base import BaseAgent
-from orchestrator.api.environments import LibraryEnvironments, environments_for
+from orchestrator.builds import LibraryEnvironments, environments_for
 from orchestrator.dispatch import BaseDispatcher
 from orchestrator.events import Event
 from orchestrator.libraries import LibraryRegistry

@@ -24,7 +24,7 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from orchestrator.api.environments import BUILDS_KEY
+from orchestrator.builds import BUILDS_KEY
 from orchestrator.config import DEFAULT_TEAM_MAX_BUILDS, Settings
 from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
 from orchestrator.documents import FileDocuments, RedisDocuments

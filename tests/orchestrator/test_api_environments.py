@@ -23,7 +23,7 @@ from rq import Queue
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
-from orchestrator.api.environments import QueuedEnvironments
+from orchestrator.builds import QueuedEnvironments
 from orchestrator.config import Settings
 from orchestrator.dispatch import InlineDispatcher, QueueDispatcher
 from orchestrator.skills import create_default_skill_repository

@@ -548,7 +548,7 @@ async def test_a_tool_with_a_malformed_schema_is_skipped_with_a_warning_and_the_
         toolsets, chat, model_server, model, caplog):
     model_server.add(call("echo", text="hi"), {"text": "echoed"})
     toolset = toolsets(stdio_params("malformed"))
-    with caplog.at_level(logging.WARNING, logger="orchestrator.tools.mcp_toolset"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.tools.mcp.toolset"):
         events = await chat(LlmAgent(name="mcp", model=model, tools=[toolset])).say()
     assert declared_tools(model_server.requests[0]) == ["echo"]
     assert last_results(model_server) == [{"result": "echo: hi"}]

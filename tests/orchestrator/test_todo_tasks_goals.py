@@ -13,9 +13,9 @@ from orchestrator.models import OpenAIModel
 from orchestrator.runners import Runner
 from orchestrator.sessions import FileSessionService, InMemorySessionService, RedisSessionService, Session
 from orchestrator.tools import GoalToolSet, TaskToolSet, TodoWriteTool, get_task_store, get_todos, render_todos
-from orchestrator.tools.goal_tools import GoalOptions, RetryEvent, get_goal_record, setup_goal, start_goal
-from orchestrator.tools.tasks import DEFAULT_TASK_PROMPT
-from orchestrator.tools.todo import DEFAULT_TODO_PROMPT
+from orchestrator.tools.planning.goal import GoalOptions, RetryEvent, get_goal_record, setup_goal, start_goal
+from orchestrator.tools.planning.tasks import DEFAULT_TASK_PROMPT
+from orchestrator.tools.planning.todo import DEFAULT_TODO_PROMPT
 from orchestrator.types import Content, Part
 from tests.orchestrator.conftest import system_message, tool_messages
 

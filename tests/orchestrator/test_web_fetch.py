@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 
 from orchestrator.context import InvocationContext
 from orchestrator.tools import FetchResult, WebFetchTool
-from orchestrator.tools._ttl_cache import TTLCache
+from orchestrator.tools.web.cache import TTLCache
 from tests.web_server import ConnectProxy, WebServer
 
 PAGE = b"""<html><head><title>Example Domain</title><style>body{color:red}</style>

@@ -1,6 +1,6 @@
 """One HTTP hop sent only to an address that was checked: the guard against server-side request forgery and DNS
 rebinding that library downloads (``worker.roots.downloads``, sync) and the web tools
-(``orchestrator.tools.web_fetch``, async) share.
+(``orchestrator.tools.web.fetch``, async) share.
 
 The host is resolved once and, while private networks are blocked, every address it got must be public
 (``worker.egress.addresses.is_public``: loopback, private, link-local with the cloud metadata endpoint, shared,

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi import Path as PathParam
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.environments import EnvironmentsReport
+from orchestrator.builds import EnvironmentsReport
 from orchestrator.api.responses import error_responses, over_quota
 from orchestrator.api.schemas import (
     CurrentVersion,

@@ -20,7 +20,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from orchestrator.api import run_ids
 from orchestrator.api.auth import current_team
-from orchestrator.api.environments import not_ready
+from orchestrator.builds import not_ready
 from orchestrator.api.file_paths import FILE_NAME
 from orchestrator.api.responses import (
     UNAVAILABLE_RETRY_AFTER_SECONDS, ErrorPublic, error_responses, over_quota, stream_error_responses,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.api.environments.base import LibraryEnvironments
-from orchestrator.api.environments.inline import InlineEnvironments
-from orchestrator.api.environments.queued import QueuedEnvironments
+from orchestrator.builds.base import LibraryEnvironments
+from orchestrator.builds.inline import InlineEnvironments
+from orchestrator.builds.queued import QueuedEnvironments
 from orchestrator.config import get_settings
 from orchestrator.dispatch import BaseDispatcher, QueueDispatcher
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator.context import InvocationContext
 from orchestrator.errors import ToolCallRefusedError
 from orchestrator.tools.base import BaseTool
-from orchestrator.tools.session_blob import blob_lock, branch_of, load_blob, save_blob, state_key
+from orchestrator.tools.planning.state import blob_lock, branch_of, load_blob, save_blob, state_key
 from orchestrator.tools.toolset import BaseToolSet
 
 if TYPE_CHECKING:  # annotations only: importing the models package would load the model SDK

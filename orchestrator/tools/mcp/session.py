@@ -33,7 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import INVALID_REQUEST, ServerNotification, ToolListChangedNotification
 
 from orchestrator.errors import McpConnectionError
-from orchestrator.tools.mcp_params import ConnectionParams, SseConnectionParams, StdioConnectionParams
+from orchestrator.tools.mcp.params import ConnectionParams, SseConnectionParams, StdioConnectionParams
 
 logger = logging.getLogger(__name__)
 

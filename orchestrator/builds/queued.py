@@ -25,7 +25,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from orchestrator.api.environments.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
+from orchestrator.builds.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
 from orchestrator.quotas import builds_refusal
 from worker.config import get_worker_settings
 from worker.contract import RuntimeName

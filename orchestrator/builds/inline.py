@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.api.environments.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
+from orchestrator.builds.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
 from orchestrator.quotas import builds_refusal
 from worker.environments import EnvironmentStatus
 from worker.jobs import WAITING
@@ -57,7 +57,9 @@ class InlineEnvironments(LibraryEnvironments):
         self._owners.pop(key, None)
 
     def builds(self, team: str) -> int:
-        return list(self._owners.values()).count(team)
+        """The team's builds going: a task whose last skill is done holds no place, though its task has still to
+        end (its skills already read as built)."""
+        return sum(1 for key, owner in self._owners.items() if owner == team and self.progress(*key).pending)
 
     async def _prepare(self, runtime: str, root: Path, skills: list[LibrarySkill], progress: Progress) -> None:
         for skill in skills:

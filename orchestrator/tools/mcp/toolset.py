@@ -29,9 +29,9 @@ from mcp import McpError, types
 from orchestrator.context import InvocationContext
 from orchestrator.errors import McpConnectionError, ToolError
 from orchestrator.tools.base import BaseTool
-from orchestrator.tools.mcp_params import ConnectionParams, connection_params_of
-from orchestrator.tools.mcp_results import tool_result
-from orchestrator.tools.mcp_session import McpConnection
+from orchestrator.tools.mcp.params import ConnectionParams, connection_params_of
+from orchestrator.tools.mcp.results import tool_result
+from orchestrator.tools.mcp.session import McpConnection
 from orchestrator.tools.toolset import BaseToolSet
 
 logger = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from markdownify import MarkdownConverter
 
 from orchestrator.context import InvocationContext
 from orchestrator.errors import ToolCallRefusedError
-from orchestrator.tools._ttl_cache import TTLCache
-from orchestrator.tools._web_urls import clean_domains, domain_permitted, parse_web_url, url_host, url_key
+from orchestrator.tools.web.cache import TTLCache
+from orchestrator.tools.web.urls import clean_domains, domain_permitted, parse_web_url, url_host, url_key
 from orchestrator.tools.base import BaseTool
 from worker.egress import AddressPolicy, Resolver, send_async
 from worker.errors import AddressRefusedError

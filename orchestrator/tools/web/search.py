@@ -21,7 +21,7 @@ import httpx
 
 from orchestrator.context import InvocationContext
 from orchestrator.errors import OrchestratorError
-from orchestrator.tools._search_providers import (
+from orchestrator.tools.web.providers import (
     PROVIDERS,
     DuckDuckGoProvider,
     GoogleProvider,
@@ -30,7 +30,7 @@ from orchestrator.tools._search_providers import (
     SearchProvider,
     TavilyProvider,
 )
-from orchestrator.tools._web_urls import clean_domains, domain_permitted, parse_web_url, url_host, url_key
+from orchestrator.tools.web.urls import clean_domains, domain_permitted, parse_web_url, url_host, url_key
 from orchestrator.tools.base import BaseTool
 
 if TYPE_CHECKING:  # annotations only: importing the models package would load the model SDK
