@@ -126,3 +126,33 @@ def test_every_benchmark_that_publishes_has_its_page_listed():
             assert (results / f"{name}.md").is_file(), f"{script.name} has no results page; run it once"
             assert f"({name}.md)" in listed, f"docs/benchmarks/results/index.md does not list {name}.md"
             assert f"benchmarks/results/{name}.md" in nav, f"mkdocs.yml's nav does not hold {name}.md"
+
+
+def test_the_architecture_page_names_every_package():
+    """Each package of both planes (a folder with an ``__init__.py``, the sandbox skill's excepted) is on the
+    architecture page, itself or under a parent the page describes as one line."""
+    page = (REPO / "docs" / "internals" / "architecture.md").read_text()
+    named = {path.rstrip("/") for path in INLINE_CODE.findall(page) if path.endswith("/")}
+    missing = []
+    for plane in ("worker", "orchestrator"):
+        for init in sorted((REPO / plane).rglob("__init__.py")):
+            package = str(init.parent.relative_to(REPO))
+            if package == plane or "workspace_skill" in package:
+                continue
+            parent = str(init.parent.parent.relative_to(REPO))
+            if package not in named and (parent == plane or parent not in named):
+                missing.append(package)
+    assert missing == [], f"packages the architecture page does not describe: {missing}"
+
+
+def test_the_errors_page_names_every_error_class():
+    """Every exception class named in either plane's error tree (``worker/errors.py``, ``orchestrator/errors.py``
+    docstrings) is on the errors reference page."""
+    page = (REPO / "docs" / "reference" / "errors.md").read_text()
+    missing = []
+    for tree in ("worker/errors.py", "orchestrator/errors.py"):
+        docstring = (REPO / tree).read_text().split('"""')[1]
+        for name in re.findall(r"[├└]── (\w+)", docstring):
+            if name not in page:
+                missing.append(f"{tree}: {name}")
+    assert missing == [], f"errors the reference page does not name: {missing}"
