@@ -29,7 +29,6 @@ from tests.orchestrator.conftest import model_server  # noqa: F401 - the scripte
 from worker.jobs import execute as jobs
 from worker.collect import collect_outputs
 from worker.contract import OutputFile, RunLimits, RunRequest, RunResult
-from worker.secrets import Redactor
 from worker.run_store import RedisRunStore, RunStatus
 
 
@@ -128,13 +127,21 @@ def test_a_result_no_store_can_keep_fails_its_run_saying_why(redis_url, worker_e
                                                              monkeypatch):
     """Were text with a lone surrogate to reach a result past collection, the store could not write it (a
     PydanticSerializationError, no Redis error): the run ends failed with the reason, not left started."""
-    redact = jobs.redact_result
+    resolve = jobs.resolve_runtime
 
-    def tainted(result: RunResult, redactor: Redactor, limits: RunLimits) -> None:
-        redact(result, redactor, limits)
-        result.output_files.append(OutputFile(name="out/\udcff.txt", content="x", mime_type="text/plain", size=1))
+    def tainting(*args, **kwargs):
+        runtime = resolve(*args, **kwargs)
+        run = runtime.run
 
-    monkeypatch.setattr(jobs, "redact_result", tainted)
+        async def tainted(request: RunRequest, **options) -> RunResult:
+            result = await run(request, **options)
+            result.output_files.append(OutputFile(name="out/\udcff.txt", content="x", mime_type="text/plain", size=1))
+            return result
+
+        runtime.run = tainted
+        return runtime
+
+    monkeypatch.setattr(jobs, "resolve_runtime", tainting)
     runs = RedisRunStore(redis.Redis.from_url(redis_url))
     ref = create_default_skill_repository(str(secret_library)).skill_ref("plain")
     record = runs.create(RunRequest(skill=ref, command="true"), owner="team-a")
