@@ -8,7 +8,11 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 
-from orchestrator.quotas import MAX_ARTIFACT_BYTES_CEILING, MAX_BUILDS_CEILING, TeamQuota
+from orchestrator.quotas import (
+    MAX_ARTIFACT_BYTES_CEILING,
+    MAX_BUILDS_CEILING,
+    TeamQuota,
+)
 from worker import defaults as run_defaults
 from worker.config import PlaneSettings
 
@@ -95,8 +99,6 @@ class Settings(PlaneSettings):
         description="Default quota: bytes of artifacts one team's runs keep at once, within the artifacts' retention "
                     "(0: no limit); a run saving artifacts past it is refused (429).",
     )
-    api_url: str = Field(default="http://127.0.0.1:8000", description="The API the command line's API commands "
-                                                                       "(skillrun workspaces) talk to.")
     api_key: str | None = Field(default=None, repr=False, description="The team key those commands send.")
     max_steps: int = Field(default=25, gt=0, description="Model calls per message before the agent stops.")
     skill_overview_max_chars: int = Field(

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from orchestrator.config import DEFAULT_SKILLS_ROOT, Settings
-from worker.config import CubeCodeExecutorConfig, CubeWorkspaceConfig, WorkerSettings
+from worker.config import (
+    CubeCodeExecutorConfig,
+    CubeWorkspaceConfig,
+    PlaneSettings,
+    WorkerSettings,
+)
 
 
 def test_an_empty_variable_means_the_setting_is_not_configured(monkeypatch):
@@ -25,3 +30,12 @@ def test_a_set_variable_is_still_read(monkeypatch, tmp_path):
     monkeypatch.setenv("SKILLS_ROOT", str(tmp_path / "skills"))
     assert WorkerSettings().work_root == tmp_path
     assert Settings().skills_root == str(tmp_path / "skills")
+
+
+def test_a_setting_both_planes_read_is_declared_once():
+    """What the control plane's and the worker's settings share comes from ``PlaneSettings``, declared there alone."""
+    from_both = set(Settings.model_fields) & set(WorkerSettings.model_fields)
+    assert from_both == set(PlaneSettings.model_fields)
+    for plane in (Settings, WorkerSettings):
+        redeclared = from_both & set(vars(plane).get("__annotations__", {}))
+        assert redeclared == set(), f"{plane.__name__} declares again: {redeclared}"

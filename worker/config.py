@@ -53,6 +53,12 @@ class PlaneSettings(BaseSettings):
     )
     result_ttl_seconds: int = Field(default=defaults.RESULT_TTL_SECONDS, gt=0,
                                     description="How long run records (results, output files) are kept after the run.")
+    api_url: str | None = Field(
+        default=None, pattern=r"^https?://",
+        description="Where the API is. A worker on a host without the API's libraries folder fetches the library "
+                    "versions its runs need from it by sha256 (with worker_token) into the URL-root cache; the "
+                    "command line's API commands (skillrun workspaces) talk to it (unset: http://127.0.0.1:8000).",
+    )
     worker_token: SecretStr | None = Field(
         default=None, description="The secret workers show the API to fetch library archives "
                                   "(GET /v1/worker/libraries/<sha256>); unset on the API, that route is off. At least "
@@ -138,11 +144,6 @@ class WorkerSettings(PlaneSettings):
     env_max_bytes: int = Field(default=1024**3, gt=0, description="The largest an environment may grow, bytes.")
     env_build_memory_bytes: int = Field(
         default=4 * 1024**3, gt=0, description="Memory an environment build may use (its control group's limit)."
-    )
-    api_url: str | None = Field(
-        default=None, pattern=r"^https?://",
-        description="The API, for a worker on a host without the API's libraries folder: the library versions its "
-                    "runs need are fetched from the API by sha256 (with worker_token) into the URL-root cache.",
     )
     library_fetch_seconds: float = Field(
         default=300.0, gt=0, allow_inf_nan=False, description="The longest fetching one library archive from the API "

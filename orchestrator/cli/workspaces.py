@@ -16,6 +16,8 @@ from orchestrator.config import get_settings
 from worker.contract import WORKSPACE_ID_PATTERN
 
 PAGE = 1000
+DEFAULT_API_URL = "http://127.0.0.1:8000"
+"""The API the commands talk to when neither ``--api`` nor ``SKILLRUN_API_URL`` names one."""
 REQUEST_TIMEOUT_SECONDS = 60.0
 
 
@@ -25,7 +27,7 @@ def _client(args: argparse.Namespace) -> httpx.Client:
     if not key:
         raise UsageError("no API key: set SKILLRUN_API_KEY or pass --key with the team's key "
                          "(an operator makes one with: skillrun keys create TEAM)")
-    return httpx.Client(base_url=args.api or settings.api_url, headers={"Authorization": f"Bearer {key}"},
+    return httpx.Client(base_url=args.api or settings.api_url or DEFAULT_API_URL, headers={"Authorization": f"Bearer {key}"},
                         timeout=REQUEST_TIMEOUT_SECONDS)
 
 
