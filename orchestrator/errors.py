@@ -9,6 +9,12 @@
     │   └── SkillsRootNotFoundError a configured skills root does not exist
     ├── DispatchError               a run could not be handed to a runtime
     │   └── RunLostError            a run's record vanished from the run store (Redis lost its data)
+├── RunNotFoundError            no run of that id for the caller's team (another team's run is not found either)
+├── RunFileNotFoundError        a run has no output file or artifact of that name, or its store no longer has it
+├── WorkspaceNotFoundError      no kept workspace of that id for the caller's team
+├── RunRefusedError             a run that cannot be accepted as asked (its secrets), saying what to do
+├── InvalidRunError             a run whose fields break a rule (names the field)
+├── EnvironmentNotReadyError    a run that would not wait for its skill's dependency environment, which is not ready
     ├── UnavailableError            a service the plane needs (Redis) cannot be reached; try again later
     ├── SessionError                a session does not exist or already exists
     ├── UnencodableTextError        a string holds a lone surrogate, which no store can keep (names the field)
@@ -83,6 +89,35 @@ class RunLostError(DispatchError):
         self.run_id = run_id
         super().__init__(f"run {run_id!r} was lost: its record is gone from the run store (did Redis restart without "
                          f"its data?); submit it again")
+
+
+class RunNotFoundError(OrchestratorError):
+    """No run of that id for the caller's team: another team's run is answered as if it did not exist."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r}")
+
+
+class RunFileNotFoundError(OrchestratorError):
+    """A run has no output file or artifact of that name, kept none of its content, or its store lost it."""
+
+
+class WorkspaceNotFoundError(OrchestratorError):
+    """No kept workspace of that id for the caller's team (another team's is not found either)."""
+
+
+class RunRefusedError(OrchestratorError):
+    """A run that cannot be accepted as asked (a secret its skill does not declare, or its team has not stored)."""
+
+
+class InvalidRunError(OrchestratorError, ValueError):
+    """A run whose fields break a rule of the run contract or of this server's ceilings; the message names the field."""
+
+
+class EnvironmentNotReadyError(OrchestratorError):
+    """A run that asked not to wait for its skill's dependency environment, which is not ready (building, failed,
+    not built); the message says which and how to build it."""
 
 
 class UnavailableError(OrchestratorError):

@@ -4,7 +4,7 @@ too), lists and pydantic models, and names where it is (``UnencodableTextError``
 A Python string may hold a code point U+D800-U+DFFF alone — JSON's ``"\\ud800"`` escape decodes to one, and so do
 bytes that are not UTF-8 read with ``surrogateescape`` — but UTF-8 cannot encode it, so Redis, a JSON file or an
 answer's body fails on it later: a 500, or a record nobody can read. What a request brings is checked where it
-arrives, before anything is stored or run: the API's request bodies (``orchestrator.api.schemas.RequestModel``), the
+arrives, before anything is stored or run: the API's request bodies (``orchestrator.schemas.RequestModel``), the
 console's forms (``orchestrator.console.auth.checked``) and the MCP endpoint's messages (``orchestrator.api.mcp``).
 The stores check again, as a second line: sessions (``orchestrator.sessions.session``), the control plane's
 documents (``orchestrator.documents``) and every run submitted to a dispatcher (``orchestrator.dispatch.base``).

@@ -173,3 +173,19 @@ def test_the_control_plane_imports_the_worker_only_through_its_front_doors():
               if module.count(".") > 1}
     assert behind == {}, f"imports past a worker package's __init__: {behind}"
     assert _worker_imports_of_the_control_plane(), "the scan found no imports of the worker at all"
+
+
+def test_routes_parse_and_answer_and_nothing_imports_them_but_the_app():
+    """What the API's routes and the console's pages share (accepting a run, following it, registering a library)
+    lives below them, in ``orchestrator.services``: no module but the app imports a route module, and the services
+    import no front end."""
+    graph = import_graph.read_graph()
+    routes = {name for name in graph.top if name.startswith("orchestrator.api.routes.")}
+    assert routes, "the scan found no route modules"
+    importers = {name: sorted(imported & routes) for name, imported in graph.top.items()
+                 if imported & routes and name not in {"orchestrator.api.app", "orchestrator.api.routes"}}
+    assert importers == {}, importers
+    fronts = ("orchestrator.api", "orchestrator.console", "orchestrator.mcp_server", "orchestrator.cli")
+    upward = {name: sorted(i for i in imported if i.startswith(fronts)) for name, imported in graph.top.items()
+              if name.startswith("orchestrator.services") and any(i.startswith(fronts) for i in imported)}
+    assert upward == {}, upward

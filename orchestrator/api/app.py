@@ -9,12 +9,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from orchestrator.api.limits import BodyLimitMiddleware
 from orchestrator.api.mcp import McpEndpoint
-from orchestrator.api.responses import error_response, error_responses, install_error_handlers
+from orchestrator.api.responses import error_responses, install_error_handlers
 from orchestrator.api.routes import (
     egress,
     health,
@@ -28,16 +27,21 @@ from orchestrator.api.routes import (
     worker_libraries,
     workspaces,
 )
-from orchestrator.api.services import Services
 from orchestrator.assistant import create_assistant, create_session_service
 from orchestrator.config import Settings, get_settings, libraries_dir
-from orchestrator.console import BaseConsoleSessions, MemoryConsoleSessions, RedisConsoleSessions, mount_console
-from orchestrator.dispatch import WorkspaceConflictError, dispatcher_for, secret_store_for
+from orchestrator.console import (
+    BaseConsoleSessions,
+    MemoryConsoleSessions,
+    RedisConsoleSessions,
+    mount_console,
+)
+from orchestrator.dispatch import dispatcher_for, secret_store_for
 from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
 from orchestrator.egress import EgressStore
 from orchestrator.libraries import LibraryRegistry
 from orchestrator.mcp_server import McpCaps
 from orchestrator.quotas import Quotas
+from orchestrator.services import Services
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from worker.config import get_worker_settings
@@ -153,7 +157,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     app.add_middleware(BodyLimitMiddleware)
     install_error_handlers(app)
-    app.add_exception_handler(WorkspaceConflictError, _workspace_conflict)
     mount_console(app, console)
 
     def openapi() -> dict[str, Any]:
@@ -163,11 +166,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
-
-
-async def _workspace_conflict(request: Request, exc: WorkspaceConflictError) -> JSONResponse:
-    """A run its kept workspace refuses (the team's limit, being removed, another runtime): 409 saying what to do."""
-    return error_response(409, str(exc))
 
 
 def declare_workspace_refusals(document: dict[str, Any]) -> dict[str, Any]:

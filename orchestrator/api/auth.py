@@ -12,7 +12,8 @@ import hmac
 from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.deps import get_services
+from orchestrator.services import Services
 from orchestrator.teams import Team
 
 bearer = HTTPBearer(auto_error=False, description="A team API key: skillrun keys create TEAM")

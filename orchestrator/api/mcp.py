@@ -33,11 +33,11 @@ from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from orchestrator.api.responses import error_response
-from orchestrator.api.services import Services
 from orchestrator.egress import EgressStore
 from orchestrator.errors import OrchestratorError, UnencodableTextError
 from orchestrator.mcp_server.conversation import Scope as CallerScope
 from orchestrator.mcp_server.server import McpCaps, SkillMcpServer
+from orchestrator.services import Services
 from orchestrator.teams import Team
 from orchestrator.text import check_text
 

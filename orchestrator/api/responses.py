@@ -2,10 +2,12 @@
 
 ``HTTPException``\\ s and request validation errors are both answered as ``{"detail": "<message>", "errors":
 [...]}``; validation errors list each field (``loc``, ``msg``) without echoing the input back (a refused 100 MB
-command is not sent back, and a ``NaN`` cannot break the answer's JSON). A lost run (``RunLostError``) is 410;
-Redis unreachable (``UnavailableError``, or a Redis connection error from any store) is 503 with ``Retry-After``.
-A team over its quota (``QuotaExceededError``) is 429 saying which, with ``Retry-After`` when waiting may help
-(``over_quota``).
+command is not sent back, and a ``NaN`` cannot break the answer's JSON). The control plane's refusals are answered
+by one table (``REFUSALS``, ``refusal``), which the console's pages use too: no such run or file 404, a lost run
+(``RunLostError``) 410, a run refused as asked 400 or 422, an environment not ready or a library or workspace limit
+409, a team over its quota (``QuotaExceededError``) 429 saying which, with ``Retry-After`` when waiting may help;
+Redis or the blob store unreachable (``UnavailableError``, or a Redis connection error from any store) is 503 with
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,20 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from orchestrator.errors import RunLostError, UnavailableError
+from orchestrator.dispatch import WorkspaceConflictError
+from orchestrator.errors import (
+    EnvironmentNotReadyError,
+    InvalidRunError,
+    OrchestratorError,
+    RunFileNotFoundError,
+    RunLostError,
+    RunNotFoundError,
+    RunRefusedError,
+    SkillNotFoundError,
+    UnavailableError,
+    WorkspaceNotFoundError,
+)
+from orchestrator.libraries import LibraryError, LibraryLimitError
 from orchestrator.quotas import QuotaExceededError
 
 _DESCRIPTIONS = {
@@ -37,6 +52,17 @@ _DESCRIPTIONS = {
 }
 
 UNAVAILABLE_RETRY_AFTER_SECONDS = 5
+
+REFUSALS: dict[type[OrchestratorError], int] = {
+    RunRefusedError: 400,
+    RunNotFoundError: 404, RunFileNotFoundError: 404, SkillNotFoundError: 404, WorkspaceNotFoundError: 404,
+    EnvironmentNotReadyError: 409, LibraryLimitError: 409, WorkspaceConflictError: 409,
+    RunLostError: 410,
+    InvalidRunError: 422, LibraryError: 422,
+    QuotaExceededError: 429,
+    UnavailableError: 503,
+}
+"""The status of each refusal of the control plane (a subclass takes its nearest listed class's)."""
 
 
 class FieldProblem(BaseModel):
@@ -85,25 +111,29 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return error_response(422, detail or "invalid request", problems)
 
 
-def over_quota(exc: QuotaExceededError) -> HTTPException:
-    """The 429 of a submission or a build over its team's quota."""
-    retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return HTTPException(429, str(exc), headers=retry)
+def refusal(exc: OrchestratorError) -> HTTPException:
+    """The HTTP answer to a refusal of ``REFUSALS``: its status, its message, and ``Retry-After`` when waiting may
+    help (a quota that frees up, a service away)."""
+    status_code = next(REFUSALS[cls] for cls in type(exc).__mro__ if cls in REFUSALS)
+    retry_after = getattr(exc, "retry_after", None)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return HTTPException(status_code, str(exc), headers=headers)
 
 
-async def _lost(request: Request, exc: RunLostError) -> JSONResponse:
-    return error_response(410, str(exc))
+async def _refused(request: Request, exc: OrchestratorError) -> JSONResponse:
+    answer = refusal(exc)
+    return error_response(answer.status_code, str(answer.detail), headers=answer.headers)
 
 
-async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-    retry_after = exc.retry_after if isinstance(exc, UnavailableError) else UNAVAILABLE_RETRY_AFTER_SECONDS
-    detail = str(exc) if isinstance(exc, UnavailableError) else f"Redis cannot be reached: {exc}"
-    return error_response(503, detail, headers={"Retry-After": str(retry_after)})
+async def _redis_away(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(503, f"Redis cannot be reached: {exc}",
+                          headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)})
 
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(RunLostError, _lost)
-    for unavailable in (UnavailableError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-        app.add_exception_handler(unavailable, _unavailable)
+    for refused in REFUSALS:
+        app.add_exception_handler(refused, _refused)
+    for away in (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        app.add_exception_handler(away, _redis_away)

@@ -24,9 +24,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.api.schemas import EnvironmentPublic, SkillEnvironmentPublic
 from orchestrator.errors import SkillError
 from orchestrator.quotas import TeamQuota
+from orchestrator.schemas import EnvironmentPublic, SkillEnvironmentPublic
 from orchestrator.skills.repository import FsSkillRepository
 from worker.contract import RuntimeName, SkillRef
 from worker.environments import MANIFEST_FILE, EnvironmentStatus, read_manifest

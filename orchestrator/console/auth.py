@@ -22,10 +22,11 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData, UploadFile
 
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.deps import get_services
 from orchestrator.console.render import page
 from orchestrator.console.sessions import BaseConsoleSessions, ConsoleSession
 from orchestrator.errors import OrchestratorError, UnencodableTextError
+from orchestrator.services import Services
 from orchestrator.teams import Team
 from orchestrator.text import check_text
 

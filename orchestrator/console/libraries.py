@@ -1,5 +1,6 @@
 """The console's libraries: each library's versions (digest, size, skills, date), making one current, uploading an
-archive and registering a URL — the API's own registry calls, with its refusals shown on the page."""
+archive and registering a URL — the service layer's registration, as the API's, with its refusals shown on the
+page."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.datastructures import UploadFile
 
-from orchestrator.api.routes.libraries import refused, registered
-from orchestrator.api.schemas import MAX_URL_CHARS
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.deps import get_services
+from orchestrator.api.responses import refusal
 from orchestrator.console.auth import PREFIX, checked, signed_in
 from orchestrator.console.render import page
 from orchestrator.libraries import LibraryError, Unpacked
 from orchestrator.quotas import QuotaExceededError
+from orchestrator.schemas import MAX_URL_CHARS
+from orchestrator.services import Services, register_version
 from orchestrator.teams import Team
 
 router = APIRouter(prefix=f"{PREFIX}/libraries", include_in_schema=False)
@@ -48,7 +50,7 @@ def _field(form: dict, name: str, limit: int) -> str:
 
 
 async def _done(request: Request, services: Services, team: Team, unpacked: Unpacked, how: str) -> HTMLResponse:
-    version = (await registered(services, team, unpacked)).current
+    version = (await register_version(services, team, unpacked)).version
     return await _libraries_page(request, services, team,
                                  notice=f"library {unpacked.name!r}: version {version} {how}, now current")
 
@@ -57,9 +59,9 @@ async def _refusal(request: Request, services: Services, team: Team,
                    exc: LibraryError | QuotaExceededError) -> HTMLResponse:
     """The libraries page with the API's refusal (its status: 429 past the team's quota of builds, 409 at its
     library limit, else 422)."""
-    refusal = refused(exc)
-    answer = await _libraries_page(request, services, team, error=str(refusal.detail), status_code=refusal.status_code)
-    answer.headers.update(refusal.headers or {})
+    refused = refusal(exc)
+    answer = await _libraries_page(request, services, team, error=str(exc), status_code=refused.status_code)
+    answer.headers.update(refused.headers or {})
     return answer
 
 

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.deps import get_services
 from orchestrator.console.auth import PREFIX, signed_in
 from orchestrator.console.render import page
+from orchestrator.services import Services
 from orchestrator.teams import Team
 from worker.contract import RuntimeName
 from worker.run_store import RunRecord, RunStatus

@@ -1,22 +1,35 @@
 """The console's runs: the list (filtered by status and skill), a run's page that follows it live, its event stream,
-its files and artifacts, and cancelling it. Each read goes through the API's own checks (``team_run``), so another
-team's run is a 404 here too."""
+its files and artifacts, and cancelling it. Each read goes through the service layer's checks (``team_run``), so
+another team's run is a 404 here too."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import (
+    HTMLResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
+from orchestrator.api.deps import get_services
 from orchestrator.api.file_paths import FILE_NAME
-from orchestrator.api.routes.runs import FileName, RunId, artifact_file, event_stream, output_file, team_run
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.responses import refusal
+from orchestrator.api.run_answers import (
+    FileName,
+    RunId,
+    artifact_answer,
+    event_stream,
+    file_answer,
+)
 from orchestrator.console.auth import PREFIX, ConsoleError, checked, signed_in
 from orchestrator.console.render import page
-from orchestrator.errors import RunLostError
+from orchestrator.errors import RunLostError, RunNotFoundError
+from orchestrator.services import Services, team_run
 from orchestrator.teams import Team
 from worker.contract import OutputFile
 from worker.run_store import RunRecord, RunStatus
@@ -84,10 +97,8 @@ async def run_page(request: Request, run_id: str = RunId, team: Team = Depends(s
 async def _team_run(services: Services, run_id: str, team: Team) -> RunRecord:
     try:
         return await team_run(services, run_id, team)
-    except HTTPException as exc:
-        raise ConsoleError(exc.status_code, str(exc.detail)) from exc
-    except RunLostError as exc:
-        raise ConsoleError(410, str(exc)) from exc
+    except (RunLostError, RunNotFoundError) as exc:
+        raise ConsoleError(refusal(exc).status_code, str(exc)) from exc
 
 
 async def followed_run(run_id: str = RunId, team: Team = Depends(signed_in),
@@ -107,13 +118,13 @@ async def run_events(record: RunRecord = Depends(followed_run),
 @router.get(f"/{{run_id}}/files/{FILE_NAME}", response_class=Response)
 async def run_file(run_id: str = RunId, name: str = FileName, team: Team = Depends(signed_in),
                    services: Services = Depends(get_services)) -> Response:
-    return output_file(await _team_run(services, run_id, team), name)
+    return file_answer(await _team_run(services, run_id, team), name)
 
 
 @router.get(f"/{{run_id}}/artifacts/{FILE_NAME}", response_class=StreamingResponse)
 async def run_artifact(run_id: str = RunId, name: str = FileName, team: Team = Depends(signed_in),
                        services: Services = Depends(get_services)) -> StreamingResponse:
-    return await artifact_file(services, await _team_run(services, run_id, team), name)
+    return await artifact_answer(services, await _team_run(services, run_id, team), name)
 
 
 @router.post("/{run_id}/cancel", response_class=RedirectResponse)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from orchestrator.api.routes.runs import accept_run
-from orchestrator.api.routes.skills import MAX_QUERY_CHARS
-from orchestrator.api.schemas import RunCreate
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.deps import get_services
+from orchestrator.api.responses import REFUSALS, refusal
 from orchestrator.console.auth import PREFIX, ConsoleError, checked, signed_in
 from orchestrator.console.render import page
 from orchestrator.errors import SkillNotFoundError, SkillValidationError
+from orchestrator.schemas import MAX_QUERY_CHARS, RunCreate
+from orchestrator.services import Services, accept_run
 from orchestrator.skills import Skill
 from orchestrator.teams import Team
 from worker.contract import RuntimeName
@@ -110,10 +110,13 @@ async def run_skill(request: Request, name: str, team: Team = Depends(checked),
     submitted = await request.form()
     form = {k: v for k, v in submitted.items() if isinstance(v, str) and k != "csrf"}
     try:
-        record = await accept_run(run_create(name, form), team, services)
+        record = await accept_run(services, team, run_create(name, form))
+    except tuple(REFUSALS) as exc:
+        answer = refusal(exc)
+        page_again = await _skill_page(request, services, team, name, form=form, error=str(exc),
+                                       status_code=answer.status_code)
+        page_again.headers.update(answer.headers or {})
+        return page_again
     except ValueError as exc:
         return await _skill_page(request, services, team, name, form=form, error=str(exc), status_code=422)
-    except HTTPException as exc:
-        return await _skill_page(request, services, team, name, form=form, error=str(exc.detail),
-                                 status_code=exc.status_code)
     return RedirectResponse(f"{PREFIX}/runs/{record.id}", status_code=303)

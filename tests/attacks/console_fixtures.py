@@ -25,8 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator.api import create_app, run_ids
+from orchestrator.api import create_app
 from orchestrator.console.sessions import BaseConsoleSessions, RedisConsoleSessions
+from orchestrator.services import run_ids
 from tests.orchestrator.test_api_teams import tar_gz
 from worker.contract import OutputFile, RunRequest, RunResult, RuntimeName, SkillRef
 from worker.run_store import RunEvent, RunRecord, RunStatus

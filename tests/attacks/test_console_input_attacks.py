@@ -18,8 +18,13 @@ import httpx
 import pytest
 from starlette.exceptions import HTTPException
 
-from orchestrator.api import run_ids
-from orchestrator.api.limits import JSON_BODY_BYTES, UPLOAD_BODY_BYTES, BodyLimitMiddleware, body_limit
+from orchestrator.api.limits import (
+    JSON_BODY_BYTES,
+    UPLOAD_BODY_BYTES,
+    BodyLimitMiddleware,
+    body_limit,
+)
+from orchestrator.services import run_ids
 from tests.attacks.console_fixtures import (
     SKILL,
     Browser,

@@ -18,8 +18,8 @@ from html.parser import HTMLParser
 import pytest
 from markdown_it import MarkdownIt
 
-from orchestrator.api import run_ids
 from orchestrator.console import render
+from orchestrator.services import run_ids
 from tests.attacks.console_fixtures import (
     SKILL,
     Console,

@@ -11,18 +11,19 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from orchestrator.api import Services, create_app
+from orchestrator.api import create_app
 from orchestrator.assistant import create_assistant
 from orchestrator.cli.serve import server_config
 from orchestrator.config import Settings
 from orchestrator.documents import FileDocuments
 from orchestrator.libraries import LibraryRegistry
+from orchestrator.services import Services
 from orchestrator.sessions import BaseSessionService, InMemorySessionService
 from orchestrator.skills import create_default_skill_repository
 from orchestrator.teams import TeamStore
 from tests.services import free_port
-from worker.roots.archives import FetchLimits
 from worker.artifacts import BaseArtifactStore
+from worker.roots.archives import FetchLimits
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills"
 

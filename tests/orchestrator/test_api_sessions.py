@@ -6,8 +6,8 @@ import json
 
 import httpx
 
-from orchestrator.api import Services
 from orchestrator.dispatch import InlineDispatcher
+from orchestrator.services import Services
 from orchestrator.sessions import InMemorySessionService, RedisSessionService
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime

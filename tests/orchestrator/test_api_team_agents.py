@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from orchestrator.api import Services
 from orchestrator.dispatch import InlineDispatcher
+from orchestrator.services import Services
 from orchestrator.sessions import InMemorySessionService
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from tests.orchestrator.test_api_teams import skill_md, tar_gz

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from orchestrator.api import Services
+from orchestrator.services import Services
 from tests.file_server import FileServer
 from tests.orchestrator.api_helpers import api_in_a_thread, client, new_team
 from tests.orchestrator.test_api_teams import V1, skill_md, tar_gz

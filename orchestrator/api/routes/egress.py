@@ -6,9 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from orchestrator.api.auth import current_team
+from orchestrator.api.deps import get_services
 from orchestrator.api.responses import error_responses
-from orchestrator.api.services import Services, get_services
 from orchestrator.egress import EgressList, EgressStore
+from orchestrator.services import Services
 from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/egress", tags=["egress"], responses=error_responses(401))

@@ -6,8 +6,9 @@ import asyncio
 
 from fastapi import APIRouter, Depends
 
-from orchestrator.api.schemas import Health
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.deps import get_services
+from orchestrator.schemas import Health
+from orchestrator.services import Services
 
 router = APIRouter(tags=["health"])
 

@@ -1,5 +1,7 @@
 """A team's skill libraries: register by URL or upload, list, versions (pinned by sha256), set the current one, and
-the dependency environments of a version's skills (registration starts building them)."""
+the dependency environments of a version's skills (registration starts building them). Refusals (a bad archive
+422, the team's library limit 409, its quota of builds 429) are the API's answers to ``LibraryError`` and
+``QuotaExceededError``."""
 
 from __future__ import annotations
 
@@ -11,18 +13,18 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi import Path as PathParam
 
 from orchestrator.api.auth import current_team
+from orchestrator.api.deps import get_services
+from orchestrator.api.responses import error_responses
 from orchestrator.builds import EnvironmentsReport
-from orchestrator.api.responses import error_responses, over_quota
-from orchestrator.api.schemas import (
+from orchestrator.libraries import LIBRARY_NAME, Library, Unpacked
+from orchestrator.schemas import (
     CurrentVersion,
     LibraryCreate,
     LibraryEnvironmentsPublic,
     LibraryPublic,
     LibraryRegistered,
 )
-from orchestrator.api.services import Services, get_services
-from orchestrator.libraries import LIBRARY_NAME, Library, LibraryError, LibraryLimitError, Unpacked
-from orchestrator.quotas import QuotaExceededError
+from orchestrator.services import Services, register_version
 from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/libraries", tags=["libraries"], responses=error_responses(401, 422))
@@ -39,26 +41,10 @@ def _environments(library: Library, version: int, report: EnvironmentsReport) ->
                                      problems=report.problems, done=all(s.state != "building" for s in report.skills))
 
 
-async def registered(services: Services, team: Team, unpacked: Unpacked) -> LibraryRegistered:
-    """``unpacked`` registered as its library's current version once its skills' environments are set building (in
-    the background) as builds of ``team``; past the team's quota of builds (``QuotaExceededError``) nothing is
-    registered, started or kept."""
-    try:
-        report = await services.environments.prepare(services.libraries.root(unpacked), team.id)
-    except QuotaExceededError:
-        await asyncio.to_thread(services.libraries.discard, unpacked)
-        raise
-    library = await asyncio.to_thread(services.libraries.register, unpacked)
-    version = library.version()
-    return LibraryRegistered(**_public(library).model_dump(), environments=_environments(library, version.version, report))
-
-
-def refused(exc: LibraryError | QuotaExceededError) -> HTTPException:
-    """429 for a team at its quota of builds, 409 at its library limit, else 422 (the archive or its fetch was
-    wrong)."""
-    if isinstance(exc, QuotaExceededError):
-        return over_quota(exc)
-    return HTTPException(409 if isinstance(exc, LibraryLimitError) else 422, str(exc))
+async def _registered(services: Services, team: Team, unpacked: Unpacked) -> LibraryRegistered:
+    done = await register_version(services, team, unpacked)
+    return LibraryRegistered(**_public(done.library).model_dump(),
+                             environments=_environments(done.library, done.version, done.environments))
 
 
 @router.post("", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED,
@@ -67,11 +53,8 @@ async def register_library(body: LibraryCreate, team: Team = Depends(current_tea
     """Fetch the archive at ``url`` (safely, within limits) as the newest version of library ``name``; its skills'
     dependency environments start building (follow them at ``GET /v1/libraries/{name}/environments``). One that
     would start more builds than the team's quota allows (``max_builds``) is refused (429), nothing of it kept."""
-    try:
-        unpacked = await asyncio.to_thread(services.libraries.fetch, team.id, body.name, body.url)
-        return await registered(services, team, unpacked)
-    except (LibraryError, QuotaExceededError) as exc:
-        raise refused(exc) from exc
+    unpacked = await asyncio.to_thread(services.libraries.fetch, team.id, body.name, body.url)
+    return await _registered(services, team, unpacked)
 
 
 @router.post("/{name}/upload", response_model=LibraryRegistered, status_code=status.HTTP_201_CREATED,
@@ -90,11 +73,8 @@ async def upload_library(
         with open(archive, "wb") as out:
             async for chunk in request.stream():
                 out.write(chunk)
-        try:
-            unpacked = await asyncio.to_thread(services.libraries.unpack, team.id, name, archive, filename)
-            return await registered(services, team, unpacked)
-        except (LibraryError, QuotaExceededError) as exc:
-            raise refused(exc) from exc
+        unpacked = await asyncio.to_thread(services.libraries.unpack, team.id, name, archive, filename)
+        return await _registered(services, team, unpacked)
 
 
 @router.get("", response_model=list[LibraryPublic])
@@ -135,9 +115,6 @@ def set_current_version(
     services: Services = Depends(get_services),
 ) -> LibraryPublic:
     """Choose the version the team's runs and agents see."""
-    try:
-        if services.libraries.get(team.id, name) is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no library {name!r}")
-        return _public(services.libraries.set_current(team.id, name, body.version))
-    except LibraryError as exc:
-        raise HTTPException(422, str(exc)) from exc
+    if services.libraries.get(team.id, name) is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no library {name!r}")
+    return _public(services.libraries.set_current(team.id, name, body.version))

@@ -7,7 +7,8 @@ import asyncio
 from fastapi import APIRouter, Depends
 from fastapi.responses import PlainTextResponse
 
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.deps import get_services
+from orchestrator.services import Services
 from worker.run_store import DURATION_BUCKETS_SECONDS
 
 router = APIRouter(tags=["health"])

@@ -8,9 +8,10 @@ from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import BaseModel, Field
 
 from orchestrator.api.auth import current_team
+from orchestrator.api.deps import get_services
 from orchestrator.api.responses import error_responses
-from orchestrator.api.services import Services, get_services
 from orchestrator.quotas import QuotaUsage, TeamQuota
+from orchestrator.services import Services
 from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/quota", tags=["quota"], responses=error_responses(401))

@@ -12,9 +12,10 @@ import asyncio
 from fastapi import APIRouter, Depends, HTTPException, Path, Response, status
 
 from orchestrator.api.auth import current_team
+from orchestrator.api.deps import get_services
 from orchestrator.api.responses import error_responses
-from orchestrator.api.schemas import SecretSet, SecretsPublic
-from orchestrator.api.services import Services, get_services
+from orchestrator.schemas import SecretSet, SecretsPublic
+from orchestrator.services import Services
 from orchestrator.teams import Team
 from worker.errors import SecretError
 from worker.names import ENV_NAME, MAX_ENV_NAME_CHARS

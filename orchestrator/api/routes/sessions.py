@@ -14,13 +14,17 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Response, status
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from orchestrator.api.auth import current_team
-from orchestrator.api.responses import ErrorPublic, error_responses, stream_error_responses
-from orchestrator.api.routes.workspaces import remove
-from orchestrator.api.schemas import SESSION_ID, MessageCreate, SessionCreate, SessionPublic
-from orchestrator.api.services import Services, get_services
+from orchestrator.api.deps import get_services
+from orchestrator.api.responses import (
+    ErrorPublic,
+    error_responses,
+    stream_error_responses,
+)
 from orchestrator.errors import SessionError
 from orchestrator.events import Event
 from orchestrator.models.constants import TOOL_STREAMING_ARGS
+from orchestrator.schemas import SESSION_ID, MessageCreate, SessionCreate, SessionPublic
+from orchestrator.services import Services, remove_workspace
 from orchestrator.skills.tools import workspace_id_for
 from orchestrator.teams import Team
 
@@ -69,7 +73,7 @@ async def delete_session(
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id!r}")
     workspace = await services.dispatcher.get_workspace(workspace_id_for(team.id, session_id))
     if workspace is not None:
-        await remove(services, workspace)
+        await remove_workspace(services, workspace)
     await services.session_service.delete_session(app_name=services.app_name, user_id=team.id, session_id=session_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

@@ -10,17 +10,22 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
 
 from orchestrator.api.auth import current_team
+from orchestrator.api.deps import get_services
 from orchestrator.api.responses import error_responses
-from orchestrator.api.schemas import SkillName, SkillPublic, SkillSummaryPublic
-from orchestrator.api.services import Services, get_services
 from orchestrator.errors import SkillNotFoundError, SkillValidationError
+from orchestrator.schemas import (
+    MAX_QUERY_CHARS,
+    SkillName,
+    SkillPublic,
+    SkillSummaryPublic,
+)
+from orchestrator.services import Services
 from orchestrator.teams import Team
 
 router = APIRouter(prefix="/v1/skills", tags=["skills"], responses=error_responses(401))
 
 DEFAULT_PAGE_SIZE = 100  # skills per page of the listing
 MAX_PAGE_SIZE = 1000
-MAX_QUERY_CHARS = 10_000
 TOTAL_HEADER = "X-Total-Count"
 _TOTAL = {"description": "How many skills the listing has (or match q), over all pages.", "schema": {"type": "integer"}}
 

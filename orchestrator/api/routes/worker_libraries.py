@@ -8,8 +8,9 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
 from orchestrator.api.auth import current_worker
+from orchestrator.api.deps import get_services
 from orchestrator.api.responses import error_responses
-from orchestrator.api.services import Services, get_services
+from orchestrator.services import Services
 
 router = APIRouter(prefix="/v1/worker/libraries", tags=["workers"], dependencies=[Depends(current_worker)],
                    responses=error_responses(401, 403, 404, 422))

@@ -8,15 +8,14 @@ answer (204); with Redis a worker of its runtime removes it (202: listed ``remov
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Response, status
 
 from orchestrator.api.auth import current_team
+from orchestrator.api.deps import get_services
 from orchestrator.api.responses import ErrorPublic, error_responses
-from orchestrator.api.schemas import WORKSPACE_ID, WorkspacePublic, WorkspacesPublic
-from orchestrator.api.services import Services, get_services
-from orchestrator.dispatch import WorkspaceConflictError
+from orchestrator.schemas import WORKSPACE_ID, WorkspacePublic, WorkspacesPublic
+from orchestrator.services import Services, remove_workspace, team_workspace
 from orchestrator.teams import Team
-from worker.errors import WorkerError
 from worker.run_store import WorkspaceEntry
 
 router = APIRouter(prefix="/v1/workspaces", tags=["workspaces"], responses=error_responses(401, 422))
@@ -27,31 +26,13 @@ BUSY = {409: {"model": ErrorPublic, "description": "Runs are queued or running i
 HANDED_OVER = {202: {"model": WorkspacePublic, "description": "A worker of its runtime removes it (state removing)."}}
 
 
-async def team_workspace(services: Services, workspace_id: str, team: Team) -> WorkspaceEntry:
-    """The team's workspace ``workspace_id``; another team's is answered as if it did not exist."""
-    entry = await services.dispatcher.get_workspace(workspace_id)
-    if entry is None or entry.owner != team.id:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no workspace {workspace_id!r}: ids are as GET /v1/workspaces "
-                                                        f"lists them, {team.id}.<the workspace_id runs were given>")
-    return entry
-
-
-async def remove(services: Services, entry: WorkspaceEntry) -> Response:
-    """Remove ``entry``'s workspace: 204 once gone, 202 when a worker removes it, 409 while runs are in it."""
-    try:
-        removal = await services.dispatcher.remove_workspace(entry.id)
-    except WorkspaceConflictError as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-    except WorkerError as exc:  # the runtime could not remove it now (a Cube service away)
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the {entry.runtime.value} runtime could not remove "
-                            f"workspace {entry.id!r} now ({exc}); it stays marked removing and is tried again later",
-                            headers={"Retry-After": "60"}) from exc
-    if removal == "removing":
-        marked = await services.dispatcher.get_workspace(entry.id)
-        if marked is not None:
-            public = WorkspacePublic.of(marked, services.dispatcher.workspace_idle_seconds)
-            return Response(public.model_dump_json(), status.HTTP_202_ACCEPTED, media_type="application/json")
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
+async def removed(services: Services, entry: WorkspaceEntry) -> Response:
+    """The answer to removing ``entry``'s workspace: 204 once gone, 202 when a worker removes it."""
+    marked = await remove_workspace(services, entry)
+    if marked is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    public = WorkspacePublic.of(marked, services.dispatcher.workspace_idle_seconds)
+    return Response(public.model_dump_json(), status.HTTP_202_ACCEPTED, media_type="application/json")
 
 
 @router.get("", response_model=WorkspacesPublic)
@@ -85,4 +66,4 @@ async def delete_workspace(
 ) -> Response:
     """Remove a kept workspace and everything in it (folder, user id, container, sandbox); output files and artifacts
     of its runs stay readable through the runs. 409 while runs are queued or running in it."""
-    return await remove(services, await team_workspace(services, workspace_id, team))
+    return await removed(services, await team_workspace(services, workspace_id, team))

@@ -1,4 +1,5 @@
-"""Request and response bodies of the HTTP API."""
+"""The public models every front end shares: the HTTP API's request and answer bodies, which the console's forms and
+the service layer (``orchestrator.services``) take and give too."""
 
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ from orchestrator.events import Event
 from orchestrator.libraries import LIBRARY_NAME
 from orchestrator.text import check_text
 from worker import defaults
-from worker.contract import SKILL_NAME_PATTERN, WORKSPACE_ID_PATTERN, Base64Bytes, RunLimits, RunResult, RuntimeName
+from worker.contract import (
+    SKILL_NAME_PATTERN,
+    WORKSPACE_ID_PATTERN,
+    Base64Bytes,
+    RunLimits,
+    RunResult,
+    RuntimeName,
+)
 from worker.names import ALLOWED_ENV_NAME, ENV_NAME, MAX_ENV_NAME_CHARS
 from worker.run_store import RunRecord, RunStatus, WorkspaceEntry
 from worker.secrets import MAX_VALUE_BYTES, MIN_VALUE_BYTES, SecretInfo
@@ -41,6 +49,8 @@ RUN_ID = r"^[A-Za-z0-9_-]{1,64}$"
 WORKSPACE_ID = WORKSPACE_ID_PATTERN.pattern
 MAX_MESSAGE_CHARS = 100_000
 MAX_URL_CHARS = 2048
+MAX_QUERY_CHARS = 10_000
+"""The longest skill search (``q``) the API and the console take."""
 BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 SkillName = Annotated[str, StringConstraints(pattern=SKILL_NAME_PATTERN.pattern, max_length=64)]

@@ -1,4 +1,5 @@
-"""What the API's routes use, built once per app from the settings (or given by a test)."""
+"""What every front end works with: the stores, the dispatchers and the agents, built once per app from the settings
+(``orchestrator.api.app.build_services``) or given by a test."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from fastapi import Request
 from pydantic import SecretStr
 
 from orchestrator.agents.base import BaseAgent
@@ -148,7 +148,3 @@ class Services:
         await self.dispatcher.close()
         self.teams.docs.close()
 
-
-async def get_services(request: Request) -> Services:
-    """The app's services (a coroutine, so FastAPI resolves it without a worker-thread hop)."""
-    return request.app.state.services

@@ -1,0 +1,68 @@
+"""The service layer refuses with the plane's errors, and one table answers each of them over HTTP."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import orchestrator.errors
+import orchestrator.services
+from orchestrator.api.responses import REFUSALS, refusal
+from orchestrator.errors import (
+    EnvironmentNotReadyError,
+    InvalidRunError,
+    OrchestratorError,
+    RunLostError,
+    RunNotFoundError,
+    UnavailableError,
+)
+from orchestrator.libraries import LibraryError, LibraryLimitError
+from orchestrator.quotas import QuotaExceededError
+
+SERVICES = Path(orchestrator.services.__file__).parent
+
+
+def _raised_names(path: Path) -> set[str]:
+    """The names of the classes a module raises (``raise X(...)``; ``raise missing_run(...)`` raises what that
+    function's annotation names, ``RunLostError | RunNotFoundError``)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+            names.add(node.exc.func.id)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name in names and node.returns is not None:
+            names.discard(node.name)
+            names.update(n.id for n in ast.walk(node.returns) if isinstance(n, ast.Name))
+    return names
+
+
+def test_every_refusal_the_services_raise_has_an_http_status():
+    raised = set().union(*(_raised_names(path) for path in SERVICES.glob("*.py")))
+    assert raised, "the service layer raises nothing: the scan is broken"
+    classes = {name: getattr(orchestrator.errors, name) for name in raised if hasattr(orchestrator.errors, name)}
+    assert set(classes) == raised, f"raised but not plane errors: {raised - set(classes)}"
+    unanswered = [name for name, cls in classes.items() if not any(base in REFUSALS for base in cls.__mro__)]
+    assert unanswered == []
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    (RunNotFoundError("r1"), 404),
+    (RunLostError("r1"), 410),
+    (InvalidRunError("timeout: too long"), 422),
+    (EnvironmentNotReadyError("not built"), 409),
+    (LibraryError("not an archive"), 422),
+    (LibraryLimitError("at most 10 libraries"), 409),
+])
+def test_a_refusal_is_answered_with_its_nearest_classes_status(error: OrchestratorError, status: int):
+    answer = refusal(error)
+    assert (answer.status_code, answer.detail, answer.headers) == (status, str(error), None)
+
+
+def test_waiting_may_help_says_when_to_try_again():
+    assert refusal(QuotaExceededError("runs", "at most 5 runs at once", retry_after=3)).headers == {"Retry-After": "3"}
+    assert refusal(QuotaExceededError("storage", "over the storage quota")).headers is None
+    away = refusal(UnavailableError("Redis cannot be reached", 5))
+    assert (away.status_code, away.headers) == (503, {"Retry-After": "5"})
