@@ -14,7 +14,6 @@
 ├── WorkspaceNotFoundError      no kept workspace of that id for the caller's team
 ├── RunRefusedError             a run that cannot be accepted as asked (its secrets), saying what to do
 ├── InvalidRunError             a run whose fields break a rule (names the field)
-├── EnvironmentNotReadyError    a run that would not wait for its skill's dependency environment, which is not ready
     ├── UnavailableError            a service the plane needs (Redis) cannot be reached; try again later
     ├── SessionError                a session does not exist or already exists
     ├── UnencodableTextError        a string holds a lone surrogate, which no store can keep (names the field)
@@ -113,11 +112,6 @@ class RunRefusedError(OrchestratorError):
 
 class InvalidRunError(OrchestratorError, ValueError):
     """A run whose fields break a rule of the run contract or of this server's ceilings; the message names the field."""
-
-
-class EnvironmentNotReadyError(OrchestratorError):
-    """A run that asked not to wait for its skill's dependency environment, which is not ready (building, failed,
-    not built); the message says which and how to build it."""
 
 
 class UnavailableError(OrchestratorError):

@@ -24,9 +24,7 @@ from starlette.routing import Match
 
 from orchestrator.dispatch import WorkspaceConflictError
 from orchestrator.errors import (
-    EnvironmentNotReadyError,
     InvalidRunError,
-    OrchestratorError,
     RunFileNotFoundError,
     RunLostError,
     RunNotFoundError,
@@ -37,6 +35,7 @@ from orchestrator.errors import (
 )
 from orchestrator.libraries import LibraryError, LibraryLimitError
 from orchestrator.quotas import QuotaExceededError
+from worker.errors import EnvironmentNotReadyError
 
 _DESCRIPTIONS = {
     400: "The body could not be parsed.",
@@ -53,7 +52,7 @@ _DESCRIPTIONS = {
 
 UNAVAILABLE_RETRY_AFTER_SECONDS = 5
 
-REFUSALS: dict[type[OrchestratorError], int] = {
+REFUSALS: dict[type[Exception], int] = {
     RunRefusedError: 400,
     RunNotFoundError: 404, RunFileNotFoundError: 404, SkillNotFoundError: 404, WorkspaceNotFoundError: 404,
     EnvironmentNotReadyError: 409, LibraryLimitError: 409, WorkspaceConflictError: 409,
@@ -62,7 +61,8 @@ REFUSALS: dict[type[OrchestratorError], int] = {
     QuotaExceededError: 429,
     UnavailableError: 503,
 }
-"""The status of each refusal of the control plane (a subclass takes its nearest listed class's)."""
+"""The status of each refusal of the control plane (a subclass takes its nearest listed class's); a skill's
+environment not ready is the run contract's own error (``worker.errors``), as runtimes raise it."""
 
 
 class FieldProblem(BaseModel):
@@ -111,7 +111,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return error_response(422, detail or "invalid request", problems)
 
 
-def refusal(exc: OrchestratorError) -> HTTPException:
+def refusal(exc: Exception) -> HTTPException:
     """The HTTP answer to a refusal of ``REFUSALS``: its status, its message, and ``Retry-After`` when waiting may
     help (a quota that frees up, a service away)."""
     status_code = next(REFUSALS[cls] for cls in type(exc).__mro__ if cls in REFUSALS)
@@ -120,7 +120,7 @@ def refusal(exc: OrchestratorError) -> HTTPException:
     return HTTPException(status_code, str(exc), headers=headers)
 
 
-async def _refused(request: Request, exc: OrchestratorError) -> JSONResponse:
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
     answer = refusal(exc)
     return error_response(answer.status_code, str(answer.detail), headers=answer.headers)
 

@@ -15,7 +15,6 @@ from orchestrator.builds import not_ready
 from orchestrator.egress import EgressStore
 from orchestrator.errors import (
     DispatchError,
-    EnvironmentNotReadyError,
     InvalidRunError,
     RunFileNotFoundError,
     RunLostError,
@@ -38,7 +37,13 @@ from worker.contract import (
     SkillRef,
 )
 from worker.egress import effective
-from worker.errors import ArtifactError, BlobStoreError, SecretError, WorkerError
+from worker.errors import (
+    ArtifactError,
+    BlobStoreError,
+    EnvironmentNotReadyError,
+    SecretError,
+    WorkerError,
+)
 from worker.names import env_name_problem
 from worker.run_store import ENDING_EVENTS, RunRecord
 from worker.validation import validate_request
