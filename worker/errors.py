@@ -16,6 +16,7 @@ Every error the worker raises descends from one root::
     ├── CgroupError              a run's control group could not be made or used
     ├── SpawnerError             a workspace's spawner could not start a command (the caller starts it directly)
     ├── SecretError              a team secret cannot be stored, found or decrypted (the operator key is missing or wrong)
+    ├── DocumentError            a stored document (a registry's, a secret's) cannot be written or read back, or is misnamed
     ├── EgressError              an egress allow-list entry is malformed, too broad or private
     ├── EgressRefusedError       (``worker.egress.policy``) a request the egress proxy does not carry out, with its
     │   │                        HTTP status; the proxy answers it, it never leaves the proxy
@@ -107,6 +108,11 @@ class SpawnerError(WorkerError):
 
 class SecretError(WorkerError):
     """A team secret cannot be stored, found or decrypted; the message says what to do."""
+
+
+class DocumentError(WorkerError, ValueError):
+    """A document of the record store cannot be written (text no store can keep) or read back (names where it lies:
+    restore it from a backup), or a kind or id is not a usable name."""
 
 
 class EgressError(WorkerError, ValueError):

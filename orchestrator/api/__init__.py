@@ -9,5 +9,5 @@ from __future__ import annotations
 from worker.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "orchestrator.api.app": ["build_services", "create_app", "create_documents"],
+    "orchestrator.api.app": ["build_services", "create_app"],
 })

@@ -36,7 +36,7 @@ from orchestrator.console import (
     mount_console,
 )
 from orchestrator.dispatch import dispatcher_for, secret_store_for
-from orchestrator.documents import BaseDocuments, FileDocuments, RedisDocuments
+from orchestrator.documents import create_documents
 from orchestrator.egress import EgressStore
 from orchestrator.libraries import LibraryRegistry
 from orchestrator.mcp_server import McpCaps
@@ -48,13 +48,6 @@ from worker.config import get_worker_settings
 from worker.errors import SecretError
 from worker.roots import FetchLimits
 from worker.validation import run_ceilings
-
-
-def create_documents(settings: Settings) -> BaseDocuments:
-    """Where teams, keys and libraries are kept: Redis when configured, else files under the data dir."""
-    if settings.redis_url:
-        return RedisDocuments(settings.redis_url)
-    return FileDocuments(settings.data_dir / "registry")
 
 
 def build_services(settings: Settings) -> Services:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.api.app import create_documents
+from orchestrator.documents import create_documents
 from orchestrator.cli import UsageError
 from orchestrator.cli.output import print_json, table
 from orchestrator.cli.teams import team_store, when

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 
-from orchestrator.api.app import create_documents
+from orchestrator.documents import create_documents
 from orchestrator.cli.output import print_json, table
 from orchestrator.config import get_settings
 from orchestrator.quotas import Quotas, TeamQuota, shown

@@ -346,20 +346,31 @@ def test_the_file_store_folder_and_files_are_private_and_hold_no_value(tmp_path,
     store.set("team-a", "GH_TOKEN", SECRET)
     store.set("team-a", "GH_TOKEN", SECRET + "-2")  # replaced: written again
     store.set("team-b", "GH_TOKEN", OTHER)
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    for file in folder.iterdir():
-        assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
-        assert leaked(file.read_text(), SECRET, OTHER) == []
-    assert sorted(p.name for p in folder.iterdir()) == ["team-a.json", "team-b.json"]  # no partial file left
+    for kept in [folder, *folder.rglob("*")]:
+        if kept.is_dir():
+            assert stat.S_IMODE(kept.stat().st_mode) == 0o700, kept
+        else:
+            assert stat.S_IMODE(kept.stat().st_mode) == 0o600, kept
+            assert leaked(kept.read_text(), SECRET, OTHER) == []
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert files == ["team-a/GH_TOKEN.json", "team-b/GH_TOKEN.json"]  # no partial file left
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]"])
+@pytest.mark.parametrize("layout", ["document", "earlier team file"])
 async def test_a_malformed_store_file_is_a_clear_error_not_a_500_and_other_teams_are_untouched(services, store,
-                                                                                              content):
+                                                                                              content, layout):
+    """A secret's document that cannot be read, or a team's file of the earlier layout that cannot be moved."""
     alpha, beta = new_team(services, "team-a"), new_team(services, "team-b")
     async with raw_client(services, beta) as api:
         await put_secret(api, "GH_TOKEN", OTHER)
-    (store.folder / "team-a.json").write_text(content)
+    if layout == "document":
+        async with raw_client(services, alpha) as api:
+            await put_secret(api, "NPM_TOKEN", SECRET)
+        malformed = store.folder / "team-a" / "NPM_TOKEN.json"
+    else:
+        malformed = store.folder / "team-a.json"
+    malformed.write_text(content)
     async with raw_client(services, alpha) as api:
         listed = await api.get("/v1/secrets")
         stored = await api.put("/v1/secrets/GH_TOKEN", json={"value": SECRET})
@@ -370,7 +381,7 @@ async def test_a_malformed_store_file_is_a_clear_error_not_a_500_and_other_teams
     assert [s["name"] for s in theirs["data"]] == ["GH_TOKEN"] and ran["result"]["stdout"] == "[redacted:GH_TOKEN]\n"
     if content != "[]":  # an unreadable store fails team-a's runs closed (they could not be redacted)
         assert failed["status"] == "failed" and failed["result"] is None, failed
-    assert (store.folder / "team-a.json").read_text() == content  # nothing overwrote it
+    assert malformed.read_text() == content  # nothing overwrote it
     for answer in (listed, stored):
         assert answer.status_code != 500 and "team-a" in answer.json()["detail"], (answer.status_code, answer.text)
 
@@ -433,17 +444,17 @@ def test_two_processes_sharing_the_file_store_lose_no_secret(tmp_path, key):
     folder = tmp_path / "secrets"
     api_process, cli_process = FileSecretStore(folder, SecretBox(key)), FileSecretStore(folder, SecretBox(key))
     cli_done = threading.Event()
-    write = api_process._write
+    put = api_process.documents.put
 
-    def interleaved(team: str, entries: dict) -> None:
-        """The API process has read the team's entries and is about to replace its file: the CLI process stores a
-        secret of its own now."""
+    def interleaved(team: str, name: str, entry: dict) -> None:
+        """The API process has read the team's entries (and checked its count and size) and is about to write: the
+        CLI process stores a secret of its own now."""
         if not cli_done.is_set():
             threading.Thread(target=lambda: (cli_process.set("team-a", "FROM_CLI", OTHER), cli_done.set())).start()
             cli_done.wait(10)  # a cross-process lock would hold the CLI until the API's write is done
-        write(team, entries)
+        put(team, name, entry)
 
-    api_process._write = interleaved
+    api_process.documents.put = interleaved
     api_process.set("team-a", "FROM_API", SECRET)
     assert cli_done.wait(30)
     assert {s.name for s in FileSecretStore(folder, SecretBox(key)).list("team-a")} == {"FROM_API", "FROM_CLI"}

@@ -88,8 +88,9 @@ def test_values_are_stored_encrypted_in_a_private_file_and_listed_by_name_only(t
     store = FileSecretStore(tmp_path / "secrets", SecretBox(key))
     info = store.set("team-a", "GH_TOKEN", SECRET)
     assert info.name == "GH_TOKEN" and info.created_at == info.updated_at
-    file = tmp_path / "secrets" / "team-a.json"
+    file = tmp_path / "secrets" / "team-a" / "GH_TOKEN.json"
     assert SECRET not in file.read_text() and stat.S_IMODE(file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(file.parent.stat().st_mode) == 0o700
     assert [s.name for s in store.list("team-a")] == ["GH_TOKEN"]
     assert "value" not in store.list("team-a")[0].model_dump()
     assert store.reveal("team-a", ["GH_TOKEN"]) == {"GH_TOKEN": SECRET}
@@ -128,8 +129,8 @@ def test_a_ciphertext_moved_to_another_team_does_not_open_there(tmp_path, key):
     store = FileSecretStore(tmp_path / "secrets", SecretBox(key))
     store.set("team-a", "GH_TOKEN", SECRET)
     store.set("team-b", "GH_TOKEN", "team-b's own value")
-    stolen = json.loads((tmp_path / "secrets" / "team-a.json").read_text())
-    (tmp_path / "secrets" / "team-b.json").write_text(json.dumps(stolen))
+    stolen = (tmp_path / "secrets" / "team-a" / "GH_TOKEN.json").read_text()
+    (tmp_path / "secrets" / "team-b" / "GH_TOKEN.json").write_text(stolen)
     with pytest.raises(SecretError, match="holds another secret's value"):
         store.reveal("team-b", ["GH_TOKEN"])
 
@@ -243,3 +244,31 @@ async def test_a_later_run_not_given_the_secret_cannot_show_what_an_earlier_one_
                                                   "command": "cat $WORK_DIR/kept; echo ${GH_TOKEN:-unset}"})
         record = await api.get(f"/v1/runs/{second.json()['id']}", params={"wait": 60})
     assert record.json()["result"]["stdout"] == "[redacted:GH_TOKEN]\nunset\n"
+
+
+def test_a_teams_secrets_in_the_earlier_one_file_layout_are_moved_and_kept(tmp_path, key):
+    """Secrets stored before the record store (``<dir>/<team>.json``, all of a team's in one file) are moved to one
+    document each when the team is next read, none lost, and a value set since is not overwritten."""
+    folder = tmp_path / "secrets"
+    store = FileSecretStore(folder, SecretBox(key))
+    store.set("team-a", "GH_TOKEN", SECRET)
+    store.set("team-a", "NPM_TOKEN", "npm-token-value")
+    earlier = {path.stem: json.loads(path.read_text()) for path in (folder / "team-a").glob("*.json")}
+    for path in (folder / "team-a").glob("*.json"):
+        path.unlink()
+    (folder / "team-a").rmdir()
+    (folder / "team-a.json").write_text(json.dumps(earlier))
+    moved = FileSecretStore(folder, SecretBox(key))
+    assert moved.any_stored()
+    assert moved.reveal("team-a", ["GH_TOKEN", "NPM_TOKEN"]) == {"GH_TOKEN": SECRET, "NPM_TOKEN": "npm-token-value"}
+    assert not (folder / "team-a.json").exists()
+    assert sorted(p.name for p in (folder / "team-a").iterdir()) == ["GH_TOKEN.json", "NPM_TOKEN.json"]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (folder / "team-a").iterdir())
+
+
+def test_an_unreadable_secret_says_where_it_lies_and_what_to_do(tmp_path, key):
+    store = FileSecretStore(tmp_path / "secrets", SecretBox(key))
+    store.set("team-a", "GH_TOKEN", SECRET)
+    (tmp_path / "secrets" / "team-a" / "GH_TOKEN.json").write_text("{not json")
+    with pytest.raises(SecretError, match=r"team-a/GH_TOKEN\.json cannot be read .*restore it from a backup"):
+        store.list("team-a")

@@ -3,9 +3,11 @@
 * ``SecretBox`` encrypts with Fernet (``cryptography``) under the operator's key, ``SKILLRUN_SECRETS_KEY`` (a
   Fernet key; several, comma-separated, to rotate: the first encrypts, any decrypts). The team and the name are
   sealed in with the value, so a ciphertext copied to another team's or name's entry does not decrypt there.
-* ``SecretStore`` keeps them per team: in Redis (``skillrun:secrets:<team>``, a hash of name → sealed entry) with a
-  queue, else in files (``<dir>/<team>.json``, mode 0600). Values are written, listed by name and date, removed,
-  and read back (``reveal``) only by whoever runs a team's run: a worker, or the process running it inline.
+* ``SecretStore`` keeps them per team in the record store (``worker.run_store``'s documents, a kind per team): in
+  Redis (``skillrun:secrets:<team>``, a hash of name → sealed entry) with a queue, else in files
+  (``<dir>/<team>/<name>.json``, mode 0600; a team's file of the earlier layout, ``<dir>/<team>.json``, is moved
+  there when the team is next read). Values are written, listed by name and date, removed, and read back
+  (``reveal``) only by whoever runs a team's run: a worker, or the process running it inline.
 
 A name is a shell variable name that the workspace and the loader do not claim (``worker.names``);
 a value is 8 bytes to ``MAX_VALUE_BYTES`` (shorter ones would be redacted wherever their characters occur).
@@ -14,15 +16,11 @@ a value is 8 bytes to ``MAX_VALUE_BYTES`` (shorter ones would be redacted wherev
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
-import tempfile
-import threading
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ContextManager
 
 import redis
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -30,7 +28,8 @@ from pydantic import BaseModel
 
 from worker.contract import TEAM_NAME, RunRequest
 from worker.names import env_name_problem
-from worker.errors import SecretError
+from worker.errors import DocumentError, SecretError
+from worker.run_store.documents import BaseDocuments, FileDocuments, RedisDocuments
 from worker.secrets import Redactor, forms_of
 from worker.secrets.matching import SELF_OVERLAP_CHARS, repeats_near_its_start
 
@@ -40,7 +39,8 @@ MAX_SECRETS_PER_TEAM = 100
 MAX_TEAM_SECRET_BYTES = 1024 * 1024
 """All of a team's values together: what every run of the team is redacted of, so what building its redactor costs
 (``worker.secrets``)."""
-REDIS_PREFIX = "skillrun:secrets:"
+REDIS_PREFIX = "skillrun:secrets"
+"""Each team's secrets are the hash ``skillrun:secrets:<team>``."""
 
 
 class SecretInfo(BaseModel):
@@ -102,10 +102,11 @@ class SecretBox:
         return content["value"]
 
 
-class SecretStore(ABC):
-    """A team's secrets (see the module docstring)."""
+class SecretStore:
+    """A team's secrets (see the module docstring), in ``documents``."""
 
-    def __init__(self, box: SecretBox | None) -> None:
+    def __init__(self, documents: BaseDocuments, box: SecretBox | None) -> None:
+        self.documents = documents
         self.box = box
 
     @staticmethod
@@ -136,7 +137,7 @@ class SecretStore(ABC):
                                   "of them): remove one first")
             now = time.time()
             created = entries.get(name, {}).get("created_at", now)
-            self._put(team, name, {"sealed": sealed, "bytes": size, "created_at": created, "updated_at": now})
+            self.documents.put(team, name, {"sealed": sealed, "bytes": size, "created_at": created, "updated_at": now})
         return SecretInfo(name=name, created_at=created, updated_at=now)
 
     def list(self, team: str) -> list[SecretInfo]:
@@ -148,7 +149,8 @@ class SecretStore(ABC):
         """``False`` when the team has no secret of that name."""
         team = self._team(team)
         check_name(name)
-        return self._delete(team, name)
+        with self._locked(team):
+            return self.documents.delete(team, name)
 
     def reveal(self, team: str | None, names: list[str]) -> dict[str, str]:
         """The values of ``names`` (each must exist) for a run of ``team``."""
@@ -166,102 +168,74 @@ class SecretStore(ABC):
         sealer = self._sealer()
         return {name: sealer.open(team, name, entry["sealed"]) for name, entry in entries.items()}
 
-    @abstractmethod
     def any_stored(self) -> bool:
         """Whether any team has a secret (the API refuses to start without a key then)."""
+        try:
+            return any(TEAM_NAME.fullmatch(kind) for kind in self.documents.kinds())
+        except DocumentError as exc:
+            raise SecretError(str(exc)) from None
 
-    @abstractmethod
     def _entries(self, team: str) -> dict[str, dict]:
-        ...
+        try:
+            entries = self.documents.items(team)
+        except DocumentError as exc:
+            raise SecretError(f"a secret of team {team} cannot be read: {exc}") from None
+        if not all("sealed" in entry for entry in entries.values()):
+            raise SecretError(f"a secret of team {team} holds no sealed value: restore it from a backup")
+        return entries
 
-    @abstractmethod
-    def _put(self, team: str, name: str, entry: dict) -> None:
-        ...
-
-    @abstractmethod
-    def _delete(self, team: str, name: str) -> bool:
-        ...
-
-    @abstractmethod
-    def _locked(self, team: str):  # noqa: ANN202 - a context manager
-        ...
+    def _locked(self, team: str) -> ContextManager[None]:
+        return self.documents.locked(team)
 
 
 class RedisSecretStore(SecretStore):
     def __init__(self, client: redis.Redis, box: SecretBox | None) -> None:
-        super().__init__(box)
+        super().__init__(RedisDocuments(client, REDIS_PREFIX), box)
         self.redis = client
-
-    def any_stored(self) -> bool:
-        return next(iter(self.redis.scan_iter(f"{REDIS_PREFIX}*", count=100)), None) is not None
-
-    def _entries(self, team: str) -> dict[str, dict]:
-        return {name.decode(): json.loads(raw) for name, raw in self.redis.hgetall(REDIS_PREFIX + team).items()}
-
-    def _put(self, team: str, name: str, entry: dict) -> None:
-        self.redis.hset(REDIS_PREFIX + team, name, json.dumps(entry))
-
-    def _delete(self, team: str, name: str) -> bool:
-        return bool(self.redis.hdel(REDIS_PREFIX + team, name))
-
-    def _locked(self, team: str):  # noqa: ANN202
-        return self.redis.lock(f"{REDIS_PREFIX}{team}:lock", timeout=10, blocking_timeout=10)
 
 
 class FileSecretStore(SecretStore):
     def __init__(self, folder: Path, box: SecretBox | None) -> None:
-        super().__init__(box)
+        super().__init__(FileDocuments(folder), box)
         self.folder = folder
-        self._lock = threading.Lock()
 
     def any_stored(self) -> bool:
-        return self.folder.is_dir() and any(
-            self._entries(path.stem) for path in self.folder.glob("*.json") if TEAM_NAME.fullmatch(path.stem))
-
-    def _path(self, team: str) -> Path:
-        return self.folder / f"{team}.json"
+        return bool(self._earlier_files()) or super().any_stored()
 
     def _entries(self, team: str) -> dict[str, dict]:
-        path = self._path(team)
-        try:
-            entries = json.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise SecretError(f"the secrets file {path} cannot be read ({exc}): restore it from a backup") from None
-        if not isinstance(entries, dict) or not all(isinstance(e, dict) and "sealed" in e for e in entries.values()):
-            raise SecretError(f"the secrets file {path} is not a mapping of secrets: restore it from a backup")
-        return entries
-
-    def _write(self, team: str, entries: dict[str, dict]) -> None:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        descriptor, partial = tempfile.mkstemp(dir=self.folder, prefix=".partial-")
-        with os.fdopen(descriptor, "w") as out:  # mkstemp makes it 0600
-            json.dump(entries, out)
-        os.replace(partial, self._path(team))
-
-    def _put(self, team: str, name: str, entry: dict) -> None:
-        self._write(team, {**self._entries(team), name: entry})
-
-    def _delete(self, team: str, name: str) -> bool:
-        with self._locked(team):
-            entries = self._entries(team)
-            if entries.pop(name, None) is None:
-                return False
-            self._write(team, entries)
-            return True
+        if (self.folder / f"{team}.json").exists():  # the earlier layout: moved first, under the team's lock
+            with self.documents.locked(team):
+                self._move_earlier_file(team)
+        return super()._entries(team)
 
     @contextlib.contextmanager
     def _locked(self, team: str) -> Iterator[None]:
-        """The store held against other threads and processes (the API, ``skillrun secrets``) for a change."""
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with self._lock:
-            folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fcntl.flock(folder, fcntl.LOCK_EX)  # the folder's lock: nothing but the teams' files in it
-                yield
-            finally:
-                os.close(folder)
+        with self.documents.locked(team):
+            self._move_earlier_file(team)
+            yield
+
+    def _earlier_files(self) -> list[Path]:
+        """Teams' files of the earlier layout, one file of all a team's secrets (``<dir>/<team>.json``)."""
+        if not self.folder.is_dir():
+            return []
+        return [path for path in self.folder.glob("*.json") if TEAM_NAME.fullmatch(path.stem)]
+
+    def _move_earlier_file(self, team: str) -> None:
+        """A team's secrets in the earlier layout written as its documents, then the earlier file removed (under
+        the team's lock: whoever reads next finds them moved, and nothing of them is lost on the way)."""
+        earlier = self.folder / f"{team}.json"
+        try:
+            entries = json.loads(earlier.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise SecretError(f"the secrets file {earlier} cannot be read ({exc}): restore it from a backup") from None
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) and "sealed" in e for e in entries.values()):
+            raise SecretError(f"the secrets file {earlier} is not a mapping of secrets: restore it from a backup")
+        for name, entry in entries.items():
+            if self.documents.get(team, name) is None:  # one set since is newer
+                self.documents.put(team, name, entry)
+        earlier.unlink()
 
 
 def _size(entry: dict) -> int:
