@@ -27,7 +27,7 @@ from rq.serializers import JSONSerializer
 
 from orchestrator.builds.base import LibraryEnvironments, LibrarySkill, Plan, Progress, QuotaOf
 from orchestrator.quotas import builds_refusal
-from worker.config import get_worker_settings
+from worker.config import WorkerSettings
 from worker.contract import RuntimeName
 from worker.environments import (
     EnvironmentBuilder,
@@ -56,18 +56,22 @@ BUILDS_KEY = "skillrun:builds:{}"
 
 
 class QueuedEnvironments(LibraryEnvironments):
-    """Queue mode: a worker of each runtime builds; one RQ job per runtime and library version."""
+    """Queue mode: a worker of each runtime builds; one RQ job per runtime and library version. ``workers`` are the
+    settings the workers run with (their environment store, build timeout, CA bundle, heartbeat), which this
+    process must share."""
 
-    def __init__(self, connection: redis.Redis, runtimes: list[str], quota_of: QuotaOf | None = None) -> None:
+    def __init__(self, connection: redis.Redis, runtimes: list[str], quota_of: QuotaOf | None = None, *,
+                 workers: WorkerSettings) -> None:
         super().__init__(runtimes, quota_of)
         self.redis = connection
+        self.workers = workers
         self.queues = {name: Queue(environments_queue_name(name), connection=connection, serializer=JSONSerializer)
                        for name in (RuntimeName.LOCAL.value, RuntimeName.DOCKER.value)}
 
     @cached_property
     def local(self) -> SkillEnvironments:
         """The local runtime's environments in the workers' store (this process never builds)."""
-        return workers_environments()
+        return workers_environments(self.workers)
 
     @cached_property
     def docker(self) -> SkillEnvironments:
@@ -90,7 +94,7 @@ class QueuedEnvironments(LibraryEnvironments):
         status = self.docker.status(folder, root, name)
         if status.state == "invalid" or not declaration.debian:
             return status
-        tag = image_tag(target.image, declaration.debian, bundle_digest(get_worker_settings().env_ca_bundle))
+        tag = image_tag(target.image, declaration.debian, bundle_digest(self.workers.env_ca_bundle))
         return status.with_image(image_status(self.docker.store, tag, declaration.debian))
 
     @staticmethod
@@ -149,7 +153,7 @@ class QueuedEnvironments(LibraryEnvironments):
 
     def _queue_job(self, pipe: redis.client.Pipeline, runtime: str, root: Path, skills: list[LibrarySkill],
                    team: str, digest: str) -> None:
-        timeout = len(skills) * STEPS_PER_SKILL * get_worker_settings().env_build_timeout_seconds + 60
+        timeout = len(skills) * STEPS_PER_SKILL * self.workers.env_build_timeout_seconds + 60
         self.queues[runtime].enqueue_call(
             prepare_environments, args=(str(root), [[s.name, s.path] for s in skills], runtime, digest),
             job_id=self.job_id(runtime, root), timeout=int(timeout), result_ttl=JOB_RECORD_SECONDS,
@@ -190,15 +194,14 @@ class QueuedEnvironments(LibraryEnvironments):
             return True
         if status != JobStatus.STARTED:
             return False
-        ttl = get_worker_settings().heartbeat_ttl_seconds  # a job beats from its first moment; allow that moment
+        ttl = self.workers.heartbeat_ttl_seconds  # a job beats from its first moment; allow that moment
         just_started = job.started_at is not None and time.time() - job.started_at.timestamp() < ttl
         return just_started or bool(self.redis.exists(PREPARE_BEAT_KEY.format(job.id)))
 
 
-def workers_environments() -> SkillEnvironments:
+def workers_environments(settings: WorkerSettings) -> SkillEnvironments:
     """The queue workers' environment store, found as their local runtime finds it: ``SKILLRUN_ENVS_DIR``, or the
     work root's ``.skillrun/environments`` (so the API must share that volume and those settings)."""
-    settings = get_worker_settings()
     work_root = settings.work_root or default_work_root()
     return local_environments(work_root / REGISTRY_DIR / "environments", sandboxed=False)
 

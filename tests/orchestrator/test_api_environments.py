@@ -244,7 +244,8 @@ def test_before_a_docker_worker_recorded_its_target_a_skills_docker_environment_
 ):
     lib = shared_dir / "lib"
     tables, plain = write_skill(lib, "tables", files={"requirements.txt": "beta\n"}), write_skill(lib, "plain")
-    environments = QueuedEnvironments(redis.Redis(), ["local", "docker"])  # no Redis call: statuses read the store
+    # no Redis call: statuses read the store
+    environments = QueuedEnvironments(redis.Redis(), ["local", "docker"], workers=get_worker_settings())
     waiting = environments.status("docker", lib, tables, "tables")
     assert waiting.state == "not built" and "no Docker worker has built" in waiting.message
     assert environments.status("docker", lib, plain, "plain").state == "none"
