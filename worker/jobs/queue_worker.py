@@ -40,6 +40,10 @@ BEAT_SLACK_SECONDS = 60
 and blocks 405 s at most in its pop, so an idle worker's key never lapses)."""
 SUSPENSION_LOOK_SECONDS = 1.0
 """How often the worker looks whether ``rq suspend`` suspended the workers."""
+COMMANDS_POLL_SECONDS = 1.0
+"""How long the thread that reads the worker's command channel (``rq``'s kill and stop commands) waits at most for
+one: a stopping worker waits that long for it at most (RQ's own 60 s held a stop for up to a minute, since redis-py
+joins the thread on stop, and the thread waits out its whole poll when it is between subscriptions)."""
 
 
 class RunWorker(SimpleWorker):
@@ -49,6 +53,13 @@ class RunWorker(SimpleWorker):
         super().__init__(*args, **kwargs)
         self._beat_until = float("-inf")
         self._suspension_looked = float("-inf")
+
+    def subscribe(self) -> None:
+        """RQ's subscription to the worker's command channel, read with a short poll (``COMMANDS_POLL_SECONDS``)."""
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(sleep_time=COMMANDS_POLL_SECONDS, daemon=True,
+                                                       exception_handler=self._pubsub_exception_handler)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         timeout = timeout or self.worker_ttl + 60
