@@ -93,7 +93,7 @@ class LibraryRegistry:
 
     @staticmethod
     def _doc_id(team_id: str, name: str) -> str:
-        if not LIBRARY_NAME.match(name):
+        if not LIBRARY_NAME.fullmatch(name):
             raise LibraryError(f"library name {name!r}: use 1-64 lowercase letters, digits, '-' and '_' (no '/' or '..')")
         return f"{team_id}.{name}"
 

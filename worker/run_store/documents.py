@@ -2,21 +2,29 @@
 keys, libraries, egress lists, quotas) and the teams' secrets.
 
 In Redis (``<prefix>:<kind>``, a hash of id → document) when processes share them, or in files (``<root>/<kind>/
-<id>.json``, each replaced atomically, private to the user: folders 0700, files 0600) for the embedded default. A
-change that reads first (a count to check, a value to keep) holds the kind's lock (``locked``): Redis's lock, or the
-kind folder's ``flock`` with a thread lock. A document whose text cannot be written (a lone surrogate) is refused
-before anything is; one that cannot be read back is a ``DocumentError`` naming where it lies.
+<id>.json``, each replaced atomically, private to the user: folders 0700, files 0600) for the embedded default. The
+files are reached through folder handles opened without following links: a root or kind folder of another user,
+or a link where a folder or a document should be, is refused; one of the user's that others may enter is made
+private first; only regular files are read (a FIFO cannot hang a reader). A change that reads first (a count to
+check, a value to keep) holds its kind's lock (``locked``): Redis's lock, or the kind folder's ``flock`` with a
+thread lock per kind, both given up after ``LOCK_SECONDS``. A document that is not a JSON object, or whose text
+cannot be kept (a lone surrogate, NaN, nesting past the parser's depth), is refused before anything is written;
+one that cannot be read back is a ``DocumentError`` naming where it lies. Ids and kinds that are not names are
+never handed out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import re
-import tempfile
+import stat
 import threading
+import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +35,10 @@ import redis
 from worker.errors import DocumentError
 
 LOCK_SECONDS = 10
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+LOCK_POLL_SECONDS = 0.02
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Check = Callable[[Any, str], None]
 """Refuses a document before it is written (raising); given the document and its kind."""
@@ -35,9 +46,13 @@ Check = Callable[[Any, str], None]
 
 def checked_name(what: str, name: str) -> str:
     """``name`` when it may name a kind or a document (letters, digits, ``.``, ``_``, ``-``; not ``.`` or ``..``)."""
-    if not _NAME.match(name) or name in {".", ".."}:
+    if not is_name(name):
         raise DocumentError(f"invalid document {what} {name!r}")
     return name
+
+
+def is_name(name: str) -> bool:
+    return bool(_NAME.fullmatch(name)) and name not in {".", ".."}
 
 
 class BaseDocuments(ABC):
@@ -47,13 +62,15 @@ class BaseDocuments(ABC):
         self.check = check
 
     def _encoded(self, kind: str, doc: dict[str, Any]) -> str:
+        if not isinstance(doc, dict):
+            raise DocumentError(f"a {kind} document cannot be stored: a document is a mapping, not {type(doc).__name__}")
         if self.check is not None:
             self.check(doc, kind)
         try:
-            encoded = json.dumps(doc, ensure_ascii=False)
+            encoded = json.dumps(doc, ensure_ascii=False, allow_nan=False)
             encoded.encode()
-        except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError: a lone surrogate
-            raise DocumentError(f"a {kind} document cannot be stored: {exc}") from None
+        except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError: a lone surrogate
+            raise DocumentError(f"a {kind} document cannot be stored: {type(exc).__name__}: {exc}") from None
         return encoded
 
     def get(self, kind: str, doc_id: str) -> dict[str, Any] | None:
@@ -67,7 +84,7 @@ class BaseDocuments(ABC):
     def items(self, kind: str) -> dict[str, dict[str, Any]]:
         """Every document of ``kind`` by id, in id order."""
         raws = self._read_all(checked_name("kind", kind))
-        return {doc_id: _decoded(raws[doc_id], self._where(kind, doc_id)) for doc_id in sorted(raws)}
+        return {doc_id: _decoded(raws[doc_id], self._where(kind, doc_id)) for doc_id in sorted(raws) if is_name(doc_id)}
 
     def all(self, kind: str) -> list[dict[str, Any]]:
         """Every document of ``kind``, in id order."""
@@ -102,12 +119,17 @@ class BaseDocuments(ABC):
 
 
 def _decoded(raw: str | bytes, where: str) -> dict[str, Any]:
+    raw = raw.encode() if isinstance(raw, str) else raw
     try:
         doc = json.loads(raw)
-    except ValueError as exc:
+        if _ESCAPED_SURROGATE.search(raw):  # valid JSON for text no store can keep: refused here, where it lies
+            json.dumps(doc, ensure_ascii=False).encode()
+    except RecursionError:
+        raise DocumentError(f"{where} is nested too deep: it cannot be read: restore it from a backup") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or a lone surrogate
         raise DocumentError(f"{where} cannot be read ({exc}): restore it from a backup") from None
     if not isinstance(doc, dict):
-        raise DocumentError(f"{where} is not a document (a JSON object): restore it from a backup")
+        raise DocumentError(f"{where} is not a document (a JSON object): it cannot be read: restore it from a backup")
     return doc
 
 
@@ -115,70 +137,158 @@ class FileDocuments(BaseDocuments):
     def __init__(self, root: str | os.PathLike[str], check: Check | None = None) -> None:
         super().__init__(check)
         self.root = Path(root)
-        self._lock = threading.Lock()  # with the flock: not re-entrant, as a second flock of the folder is not
+        self._guard = threading.Lock()
+        self._kind_locks: dict[str, threading.Lock] = {}
 
     def _where(self, kind: str, doc_id: str) -> str:
         return str(self.root / kind / f"{doc_id}.json")
 
-    def _read(self, kind: str, doc_id: str) -> str | None:
-        try:
-            return (self.root / kind / f"{doc_id}.json").read_text()
+    @contextlib.contextmanager
+    def _folder(self, kind: str | None, *, create: bool) -> Iterator[int | None]:
+        """A handle of the root (``kind`` ``None``) or of a kind folder, made when ``create`` (``None`` when it is
+        not there and not made)."""
+        if create:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.root, 0o700)
+        try:  # the root may be reached through a link (the operator's choice of data dir); its owner is checked
+            root = _open_folder(str(self.root), None, str(self.root), follow=True)
         except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise DocumentError(f"{self._where(kind, doc_id)} cannot be read ({exc})") from None
+            yield None
+            return
+        try:
+            if kind is None:
+                yield root
+                return
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(kind, 0o700, dir_fd=root)
+            try:
+                folder = _open_folder(kind, root, str(self.root / kind))
+            except FileNotFoundError:
+                yield None
+                return
+            try:
+                yield folder
+            finally:
+                os.close(folder)
+        finally:
+            os.close(root)
 
-    def _read_all(self, kind: str) -> dict[str, str]:
-        folder = self.root / kind
-        if not folder.is_dir():
-            return {}
+    def _read(self, kind: str, doc_id: str) -> bytes | None:
+        with self._folder(kind, create=False) as folder:
+            return None if folder is None else _read_file(folder, f"{doc_id}.json", self._where(kind, doc_id))
+
+    def _read_all(self, kind: str) -> dict[str, bytes]:
         found = {}
-        for path in folder.glob("*.json"):
-            with contextlib.suppress(FileNotFoundError):  # deleted since listed
-                found[path.stem] = path.read_text()
+        with self._folder(kind, create=False) as folder:
+            if folder is None:
+                return {}
+            for name in os.listdir(folder):
+                doc_id = name[:-len(".json")]
+                if name.endswith(".json") and is_name(doc_id):
+                    raw = _read_file(folder, name, self._where(kind, doc_id))
+                    if raw is not None:  # not deleted since listed
+                        found[doc_id] = raw
         return found
 
     def _write(self, kind: str, doc_id: str, encoded: str) -> None:
-        folder = self._folder(kind)
-        descriptor, partial = tempfile.mkstemp(dir=folder, prefix=f".{doc_id}.", suffix=".partial")
-        try:
-            with os.fdopen(descriptor, "w", encoding="utf-8") as out:  # mkstemp makes it 0600
-                out.write(encoded)
-            os.replace(partial, folder / f"{doc_id}.json")
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(partial)
-            raise
-
-    def _folder(self, kind: str) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)  # the root private too, not only its kinds
-        folder = self.root / kind
-        folder.mkdir(exist_ok=True, mode=0o700)
-        return folder
+        partial = f".{doc_id}.{uuid.uuid4().hex[:8]}.partial"
+        with self._folder(kind, create=True) as folder:
+            try:
+                descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     0o600, dir_fd=folder)
+                with os.fdopen(descriptor, "wb") as out:
+                    out.write(encoded.encode())
+                os.replace(partial, f"{doc_id}.json", src_dir_fd=folder, dst_dir_fd=folder)
+            except OSError as exc:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(partial, dir_fd=folder)
+                raise DocumentError(f"{self._where(kind, doc_id)} cannot be written ({exc})") from None
 
     def delete(self, kind: str, doc_id: str) -> bool:
-        try:
-            os.unlink(self.root / checked_name("kind", kind) / f"{checked_name('id', doc_id)}.json")
-        except FileNotFoundError:
-            return False
+        where = self._where(checked_name("kind", kind), checked_name("id", doc_id))
+        with self._folder(kind, create=False) as folder:
+            if folder is None:
+                return False
+            try:
+                os.unlink(f"{doc_id}.json", dir_fd=folder)  # a link there is removed, never what it points to
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise DocumentError(f"{where} cannot be removed ({exc})") from None
         return True
 
     def kinds(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and _NAME.match(p.name) and any(p.glob("*.json")))
+        with self._folder(None, create=False) as root:
+            if root is None:
+                return []
+            with os.scandir(root) as entries:
+                folders = [e.name for e in entries if is_name(e.name) and e.is_dir(follow_symlinks=False)]
+        return sorted(kind for kind in folders if self._holds_documents(kind))
+
+    def _holds_documents(self, kind: str) -> bool:
+        with self._folder(kind, create=False) as folder:
+            return folder is not None and any(
+                name.endswith(".json") and is_name(name[:-len(".json")]) for name in os.listdir(folder))
 
     @contextlib.contextmanager
     def locked(self, kind: str) -> Iterator[None]:
-        folder = self._folder(checked_name("kind", kind))
-        with self._lock:
-            descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(descriptor)
+        with self._guard:
+            lock = self._kind_locks.setdefault(checked_name("kind", kind), threading.Lock())
+        deadline = time.monotonic() + LOCK_SECONDS
+        if not lock.acquire(timeout=LOCK_SECONDS):
+            raise DocumentError(f"{self.root / kind} is held by another change for more than {LOCK_SECONDS} s")
+        try:
+            with self._folder(kind, create=True) as folder:
+                while True:
+                    try:
+                        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise DocumentError(f"{self.root / kind} is held by another process for more than "
+                                                f"{LOCK_SECONDS} s") from None
+                        time.sleep(LOCK_POLL_SECONDS)
+                yield  # the flock goes with the folder's handle
+        finally:
+            lock.release()
+
+
+def _open_folder(name: str, parent: int | None, where: str, *, follow: bool = False) -> int:
+    """A folder's handle, not through a link (unless ``follow``); one of another user is refused, one others may
+    enter made private."""
+    try:
+        descriptor = os.open(name, _FOLDER_FLAGS & ~os.O_NOFOLLOW if follow else _FOLDER_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a link (ELOOP), a file where the folder should be (ENOTDIR)
+        raise DocumentError(f"{where} is not a folder of this store ({exc.strerror})") from None
+    info = os.fstat(descriptor)
+    if info.st_uid != os.geteuid():
+        os.close(descriptor)
+        raise DocumentError(f"{where} belongs to uid {info.st_uid}, not to this process's user ({os.geteuid()}): "
+                            f"remove it, or point the store elsewhere")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.fchmod(descriptor, 0o700)
+    return descriptor
+
+
+def _read_file(folder: int, name: str, where: str) -> bytes | None:
+    """A regular file's bytes (``None`` when there is none, or a link there), never blocking on a FIFO."""
+    try:
+        descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link: no document of this store (a write replaces it, a delete removes it)
+            return None
+        raise DocumentError(f"{where} cannot be read ({exc.strerror}): restore it from a backup") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise DocumentError(f"{where} is not a regular file: it cannot be read: restore it from a backup")
+    with os.fdopen(descriptor, "rb") as opened:
+        return opened.read()
 
 
 class RedisDocuments(BaseDocuments):
@@ -193,26 +303,56 @@ class RedisDocuments(BaseDocuments):
     def _where(self, kind: str, doc_id: str) -> str:
         return f"Redis hash {self._key(kind)}, field {doc_id}"
 
+    @contextlib.contextmanager
+    def _hash(self, kind: str) -> Iterator[None]:
+        """A command on the kind's hash: a key of another type there is a ``DocumentError`` naming it."""
+        try:
+            yield
+        except redis.exceptions.ResponseError as exc:
+            raise DocumentError(f"Redis key {self._key(kind)} is not a hash of documents ({exc}): remove it") from None
+
     def _read(self, kind: str, doc_id: str) -> bytes | None:
-        return self.redis.hget(self._key(kind), doc_id)
+        with self._hash(kind):
+            return self.redis.hget(self._key(kind), doc_id)
 
     def _read_all(self, kind: str) -> dict[str, bytes]:
-        return {doc_id.decode(): raw for doc_id, raw in self.redis.hgetall(self._key(kind)).items()}
+        with self._hash(kind):
+            fields = self.redis.hgetall(self._key(kind))
+        return {doc_id.decode("utf-8", "replace"): raw for doc_id, raw in fields.items()}
 
     def _write(self, kind: str, doc_id: str, encoded: str) -> None:
-        self.redis.hset(self._key(kind), doc_id, encoded)
+        with self._hash(kind):
+            self.redis.hset(self._key(kind), doc_id, encoded)
 
     def delete(self, kind: str, doc_id: str) -> bool:
-        return bool(self.redis.hdel(self._key(checked_name("kind", kind)), checked_name("id", doc_id)))
+        with self._hash(checked_name("kind", kind)):
+            return bool(self.redis.hdel(self._key(kind), checked_name("id", doc_id)))
 
     def kinds(self) -> list[str]:
         start = len(self.prefix) + 1
-        found = {key.decode()[start:] for key in self.redis.scan_iter(f"{self.prefix}:*", count=100)}
-        return sorted(kind for kind in found if _NAME.match(kind))  # not a kind's lock, <kind>:lock
+        found = []
+        for key in self.redis.scan_iter(f"{self.prefix}:*", count=100):
+            kind = key[start:].decode("utf-8", "replace")
+            if is_name(kind) and self.redis.type(key) == b"hash":  # not a kind's lock (<kind>:lock), nor junk
+                found.append(kind)
+        return sorted(found)
 
-    def locked(self, kind: str) -> ContextManager[None]:
-        return self.redis.lock(f"{self._key(checked_name('kind', kind))}:lock", timeout=LOCK_SECONDS,
+    @contextlib.contextmanager
+    def locked(self, kind: str) -> Iterator[None]:
+        lock = self.redis.lock(f"{self._key(checked_name('kind', kind))}:lock", timeout=LOCK_SECONDS,
                                blocking_timeout=LOCK_SECONDS)
+        try:
+            acquired = lock.acquire()
+        except redis.exceptions.LockError:
+            acquired = False
+        if not acquired:
+            raise DocumentError(f"Redis key {self._key(kind)}:lock is held by another change for more than "
+                                f"{LOCK_SECONDS} s") from None
+        try:
+            yield
+        finally:
+            with contextlib.suppress(redis.exceptions.LockError):  # it expired: the change took too long
+                lock.release()
 
     def close(self) -> None:
         self.redis.close()

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +32,7 @@ from pydantic import BaseModel
 from worker.contract import TEAM_NAME, RunRequest
 from worker.names import env_name_problem
 from worker.errors import DocumentError, SecretError
-from worker.run_store.documents import BaseDocuments, FileDocuments, RedisDocuments
+from worker.run_store.documents import BaseDocuments, FileDocuments, RedisDocuments, is_name
 from worker.secrets import Redactor, forms_of
 from worker.secrets.matching import SELF_OVERLAP_CHARS, repeats_near_its_start
 
@@ -180,8 +183,10 @@ class SecretStore:
             entries = self.documents.items(team)
         except DocumentError as exc:
             raise SecretError(f"a secret of team {team} cannot be read: {exc}") from None
-        if not all("sealed" in entry for entry in entries.values()):
-            raise SecretError(f"a secret of team {team} holds no sealed value: restore it from a backup")
+        for name, entry in entries.items():
+            problem = _entry_problem(entry)
+            if problem is not None:
+                raise SecretError(f"secret {name} of team {team} {problem}: restore it from a backup")
         return entries
 
     def _locked(self, team: str) -> ContextManager[None]:
@@ -198,21 +203,31 @@ class FileSecretStore(SecretStore):
     def __init__(self, folder: Path, box: SecretBox | None) -> None:
         super().__init__(FileDocuments(folder), box)
         self.folder = folder
+        self._held = threading.local()
+        """The teams whose lock this thread holds (a change reads the team's entries under it)."""
 
     def any_stored(self) -> bool:
         return bool(self._earlier_files()) or super().any_stored()
 
     def _entries(self, team: str) -> dict[str, dict]:
-        if (self.folder / f"{team}.json").exists():  # the earlier layout: moved first, under the team's lock
-            with self.documents.locked(team):
+        if os.path.lexists(self.folder / f"{team}.json"):  # the earlier layout: moved first, under the team's lock
+            if team in getattr(self._held, "teams", ()):
                 self._move_earlier_file(team)
+            else:
+                with self._locked(team):
+                    pass  # the lock's taking moves it
         return super()._entries(team)
 
     @contextlib.contextmanager
     def _locked(self, team: str) -> Iterator[None]:
+        held = self._held.__dict__.setdefault("teams", set())
         with self.documents.locked(team):
-            self._move_earlier_file(team)
-            yield
+            held.add(team)
+            try:
+                self._move_earlier_file(team)
+                yield
+            finally:
+                held.discard(team)
 
     def _earlier_files(self) -> list[Path]:
         """Teams' files of the earlier layout, one file of all a team's secrets (``<dir>/<team>.json``)."""
@@ -222,20 +237,58 @@ class FileSecretStore(SecretStore):
 
     def _move_earlier_file(self, team: str) -> None:
         """A team's secrets in the earlier layout written as its documents, then the earlier file removed (under
-        the team's lock: whoever reads next finds them moved, and nothing of them is lost on the way)."""
+        the team's lock: whoever reads next finds them moved, and nothing of them is lost on the way). A file that
+        is not a regular one, or not a mapping of well-formed secrets, is refused whole: nothing of it moved."""
         earlier = self.folder / f"{team}.json"
-        try:
-            entries = json.loads(earlier.read_text())
-        except FileNotFoundError:
+        entries = _earlier_entries(earlier)
+        if entries is None:
             return
-        except (OSError, ValueError) as exc:
-            raise SecretError(f"the secrets file {earlier} cannot be read ({exc}): restore it from a backup") from None
-        if not isinstance(entries, dict) or not all(isinstance(e, dict) and "sealed" in e for e in entries.values()):
-            raise SecretError(f"the secrets file {earlier} is not a mapping of secrets: restore it from a backup")
         for name, entry in entries.items():
             if self.documents.get(team, name) is None:  # one set since is newer
                 self.documents.put(team, name, entry)
         earlier.unlink()
+
+
+def _earlier_entries(earlier: Path) -> dict[str, dict] | None:
+    """The entries of a team's file of the earlier layout (``None`` when there is none), each checked."""
+    try:
+        descriptor = os.open(earlier, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SecretError(f"the secrets file {earlier} cannot be read ({exc.strerror}): restore it from a "
+                          f"backup") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise SecretError(f"the secrets file {earlier} cannot be read (not a regular file): restore it from a backup")
+    with os.fdopen(descriptor, "rb") as opened:
+        try:
+            entries = json.loads(opened.read())
+        except (ValueError, RecursionError) as exc:
+            raise SecretError(f"the secrets file {earlier} cannot be read ({type(exc).__name__}): restore it from a "
+                              f"backup") from None
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        raise SecretError(f"the secrets file {earlier} is not a mapping of secrets: restore it from a backup")
+    for name, entry in entries.items():
+        problem = "is no secret's name" if env_name_problem(name) or not is_name(name) else _entry_problem(entry)
+        if problem is not None:
+            raise SecretError(f"the secrets file {earlier} holds an entry {name!r} that {problem}: restore it from "
+                              f"a backup")
+    return entries
+
+
+def _entry_problem(entry: dict) -> str | None:
+    """What is wrong with a stored secret's entry, or ``None``."""
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if not isinstance(entry.get("sealed"), str):
+        return "holds no sealed value"
+    if not (number(entry.get("created_at")) and number(entry.get("updated_at"))):
+        return "holds no dates"
+    if "bytes" in entry and not (isinstance(entry["bytes"], int) and not isinstance(entry["bytes"], bool)):
+        return "holds no size"
+    return None
 
 
 def _size(entry: dict) -> int:
