@@ -3,7 +3,8 @@
 Patterns are relative to the staged skill folder (``out/*.txt``) or start with a workspace variable
 (``$OUTPUT_DIR/**/*.csv``); ``**`` matches any number of folders and ``{a,b}`` alternatives. A pattern that
 could leave the workspace (absolute outside it, or with a ``..`` segment) is refused before the command runs
-(``patterns``). Matching never lists, stats or opens anything outside the workspace (``beneath``): a link out of
+(``patterns``); how a pattern reads is one module, ``globs``, shared with the Cube runtime's listing and the file
+tools' ``Glob``. Matching never lists, stats or opens anything outside the workspace (``beneath``): a link out of
 it — to a file or a folder — is one ``skipped_files`` entry, and so is whatever else cannot be collected (a FIFO,
 a device, a socket, a dangling link, a loop, nesting past ``MAX_DEPTH`` folders, listings past
 ``MAX_LISTED_ENTRIES`` entries), each with its reason; collection itself does not fail. No file is ever read past
@@ -29,14 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.collect.beneath import MAX_DEPTH, MAX_LISTED_ENTRIES, Beneath, PathRefusedError
-from worker.collect.patterns import expand_braces, expand_variables, resolve_patterns
+from worker.collect.globs import expand_braces, glob_regex, name_matches, segments_match
+from worker.collect.patterns import expand_variables, resolve_patterns
 from worker.contract import ArtifactFile, OutputFile, RunLimits, SkippedFile
 from worker.errors import ArtifactError
 from worker.collect.mime import detect_mime, is_text
 
 __all__ = [
     "MAX_DEPTH", "MAX_LISTED_ENTRIES", "ArtifactSink", "Collection", "collect_outputs", "expand_braces",
-    "expand_variables", "resolve_patterns",
+    "expand_variables", "glob_regex", "name_matches", "resolve_patterns", "segments_match",
 ]
 
 READ_CHUNK_BYTES = 64 * 1024

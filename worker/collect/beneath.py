@@ -9,12 +9,12 @@ a command planted. A path is a tuple of names below the root with no link in it.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import stat
 from collections.abc import Iterator
 
+from worker.collect.globs import name_matches
 from worker.errors import WorkerError
 
 MAX_DEPTH = 64
@@ -192,8 +192,7 @@ class Beneath:
                 stack.extend(reversed(below))
                 continue
             if _MAGIC.search(seg):
-                names = [n for n, _ in self.entries(rel, here)
-                         if fnmatch.fnmatchcase(n, seg) and (seg.startswith(".") or not n.startswith("."))]
+                names = [n for n, _ in self.entries(rel, here) if name_matches(n, seg)]
             else:
                 names = [seg]
             for name in names:

@@ -1,5 +1,5 @@
-"""Output patterns: workspace variables and ``{a,b}`` alternatives expanded, and patterns that could leave the
-workspace (absolute outside it, or with a ``..`` segment) refused before the command runs."""
+"""Output patterns: workspace variables and ``{a,b}`` alternatives (``worker.collect.globs``) expanded, and patterns
+that could leave the workspace (absolute outside it, or with a ``..`` segment) refused before the command runs."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import re
 from pathlib import Path
 
+from worker.collect.globs import expand_braces
 from worker.errors import InvalidRunRequestError
 
-MAX_BRACE_EXPANSIONS = 256
 _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 
@@ -27,41 +27,6 @@ def expand_variables(pattern: str, variables: dict[str, str], field_name: str = 
     return _VARIABLE.sub(_sub, pattern)
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """``a/{b,c}/*.{png,csv}`` → the four patterns it stands for (nested braces allowed)."""
-    results = [pattern]
-    done: dict[str, None] = {}
-    while results:
-        current = results.pop()
-        start = current.find("{")
-        if start < 0:
-            done[current] = None
-            continue
-        depth, end, commas = 0, -1, []
-        for i in range(start, len(current)):
-            ch = current[i]
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    end = i
-                    break
-            elif ch == "," and depth == 1:
-                commas.append(i)
-        if end < 0 or not commas:
-            # An unmatched or comma-less brace is literal text.
-            head, tail = current[: start + 1], current[start + 1 :]
-            done.update((head + rest, None) for rest in expand_braces(tail))
-            continue
-        bounds = [start, *commas, end]
-        alternatives = [current[:start] + current[a + 1 : b] + current[end + 1 :] for a, b in zip(bounds, bounds[1:])]
-        results.extend(reversed(alternatives))
-        if len(results) + len(done) > MAX_BRACE_EXPANSIONS:
-            raise InvalidRunRequestError("output_files", f"{pattern!r} expands to more than {MAX_BRACE_EXPANSIONS} patterns")
-    return list(done)
-
-
 def resolve_patterns(patterns: list[str], variables: dict[str, str], workspace_root: Path) -> list[str]:
     """Validate and expand output patterns before the run; each result is absolute or skill-relative."""
     resolved: list[str] = []
@@ -70,7 +35,11 @@ def resolve_patterns(patterns: list[str], variables: dict[str, str], workspace_r
         if not raw or "\0" in raw:
             raise InvalidRunRequestError("output_files", f"{raw!r} is not a usable glob pattern")
         expanded = expand_variables(raw, variables)
-        for pattern in expand_braces(expanded):
+        try:
+            alternatives = expand_braces(expanded)
+        except ValueError as exc:
+            raise InvalidRunRequestError("output_files", str(exc)) from None
+        for pattern in alternatives:
             parts = pattern.split("/")
             if ".." in parts:
                 raise InvalidRunRequestError("output_files", f"{raw!r} may not contain '..': outputs are collected from the workspace only")

@@ -25,6 +25,7 @@ a queue worker on another machine needs ``skill`` from the library instead).
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import posixpath
 import shlex
@@ -35,19 +36,34 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.context import InvocationContext
-from orchestrator.errors import OrchestratorError, UnencodableTextError
+from orchestrator.errors import OrchestratorError, ToolError, UnencodableTextError
 from orchestrator.skills.tools.skill_toolset import SkillToolSet, workspace_id_for
 from orchestrator.text import check_text
 from orchestrator.tools.file_tools.backends import BaseFileBackend, bash_answer, check_timeout
 from orchestrator.tools.file_tools.toolset import FileToolSet
 from orchestrator.tools.file_tools.workspace_skill import ops as _ops
+from worker.collect import expand_braces
 from worker.contract import InputFile, RunLimits, RunRequest, SkillRef
 from worker.errors import WorkerError
 
-OPS_SOURCE = Path(_ops.__file__).read_text(encoding="utf-8")
+GLOBS_IMPORT = "    from worker.collect import expand_braces, segments_match\n"
+
+
+def sandbox_source() -> str:
+    """The operations as one text a sandbox's python runs: the glob module's text, then the operations' without
+    their import of it and without their own ``__future__`` import (which must come first, as the module's does)."""
+    operations = Path(_ops.__file__).read_text(encoding="utf-8")
+    if operations.count(GLOBS_IMPORT) != 1:
+        raise ToolError("the file tools' operations no longer import the glob module as workspace.py expects")
+    operations = operations.replace(GLOBS_IMPORT, "    pass\n").replace("from __future__ import annotations\n", "", 1)
+    return Path(inspect.getfile(expand_braces)).read_text(encoding="utf-8") + "\n\n" + operations
+
+
+OPS_SOURCE = sandbox_source()
 OPS_SCRIPT = '"$SKILLS_DIR/file-tools/ops.py"'
 """The operations as the staged empty skill carries them: a short command, which the workspace's ready shell takes
-(``QUICK_COMMAND_CHARS``); with a library ``skill`` staged instead, their source goes on the command line."""
+(``QUICK_COMMAND_CHARS``); with a library ``skill`` staged instead, and for Glob (which needs the glob module), their
+source with the glob module's goes on the command line."""
 WORKSPACE_SKILL = Path(__file__).resolve().parent / "workspace_skill"
 QUICK_COMMAND_CHARS = 2048
 """A command this short fits, with the run's variables, in one atomic pipe write (``PIPE_BUF``, 4 KiB) to the
@@ -118,7 +134,8 @@ class WorkspaceFileBackend(BaseFileBackend):
             name = f"{ARGS_FOLDER}/{uuid.uuid4().hex}.json"
             inputs.append(InputFile(name=name, content=raw.encode("utf-8")))
             argument = f'"@$WORK_DIR/inputs/{name}"'
-        program = f"-c {shlex.quote(OPS_SOURCE)}" if self.skill is not None else OPS_SCRIPT
+        quick = self.skill is None and operation != "glob"
+        program = OPS_SCRIPT if quick else f"-c {shlex.quote(OPS_SOURCE)}"
         command = f'exec python3 -I -S {program} "$WORKSPACE_DIR" {operation} {argument}'
         try:
             request = self._request(tool_context, command=command, inputs=inputs, cwd=ROOT)

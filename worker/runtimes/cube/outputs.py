@@ -23,7 +23,7 @@ from e2b.exceptions import FileNotFoundException
 
 from worker import defaults
 from worker.artifacts import BaseArtifactStore
-from worker.collect import Collection, collect_outputs, resolve_patterns
+from worker.collect import Collection, collect_outputs, glob_regex, resolve_patterns
 from worker.config import CubeCodeExecutorConfig
 from worker.contract import RunRequest
 from worker.names import workspace_variables
@@ -32,7 +32,7 @@ from worker.sandbox.process import remote_ulimit_prefix
 from worker.secrets import Redactor, redacting_sink
 from worker.runtimes.base import command_environment
 from worker.runtimes.cube.executor import KILL_SCRIPT, CubeCodeExecutor, sandbox_error
-from worker.runtimes.cube.scripts import PACK_SCRIPT, glob_regex
+from worker.runtimes.cube.scripts import PACK_SCRIPT
 from worker.workspaces.staging import WORKSPACE_LINKS
 from worker.workspaces.tar_transfer import SIZES_MEMBER, extract_mirror
 from worker.validation import placeholder_variables

@@ -1,4 +1,4 @@
-"""The shell scripts the Cube runtime sends into a sandbox, and the glob translation they use.
+"""The shell scripts the Cube runtime sends into a sandbox (the globs they list by read as ``worker.collect.globs``).
 
 Each is a ``str.format`` template whose values the runtime quotes (``shlex.quote``) before filling them in.
 """
@@ -183,43 +183,6 @@ its interpreter links, its ``lib/python3.X`` folder and ``pyvenv.cfg`` made the 
 by that interpreter; then sealed and placed as ``key``."""
 
 
-def glob_regex(segments: list[str]) -> str:
-    """A POSIX extended regular expression for a path below a folder that matches the glob ``segments`` as
-    collection does: ``*``, ``?`` and ``[...]`` within one name (not a leading dot), ``**`` any number of
-    folders."""
-    parts: list[str] = []
-    for i, segment in enumerate(segments):
-        last = i == len(segments) - 1
-        if segment == "**":
-            parts.append("([^/.][^/]*/)*" + ("[^/.][^/]*" if last else ""))
-            continue
-        parts.append(_segment_regex(segment) + ("" if last else "/"))
-    return "^" + "".join(parts) + "$"
-
-
-def _segment_regex(segment: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(segment):
-        c = segment[i]
-        close = segment.find("]", i + 2) if c == "[" else -1
-        if c == "*":
-            out.append("([^/.][^/]*)?" if i == 0 else "[^/]*")
-        elif c == "?":
-            out.append("[^/.]" if i == 0 else "[^/]")
-        elif close > 0:
-            body = segment[i + 1 : close].replace("/", "")
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = close
-        else:
-            out.append("\\" + c if c in _ERE_SPECIAL else c)
-        i += 1
-    return "".join(out)
-
-
-_ERE_SPECIAL = frozenset(".^$*+?()[]{}|\\")
-
-
 __all__ = [
     "ENV_INSTALL_SCRIPT",
     "ENV_PLACE_SCRIPT",
@@ -231,5 +194,4 @@ __all__ = [
     "PROBE_SCRIPT",
     "STAGE_SCRIPT",
     "SWITCH_USER",
-    "glob_regex",
 ]

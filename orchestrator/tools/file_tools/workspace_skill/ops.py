@@ -1,8 +1,10 @@
 """The file operations behind ``Read``, ``Write``, ``Edit``, ``Grep`` and ``Glob``, confined to one root folder.
 
-Standard library only, and no import of the package: host mode calls these functions in a thread; workspace mode runs
-this very file inside the session's sandbox (it is the script of the empty skill its runs stage, beside its
-``SKILL.md``; see ``workspace.py``), so both modes share one implementation, its limits and its answers. Every answer is the guide's dict: ``{"success": True,
+Standard library only, and no import of either plane but the glob module (``worker.collect.globs``, standard library
+only too, for ``Glob``): host mode calls these functions in a thread; workspace mode runs this very file inside the
+session's sandbox (it is the script of the empty skill its runs stage, beside its ``SKILL.md``), and ``Glob`` (or any
+operation, with a library skill staged instead) runs this file's text after the glob module's (``workspace.py``), so
+both modes share one implementation, its limits and its answers, and Glob reads a pattern as output collection does. Every answer is the guide's dict: ``{"success": True,
 ...}`` or ``{"success": False, "error": "..."}``.
 
 A path is relative to the root, or absolute inside it. It is refused when it leaves the root: ``..``, an absolute path
@@ -11,11 +13,13 @@ elsewhere, a symlink (of the file or of any folder above it) pointing out — th
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
 import sys
+
+if __name__ != "__main__":  # on the host; in a sandbox, Glob runs this text after the glob module's (workspace.py)
+    from worker.collect import expand_braces, segments_match
 
 MAX_READ_BYTES = 10 * 1024 * 1024
 """Read refuses a file larger than this (the guide's 10 MB); Grep skips such files."""
@@ -27,7 +31,6 @@ MAX_GREP_LINE_CHARS = 500
 MAX_GLOB_RESULTS = 1000
 MAX_GLOB_VISITS = 200_000
 """Entries one Glob looks at, at most (a huge tree answers what it found, ``truncated``)."""
-MAX_BRACE_EXPANSIONS = 256
 SNIFF_BYTES = 8192
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules"})
 
@@ -259,49 +262,6 @@ def grep(root: Root, pattern: str, path: str = ".", case_sensitive: bool = True,
     return answer
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """``a.{py,js}`` → ``a.py``, ``a.js`` (nested and several groups too); at most ``MAX_BRACE_EXPANSIONS``."""
-    depth, start = 0, -1
-    for index, char in enumerate(pattern):
-        if char == "{":
-            if depth == 0:
-                start = index
-            depth += 1
-        elif char == "}" and depth:
-            depth -= 1
-            if depth == 0:
-                inner, options, level, begin = pattern[start + 1:index], [], 0, 0
-                for at, c in enumerate(inner):
-                    level += c == "{"
-                    level -= c == "}"
-                    if c == "," and level == 0:
-                        options.append(inner[begin:at])
-                        begin = at + 1
-                options.append(inner[begin:])
-                if len(options) < 2:
-                    continue
-                head, tail = pattern[:start], pattern[index + 1:]
-                out: list[str] = []
-                for option in options:
-                    out.extend(expand_braces(head + option + tail))
-                    if len(out) > MAX_BRACE_EXPANSIONS:
-                        raise Refused(f"pattern {pattern!r} expands to more than {MAX_BRACE_EXPANSIONS} patterns")
-                return out
-    return [pattern]
-
-
-def _segments_match(parts: tuple[str, ...], segments: tuple[str, ...]) -> bool:
-    """Whether path ``parts`` match pattern ``segments``: ``**`` is any number of folders, the others are
-    ``fnmatch`` patterns of one name each; a name starting with ``.`` only matches a segment starting with ``.``."""
-    if not segments:
-        return not parts
-    if segments[0] == "**":
-        return any(_segments_match(parts[i:], segments[1:]) for i in range(len(parts) + 1)
-                   if not any(p.startswith(".") for p in parts[:i]))
-    return (bool(parts) and parts[0].startswith(".") <= segments[0].startswith(".")
-            and fnmatch.fnmatchcase(parts[0], segments[0]) and _segments_match(parts[1:], segments[1:]))
-
-
 def glob(root: Root, pattern: str, path: str = ".", max_results: int = MAX_GLOB_RESULTS) -> dict:
     """Files and folders under ``path`` matching ``pattern``, walked without following links to folders (a link
     loop cannot make it run away) and at most ``MAX_GLOB_VISITS`` entries looked at (``truncated`` past that)."""
@@ -311,7 +271,11 @@ def glob(root: Root, pattern: str, path: str = ".", max_results: int = MAX_GLOB_
         raise Refused("max_results must be 1 or more")
     base = root.resolve(path)
     patterns = []
-    for one in expand_braces(pattern):
+    try:
+        alternatives = expand_braces(pattern)
+    except ValueError as exc:
+        raise Refused(f"pattern {exc}") from None
+    for one in alternatives:
         parts = tuple(p for p in one.replace("\\", "/").split("/") if p not in ("", "."))
         if os.path.isabs(one) or ".." in parts:
             raise Refused(f"pattern {pattern!r} must be relative and may not contain '..'")
@@ -329,7 +293,7 @@ def glob(root: Root, pattern: str, path: str = ".", max_results: int = MAX_GLOB_
                 cut = True
                 break
             parts = rel + (name,)
-            if any(_segments_match(parts, p) for p in patterns):
+            if any(segments_match(parts, p) for p in patterns):
                 full = os.path.join(folder, name)
                 if root.inside(os.path.realpath(full)):
                     found.append(full)
