@@ -26,6 +26,7 @@ from orchestrator.quotas import QuotaExceededError
 from orchestrator.schemas import RunCreate
 from orchestrator.services.container import Services
 from orchestrator.services.run_ids import lost, mint
+from orchestrator.skills.admission import run_egress, undeclared_secrets
 from orchestrator.teams import Team
 from worker.artifacts import ArtifactStream
 from worker.contract import (
@@ -36,7 +37,6 @@ from worker.contract import (
     RuntimeName,
     SkillRef,
 )
-from worker.egress import effective
 from worker.errors import (
     ArtifactError,
     BlobStoreError,
@@ -92,11 +92,9 @@ def _check_secrets(services: Services, team: Team, skill: str, names: list[str])
     problems = [problem for name in names if (problem := env_name_problem(name)) is not None]
     if problems:
         raise InvalidRunError(f"secrets: {problems[0]}")
-    declared = services.repository_for(team).get(skill).secrets
-    undeclared = [name for name in names if name not in declared]
-    if undeclared:
-        raise RunRefusedError(f"skill {skill!r} does not declare the secret {', '.join(undeclared)} (it declares: "
-                              f"{', '.join(declared) or 'none'}; metadata.secrets in its SKILL.md)")
+    undeclared = undeclared_secrets(services.repository_for(team), skill, names)
+    if undeclared is not None:
+        raise RunRefusedError(undeclared)
     if services.secrets is None:
         raise RunRefusedError("secrets are not set up on this server: its operator sets SKILLRUN_SECRETS_KEY")
     try:
@@ -110,10 +108,7 @@ def _check_secrets(services: Services, team: Team, skill: str, names: list[str])
 
 
 def _egress(services: Services, team: Team, skill: str) -> list[str]:
-    """The hosts a run of ``skill`` may reach: those its skill declares (``metadata.egress``) and its team allows
-    (``orchestrator.egress``); the caller cannot set them."""
-    allowed = EgressStore(services.teams.docs).get(team.id).entries  # read first: most teams have none
-    return effective(services.repository_for(team).get(skill).egress, allowed) if allowed else []
+    return run_egress(services.repository_for(team), skill, EgressStore(services.teams.docs).get(team.id).entries)
 
 
 async def team_run(services: Services, run_id: str, team: Team) -> RunRecord:

@@ -1,4 +1,5 @@
-"""Agent Skills on the control plane: parsing, repositories, search, three-tier injection, the skill tool sets.
+"""Agent Skills on the control plane: parsing, repositories, search, three-tier injection, the skill tool sets, and
+what a run of a skill may be given (``admission``).
 
 Exports are imported on first use (``worker.lazy``): listing a library does not load the tool sets, and with them
 the sessions, the dispatcher and the runtimes.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from worker.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "orchestrator.skills.admission": ["run_egress", "undeclared_secrets"],
     "orchestrator.skills.filtered": ["FilteredSkillRepository"],
     "orchestrator.skills.options": ["SkillLoadMode", "SkillOptions"],
     "orchestrator.skills.overview": ["Overview", "build_overview"],

@@ -14,10 +14,12 @@ from orchestrator.errors import (
     InvalidRunError,
     RunLostError,
     RunNotFoundError,
+    SkillNotFoundError,
     UnavailableError,
 )
 from orchestrator.libraries import LibraryError, LibraryLimitError
 from orchestrator.quotas import QuotaExceededError
+from orchestrator.skills import create_default_skill_repository, run_egress, undeclared_secrets
 from worker import errors as worker_errors
 from worker.errors import EnvironmentNotReadyError
 
@@ -66,3 +68,25 @@ def test_waiting_may_help_says_when_to_try_again():
     assert refusal(QuotaExceededError("storage", "over the storage quota")).headers is None
     away = refusal(UnavailableError("Redis cannot be reached", 5))
     assert (away.status_code, away.headers) == (503, {"Retry-After": "5"})
+
+
+def _library(root: Path) -> Path:
+    folder = root / "github"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: github\ndescription: Calls GitHub.\nmetadata:\n  secrets: [GH_TOKEN]\n"
+                                     "  egress: [api.github.com, uploads.github.com]\n---\nCall the API.\n")
+    return root
+
+
+def test_what_a_run_of_a_skill_may_be_given_is_one_rule(tmp_path):
+    """The API's and the console's submissions and the skill tools' skill_run (agents, MCP clients) ask one rule:
+    secrets the skill declares, hosts it declares that its team also allows."""
+    repository = create_default_skill_repository(str(_library(tmp_path)))
+    assert undeclared_secrets(repository, "github", ["GH_TOKEN"]) is None
+    assert undeclared_secrets(repository, "github", ["GH_TOKEN", "AWS_KEY"]) == (
+        "skill 'github' does not declare the secret AWS_KEY (it declares: GH_TOKEN; metadata.secrets in its SKILL.md)")
+    assert run_egress(repository, "github", []) == []
+    assert run_egress(repository, "github", ["api.github.com", "pypi.org"]) == ["api.github.com:443"]
+    assert run_egress(repository, "missing", []) == []  # the skill is not read when the team allows nothing
+    with pytest.raises(SkillNotFoundError):
+        run_egress(repository, "missing", ["api.github.com"])

@@ -23,6 +23,7 @@ from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.context import InvocationContext
 from orchestrator.dispatch import BaseDispatcher, InlineDispatcher
 from orchestrator.errors import SkillError
+from orchestrator.skills.admission import run_egress, undeclared_secrets
 from orchestrator.skills.options import options_of
 from orchestrator.skills.overview import is_cut
 from orchestrator.skills.repository import BaseSkillRepository
@@ -38,7 +39,6 @@ from orchestrator.tools.base import BaseTool
 from orchestrator.tools.function_tool import FunctionTool
 from orchestrator.tools.toolset import BaseToolSet
 from worker.contract import WORKSPACE_ID_PATTERN, RunRequest
-from worker.egress import effective
 from worker.errors import WorkerError
 from worker.runtimes import LocalWorkspaceRuntime
 from worker.validation import validate_request
@@ -289,9 +289,8 @@ class SkillToolSet(BaseToolSet):
                   options.max_loaded_skills)
 
     def _egress(self, skill: str, owner: str) -> list[str]:
-        """What a run of ``skill`` for ``owner`` may reach: its team's list read first (most teams have none)."""
-        allowed = self.egress(owner)
-        return effective(self.repository.get(skill).egress, allowed) if allowed else []
+        """What a run of ``skill`` for ``owner`` may reach."""
+        return run_egress(self.repository, skill, self.egress(owner))
 
     async def skill_run(
         self,
@@ -320,11 +319,9 @@ class SkillToolSet(BaseToolSet):
             if timeout is not None:
                 fields["timeout"] = timeout
             if secrets:
-                declared = self.repository.get(skill).secrets
-                undeclared = [name for name in secrets if name not in declared]
-                if undeclared:
-                    return {"error": f"skill {skill!r} does not declare the secret {', '.join(undeclared)} (it "
-                                     f"declares: {', '.join(declared) or 'none'})"}
+                problem = undeclared_secrets(self.repository, skill, secrets)
+                if problem is not None:
+                    return {"error": problem}
                 fields["secrets"] = secrets
             if self.egress is not None:
                 fields["egress"] = await asyncio.to_thread(self._egress, skill, tool_context.session.user_id)
