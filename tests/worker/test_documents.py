@@ -95,3 +95,13 @@ def test_a_change_that_reads_first_holds_the_kinds_lock(documents):
         thread.join()
     assert documents.get("counters", "c") == {"n": 80}
     assert documents.kinds() == ["counters"]  # a lock is not a kind
+
+
+def test_a_kinds_thread_lock_ends_with_the_last_change_that_held_it(tmp_path):
+    """One lock per kind being changed, not one per kind ever changed: none is kept once its changes are done."""
+    store = FileDocuments(tmp_path)
+    for team in ("team-a", "team-b", "team-c"):
+        with store.locked(team):
+            assert set(store._kind_locks) == {team}
+            store.put(team, "x", {"n": 1})
+    assert store._kind_locks == {}

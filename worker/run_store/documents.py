@@ -138,7 +138,8 @@ class FileDocuments(BaseDocuments):
         super().__init__(check)
         self.root = Path(root)
         self._guard = threading.Lock()
-        self._kind_locks: dict[str, threading.Lock] = {}
+        self._kind_locks: dict[str, tuple[threading.Lock, int]] = {}
+        """Per kind being changed, its thread lock and how many changes hold or wait for it; dropped with the last."""
 
     def _where(self, kind: str, doc_id: str) -> str:
         return str(self.root / kind / f"{doc_id}.json")
@@ -233,26 +234,40 @@ class FileDocuments(BaseDocuments):
                 name.endswith(".json") and is_name(name[:-len(".json")]) for name in os.listdir(folder))
 
     @contextlib.contextmanager
-    def locked(self, kind: str) -> Iterator[None]:
+    def _thread_lock(self, kind: str) -> Iterator[None]:
+        """The kind held against this process's other threads (``DocumentError`` past ``LOCK_SECONDS``)."""
         with self._guard:
-            lock = self._kind_locks.setdefault(checked_name("kind", kind), threading.Lock())
-        deadline = time.monotonic() + LOCK_SECONDS
-        if not lock.acquire(timeout=LOCK_SECONDS):
-            raise DocumentError(f"{self.root / kind} is held by another change for more than {LOCK_SECONDS} s")
+            lock, users = self._kind_locks.get(kind, (threading.Lock(), 0))
+            self._kind_locks[kind] = (lock, users + 1)
         try:
-            with self._folder(kind, create=True) as folder:
-                while True:
-                    try:
-                        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() > deadline:
-                            raise DocumentError(f"{self.root / kind} is held by another process for more than "
-                                                f"{LOCK_SECONDS} s") from None
-                        time.sleep(LOCK_POLL_SECONDS)
-                yield  # the flock goes with the folder's handle
+            if not lock.acquire(timeout=LOCK_SECONDS):
+                raise DocumentError(f"{self.root / kind} is held by another change for more than {LOCK_SECONDS} s")
+            try:
+                yield
+            finally:
+                lock.release()
         finally:
-            lock.release()
+            with self._guard:
+                users = self._kind_locks[kind][1] - 1
+                if users:
+                    self._kind_locks[kind] = (lock, users)
+                else:
+                    del self._kind_locks[kind]
+
+    @contextlib.contextmanager
+    def locked(self, kind: str) -> Iterator[None]:
+        deadline = time.monotonic() + LOCK_SECONDS
+        with self._thread_lock(checked_name("kind", kind)), self._folder(kind, create=True) as folder:
+            while True:
+                try:
+                    fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise DocumentError(f"{self.root / kind} is held by another process for more than "
+                                            f"{LOCK_SECONDS} s") from None
+                    time.sleep(LOCK_POLL_SECONDS)
+            yield  # the flock goes with the folder's handle
 
 
 def _open_folder(name: str, parent: int | None, where: str, *, follow: bool = False) -> int:
@@ -330,12 +345,14 @@ class RedisDocuments(BaseDocuments):
 
     def kinds(self) -> list[str]:
         start = len(self.prefix) + 1
-        found = []
-        for key in self.redis.scan_iter(f"{self.prefix}:*", count=100):
-            kind = key[start:].decode("utf-8", "replace")
-            if is_name(kind) and self.redis.type(key) == b"hash":  # not a kind's lock (<kind>:lock), nor junk
-                found.append(kind)
-        return sorted(found)
+        named = {key: key[start:].decode("utf-8", "replace") for key in self.redis.scan_iter(f"{self.prefix}:*",
+                                                                                              count=100)}
+        named = {key: kind for key, kind in named.items() if is_name(kind)}  # not a kind's lock (<kind>:lock)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key in named:
+                pipe.type(key)
+            types = pipe.execute()
+        return sorted(kind for kind, kept_as in zip(named.values(), types) if kept_as == b"hash")  # nor junk
 
     @contextlib.contextmanager
     def locked(self, kind: str) -> Iterator[None]:

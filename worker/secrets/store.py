@@ -214,8 +214,8 @@ class FileSecretStore(SecretStore):
             if team in getattr(self._held, "teams", ()):
                 self._move_earlier_file(team)
             else:
-                with self._locked(team):
-                    pass  # the lock's taking moves it
+                with self.documents.locked(team):
+                    self._move_earlier_file(team)
         return super()._entries(team)
 
     @contextlib.contextmanager
