@@ -53,3 +53,21 @@ def test_a_pattern_of_too_many_alternatives_is_refused_alike_by_collection_and_g
         globs.expand_braces(pattern)
     answer = ops.call(ops.Root(str(tmp_path)), "glob", {"pattern": pattern})
     assert answer == {"success": False, "error": f"pattern {pattern!r} expands to more than 256 patterns"}
+
+
+def test_a_pattern_of_many_double_stars_costs_parts_times_segments_not_more(monkeypatch):
+    """``**/a/**/a/…/b`` against a deep path of ``a``: backtracking tries every way to split the path (a model's Glob
+    pattern would burn the host's CPU in host mode); each (part, segment) pair is decided once instead."""
+    calls = 0
+    real = globs.name_matches
+
+    def counted(name: str, segment: str) -> bool:
+        nonlocal calls
+        calls += 1
+        return real(name, segment)
+
+    parts, pattern = ("a",) * 60, ("**", "a") * 20 + ("b",)
+    monkeypatch.setattr(globs, "name_matches", counted)
+    assert not globs.segments_match(parts, pattern)
+    assert globs.segments_match(("a",) * 999 + ("b",), ("**", "b"))  # a deep path: no recursion to run out of
+    assert calls <= len(parts) * len(pattern) + 1000

@@ -55,13 +55,18 @@ def name_matches(name: str, segment: str) -> bool:
 
 def segments_match(parts: tuple[str, ...], segments: tuple[str, ...]) -> bool:
     """Whether a path's ``parts`` match a pattern's ``segments``: ``**`` is any number of folders (no hidden one),
-    each other segment matches one name."""
-    if not segments:
-        return not parts
-    if segments[0] == "**":
-        return any(segments_match(parts[i:], segments[1:]) for i in range(len(parts) + 1)
-                   if not any(p.startswith(".") for p in parts[:i]))
-    return bool(parts) and name_matches(parts[0], segments[0]) and segments_match(parts[1:], segments[1:])
+    each other segment matches one name. Each (part, segment) pair is decided once, without recursion, so a pattern
+    of many ``**`` costs parts × segments steps, never the backtracking's exponential number."""
+    n, m = len(parts), len(segments)
+    rest = [[False] * (m + 1) for _ in range(n + 1)]  # rest[i][j]: parts[i:] match segments[j:]
+    rest[n][m] = True
+    for j in range(m - 1, -1, -1):
+        for i in range(n, -1, -1):
+            if segments[j] == "**":  # no folder more, or one more that is not hidden
+                rest[i][j] = rest[i][j + 1] or (i < n and not parts[i].startswith(".") and rest[i + 1][j])
+            else:
+                rest[i][j] = i < n and rest[i + 1][j + 1] and name_matches(parts[i], segments[j])
+    return rest[0][0]
 
 
 def glob_regex(segments: list[str]) -> str:
