@@ -47,10 +47,10 @@ SANDBOX_LANG = "C.UTF-8"
 RESULT_TTL_SECONDS = 24 * 3600
 """How long a finished run's record and result are kept."""
 
-JOB_RESULT_TTL_SECONDS = 60
-"""How long RQ keeps a finished job's summary (the run record keeps the result). Not 0: RQ deletes a job with no
-result TTL at once, across all its registries, which holds the worker from its next job for longer than saving
-the summary does."""
+JOB_RESULT_TTL_SECONDS = 0
+"""How long RQ keeps a finished job's summary: not at all, the run record keeps the result. The job's hash goes in
+the transaction that ends it (``worker.jobs.queue_worker.RunWorker``): one command where a kept summary costs nine,
+and nothing left for the finished-job registries' sweep."""
 
 JOB_TIMEOUT_MARGIN_SECONDS = 60
 """Added to a run's own timeout for the queue's job timeout (the runtime enforces the run's timeout itself)."""

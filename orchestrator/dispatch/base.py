@@ -232,8 +232,8 @@ class BaseDispatcher(ABC):
         """Begin the background work (a queue dispatcher's change subscription and lost-run sweep), in the running
         loop; the first wait begins it too."""
 
-    def watch(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
-        return self.waiters.watch(run_id)
+    def watch(self, run_id: str, ends_only: bool = False) -> contextlib.AbstractContextManager[asyncio.Event]:
+        return self.waiters.watch(run_id, ends_only)
 
     def stop_waiting(self) -> None:
         """The process is going: every wait answers with the record as it stands, every follower ends."""
@@ -245,7 +245,7 @@ class BaseDispatcher(ABC):
         ``owner``, for another owner's run, without waiting). ``RunLostError`` when the record vanishes meanwhile."""
         deadline = time.monotonic() + timeout
         seen = False
-        with self.watch(run_id) as changed:
+        with self.watch(run_id, ends_only=True) as changed:
             while True:
                 changed.clear()
                 record = await self._look_through_outage(run_id)

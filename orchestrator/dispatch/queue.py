@@ -203,9 +203,9 @@ class QueueDispatcher(BaseDispatcher):
             if name not in self._background or self._background[name].done():
                 self._background[name] = asyncio.create_task(work(), name=f"skillrun-{name}")
 
-    def watch(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
+    def watch(self, run_id: str, ends_only: bool = False) -> contextlib.AbstractContextManager[asyncio.Event]:
         self.start()
-        return super().watch(run_id)
+        return super().watch(run_id, ends_only)
 
     async def cancel(self, run_id: str) -> RunRecord | None:
         """As every dispatcher does; a run cancelled before it started leaves its queue or its team's line at once,

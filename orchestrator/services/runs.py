@@ -27,6 +27,7 @@ from orchestrator.schemas import RunCreate
 from orchestrator.services.container import Services
 from orchestrator.services.run_ids import lost, mint
 from orchestrator.skills.admission import run_egress, undeclared_secrets
+from orchestrator.skills.repository import BaseSkillRepository
 from orchestrator.teams import Team
 from worker.artifacts import ArtifactStream
 from worker.contract import (
@@ -35,7 +36,6 @@ from worker.contract import (
     OutputFile,
     RunRequest,
     RuntimeName,
-    SkillRef,
 )
 from worker.errors import (
     ArtifactError,
@@ -59,14 +59,27 @@ async def accept_run(services: Services, team: Team, body: RunCreate) -> RunReco
     """Check and submit a team's run: its skill in the team's library, the secrets it names declared and stored, its
     environment ready unless it waits for it, its egress what its skill declares and its team allows, its fields
     within the contract and the team's quota (nothing of a refused run is stored)."""
-    ref = await asyncio.to_thread(_skill_ref, services, team, body.skill)  # reads the team's library records
+    request = await asyncio.to_thread(_checked_request, services, team, body)  # reads the team's records: one thread
+    try:
+        return await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
+    except QuotaExceededError:
+        raise
+    except (ValueError, DispatchError, WorkerError) as exc:
+        raise InvalidRunError(str(exc)) from exc
+
+
+def _checked_request(services: Services, team: Team, body: RunCreate) -> RunRequest:
+    """The request of a team's run, its skill, secrets, environment and egress checked against the team's records
+    (its libraries read once)."""
+    repository = services.repository_for(team)
+    ref = repository.skill_ref(body.skill)
     if body.secrets:
-        await asyncio.to_thread(_check_secrets, services, team, body.skill, body.secrets)
+        _check_secrets(services, repository, team, body.skill, body.secrets)
     if not body.wait_for_environment and body.runtime in BUILT_AHEAD:
-        environment = await asyncio.to_thread(services.environments.skill_status, ref, body.runtime.value)
+        environment = services.environments.skill_status(ref, body.runtime.value)
         if environment.state not in ("ready", "none"):
             raise EnvironmentNotReadyError(not_ready(body.skill, environment))
-    egress = await asyncio.to_thread(_egress, services, team, body.skill)
+    egress = run_egress(repository, body.skill, EgressStore(services.teams.docs).get(team.id).entries)
     fields = body.model_dump(exclude={"skill", "inputs", "priority", "workspace_id", "keep_workspace"})
     keep = body.workspace_id is not None if body.keep_workspace is None else body.keep_workspace
     try:
@@ -76,23 +89,18 @@ async def accept_run(services: Services, team: Team, body: RunCreate) -> RunReco
             run_id=mint(team.id), egress=egress, **fields,
         )
         validate_request(request)
-        return await services.dispatcher.submit(request, priority=body.priority, owner=team.id)
-    except QuotaExceededError:
-        raise
-    except (ValueError, DispatchError, WorkerError) as exc:
+    except (ValueError, WorkerError) as exc:
         raise InvalidRunError(str(exc)) from exc
+    return request
 
 
-def _skill_ref(services: Services, team: Team, name: str) -> SkillRef:
-    return services.repository_for(team).skill_ref(name)
-
-
-def _check_secrets(services: Services, team: Team, skill: str, names: list[str]) -> None:
+def _check_secrets(services: Services, repository: BaseSkillRepository, team: Team, skill: str,
+                   names: list[str]) -> None:
     """A run may name only secrets its skill declares and the team has stored."""
     problems = [problem for name in names if (problem := env_name_problem(name)) is not None]
     if problems:
         raise InvalidRunError(f"secrets: {problems[0]}")
-    undeclared = undeclared_secrets(services.repository_for(team), skill, names)
+    undeclared = undeclared_secrets(repository, skill, names)
     if undeclared is not None:
         raise RunRefusedError(undeclared)
     if services.secrets is None:
@@ -106,9 +114,6 @@ def _check_secrets(services: Services, team: Team, skill: str, names: list[str])
         raise RunRefusedError(f"the team has no secret {', '.join(missing)}: store it with PUT /v1/secrets/<name> or "
                               f"skillrun secrets set")
 
-
-def _egress(services: Services, team: Team, skill: str) -> list[str]:
-    return run_egress(services.repository_for(team), skill, EgressStore(services.teams.docs).get(team.id).entries)
 
 
 async def team_run(services: Services, run_id: str, team: Team) -> RunRecord:

@@ -280,8 +280,8 @@ class RedisRunStore(BaseRunStore):
         indexes."""
         now = self.clock()
         pipe.zadd(self.keys.expiring, {f"{record.id} {record.owner or ''}": now + ttl})
-        self._trim(keys=[self.keys.expiring, self.keys.index()], args=[now, TRIM_BATCH, self.keys.index("")],
-                   client=pipe)
+        # The script's text, not its digest: in a transaction redis-py asks SCRIPT EXISTS first, a round trip more
+        pipe.eval(TRIM_EXPIRED, 2, self.keys.expiring, self.keys.index(), now, TRIM_BATCH, self.keys.index(""))
 
     def trim_expired(self, limit: int) -> int:
         """Take up to ``limit`` runs whose records expired by now out of the indexes (``TRIM_BATCH`` a script call,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from worker.run_store.records import RunEvent, RunRecord
+from worker.run_store.records import ENDING_EVENTS, RunEvent, RunRecord
 from worker.run_store.redis_store import RunKeys
 
 logger = logging.getLogger(__name__)
@@ -28,18 +28,27 @@ RECONNECT_SECONDS = 1.0
 """Pause before subscribing again after Redis went away."""
 
 
+class _Change(asyncio.Event):
+    """Set when a run may have changed; ``ends_only``: only when it may have ended."""
+
+    def __init__(self, ends_only: bool) -> None:
+        super().__init__()
+        self.ends_only = ends_only
+
+
 class RunWaiters:
     """This process's waiters, by run id."""
 
     def __init__(self) -> None:
-        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._waiting: dict[str, set[_Change]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.contextmanager
-    def watch(self, run_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever run ``run_id`` may have changed (clear it before each look)."""
+    def watch(self, run_id: str, ends_only: bool = False) -> Iterator[asyncio.Event]:
+        """An event set whenever run ``run_id`` may have changed (clear it before each look); with ``ends_only``,
+        whenever it may have ended (a change said to be another event, a start say, leaves it alone)."""
         self._loop = asyncio.get_running_loop()
-        changed = asyncio.Event()
+        changed = _Change(ends_only)
         self._waiting.setdefault(run_id, set()).add(changed)
         try:
             yield changed
@@ -52,9 +61,12 @@ class RunWaiters:
     def __len__(self) -> int:
         return sum(len(waiting) for waiting in self._waiting.values())
 
-    def notify(self, run_id: str) -> None:
+    def notify(self, run_id: str, event: str | None = None) -> None:
+        """Wake the waiters of ``run_id``: every one for a change of unknown kind (``event`` ``None``), those waiting
+        for its end only if ``event`` ends it."""
         for changed in self._waiting.get(run_id, ()):
-            changed.set()
+            if event is None or not changed.ends_only or event in ENDING_EVENTS:
+                changed.set()
 
     def notify_all(self) -> None:
         for waiting in self._waiting.values():
@@ -120,8 +132,9 @@ class AsyncRunReader:
                     self.waiters.notify_all()
                     while not self.stopping:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=LISTEN_POLL_SECONDS)
-                        if message is not None and message["type"] == "message":
-                            self.waiters.notify(message["data"].split(b" ", 1)[0].decode())
+                        if message is not None and message["type"] == "message":  # "<run id> <event type>"
+                            run_id, _, event = message["data"].decode().partition(" ")
+                            self.waiters.notify(run_id, event or None)
             except (RedisError, OSError) as exc:
                 logger.warning("run changes subscription lost (%s); subscribing again", exc)
                 self.waiters.notify_all()
