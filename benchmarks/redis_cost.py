@@ -15,11 +15,16 @@ and ``INFO all`` before to ``INFO all`` after (the meter's own two calls and byt
   in and out, append-only file bytes; after ``--settle`` seconds (RQ's job summaries gone), keys and memory per
   kept run (expired keys deleted first, by a ``SCAN``).
 
+Last, ``--sampled`` more runs one at a time under ``MONITOR``: their commands per run by the process that sent them
+(the API: submission and wait; the workers: the run) and by the part of the data they touch (RQ's bookkeeping, fair
+turns, documents, run records, ...), a script's own commands where they touch (as commandstats counts them).
+
 Then the figures: runs/s one Redis core serves if its CPU were the only limit, and what 100 workers change
 (connections, heartbeats, the idle background, extrapolated linearly from the K measured and said so).
 
 Usage: .venv/bin/python benchmarks/redis_cost.py [--runs 500] [--workers 2] [--concurrency 8] [--seconds 20]
                                                  [--idle-workers 1,2,4] [--warmup 20] [--settle S]
+                                                 [--sampled 20]
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from rq.defaults import DEFAULT_WORKER_TTL  # noqa: E402
 
 from benchmarks.api_runs import Tally, api_client, block, one_run  # noqa: E402
 from benchmarks.figures import Recording, preformatted, publish  # noqa: E402
-from benchmarks.redis_meter import NESTING, Measure, Meter  # noqa: E402
+from benchmarks.redis_meter import NESTING, Measure, Meter, Monitored  # noqa: E402
 from benchmarks.stack import Stack, workers_idle  # noqa: E402
 from orchestrator.dispatch.queue import SWEEP_LEASE_SECONDS  # noqa: E402
 from worker import defaults  # noqa: E402
@@ -168,6 +173,34 @@ def per_run_table(measure: Measure, runs: int) -> None:
               f"{sum(c for c, _ in rest) / total * 100:>9.1f}%")
 
 
+async def sampled(stack: Stack, runs: int) -> tuple[dict[tuple[str, str], int], Tally]:
+    """``runs`` runs one at a time under ``MONITOR``: calls by (process, part)."""
+    tally = Tally()
+    monitored = await asyncio.to_thread(Monitored, stack.url, stack.server.port, stack.pids())
+    async with api_client(stack.base_url, stack.key, 1) as client:
+        await block(client, runs, 1, tally)
+    await asyncio.sleep(TAIL_SECONDS)
+    return monitored.stop(), tally
+
+
+def parts_table(counted: dict[tuple[str, str], int], runs: int) -> None:
+    """Calls per run by part (rows) and by process (columns: the API, the workers together, anything else)."""
+    def side(process: str) -> str:
+        return "workers" if process.startswith("worker") else process
+
+    sides = ["api", "workers", *sorted({side(p) for p, _ in counted} - {"api", "workers"})]
+    by_part: dict[str, dict[str, int]] = {}
+    for (process, part), calls in counted.items():
+        row = by_part.setdefault(part, {})
+        row[side(process)] = row.get(side(process), 0) + calls
+    print(f"{'part':<58}" + "".join(f"{name:>9}" for name in sides) + f"{'all':>9}")
+    for part, row in sorted(by_part.items(), key=lambda item: -sum(item[1].values())):
+        print(f"{'  ' + part:<58}" + "".join(f"{row.get(name, 0) / runs:>9.1f}" for name in sides)
+              + f"{sum(row.values()) / runs:>9.1f}")
+    print(f"{'  all':<58}" + "".join(f"{sum(r.get(name, 0) for r in by_part.values()) / runs:>9.1f}" for name in sides)
+          + f"{sum(counted.values()) / runs:>9.1f}")
+
+
 def run_figures(args: argparse.Namespace, sets: Measure, base: Measure, runs_m: Measure,
                 kept: dict) -> list[tuple[str, str]]:
     """Per run, net of the idle background (``base``: the API and as many idle workers, per second), and against
@@ -238,13 +271,15 @@ def scale_figures(args: argparse.Namespace, idles: dict[int, Measure], busy_m: M
 
 
 def report(args: argparse.Namespace, sets: Measure, idles: dict[int, Measure], busy_m: Measure, runs_m: Measure,
-           kept: dict, tally: Tally) -> None:
+           kept: dict, tally: Tally, parts: dict[tuple[str, str], int]) -> None:
     rates_table(f"\nidle and busy: the API and K workers, {args.seconds:.0f} s each (busy: {args.workers} sleep runs "
                 f"running)", {**{f"idle K={k}": m for k, m in idles.items()}, "busy": busy_m})
     print(f"\nper run: {args.runs} runs in {runs_m.seconds:.1f} s ({args.runs / runs_m.seconds:.1f} runs/s), "
           f"concurrency {args.concurrency}, {args.workers} workers; {len(tally.failed)} failed, {len(tally.lost)} "
           f"lost, {len(tally.doubled)} run twice")
     per_run_table(runs_m, args.runs)
+    print(f"\nper run, by part and by the process that sent it: {args.sampled} runs one at a time under MONITOR")
+    parts_table(parts, args.sampled)
     print("\nfigures:")
     for name, text in (*run_figures(args, sets, idles[args.workers], runs_m, kept),
                        *scale_figures(args, idles, busy_m, runs_m)):
@@ -266,7 +301,10 @@ def measure(args: argparse.Namespace, stack: Stack, meter: Meter, control: redis
     for _ in control.scan_iter(count=1000):  # SCAN deletes the expired keys it meets (Redis's active expiry lags)
         pass
     kept, _ = meter.sample()
-    report(args, sets, idles, busy_m, runs_m, kept, tally)
+    parts, one_by_one = asyncio.run(sampled(stack, args.sampled))
+    if one_by_one.failed or one_by_one.lost:
+        raise SystemExit(f"the sampled runs did not all finish: {(one_by_one.failed + one_by_one.lost)[:3]}")
+    report(args, sets, idles, busy_m, runs_m, kept, tally, parts)
 
 
 def main() -> None:
@@ -278,7 +316,9 @@ def main() -> None:
     parser.add_argument("--idle-workers", default="1,2,4", help="worker counts measured idle (--workers is added)")
     parser.add_argument("--warmup", type=int, default=20, help="runs before measuring (default 20)")
     parser.add_argument("--settle", type=float, help="seconds after the runs until keys and memory per kept run "
-                        f"are read (default {defaults.JOB_RESULT_TTL_SECONDS + 5}: RQ's job summaries gone)")
+                        f"are read (default {defaults.JOB_RESULT_TTL_SECONDS + 5}: RQ's job summaries gone, if kept)")
+    parser.add_argument("--sampled", type=int, default=20, help="runs one at a time under MONITOR, counted by part "
+                        "and process (default 20)")
     args = parser.parse_args()
     args.idle_workers = sorted({int(k) for k in args.idle_workers.split(",")} | {args.workers})
     args.settle = defaults.JOB_RESULT_TTL_SECONDS + 5 if args.settle is None else args.settle

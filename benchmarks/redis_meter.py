@@ -1,10 +1,15 @@
 """Reading Redis's own counters over a stretch of time: ``CONFIG RESETSTAT`` and ``INFO all`` at the start, ``INFO all``
 at the end (``INFO commandstats``, ``stats``, ``cpu``, ``memory``, ``persistence``, ``keyspace``), with what the
-reading itself costs taken out; and each process's connections to Redis, from ``/proc``."""
+reading itself costs taken out; and each process's connections to Redis, from ``/proc``. ``Monitored`` counts, from
+``MONITOR``, which process sent each command and which part of the data it touches (``MONITOR`` costs Redis much
+more than the commands it shows: measure nothing else while it runs)."""
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -128,3 +133,87 @@ def redis_connections(pid: int, port: int) -> int:
         except FileNotFoundError:  # closed meanwhile
             pass
     return count
+
+
+def client_ports(pid: int, port: int) -> set[int]:
+    """The local ports of the established TCP connections process ``pid`` holds to the Redis on ``port``."""
+    owned = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            owned.add(os.readlink(fd))
+        except FileNotFoundError:  # closed meanwhile
+            pass
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                remote = int(fields[2].rsplit(":", 1)[1], 16)
+                if remote == port and fields[3] == "01" and f"socket:[{fields[9]}]" in owned:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+MONITORED = re.compile(r'^\S+ \[\d+ ([^\]]+)\] "([^"]*)"(?: "((?:[^"\\]|\\.)*)")?')
+"""A ``MONITOR`` line: its client (``address:port``, or ``lua``), its command and its first argument."""
+PARTS = (
+    ("rq:", "RQ: jobs, registries, the worker's key"),
+    ("skillrun:fair:", "fair turns between teams"),
+    ("skillrun:doc:", "team, key and library documents"),
+    ("skillrun:secrets", "team secrets"),
+    ("skillrun:workspace", "kept-workspace registry"),
+    ("skillrun:run:", "run records, indexes, events, counts"),
+    ("skillrun:", "other Skillrun keys (beats, leases)"),
+)
+TRANSACTION = {"MULTI", "EXEC", "WATCH", "UNWATCH", "DISCARD"}
+MONITOR_START_SECONDS = 0.3
+"""Pause after starting ``redis-cli monitor``, so that it is listening before what it should see."""
+
+
+def part_of(command: str, key: str | None) -> str:
+    """Which part of the platform's data a command touches, by its first key (a script's own commands are counted
+    where they touch; a transaction's brackets apart)."""
+    if command.upper() in TRANSACTION:
+        return "transaction brackets (MULTI, EXEC, WATCH)"
+    if command.upper() in ("EVAL", "EVALSHA", "SCRIPT"):
+        return "script calls (their commands counted where they touch)"
+    for prefix, name in PARTS:
+        if key is not None and key.startswith(prefix):
+            return name
+    return "other"
+
+
+class Monitored:
+    """``redis-cli monitor`` on the Redis at ``url`` while it is open: each command counted by the process that
+    sent it (``pids``' names; a script's commands by the process that called the script) and by ``part_of``."""
+
+    def __init__(self, url: str, port: int, pids: dict[str, int]) -> None:
+        self.port, self.pids = port, pids
+        self.owners = self._owners()
+        self._out = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(["redis-cli", "-u", url, "monitor"], stdout=self._out,
+                                      stderr=subprocess.DEVNULL)
+        time.sleep(MONITOR_START_SECONDS)
+
+    def stop(self) -> dict[tuple[str, str], int]:
+        """Calls by (process, part) since the start."""
+        self._proc.terminate()
+        self._proc.wait()
+        self.owners |= self._owners()  # connections a pool opened meanwhile
+        self._out.seek(0)
+        counted: dict[tuple[str, str], int] = {}
+        caller = "other"
+        for line in self._out.read().decode(errors="replace").splitlines():
+            found = MONITORED.match(line)
+            if found is None:
+                continue
+            client, command, key = found.groups()
+            if client != "lua":
+                caller = self.owners.get(int(client.rsplit(":", 1)[1]), "other")
+            where = (caller, part_of(command, key))
+            counted[where] = counted.get(where, 0) + 1
+        self._out.close()
+        return counted
+
+    def _owners(self) -> dict[int, str]:
+        return {p: name for name, pid in self.pids.items() if name != "redis" for p in client_ports(pid, self.port)}

@@ -3,6 +3,7 @@ them, a bounded number of runs per write. Time is a clock the test moves, not a 
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from worker.contract import RunRequest, RunResult, SkillRef
@@ -84,3 +85,15 @@ def test_the_memory_store_forgets_ended_runs_after_the_ttl():
     newest = _end(store)
     assert store.get(old) is None and store.events(old) == []
     assert {r.id for r in store.list()} == {recent, queued.id, newest}
+
+
+def test_an_id_whose_events_outlived_its_record_is_not_used_again_and_nothing_of_the_new_run_is_kept(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    store = RedisRunStore(client, result_ttl=TTL)
+    keys = RunKeys()
+    ended = _end(store)
+    client.delete(keys.record(ended))  # the record went first (removed by hand); its events are still there
+    with pytest.raises(ValueError, match="already exists"):
+        store.create(RunRequest(skill=SKILL, command="true", run_id=ended), "team-a")
+    assert not client.exists(keys.record(ended))
+    assert [e.type for e in store.events(ended)] == ["queued", "started", "finished"]

@@ -171,11 +171,13 @@ class RedisRunStore(BaseRunStore):
         if not joined:
             request = joining(self.workspaces, request)
         record = RunRecord(id=request.run_id, request=request, owner=owner)
-        with self.redis.pipeline(transaction=True) as pipe:
+        with self.redis.pipeline(transaction=False) as pipe:  # one round trip; SET NX alone decides who has the id
             pipe.set(self.keys.record(record.id), record.model_dump_json(), nx=True)
             pipe.exists(self.keys.part(record.id, "events"))
             created, had_events = pipe.execute()
         if not created or had_events:
+            if created:  # the id's events outlived its record: the id stays used, nothing of this run is kept
+                self.redis.delete(self.keys.record(record.id))
             raise ValueError(f"run {record.id!r} already exists")
         if request.keep_workspace:
             try:
