@@ -74,3 +74,18 @@ def test_the_soak_prints_its_rows_growth_and_targets():
     assert {"redis memory", "redis keys", "folders", "user ids", "rss api", "rss worker1"} <= growth, done.stdout
     verdicts = [line.split("  ")[1] for line in lines if line.startswith(("PASS  ", "FAIL  "))]
     assert [v.split()[0] for v in verdicts] == ["failed", "lost", "doubled", "p99", "all"], done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_throughput_benchmark_prints_both_series_and_where_a_runs_cpu_goes():
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "api_throughput.py"), "--runs", "40",
+                           "--baseline-runs", "5", "--repeats", "1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = {cells[0]: cells[1:] for line in done.stdout.splitlines() if line.startswith("| ")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    for series in ("runtime alone", "through the API"):
+        assert series in rows and all(float(n.rstrip("x")) > 0 for n in rows[series]), done.stdout
+    for part in ("the API", "the workers (own)", "their sandboxes (children)", "Redis", "the client (this process)"):
+        assert part in rows and float(rows[part][0]) > 0, done.stdout
+    assert "target: 150 runs/s" in done.stdout
