@@ -3,7 +3,7 @@
 Moving a process into a cgroup v1 memory group waits for an RCU grace period (the kernel's cgroup migration lock
 is a per-CPU semaphore that its writer must first turn to slow mode): 8–12 ms on a small VM, on a first run's
 path when its new sandbox is moved into its group (``SandboxStart.release``). A child is born in its parent's
-groups without moving, so a ``Launcher`` — bash as root, reading one request on a pipe, its output pipes and a
+groups without moving, so a ``Launcher`` — bash as root, waiting for one request (a byte on a pipe, then a file), its output pipes and a
 ``SandboxStart``'s ends already given — is started ahead and moved into a spare run group while nothing waits
 for it; a run that starts a sandbox of its own (``process.run_process``) sends it its folder and command line,
 and it ``exec``s them there: the sandbox, and everything of the run, is born in the run's group. bwrap sets the
@@ -27,9 +27,12 @@ from worker.sandbox.bubblewrap import SandboxStart
 SPARE_LAUNCHERS = 2
 """Launchers kept waiting for runs that start a sandbox of their own (first runs of workspaces)."""
 
-LAUNCHER_SCRIPT = 'IFS= read -r -d "" dir <&{fd} && mapfile -d "" -u {fd} argv && exec {fd}<&- && cd -- "$dir" && exec -- "${{argv[@]}}"'
-"""What a launcher runs: read its folder and command line (NUL-terminated, on the request pipe ``fd``), then
-become it."""
+LAUNCHER_SCRIPT = ('IFS= read -r -n 1 _ <&{go} && mapfile -d "" -u {request} argv && exec {go}<&- {request}<&- && '
+                   'cd -- "${{argv[0]}}" && exec -- "${{argv[@]:1}}"')
+"""What a launcher runs: wait for one byte on the pipe ``go``, then read its folder and command line
+(NUL-terminated) from the file ``request`` and become it. The request is a file (a ``memfd``), not the pipe: bash
+reads a pipe one byte a system call (it must not read past a delimiter), which cost a launch about 2 ms of CPU for
+its few kilobytes; from a file it reads in blocks."""
 
 
 class Launcher:
@@ -41,19 +44,21 @@ class Launcher:
         run's path)."""
         self.cgroup = cgroup
         self.start = SandboxStart()
-        request_r, self._request = os.pipe()
+        go_r, self._go = os.pipe()
+        self._request = os.memfd_create("skillrun-launch", os.MFD_CLOEXEC)
         try:
             self.proc = subprocess.Popen(
-                [*network_off, bash, "-c", LAUNCHER_SCRIPT.format(fd=request_r)], pass_fds=[request_r, *self.start.child_fds()],
+                [*network_off, bash, "-c", LAUNCHER_SCRIPT.format(go=go_r, request=self._request)],
+                pass_fds=[go_r, self._request, *self.start.child_fds()],
                 env={"PATH": "/usr/bin:/bin"}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, process_group=0,
             )
         except BaseException:
-            os.close(self._request)
+            self._close_request()
             self.start.close()
             raise
         finally:
-            os.close(request_r)
+            os.close(go_r)
         self.fds = self.start.child_fds()
         """The numbers the sandbox's ends have in the launcher (closed here)."""
         self.start.sent()
@@ -64,13 +69,22 @@ class Launcher:
             raise
 
     def launch(self, argv: list[str], cwd: str) -> None:
-        """Become ``argv`` in ``cwd`` (a request of a few kilobytes: the pipe takes it at once)."""
+        """Become ``argv`` in ``cwd``: the request written at the file's start (``pwrite``: the launcher's copy of
+        the file shares its offset, which stays at 0), then the byte that lets the launcher read it."""
         request = b"".join(part.encode() + b"\0" for part in [cwd, *argv])
         try:
-            with open(self._request, "wb", closefd=True) as pipe:
-                pipe.write(request)
+            written = 0
+            while written < len(request):
+                written += os.pwrite(self._request, request[written:], written)
+            os.write(self._go, b"x")
         finally:
-            self._request = -1
+            self._close_request()
+
+    def _close_request(self) -> None:
+        for fd in (self._go, self._request):
+            if fd >= 0:
+                os.close(fd)
+        self._go = self._request = -1
 
     def discard(self) -> None:
         """Kill an unused launcher and let go of what it holds (its group is the caller's)."""
@@ -79,9 +93,7 @@ class Launcher:
         self.proc.wait()
         for pipe in (self.proc.stdout, self.proc.stderr):
             pipe.close()
-        if self._request >= 0:
-            os.close(self._request)
-            self._request = -1
+        self._close_request()
         self.start.close()
 
 
