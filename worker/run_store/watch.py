@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from worker.run_store.records import ENDING_EVENTS, RunEvent, RunRecord
+from worker.run_store.records import ENDING_EVENTS, RunEvent, RunRecord, RunStatus
 from worker.run_store.redis_store import RunKeys
 
 logger = logging.getLogger(__name__)
@@ -90,12 +90,14 @@ class AsyncRunReader:
         """Set by ``stop``: ``listen`` returns at its next turn."""
 
     async def get_beating(self, run_id: str) -> tuple[RunRecord | None, bool]:
-        """The record and whether its worker's heartbeat is there, in one round trip."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(self.keys.record(run_id))
-            pipe.exists(self.keys.part(run_id, "heartbeat"))
-            raw, beating = await pipe.execute()
-        return (RunRecord.model_validate_json(raw) if raw else None), bool(beating)
+        """The record and, for a started run, whether its worker's heartbeat is there (a second round trip, for
+        started runs only: a run's start and end set and take away its heartbeat with its status, so a run seen
+        started whose heartbeat is then gone ended meanwhile or lost its worker; the lost-run recovery tells)."""
+        raw = await self.redis.get(self.keys.record(run_id))
+        record = RunRecord.model_validate_json(raw) if raw else None
+        if record is None or record.status != RunStatus.STARTED:
+            return record, False
+        return record, bool(await self.redis.exists(self.keys.part(run_id, "heartbeat")))
 
     async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
         entries = await self.redis.xrange(self.keys.part(run_id, "events"))
