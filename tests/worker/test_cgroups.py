@@ -115,3 +115,21 @@ async def test_closing_the_runtime_ends_its_launchers_and_their_groups(work_root
     await runtime.close()
     assert all(launcher.proc.returncode is not None for launcher in launchers)
     assert not any(path.exists() for launcher in launchers for path in launcher.cgroup.paths.values())
+
+
+def test_a_group_handed_back_after_its_workspace_went_is_removed_not_kept():
+    # A one-off run's group comes back once its processes are gone, which can be after its workspace was removed:
+    # kept, it would wait for an owner that never runs again, until evicted
+    pool = CgroupPool(_tree())
+    try:
+        late = pool.take("one-off")
+        pool.drop("one-off")  # the workspace went first
+        assert pool.keep("one-off", late) == [late]  # the caller removes it
+        late.remove()
+        assert not any(path.exists() for path in late.paths.values())
+        again = pool.take("one-off")  # the same id made again (a kept workspace named anew): its groups are kept
+        assert pool.keep("one-off", again) == []
+        assert pool.take("one-off") is again
+        pool.give_back("one-off", again)
+    finally:
+        pool.close()

@@ -14,6 +14,10 @@ from worker.sandbox.cgroups.groups import CgroupTree, RunCgroup
 
 MAX_IDLE_GROUPS = 128
 """Run groups kept between runs (``CgroupPool``), at most."""
+GONE_REMEMBERED = 1024
+"""Owners whose workspace went (``CgroupPool.drop``) remembered, the latest, so that a group of theirs handed back
+later is removed, not kept: a one-off run's group is handed back once its processes are gone, which can be after
+its workspace was removed."""
 IDLE_PER_OWNER = 2
 SPARE_GROUPS = 2
 
@@ -26,11 +30,13 @@ class CgroupPool:
         self.tree = tree
         self._idle: OrderedDict[str, list[RunCgroup]] = OrderedDict()
         self._spare: list[RunCgroup] = []
+        self._gone: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def take(self, owner: str) -> RunCgroup:
         """A group for a run of ``owner``: one it used before, a spare, or a new one."""
         with self._lock:
+            self._gone.pop(owner, None)  # a workspace made again under the id of one that went
             kept = self._idle.get(owner)
             group = kept.pop() if kept else (self._spare.pop() if self._spare else None)
             if kept == []:
@@ -48,6 +54,8 @@ class CgroupPool:
         """Keep the empty ``group`` for ``owner``'s next run, at once; the groups left over, for the caller to
         remove."""
         with self._lock:
+            if owner in self._gone:  # its workspace went meanwhile: nothing of it runs again
+                return [group]
             kept = self._idle.setdefault(owner, [])
             self._idle.move_to_end(owner)
             if len(kept) >= IDLE_PER_OWNER:
@@ -71,9 +79,12 @@ class CgroupPool:
                 self._spare.append(group)
 
     def drop(self, owner: str) -> None:
-        """Remove the groups kept for ``owner`` (its workspace is gone)."""
+        """Remove the groups kept for ``owner`` (its workspace is gone), and those handed back for it later."""
         with self._lock:
             groups = self._idle.pop(owner, [])
+            self._gone[owner] = None
+            while len(self._gone) > GONE_REMEMBERED:
+                self._gone.popitem(last=False)
         for group in groups:
             group.remove()
 
