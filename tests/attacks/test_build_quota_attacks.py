@@ -135,7 +135,10 @@ async def test_inline_registrations_racing_for_a_teams_last_place_let_exactly_on
     marker = f"{3000 + random.random():.9f}"
     sdist(dists, "endless", "1.0", f'import subprocess\nsubprocess.run(["sleep", "{marker}"])\n')
     async with client(inline, new_team(inline, "team-a")) as a:
-        answers = await asyncio.gather(*(upload(a, f"lib{i}", needing("endless", f"skill{i}")) for i in range(6)))
+        # Each its own requirement set, so each needs a build of its own: with one set, a registration that comes
+        # once the first build is resolving finds that environment under way and needs no build (nor a place)
+        answers = await asyncio.gather(*(upload(a, f"lib{i}", needing(f"endless>=0.{i}", f"skill{i}"))
+                                         for i in range(6)))
         codes = sorted(answer.status_code for answer in answers)
         assert codes == [201] + [429] * 5, [answer.text[:200] for answer in answers]
         assert len((await a.get("/v1/libraries")).json()) == 1
