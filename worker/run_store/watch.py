@@ -135,7 +135,7 @@ class AsyncRunReader:
                     while not self.stopping:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=LISTEN_POLL_SECONDS)
                         if message is not None and message["type"] == "message":  # "<run id> <event type>"
-                            run_id, _, event = message["data"].decode().partition(" ")
+                            run_id, _, event = message["data"].decode(errors="replace").partition(" ")
                             self.waiters.notify(run_id, event or None)
             except (RedisError, OSError) as exc:
                 logger.warning("run changes subscription lost (%s); subscribing again", exc)
