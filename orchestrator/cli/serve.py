@@ -21,7 +21,8 @@ characters, up to 120,000 bytes percent-encoded; past this uvicorn answers a bar
 
 def server_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
     """How the API is served, by ``skillrun serve`` and by the tests alike."""
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http="h11", loop="auto",  # uvloop's
+    # loop "auto": uvloop, a dependency
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http="h11", loop="auto",
                           h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
                           timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
 

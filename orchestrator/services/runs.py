@@ -115,7 +115,6 @@ def _check_secrets(services: Services, repository: BaseSkillRepository, team: Te
                               f"skillrun secrets set")
 
 
-
 async def team_run(services: Services, run_id: str, team: Team) -> RunRecord:
     """The team's run ``run_id``: ``RunLostError`` for a run of the team whose record is gone, ``RunNotFoundError``
     for no such run or another team's."""
