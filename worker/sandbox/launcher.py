@@ -6,10 +6,10 @@ path when its new sandbox is moved into its group (``SandboxStart.release``). A 
 groups without moving, so a ``Launcher`` — bash as root, waiting for one request (a byte on a pipe, then a file),
 its output pipes and a ``SandboxStart``'s ends already given — is started ahead and moved into a spare run group
 while nothing waits for it; a run that starts a sandbox of its own (``process.run_process``) sends it its folder
-and command line, and it ``exec``s them there: the sandbox, and everything of the run, is born in the run's group. bwrap sets the
-command's environment (``--clearenv``, ``--setenv``): the launcher's own (bash's) goes no further than bwrap. A
-launcher is started in a network namespace of its own (``unshare --net``, as root), so a run without network gets
-it without making one on its path (a run with network gets another from bwrap, as always).
+and command line, and it ``exec``s them there: the sandbox, and everything of the run, is born in the run's group.
+bwrap sets the command's environment (``--clearenv``, ``--setenv``): the launcher's own (bash's) goes no further
+than bwrap. A launcher is started in a network namespace of its own (``unshare --net``, as root), so a run without
+network gets it without making one on its path (a run with network gets another from bwrap, as always).
 """
 
 from __future__ import annotations
