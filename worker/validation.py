@@ -20,12 +20,12 @@ from worker.errors import InvalidRunRequestError
 _PLACEHOLDER_ROOT = "/skillrun-workspace"
 
 MAX_COMMAND_CHARS = 128 * 1024
-"""A command's length: ``bash -c`` takes it as one argument, which Linux caps at 128 KiB, so a longer one could
-never start."""
+"""A command's length: at most 512 KiB of UTF-8, which with the environment's bound fits the kernel's 2 MiB for a
+program's arguments and environment (a shell is given a command longer than one argument may be in parts:
+``worker.sandbox.process.shell_argv``)."""
 MAX_ENV_VARS = 64
 MAX_ENV_VALUE_CHARS = 4096
-"""With the command, 64 such variables (4 bytes a character at most) fit the kernel's 2 MiB for a program's
-arguments and environment."""
+"""64 such variables: at most 1 MiB of UTF-8 (4 bytes a character at most)."""
 MAX_PATH_CHARS = 1024
 """A ``cwd``, an output glob, an input's destination."""
 MAX_OUTPUT_PATTERNS = 64
@@ -50,6 +50,8 @@ def run_ceilings(settings: WorkerSettings) -> dict[str, float]:
 def _validate_sizes(request: RunRequest, settings: WorkerSettings) -> None:
     """Refuse fields longer or more numerous than the bounds, and limits above the operator's ceilings."""
     _at_most("command", len(request.command), MAX_COMMAND_CHARS, "characters")
+    if "\0" in request.command:
+        raise InvalidRunRequestError("command", "a command cannot hold a NUL character; a shell could not be given it")
     _at_most("env", len(request.env), MAX_ENV_VARS, "variables")
     for name, value in request.env.items():
         _at_most("env", len(name), MAX_ENV_NAME_CHARS, f"characters in the name {name[:32]!r}…")

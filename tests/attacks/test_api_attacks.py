@@ -94,6 +94,7 @@ async def test_api_refuses_a_100_mb_command_before_reading_it(api):
 
 @pytest.mark.parametrize(("fields", "where"), [
     ({"command": "x" * (MAX_COMMAND_CHARS + 1)}, "command"),
+    ({"command": "echo before\u0000echo after"}, "command"),
     ({"env": {f"V{i}": "x" for i in range(65)}}, "env"),
     ({"env": {"V" * 129: "x"}}, "env"),
     ({"env": {"V": "x" * 4097}}, "env"),

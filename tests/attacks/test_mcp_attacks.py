@@ -752,7 +752,7 @@ async def test_mcp_bad_skill_run_arguments_are_error_results_naming_the_problem(
         assert answer.status_code == 200, (fragment[:60], answer.status_code)
         result = answer.json()["result"]
         assert result.get("isError") and named in result["content"][0]["text"], (fragment[:60], result)
-    commands = [("x" * (200 * 1024), "command"), ("", "command"), ("a\u0000b", "null")]
+    commands = [("x" * (200 * 1024), "command"), ("", "command"), ("a\u0000b", "NUL character")]
     for command, named in commands:
         result = api.tool(alpha, session, "skill_run", {"skill": "notes", "command": command})
         assert result.get("isError") and named in result["content"][0]["text"], (command[:20], result)

@@ -87,10 +87,12 @@ class Launcher:
         self._go = self._request = -1
 
     def discard(self) -> None:
-        """Kill an unused launcher and let go of what it holds (its group is the caller's)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        """Kill an unused launcher and let go of what it holds (its group is the caller's); once, however often
+        called (its pid may be another's once it is reaped)."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         for pipe in (self.proc.stdout, self.proc.stderr):
             pipe.close()
         self._close_request()

@@ -76,6 +76,22 @@ def ulimit_prefix(limits: RunLimits, *, dedicated_user: bool) -> str:
     return f"ulimit -S -H {' '.join(parts)} || exit 125; "
 
 
+MAX_ARG_BYTES = 128 * 1024
+"""Linux's cap on one argument of a program, its NUL counted (``MAX_ARG_STRLEN``)."""
+_PART_CHARS = MAX_ARG_BYTES // 4 - 1
+"""A part of a long script: one argument at most, at 4 bytes a character."""
+
+
+def shell_argv(bash: str, script: str) -> list[str]:
+    """``bash -c script``. A script longer than one argument may be is given in parts, joined and evaluated with
+    no positional parameters, as ``bash -c`` would run it whole."""
+    if len(script.encode("utf-8", "surrogatepass")) < MAX_ARG_BYTES:
+        return [bash, "-c", script]
+    parts = [script[at:at + _PART_CHARS] for at in range(0, len(script), _PART_CHARS)]
+    joined = "".join(f"${{{n}}}" for n in range(1, len(parts) + 1))
+    return [bash, "-c", f'eval "set --; {joined}"', bash, *parts]
+
+
 def remote_ulimit_prefix(limits: RunLimits) -> str:
     """A ``ulimit`` line for a shell on another machine, whose hard limits are not known here: each limit is
     lowered to ``limits``, or to that machine's hard limit where that is lower (the sandbox user is dedicated, so
@@ -267,8 +283,18 @@ async def run_process(
         handle = _Started(ready.out_fd, ready.err_fd, ready.spawned.started, ready.spawned.exit_status, ready.release)
     elif spawner is not None:
         handle = _start_spawned(argv, cwd, env, spawner)
+    elif launcher is not None:
+        try:
+            handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox, launcher)
+        except BrokenPipeError:  # it died while it waited (nothing ran): the sandbox is started without it
+            launcher.discard()
+            launcher = None
+            handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox)
+        except BaseException:  # nothing ran in it, nor is to
+            launcher.discard()
+            raise
     else:
-        handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox, launcher)
+        handle = _start_direct(argv, cwd, env, uid, gid, no_network, sandbox)
     try:
         # In a sandbox, ending its init or emptying the run's control group ends everything of the run: no sweep by
         # user id, which would reach the workspace's spawner and next ready shell (and any process of that id

@@ -25,7 +25,7 @@ from worker.egress.serving import serving_sandbox
 from worker.environments import SkillEnvironments, local_environments
 from worker.errors import InvalidRunRequestError, SpawnerError
 from worker.outcome import ProcessOutcome
-from worker.sandbox.process import find_bash, network_off_prefix, run_process, ulimit_prefix
+from worker.sandbox.process import find_bash, network_off_prefix, run_process, shell_argv, ulimit_prefix
 from worker.sandbox.ready_shell import ReadyShell
 from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
@@ -125,23 +125,23 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                                                    "running as root, with bubblewrap); this one has none")
         no_network = workspace.uid is not None and not request.network
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None) + request.command
-        argv = [self._bash or find_bash(), "-c", script]
+        argv = shell_argv(self._bash or find_bash(), script)
         sandbox = await self._sandbox(workspace, request, environment)
         if request.egress:  # a sandbox of its own, whose only way out is the proxy (never the held sandbox)
             async with serving_sandbox(run_allow_list(request.egress), workspace.uid) as proxy:
-                outcome = await self._in_sandbox(workspace, request, argv, sandbox, cwd,
+                outcome = await self._in_sandbox(workspace, request, script, argv, sandbox, cwd,
                                                  {**env, **proxy_environment()}, cancel, no_network, spawned=False)
             outcome.egress = proxy.refusals
             return outcome
-        return await self._in_sandbox(workspace, request, argv, sandbox, cwd, env, cancel, no_network,
+        return await self._in_sandbox(workspace, request, script, argv, sandbox, cwd, env, cancel, no_network,
                                       spawned=no_network or workspace.uid is None)
 
     async def _in_sandbox(
-        self, workspace: Workspace, request: RunRequest, argv: list[str], sandbox: SandboxSpec | None, cwd: str,
-        env: dict[str, str], cancel: Cancellation, no_network: bool, *, spawned: bool,
+        self, workspace: Workspace, request: RunRequest, script: str, argv: list[str], sandbox: SandboxSpec | None,
+        cwd: str, env: dict[str, str], cancel: Cancellation, no_network: bool, *, spawned: bool,
     ) -> ProcessOutcome:
-        """Run ``argv`` in ``sandbox`` (through the workspace's spawner where ``spawned``) and report its limits."""
-        script = argv[-1]
+        """Run ``argv`` (the shell given ``script``) in ``sandbox`` (through the workspace's spawner where
+        ``spawned``) and report its limits."""
         limits = CgroupLimits(request.limits.memory_bytes, request.limits.processes, self.cpus)
         process_args = dict(
             cwd=cwd, env=env, timeout=request.timeout, stdout_cap=request.limits.stdout_bytes,
