@@ -58,6 +58,11 @@ class Settings(PlaneSettings):
     allow_private_library_urls: bool = Field(
         default=False, description="Let teams register library URLs on private or local addresses (trusted networks only)."
     )
+    strict_skills: bool = Field(
+        default=False,
+        description="Refuse skills whose front matter the Agent Skills format does not allow (a description over "
+                    "1,024 characters, a field it does not have) instead of using them with a warning.",
+    )
     model: str = Field(default="gpt-4o-mini", description="The chat model's name at the OpenAI-compatible endpoint.")
     openai_api_key: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "SKILLRUN_OPENAI_API_KEY"))
     openai_base_url: str | None = Field(

@@ -49,19 +49,25 @@ class SkillError(OrchestratorError):
 class SkillValidationError(SkillError):
     """A ``SKILL.md`` is malformed or breaks a rule."""
 
-    def __init__(self, path: str, field: str, message: str) -> None:
+    def __init__(self, path: str, field: str, message: str, *, skill: str | None = None) -> None:
         self.path = path
         self.field = field
         self.message = message
+        self.skill = skill
+        """The name the file declares, where it was read before the rule it breaks."""
         super().__init__(f"{path}: {field}: {message}")
 
 
 class SkillNotFoundError(SkillError, KeyError):
-    """No skill of that name."""
+    """No usable skill of that name: none declares it, or the one that does was refused (``reason``)."""
 
-    def __init__(self, name: str, available: list[str]) -> None:
+    def __init__(self, name: str, available: list[str], reason: str | None = None) -> None:
         self.name = name
         self.available = available
+        self.reason = reason
+        if reason is not None:
+            super().__init__(f"skill {name!r} cannot be used: {reason}")
+            return
         listing = ", ".join(available) if available else "none"
         super().__init__(f"unknown skill {name!r} (available: {listing})")
 

@@ -164,10 +164,21 @@ class EnvironmentPublic(BaseModel):
     )
 
 
+class SkillWarningPublic(BaseModel):
+    """What a usable skill's front matter does that the Agent Skills format does not allow."""
+
+    field: str
+    message: str
+
+
 class SkillPublic(SkillSummaryPublic):
     body: str
     tools: list[str]
     docs: list[str]
+    warnings: list[SkillWarningPublic] = Field(
+        default_factory=list, description="Its front matter's departures from the Agent Skills format (a description "
+                                          "over 1,024 characters, a field the format does not have); refusals instead "
+                                          "where the server asks for strict skills (SKILLRUN_STRICT_SKILLS).")
     environment: EnvironmentPublic = Field(
         description="Its dependency environment on the first runtime the server prepares for (SKILLRUN_PREPARE_RUNTIMES)."
     )

@@ -86,7 +86,7 @@ async def _prepare(
     located = {name: skill_paths(repo, name) for name in names}
     for name, (root, _) in located.items():
         by_root.setdefault(root, set()).add(name)
-    all_names = {summary.name for summary in repo.summaries()}
+    all_names = {summary.name for summary in repo.summaries()} | set(repo.refused())  # a refusal is its own problem
     for root in by_root:
         try:
             manifest = read_manifest(root)

@@ -40,7 +40,7 @@ def list_skills(args: argparse.Namespace) -> int:
     else:
         print("no skills found" if args.search is None else f"no skill matches {args.search!r}")
     for problem in problems:
-        print(f"problem: {problem}", file=sys.stderr)
+        print(f"{problem.kind}: {problem}", file=sys.stderr)
     return 0
 
 
@@ -94,7 +94,7 @@ def show_skill(args: argparse.Namespace) -> int:
     rows.append([f"environment ({args.runtime})", _describe(environment, skill.name, args.runtime) or unknown])
     print(table(["FIELD", "VALUE"], rows))
     for problem in problems:
-        print(f"problem: {problem}")
+        print(f"{problem.kind}: {problem}")
     print()
     print(skill.body)
     return 0

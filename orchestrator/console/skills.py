@@ -50,7 +50,7 @@ def _skill(services: Services, team: Team, name: str) -> tuple[Skill, list, list
         raise ConsoleError(404, str(exc)) from exc
     except SkillValidationError as exc:
         raise ConsoleError(422, str(exc)) from exc
-    problems = [str(p) for p in repository.problems()
+    problems = [f"{p.kind}: {p}" for p in repository.problems()
                 if Path(p.path).parent == skill.path or str(skill.path) in p.message]
     return skill, services.environments.skill_statuses(ref), problems
 

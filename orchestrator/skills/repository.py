@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config import get_settings
 from orchestrator.errors import (
     SkillNotFoundError,
     SkillsRootNotFoundError,
@@ -53,14 +54,20 @@ MAX_DEPTH = 4
 
 @dataclass(frozen=True)
 class SkillProblem:
-    """Why a skill folder was left out (or a skill is only partly usable)."""
+    """Why a skill folder was left out, or (``warning``) what a usable skill's front matter does that the Agent
+    Skills format does not allow."""
 
     path: str
     field: str
     message: str
+    warning: bool = False
 
     def __str__(self) -> str:
         return f"{self.path}: {self.field}: {self.message}"
+
+    @property
+    def kind(self) -> str:
+        return "warning" if self.warning else "problem"
 
 
 @dataclass
@@ -90,7 +97,8 @@ class _Scan:
     problems: list[SkillProblem] = field(default_factory=list)
     folders: dict[str, int] = field(default_factory=dict)  # scanned folder → mtime_ns (or MISSING)
     skill_files: dict[str, Stamp] = field(default_factory=dict)  # every SKILL.md seen → its stamp
-    parsed: dict[str, tuple[Stamp, SkillSummary]] = field(default_factory=dict)  # usable SKILL.md → summary
+    parsed: dict[str, tuple[Stamp, SkillSummary]] = field(default_factory=dict)  # readable SKILL.md → summary
+    refused: dict[str, SkillProblem] = field(default_factory=dict)  # a name declared by no usable skill → why
     _summaries: list[SkillSummary] | None = None
     search_index: SkillIndex | None = None  # built on first use (or read back from a summary cache)
 
@@ -134,6 +142,10 @@ class BaseSkillRepository(ABC):
     def skill_list(self) -> list[str]:
         return [s.name for s in self.summaries()]
 
+    def refused(self) -> dict[str, SkillProblem]:
+        """The names that only refused skills declare, each with why it was refused (where the name was read)."""
+        return {}
+
     def index(self) -> SkillIndex:
         """The search index of the current summaries (repositories that know their version keep it)."""
         return SkillIndex(self.summaries())
@@ -151,10 +163,13 @@ class FsSkillRepository(BaseSkillRepository):
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         fetch_limits: FetchLimits | None = None,
+        strict: bool | None = None,
     ) -> None:
         """``paths``: folders, ``file://`` URLs, or http(s) URLs of archives or of one SKILL.md (fetched into the
-        cache here, once; see ``worker.roots.sources``)."""
+        cache here, once; see ``worker.roots.sources``). ``strict``: refuse skills whose front matter has warnings
+        (default: ``Settings.strict_skills``)."""
         super().__init__(workspace_runtime)
+        self.strict = get_settings().strict_skills if strict is None else strict
         raw = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
         self.roots: list[Path] = []
         self._origins: dict[Path, tuple[str, str | None]] = {}
@@ -234,6 +249,9 @@ class FsSkillRepository(BaseSkillRepository):
     def problems(self) -> list[SkillProblem]:
         return list(self._current().problems)
 
+    def refused(self) -> dict[str, SkillProblem]:
+        return dict(self._current().refused)
+
     def listing(self, query: str | None = None) -> tuple[list[SkillSummary], list[SkillProblem]]:
         """Every skill sorted by name (or, with ``query``, the matching ones best first) and the problems, from
         one look at the roots."""
@@ -247,6 +265,9 @@ class FsSkillRepository(BaseSkillRepository):
         scan = self._current()
         entry = scan.entries.get(name)
         if entry is None:
+            refused = scan.refused.get(name)
+            if refused is not None:
+                raise SkillNotFoundError(name, [], reason=str(refused))
             raise SkillNotFoundError(name, scan.index().closest_names(name))
         return entry
 
@@ -277,7 +298,7 @@ class FsSkillRepository(BaseSkillRepository):
                 try:
                     summary = known[1] if known is not None and known[0] == stamp else _read_summary(Path(skill_file))
                 except SkillValidationError as exc:
-                    scan.problems.append(SkillProblem(exc.path, exc.field, exc.message))
+                    self._refuse(scan, exc.skill, SkillProblem(exc.path, exc.field, exc.message))
                     continue
                 scan.parsed[skill_file] = (stamp, summary)
                 other = scan.entries.get(summary.name)
@@ -289,8 +310,23 @@ class FsSkillRepository(BaseSkillRepository):
                         )
                     )
                     continue
+                if summary.warnings and self.strict:
+                    for at, message in summary.warnings:
+                        self._refuse(scan, summary.name, SkillProblem(skill_file, at, f"{message} (refused: "
+                                                                                      "strict skills)"))
+                    continue
+                scan.problems.extend(SkillProblem(skill_file, at, message, warning=True)
+                                     for at, message in summary.warnings)
                 scan.entries[summary.name] = _Entry(summary, folder, root)
+        for name in scan.entries:
+            scan.refused.pop(name, None)  # another folder's skill of that name is used
         return scan
+
+    @staticmethod
+    def _refuse(scan: _Scan, name: str | None, problem: SkillProblem) -> None:
+        scan.problems.append(problem)
+        if name is not None:
+            scan.refused.setdefault(name, problem)
 
     @staticmethod
     def _skill_dirs(root: Path, scan: _Scan) -> list[tuple[str, os.stat_result]]:
@@ -401,7 +437,9 @@ def create_default_skill_repository(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     fetch_limits: FetchLimits | None = None,
+    strict: bool | None = None,
 ) -> BaseSkillRepository:
     """The guide's entry point: a repository over ``paths`` (one root or a list; folders or URLs), cached if asked."""
     cls = CachedSkillRepository if use_cached_repository else FsSkillRepository
-    return cls(paths, workspace_runtime=workspace_runtime, cache_dir=cache_dir, fetch_limits=fetch_limits)
+    return cls(paths, workspace_runtime=workspace_runtime, cache_dir=cache_dir, fetch_limits=fetch_limits,
+               strict=strict)

@@ -46,6 +46,10 @@ EGRESS_KEY = "egress"
 ``*.domain[:port]``), within its team's egress allow-list (``orchestrator.egress``)."""
 MAX_NAME_LENGTH = 64
 MAX_DESCRIPTION_LENGTH = 1024
+"""The Agent Skills format's bound on a description: a longer one is a warning (real libraries exceed it), or a
+refusal where the operator asks for strict skills (``Settings.strict_skills``)."""
+FRONT_MATTER_FIELDS = frozenset({"name", "description", "license", "allowed-tools", "metadata", "compatibility"})
+"""The Agent Skills format's front matter fields: another is kept out of the skill, with a warning."""
 MAX_DOC_BYTES = 1024 * 1024
 MAX_SKILL_FILE_BYTES = 1024 * 1024
 """The largest ``SKILL.md`` read (front matter and body)."""
@@ -64,10 +68,13 @@ _TOOL_NAME = re.compile(r"^`?([A-Za-z_][\w.-]*)`?")
 
 @dataclass(frozen=True)
 class SkillSummary:
-    """The overview tier: what every model request carries about a skill."""
+    """The overview tier: what every model request carries about a skill; and what its front matter does that the
+    Agent Skills format does not allow, which public libraries do (``warnings``: field and message each), shown to
+    the people who look at the skill, never to the model."""
 
     name: str
     description: str
+    warnings: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -306,14 +313,19 @@ def validate_summary(data: dict, path: str) -> SkillSummary:
         )
     description = data.get("description")
     if description is None or (isinstance(description, str) and not description.strip()):
-        raise SkillValidationError(path, "description", "is required")
+        raise SkillValidationError(path, "description", "is required", skill=name)
     if not isinstance(description, str):
-        raise SkillValidationError(path, "description", "must be a string")
+        raise SkillValidationError(path, "description", "must be a string", skill=name)
+    warnings = []
     if len(description) > MAX_DESCRIPTION_LENGTH:
-        raise SkillValidationError(
-            path, "description", f"is {len(description)} characters; at most {MAX_DESCRIPTION_LENGTH} are allowed"
-        )
-    return SkillSummary(name=name, description=description.strip())
+        warnings.append(("description", f"is {len(description)} characters; the Agent Skills format allows "
+                                        f"{MAX_DESCRIPTION_LENGTH}, and every model request carries it"))
+    unknown = sorted(set(data) - FRONT_MATTER_FIELDS)
+    if unknown:
+        warnings.append(("front matter", f"{', '.join(map(repr, unknown))} "
+                                         f"{'is not a field' if len(unknown) == 1 else 'are not fields'} of the "
+                                         "Agent Skills format; kept out of the skill"))
+    return SkillSummary(name=name, description=description.strip(), warnings=tuple(warnings))
 
 
 def parse_tools(body: str) -> list[str]:

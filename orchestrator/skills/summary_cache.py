@@ -21,13 +21,14 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.errors import SkillValidationError
 from orchestrator.skills.search import SkillIndex
 from orchestrator.skills.skill import SkillSummary, read_regular_file, validate_summary
 
-FORMAT = 2
+FORMAT = 3
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_CACHES = 64
 LEFTOVER_SECONDS = 3600.0
@@ -52,10 +53,11 @@ class SummaryCache:
             os.utime(self.path, follow_symlinks=False)  # used now: the least recently used caches go first
         loaded = {}
         try:
-            for file, (*stamp, name, description) in data["skills"].items():
+            for file, (*stamp, name, description, warnings) in data["skills"].items():
                 with contextlib.suppress(SkillValidationError):  # parsed again instead
                     summary = validate_summary({"name": name, "description": description}, file)
-                    loaded[file] = (tuple(int(part) for part in stamp), summary)
+                    kept = tuple((str(field), str(message)) for field, message in warnings)
+                    loaded[file] = (tuple(int(part) for part in stamp), replace(summary, warnings=kept))
         except (ValueError, TypeError, KeyError, AttributeError):
             return {}
         return loaded
@@ -64,7 +66,7 @@ class SummaryCache:
         """Write ``parsed``; a cache that cannot be written only costs the next process its speed."""
         self._write(self.path, {
             "format": FORMAT,
-            "skills": {file: [*stamp, s.name, s.description] for file, (stamp, s) in parsed.items()},
+            "skills": {file: [*stamp, s.name, s.description, s.warnings] for file, (stamp, s) in parsed.items()},
         })
         self._prune()
 

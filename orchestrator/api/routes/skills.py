@@ -18,6 +18,7 @@ from orchestrator.schemas import (
     SkillName,
     SkillPublic,
     SkillSummaryPublic,
+    SkillWarningPublic,
 )
 from orchestrator.services import Services
 from orchestrator.teams import Team
@@ -67,4 +68,5 @@ def get_skill(name: SkillName = Path(description="The skill's name."), team: Tea
         raise HTTPException(422, str(exc)) from exc
     environments = services.environments.skill_statuses(ref)
     return SkillPublic(name=skill.name, description=skill.description, body=skill.body, tools=skill.tools,
-                       docs=skill.doc_names, environment=environments[0], environments=environments)
+                       docs=skill.doc_names, environment=environments[0], environments=environments,
+                       warnings=[SkillWarningPublic(field=at, message=text) for at, text in skill.summary.warnings])
