@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.file_server import FileServer
+from tests.worker.test_local_runtime import RESERVE
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
 from worker.roots.cache import evict
@@ -76,6 +77,16 @@ async def test_allocating_past_the_memory_limit_is_reported_as_oom(docker_runtim
     assert result.oom_killed is True
     assert result.exit_code == 137
     assert "memory limit" in result.stderr
+
+
+@pytest.mark.parametrize("oci_runtime", ["runc", "runsc"])
+async def test_a_program_may_reserve_more_address_space_than_its_memory(docker_runtime_factory, docker_engine,
+                                                                        oci_runtime):
+    if oci_runtime != "runc":
+        docker_engine.require_runtime(oci_runtime)
+    runtime = docker_runtime_factory(oci_runtime=oci_runtime)  # the container bounds memory: no ulimit -v
+    result = await runtime.run(_request(RESERVE, limits=RunLimits(memory_bytes=300 * 1024**2)))
+    assert (result.exit_code, result.stdout) == (0, "reserved\n"), result.stderr
 
 
 async def test_the_skill_folder_library_and_root_file_system_are_read_only(docker_runtime_factory):

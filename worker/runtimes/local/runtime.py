@@ -124,9 +124,10 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             raise InvalidRunRequestError("egress", "an egress allow-list needs the local runtime's sandbox (a worker "
                                                    "running as root, with bubblewrap); this one has none")
         no_network = workspace.uid is not None and not request.network
-        script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None) + request.command
-        argv = shell_argv(self._bash or find_bash(), script)
         sandbox = await self._sandbox(workspace, request, environment)
+        script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None,
+                               address_space=sandbox is None or not self.groups.available) + request.command
+        argv = shell_argv(self._bash or find_bash(), script)
         if request.egress:  # a sandbox of its own, whose only way out is the proxy (never the held sandbox)
             async with serving_sandbox(run_allow_list(request.egress), workspace.uid) as proxy:
                 outcome = await self._in_sandbox(workspace, request, script, argv, sandbox, cwd,
