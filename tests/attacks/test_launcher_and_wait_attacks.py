@@ -292,7 +292,7 @@ def test_a_launcher_execs_exactly_the_argv_and_folder_sent_and_closes_its_reques
     odd = ["", "-n", "--", "-e", "a\nb", "\t lead", "\x01", "\x7f", "\x01\x01", "a\x7fb", "\x01\x7f\x01", "é☃",
            "$(id)", "*", "'\"\\", *(c * 100_000 for c in "xyzw"), ""]  # ~400 KB: ten times a pipe's buffer
     argv = [PYTHON, "-c", REPORT, *odd]
-    launcher = Launcher(BASH, _NoGroup(), ())
+    launcher = Launcher(BASH, _NoGroup())
     try:
         go, request = _script_fds(launcher)
         launcher.launch(argv, str(folder))
@@ -314,7 +314,7 @@ def test_a_launcher_runs_nothing_when_its_go_pipe_closes_without_the_byte(tmp_pa
     # The worker wrote the request and died before the go byte: its end of the pipe closes, the launcher must not
     # take the request it finds in the file
     marker = tmp_path / "ran"
-    launcher = Launcher(BASH, _NoGroup(), ())
+    launcher = Launcher(BASH, _NoGroup())
     try:
         request = b"".join(part.encode() + b"\0" for part in ["/", "/usr/bin/touch", str(marker)])
         assert os.pwrite(launcher._request, request, 0) == len(request)
@@ -331,12 +331,12 @@ def test_discarded_and_dead_launchers_give_back_every_descriptor_of_the_worker()
     seen = _worker_fds()
     unused: list[Launcher] = []
     try:
-        unused.extend(Launcher(BASH, _NoGroup(), ()) for _ in range(3))
+        unused.extend(Launcher(BASH, _NoGroup()) for _ in range(3))
         assert sorted(set(_memfds()) - set(seen)) == sorted(launcher._request for launcher in unused)
         for launcher in unused:
             launcher.discard()
         assert [launcher.proc.returncode for launcher in unused] == [-signal.SIGKILL] * 3
-        dead = Launcher(BASH, _NoGroup(), ())
+        dead = Launcher(BASH, _NoGroup())
         unused.append(dead)
         os.killpg(dead.proc.pid, signal.SIGKILL)
         os.waitid(os.P_PID, dead.proc.pid, os.WEXITED | os.WNOWAIT)

@@ -455,3 +455,27 @@ async def test_a_runtime_still_runs_after_close(work_root, make_request):
         result = await runtime.run(make_request("echo again", workspace_id="again"))
         assert result.stdout == "again\n"
     await runtime.close()
+
+
+LOOPBACK = """python3 -c '
+import socket, threading
+server = socket.create_server(("127.0.0.1", 0))
+def answer():
+    conn, _ = server.accept()
+    conn.sendall(conn.recv(16).upper())
+    conn.close()
+threading.Thread(target=answer).start()
+with socket.create_connection(server.getsockname()) as client:
+    client.sendall(b"ping")
+    print(client.recv(16).decode())
+'"""
+"""A server the run starts on its loopback, and the run's own request to it (as webapp tests do)."""
+
+
+async def test_a_run_without_network_reaches_a_server_it_started_on_its_loopback(runtime, make_request):
+    for _ in range(3):  # a sandbox of its own first; then, through a spawner, the workspace's held sandbox
+        result = await runtime.run(make_request(LOOPBACK, workspace_id="loopback"))
+        assert (result.exit_code, result.stdout) == (0, "PING\n"), result.stderr
+        await runtime.idle()
+    outside = await runtime.run(make_request("(echo > /dev/tcp/1.1.1.1/53) 2>&1; ip -o link 2>/dev/null | wc -l"))
+    assert outside.exit_code == 0 and "unreachable" in outside.stdout, outside.stdout  # nothing but loopback

@@ -15,9 +15,10 @@ What the sandbox gives a run, and what each part stops:
   user-namespace attack surface stays out of reach, nor the other kernel interfaces container engines keep from
   containers; IPC, UTS and cgroup namespaces of its own; no capabilities and no-new-privileges (bwrap sets both).
 
-bwrap runs as the workspace user (unprivileged user namespaces), after the network was taken away by root
-(``unshare --net``) where the run has none. A run with network gets a network namespace of its own from bwrap,
-connected to the outside through user-mode networking (``worker.sandbox.user_network``), never the host's. bwrap starts
+bwrap runs as the workspace user (unprivileged user namespaces) and gives every sandbox a network namespace of its
+own, its loopback up (a server a run starts is reached from the same run; nothing outside is). A run without network
+has nothing else there; a run with network is connected to the outside through user-mode networking
+(``worker.sandbox.user_network``), never the host's. bwrap starts
 blocked (``--block-fd``) and reports its init's pid and namespaces (``--json-status-fd``), so the caller can move
 the sandbox into the run's control group, and connect its network, before anything of the run executes
 (``release``); a served sandbox (``SandboxSpec.served``) gets a network namespace of its own with nothing but
@@ -93,9 +94,9 @@ def served_by(server: NetworkServer) -> Iterator[None]:
 class SandboxSpec:
     """What one sandbox holds: the workspace (read-write), folders shown read-only, the size of its tmpfs.
 
-    Without ``network`` the sandbox keeps the network namespace bwrap starts in: root has already taken the
-    network away (``unshare --net``). With it, bwrap makes a network namespace of its own, which ``release``
-    connects through user-mode networking, and the sandbox gets its own ``resolv.conf`` (slirp's DNS forwarder).
+    bwrap makes every sandbox a network namespace of its own with its loopback up: without ``network`` that is
+    all there is. With it, ``release`` connects it through user-mode networking, and the sandbox gets its own
+    ``resolv.conf`` (slirp's DNS forwarder).
     Such a spec is made only where that can be had (``find_slirp4netns``, checked once: the first call blocks,
     so callers on an event loop make it in a thread first); elsewhere ``RuntimeUnavailableError`` says what to
     install, before anything is started. ``served`` instead: a network namespace of its own too (bwrap brings its
@@ -145,10 +146,9 @@ class SandboxSpec:
                  "--bind", self.workspace, self.workspace]
         for folder in self.read_only:
             args += ["--ro-bind", folder, folder]
+        args += ["--unshare-net"]  # loopback up, nothing else: what served and connected sandboxes add to
         if self.network:
-            args += ["--unshare-net", "--ro-bind", RESOLV_CONF, resolv_conf_target()]
-        elif self.served:
-            args += ["--unshare-net"]
+            args += ["--ro-bind", RESOLV_CONF, resolv_conf_target()]
         # The sandbox's own root and /dev are tmpfs with no size of their own: read-only once laid out, so a run
         # writes nowhere but its workspace, /tmp and /dev/shm.
         return args + ["--remount-ro", "/dev", "--remount-ro", "/"]
@@ -262,9 +262,12 @@ class SandboxStart:
             os.close(fd)
         self.info_w = self.block_r = self.seccomp_r = -1
 
-    async def release(self, cgroup: RunCgroup | None, timeout: float = INFO_TIMEOUT_SECONDS) -> None:
-        """Wait (on the loop) for the sandbox's init, put it in ``cgroup``, connect its network namespace if bwrap
-        made one (``SandboxSpec.network``), or have the task's server serve it (``served_by``), and let it run.
+    async def release(
+        self, cgroup: RunCgroup | None, *, connect: bool, timeout: float = INFO_TIMEOUT_SECONDS
+    ) -> None:
+        """Wait (on the loop) for the sandbox's init, put it in ``cgroup``, with ``connect`` (``SandboxSpec.network``
+        or ``served``) connect its network namespace or have the task's server serve it (``served_by``), and let it
+        run. Without, its namespace keeps its loopback alone.
 
         A bwrap that failed before making its sandbox reports nothing and exits with its message on stderr, which
         becomes the run's. ``SandboxError`` if it neither reported nor ended in time or its network could not be
@@ -280,7 +283,7 @@ class SandboxStart:
             self.init_pidfd = os.pidfd_open(self.init_pid)  # while it is blocked: its pid cannot have been reused
             if cgroup is not None:
                 cgroup.add(self.init_pid)
-            if network is not None:
+            if network is not None and connect:
                 await _loopback_set_up(self.init_pid, timeout)
                 if (server := _SERVER.get()) is not None:
                     await server(self.init_pid, int(network.group(1)))

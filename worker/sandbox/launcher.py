@@ -8,8 +8,7 @@ its output pipes and a ``SandboxStart``'s ends already given — is started ahea
 while nothing waits for it; a run that starts a sandbox of its own (``process.run_process``) sends it its folder
 and command line, and it ``exec``s them there: the sandbox, and everything of the run, is born in the run's group.
 bwrap sets the command's environment (``--clearenv``, ``--setenv``): the launcher's own (bash's) goes no further
-than bwrap. A launcher is started in a network namespace of its own (``unshare --net``, as root), so a run without
-network gets it without making one on its path (a run with network gets another from bwrap, as always).
+than bwrap, and makes the sandbox's network namespace.
 """
 
 from __future__ import annotations
@@ -38,17 +37,15 @@ its few kilobytes; from a file it reads in blocks."""
 class Launcher:
     """A root bash in its run group (``cgroup``, made for it), waiting to become a run's sandbox."""
 
-    def __init__(self, bash: str, cgroup: RunCgroup, network_off: tuple[str, ...]) -> None:
-        """Start the launcher under ``network_off`` (a network namespace of its own with nothing in it, which a run
-        without network keeps: none is made on its path) and move it into ``cgroup`` (blocks: a thread's, off any
-        run's path)."""
+    def __init__(self, bash: str, cgroup: RunCgroup) -> None:
+        """Start the launcher and move it into ``cgroup`` (blocks: a thread's, off any run's path)."""
         self.cgroup = cgroup
         self.start = SandboxStart()
         go_r, self._go = os.pipe()
         self._request = os.memfd_create("skillrun-launch", os.MFD_CLOEXEC)
         try:
             self.proc = subprocess.Popen(
-                [*network_off, bash, "-c", LAUNCHER_SCRIPT.format(go=go_r, request=self._request)],
+                [bash, "-c", LAUNCHER_SCRIPT.format(go=go_r, request=self._request)],
                 pass_fds=[go_r, self._request, *self.start.child_fds()],
                 env={"PATH": "/usr/bin:/bin"}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, process_group=0,
@@ -102,10 +99,9 @@ class Launcher:
 class LauncherPool:
     """Launchers waiting in run groups of their own (made by ``groups``' tree), for runs starting a sandbox."""
 
-    def __init__(self, bash: str, groups: CgroupPool, network_off: tuple[str, ...]) -> None:
+    def __init__(self, bash: str, groups: CgroupPool) -> None:
         self._bash = bash
         self._groups = groups
-        self._network_off = network_off
         self._waiting: list[Launcher] = []
         self._closed = False
         self._lock = threading.Lock()
@@ -141,7 +137,7 @@ class LauncherPool:
                     return
             group = self._groups.tree.new_group()
             try:
-                launcher = Launcher(self._bash, group, self._network_off)
+                launcher = Launcher(self._bash, group)
             except (OSError, CgroupError):
                 group.remove()
                 return

@@ -151,7 +151,7 @@ def _start_direct(
                     *argv]
         else:
             user_kwargs = {"user": uid, "group": gid, "extra_groups": []}
-    if no_network and launcher is None:  # a launcher is in a network namespace of its own already
+    if no_network and sandbox is None:  # a sandbox has a network namespace of its own (bwrap's)
         argv = [*network_off_prefix(), *argv]
     if start is not None:
         ORPHANS.hold()  # bwrap's init may outlive its monitor: adopted until both are reaped (``release``)
@@ -314,7 +314,8 @@ async def run_process(
         try:
             watch.follow(await handle.pid())
             if handle.sandbox is not None:
-                await handle.sandbox.release(cgroup if launcher is None else None)
+                await handle.sandbox.release(cgroup if launcher is None else None,
+                                             connect=sandbox.network or sandbox.served)
             if handle.sandbox is not None and handle.sandbox.init_pidfd >= 0:
                 watch.end_on_report(handle.sandbox)
                 gone = asyncio.ensure_future(_ended(os.dup(handle.sandbox.init_pidfd), hold_mounts(handle.sandbox),

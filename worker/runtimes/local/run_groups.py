@@ -15,7 +15,6 @@ from collections.abc import Callable
 from worker.sandbox.cgroups.pool import CgroupPool
 from worker.sandbox.cgroups.groups import CgroupError, CgroupLimits, CgroupTree, RunCgroup
 from worker.sandbox.launcher import Launcher, LauncherPool
-from worker.sandbox.process import network_off_prefix
 from worker.sandbox.bubblewrap import find_bwrap
 from worker.workspaces.user_ids import find_setpriv
 
@@ -44,7 +43,7 @@ class RunGroups:
         tree = await asyncio.to_thread(CgroupTree.detect)
         self.pool = CgroupPool(tree) if isinstance(tree, CgroupTree) else tree
         if isinstance(self.pool, CgroupPool) and find_setpriv() is not None:
-            self.launchers = LauncherPool(bash, self.pool, network_off_prefix())
+            self.launchers = LauncherPool(bash, self.pool)
             self._in_background(self.launchers.refill)
 
     def take(self, workspace_id: str) -> RunCgroup:

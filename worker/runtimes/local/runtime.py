@@ -313,7 +313,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 if setpriv is None or python is None:
                     return None
                 spawner = Spawner(workspace.uid, workspace.gid, setpriv=setpriv, python=python,
-                                  hardening=SETPRIV_HARDENING, prefix=network_off_prefix(), sandbox=sandbox)
+                                  hardening=SETPRIV_HARDENING, sandbox=sandbox,
+                                  prefix=network_off_prefix() if sandbox is None else ())  # else bwrap's own
                 self._spawners[workspace.id] = spawner
                 while len(self._spawners) > MAX_SPAWNERS:
                     stopped.append(self._spawners.popitem(last=False)[1])
