@@ -41,7 +41,10 @@ OCI_RUNTIME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_RUN_CPUS = 1024
 """Warm containers the Docker runtime keeps ready for new workspaces when built by name (``resolve_runtime``)."""
 
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+SANDBOX_TOOLS_DIR = "/opt/skillrun/bin"
+"""What every sandbox adds to the system's programs, last on its PATH: ``python`` (python3) where the system has
+python3 alone."""
+SANDBOX_PATH = f"/usr/local/bin:/usr/bin:/bin:{SANDBOX_TOOLS_DIR}"
 SANDBOX_LANG = "C.UTF-8"
 
 RESULT_TTL_SECONDS = 24 * 3600

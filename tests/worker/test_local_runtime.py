@@ -479,3 +479,24 @@ async def test_a_run_without_network_reaches_a_server_it_started_on_its_loopback
         await runtime.idle()
     outside = await runtime.run(make_request("(echo > /dev/tcp/1.1.1.1/53) 2>&1; ip -o link 2>/dev/null | wc -l"))
     assert outside.exit_code == 0 and "unreachable" in outside.stdout, outside.stdout  # nothing but loopback
+
+
+async def test_the_runs_user_is_a_user_with_a_home_and_python_is_on_its_path(runtime, make_request):
+    look = ("whoami; id -un; id -gn; getent passwd $(id -u) | cut -d: -f1,6,7; echo \"$HOME\"; "
+            "python -c 'import sys; print(sys.version_info[0])'; test -w \"$HOME\" && echo home-writable; "
+            "getent passwd root | cut -d: -f1")
+    for _ in range(2):  # a sandbox of its own, then (through a spawner) the workspace's held sandbox
+        result = await runtime.run(make_request(look, workspace_id="who"))
+        assert result.exit_code == 0, result.stderr
+        lines = result.stdout.splitlines()
+        workspace = runtime.workspaces.find("who")
+        assert lines[:3] == ["skillrun"] * 3
+        assert lines[3] == f"skillrun:{workspace.work_dir}:/bin/bash"
+        assert lines[4].startswith(str(workspace.path / "runs")) and lines[5] == "3"
+        assert lines[6:] == ["home-writable", "root"]  # the host's entries are there too
+        await runtime.idle()
+    files = runtime.identities.folder / str(workspace.uid)
+    before = {name: (files / name).read_bytes() for name in ("passwd", "group")}
+    changed = await runtime.run(make_request("echo x >> /etc/passwd || echo x >> /etc/group", workspace_id="who"))
+    assert changed.exit_code != 0 and "Permission denied" in changed.stderr
+    assert {name: (files / name).read_bytes() for name in ("passwd", "group")} == before

@@ -100,13 +100,16 @@ class SandboxSpec:
     Such a spec is made only where that can be had (``find_slirp4netns``, checked once: the first call blocks,
     so callers on an event loop make it in a thread first); elsewhere ``RuntimeUnavailableError`` says what to
     install, before anything is started. ``served`` instead: a network namespace of its own too (bwrap brings its
-    loopback up), with nothing else in it but what the starting task's server places there (``served_by``)."""
+    loopback up), with nothing else in it but what the starting task's server places there (``served_by``).
+    ``identity``: a folder whose ``passwd`` and ``group`` the sandbox sees as ``/etc``'s
+    (``worker.sandbox.identity``)."""
 
     workspace: str
     read_only: tuple[str, ...] = ()
     tmpfs_bytes: int = defaults.SANDBOX_TMPFS_BYTES
     network: bool = False
     served: bool = False
+    identity: str | None = None
 
     def __post_init__(self) -> None:
         if self.network and self.served:
@@ -140,7 +143,11 @@ class SandboxSpec:
     def _layout(self, bwrap: str) -> list[str]:
         """The namespaces and mounts: everything of the command line but how the sandbox starts."""
         args = [bwrap, *_system_args()]
-        args += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
+        args += ["--ro-bind", "/etc", "/etc"]
+        if self.identity is not None:
+            args += ["--ro-bind", f"{self.identity}/passwd", "/etc/passwd", "--ro-bind", f"{self.identity}/group",
+                     "/etc/group"]
+        args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
                  "--bind", self.workspace, self.workspace]
@@ -164,6 +171,9 @@ def _system_args() -> tuple[str, ...]:
             args += ["--symlink", target, link]
         elif os.path.isdir(link):
             args += ["--ro-bind", link, link]
+    if os.path.exists("/usr/bin/python3"):  # `python`, as skills' docs write it, where the host has python3 alone
+        args += ["--dir", defaults.SANDBOX_TOOLS_DIR, "--symlink", "/usr/bin/python3",
+                 f"{defaults.SANDBOX_TOOLS_DIR}/python"]
     return tuple(args)
 
 

@@ -31,6 +31,7 @@ from worker.runtimes.base import command_environment
 from worker.runtimes.host import HostWorkspaceRuntime
 from worker.runtimes.local.run_groups import RunGroups
 from worker.sandbox.bubblewrap import SandboxSpec
+from worker.sandbox.identity import Identities
 from worker.sandbox.spawner import Spawner, spawner_python
 from worker.workspaces.staging import BaseSkillStager
 from worker.workspaces.user_ids import SETPRIV_HARDENING, find_setpriv
@@ -96,6 +97,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             environments=environments,
         )
         self.sandbox_path = sandbox_path
+        self.identities = Identities(self.workspaces.registry / "identities")
         self.spawner_mode: SpawnerMode = spawners
         self.allow_network = allow_network
         self.ready_shells = ready_shells
@@ -253,8 +255,11 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
         shown = tuple(str(folder) for folder in (source, environment) if folder is not None)
+        home = str(workspace.work_dir)
+        identity = self.identities.known(workspace.uid, workspace.gid, home) or await asyncio.to_thread(
+            self.identities.write, workspace.uid, workspace.gid, home)
         return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes, network=request.network,
-                           served=bool(request.egress))
+                           served=bool(request.egress), identity=identity)
 
     def _prepare_next_run(self, workspace_id: str) -> None:
         """Once a run's result has gone out: its workspace's next run folder, and the next run's ready shell (its
