@@ -32,6 +32,8 @@ if [[ -z "$base" ]]; then
 fi
 for image in sandbox worker api s3; do
   echo "==> building ${prefix}${image}"
-  docker build --quiet --build-arg BASE="$base" -f "images/${image}/Dockerfile" -t "${prefix}${image}:latest" . >/dev/null
+  digest=$(sha256sum "images/${image}/Dockerfile" | cut -c1-64)  # the tests rebuild an image whose Dockerfile changed
+  docker build --quiet --build-arg BASE="$base" --label "skillrun.dockerfile=$digest" -f "images/${image}/Dockerfile" \
+    -t "${prefix}${image}:latest" . >/dev/null
 done
 echo "==> built: ${prefix}sandbox:latest ${prefix}worker:latest ${prefix}api:latest ${prefix}s3:latest (base $base)"

@@ -6,6 +6,7 @@ fails under CI (``CI=true``) and is skipped elsewhere, with a message saying wha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -179,8 +180,9 @@ class DockerEngine:
                         "(the tests do it when they start dockerd themselves)")
 
     def ensure_images(self) -> None:
-        """Build the images when one is missing or the base image's packages are not those of
-        ``images/base/packages.txt`` (then ``images/build.sh`` builds the base again); once per session."""
+        """Build the images when one is missing, was not built from its Dockerfile as it is now, or the base
+        image's packages are not those of ``images/base/packages.txt`` (then ``images/build.sh`` builds the base
+        again); once per session."""
         if not self._images_ready:
             self._ensure_image(self.repo_root)
             self._images_ready = True
@@ -190,7 +192,11 @@ class DockerEngine:
             packages = ",".join(line.strip() for line in f if line.strip() and not line.startswith("#"))
         try:
             for image in IMAGES:
-                self.client.images.get(image)
+                name = image.split("/", 1)[1].split(":", 1)[0]
+                with open(os.path.join(repo_root, "images", name, "Dockerfile"), "rb") as dockerfile:
+                    digest = hashlib.sha256(dockerfile.read()).hexdigest()
+                if (self.client.images.get(image).labels or {}).get("skillrun.dockerfile") != digest:
+                    raise self._docker.errors.ImageNotFound(f"{image} is not built from its Dockerfile")
             base = self.client.images.get(BASE_IMAGE)
             if (base.labels or {}).get("skillrun.base.packages") == packages:
                 return

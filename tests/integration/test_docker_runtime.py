@@ -15,6 +15,7 @@ import pytest
 
 from tests.file_server import FileServer
 from tests.worker.test_local_runtime import RESERVE
+from worker import defaults
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
 from worker.roots.cache import evict
@@ -87,6 +88,25 @@ async def test_a_program_may_reserve_more_address_space_than_its_memory(docker_r
     runtime = docker_runtime_factory(oci_runtime=oci_runtime)  # the container bounds memory: no ulimit -v
     result = await runtime.run(_request(RESERVE, limits=RunLimits(memory_bytes=300 * 1024**2)))
     assert (result.exit_code, result.stdout) == (0, "reserved\n"), result.stderr
+
+
+@pytest.mark.parametrize("oci_runtime", ["runc", "runsc"])
+async def test_the_runs_user_is_a_user_and_python_is_on_its_path(docker_runtime_factory, docker_engine, oci_runtime):
+    if oci_runtime != "runc":
+        docker_engine.require_runtime(oci_runtime)
+    runtime = docker_runtime_factory(oci_runtime=oci_runtime)
+    result = await runtime.run(_request("id -un; id -gn; getent passwd $(id -u) | cut -d: -f1,3; "
+                                        "python -c 'import getpass; print(getpass.getuser())'"))
+    assert result.exit_code == 0, result.stderr
+    uid = runtime.workspaces.find("hostile").uid
+    name = f"skillrun-{uid}"
+    assert result.stdout.splitlines() == [name, name, f"{name}:{uid}", name], result.stdout
+
+
+def test_the_sandbox_image_names_every_workspace_id_of_the_range():
+    dockerfile = (REPO / "images" / "sandbox" / "Dockerfile").read_text()
+    first, last = defaults.SANDBOX_UID_BASE, defaults.SANDBOX_UID_BASE + defaults.SANDBOX_UID_COUNT - 1
+    assert dockerfile.count(f"seq {first} {last} ") == 2 and defaults.SANDBOX_TOOLS_DIR in dockerfile
 
 
 async def test_the_skill_folder_library_and_root_file_system_are_read_only(docker_runtime_factory):

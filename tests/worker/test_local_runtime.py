@@ -490,8 +490,8 @@ async def test_the_runs_user_is_a_user_with_a_home_and_python_is_on_its_path(run
         assert result.exit_code == 0, result.stderr
         lines = result.stdout.splitlines()
         workspace = runtime.workspaces.find("who")
-        assert lines[:3] == ["skillrun"] * 3
-        assert lines[3] == f"skillrun:{workspace.work_dir}:/bin/bash"
+        assert lines[:3] == [f"skillrun-{workspace.uid}"] * 3
+        assert lines[3] == f"skillrun-{workspace.uid}:{workspace.work_dir}:/bin/bash"
         assert lines[4].startswith(str(workspace.path / "runs")) and lines[5] == "3"
         assert lines[6:] == ["home-writable", "root"]  # the host's entries are there too
         await runtime.idle()

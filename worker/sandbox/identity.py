@@ -2,8 +2,9 @@
 
 A workspace's commands run as an id of its own (30000–59999) that no host user has, so a program that looks itself
 up (``getpwuid``: LibreOffice making its profile, ssh, git, ``whoami``, many CLIs) found nothing and failed. Each
-sandbox now sees the host's ``/etc/passwd`` and ``/etc/group`` with one more entry each, ``skillrun``, of the
-workspace's id, its home the workspace's ``work`` folder (``HOME`` stays the run's folder). The two files are written
+sandbox now sees the host's ``/etc/passwd`` and ``/etc/group`` with one more entry each, ``skillrun-<id>`` (as in
+the Docker runtime's sandbox image, which has one for every id of the range), its home the workspace's ``work``
+folder (``HOME`` stays the run's folder). The two files are written
 once per id and home, under the runtime's registry, owned by root and read-only to the run (``SandboxSpec.identity``):
 one folder per workspace id of the range at most, rewritten when the id goes to another workspace.
 """
@@ -16,14 +17,16 @@ import tempfile
 import threading
 from pathlib import Path
 
-RUN_USER = "skillrun"
-"""The name of the run's user and of its group, in every sandbox."""
+def user_name(uid: int) -> str:
+    """The name of the run's user (and of its group, of the same id) in every sandbox."""
+    return f"skillrun-{uid}"
 HOST_PASSWD = "/etc/passwd"
 HOST_GROUP = "/etc/group"
 
 
 def _host_lines(path: str, id_field: int, own_id: int) -> list[str]:
     """The host file's entries, less any of the run's name or id (a host user of that name is not the run)."""
+    own_name = user_name(own_id)
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as file:
             lines = file.read().splitlines()
@@ -32,7 +35,7 @@ def _host_lines(path: str, id_field: int, own_id: int) -> list[str]:
     kept = []
     for line in lines:
         fields = line.split(":")
-        if len(fields) > id_field and (fields[0] == RUN_USER or fields[id_field] == str(own_id)):
+        if len(fields) > id_field and (fields[0] == own_name or fields[id_field] == str(own_id)):
             continue
         kept.append(line)
     return kept
@@ -69,8 +72,8 @@ class Identities:
         with self._lock:
             folder = self.folder / str(uid)
             folder.mkdir(parents=True, exist_ok=True, mode=0o755)
-            passwd = _host_lines(HOST_PASSWD, 2, uid) + [f"{RUN_USER}:x:{uid}:{gid}:Skillrun run:{home}:/bin/bash"]
-            group = _host_lines(HOST_GROUP, 2, gid) + [f"{RUN_USER}:x:{gid}:"]
+            passwd = _host_lines(HOST_PASSWD, 2, uid) + [f"{user_name(uid)}:x:{uid}:{gid}:Skillrun run:{home}:/bin/bash"]
+            group = _host_lines(HOST_GROUP, 2, gid) + [f"{user_name(gid)}:x:{gid}:"]
             _write(folder / "passwd", passwd)
             _write(folder / "group", group)
             self._written[uid] = (gid, home)
