@@ -56,9 +56,10 @@ def skill_paths(repo: BaseSkillRepository, name: str) -> tuple[Path, Path]:
 def prepare_skills(args: argparse.Namespace) -> int:
     repo = repository(args)
     names = args.names or [summary.name for summary in repo.summaries()]
+    every = not args.names
     runtime = host_runtime(args)
     try:
-        reports, problems = asyncio.run(_prepare(repo, runtime, names, quiet=args.json))
+        reports, problems = asyncio.run(_prepare(repo, runtime, names, quiet=args.json, every=every))
     finally:
         asyncio.run(runtime.close())
     if args.json:
@@ -78,15 +79,17 @@ def prepare_skills(args: argparse.Namespace) -> int:
 
 
 async def _prepare(
-    repo: BaseSkillRepository, runtime: HostWorkspaceRuntime, names: list[str], *, quiet: bool
+    repo: BaseSkillRepository, runtime: HostWorkspaceRuntime, names: list[str], *, quiet: bool, every: bool
 ) -> tuple[list[dict], list[str]]:
+    """Prepare ``names`` (``every``: the whole library, whose refused skills the manifest names are problems too)."""
     reports: list[dict] = []
     problems: list[str] = []
     by_root: dict[Path, set[str]] = {}
     located = {name: skill_paths(repo, name) for name in names}
     for name, (root, _) in located.items():
         by_root.setdefault(root, set()).add(name)
-    all_names = {summary.name for summary in repo.summaries()} | set(repo.refused())  # a refusal is its own problem
+    refused = repo.refused()
+    all_names = {summary.name for summary in repo.summaries()} | set(refused)
     for root in by_root:
         try:
             manifest = read_manifest(root)
@@ -95,6 +98,8 @@ async def _prepare(
             continue
         if manifest is not None and (ghosts := manifest.unknown_skills(all_names)):
             problems.append(f"{root}/skillrun.toml names skills that do not exist: {', '.join(ghosts)}")
+        for name in sorted(set(manifest.skills if manifest is not None and every else ()) & set(refused)):
+            problems.append(f"{root}/skillrun.toml names {name!r}, which cannot be used: {refused[name]}")
     for number, (name, (root, source)) in enumerate(located.items(), start=1):
         def progress(message: str, name: str = name, number: int = number) -> None:
             if not quiet:

@@ -140,3 +140,20 @@ async def test_the_api_shows_a_skills_warnings(services, tmp_path, lenient):
         answer = await client.get("/v1/skills/model-api")
     assert answer.status_code == 200, answer.text
     assert [w["field"] for w in answer.json()["warnings"]] == ["description", "front matter"]
+
+
+def test_prepare_names_a_refused_skill_of_the_manifest_only_where_it_matters(tmp_path):
+    library = tmp_path / "library"
+    write_skill(library, "fine")
+    (library / "broken").mkdir()
+    (library / "broken" / "SKILL.md").write_text("---\nname: broken\n---\nbody\n")
+    (library / "skillrun.toml").write_text('[skills.broken]\npython = ["alpha"]\n[skills.fine]\npython = []\n')
+    prepare = ("skills", "prepare", "--runtime", "local", "--skills-root", str(library), "--work-root",
+               str(tmp_path / "work"))
+    whole = _cli(*prepare, cwd=tmp_path)
+    assert whole.returncode == 1 and "do not exist" not in whole.stderr
+    assert "skillrun.toml names 'broken', which cannot be used: " in whole.stderr
+    assert "broken/SKILL.md: description: is required" in whole.stderr
+    assert _cli(*prepare, "fine", cwd=tmp_path).returncode == 0  # another skill of the library is prepared
+    asked = _cli(*prepare, "broken", cwd=tmp_path)
+    assert asked.returncode != 0 and "skill 'broken' cannot be used" in asked.stderr

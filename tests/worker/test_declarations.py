@@ -40,6 +40,16 @@ def test_every_place_a_skill_declares_is_read_and_merged_with_the_manifest(tmp_p
     assert declaration.sources == ("requirements.txt", "pyproject.toml", "scripts/make.py (PEP 723)", "skillrun.toml")
 
 
+def test_a_requirements_file_in_the_skills_scripts_is_read_and_a_bad_one_named_by_its_path(tmp_path: Path):
+    skill = write_skill(tmp_path, "builder", files={"scripts/requirements.txt": "alpha>=1\n", "requirements.txt": "beta\n"})
+    declaration = read_declaration(skill, "builder")
+    assert declaration.python == ("alpha>=1", "beta")
+    assert declaration.sources == ("requirements.txt", "scripts/requirements.txt")
+    (skill / "scripts" / "requirements.txt").write_text("alpha\n-e .\n")
+    with pytest.raises(DependencyError, match=r"scripts/requirements.txt line 2: pip options such as '-e'"):
+        read_declaration(skill, "builder")
+
+
 def test_a_skill_that_declares_nothing_needs_nothing(tmp_path: Path):
     skill = write_skill(tmp_path, "plain", files={"scripts/run.sh": "echo hi\n"})
     assert read_declaration(skill, "plain", read_manifest(tmp_path)).empty

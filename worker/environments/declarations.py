@@ -2,7 +2,7 @@
 
 A skill declares its Python dependencies in any of three places, all merged:
 
-* ``requirements.txt`` in the skill folder: one PEP 508 requirement per line (``pypdf>=4``,
+* ``requirements.txt`` in the skill folder or its ``scripts/``: one PEP 508 requirement per line (``pypdf>=4``,
   ``openpyxl[charts]``, ``name @ https://...``); comments and blank lines are skipped; pip's options
   (``-r``, ``--index-url``, ``-e``...) are refused, since the index is the operator's choice;
 * ``pyproject.toml`` in the skill folder: ``[project] dependencies`` (and ``requires-python``);
@@ -36,6 +36,8 @@ from worker.errors import DependencyError
 
 MANIFEST_FILE = "skillrun.toml"
 REQUIREMENTS_FILE = "requirements.txt"
+REQUIREMENTS_FILES = (REQUIREMENTS_FILE, f"scripts/{REQUIREMENTS_FILE}")
+"""Where a skill's requirements files are read, relative to its folder (a skill's scripts often keep theirs)."""
 PYPROJECT_FILE = "pyproject.toml"
 MAX_DECLARATION_BYTES = 1024 * 1024
 """The largest declaration file read (a requirements file, a pyproject, a script scanned for PEP 723)."""
@@ -118,10 +120,11 @@ def read_declaration(skill_dir: Path, name: str, manifest: Manifest | None = Non
     python: list[str] = []
     sources: list[str] = []
     requires_python: list[str] = []
-    requirements = skill_dir / REQUIREMENTS_FILE
-    if _present(requirements):
-        python += parse_requirements(_read(requirements, REQUIREMENTS_FILE), REQUIREMENTS_FILE)
-        sources.append(REQUIREMENTS_FILE)
+    for relative in REQUIREMENTS_FILES:
+        requirements = skill_dir / relative
+        if _present(requirements):
+            python += parse_requirements(_read(requirements, relative), relative)
+            sources.append(relative)
     pyproject = skill_dir / PYPROJECT_FILE
     if _present(pyproject):
         found, needs = _pyproject(_read(pyproject, PYPROJECT_FILE))
