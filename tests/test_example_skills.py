@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import struct
 import tempfile
 import zipfile
@@ -33,9 +34,10 @@ def repo() -> FsSkillRepository:
     return FsSkillRepository(LIBRARY)
 
 
-def test_example_library_has_its_seven_skills_and_no_problems(repo):
+def test_example_library_has_its_eight_skills_and_no_problems(repo):
     assert repo.skill_list() == [
         "data-chart", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
+        "webapp-check",
     ]
     assert repo.problems() == []
     assert read_manifest(LIBRARY).unknown_skills(set(repo.skill_list())) == []
@@ -66,6 +68,24 @@ async def test_user_file_ops_summarizes_an_input_file(repo, runtime):
     content = result.output_files[0].content
     assert "Lines: 2" in content and "Words: 7" in content and "Bytes: 41" in content
     assert "hello from skillrun" in content
+
+
+WEBAPP_CHECK = ('python3 scripts/with_server.py --server "python3 -m http.server {port} --bind 127.0.0.1 --directory '
+                'site" --check "/=Example shop" --check "/cart.html=Your cart" --check "/missing.html=404" '
+                '--report out/report.json')
+
+
+async def test_webapp_check_starts_a_server_and_tests_it_in_one_run(repo, runtime):
+    result = await runtime.run(RunRequest(skill=repo.skill_ref("webapp-check"), command=WEBAPP_CHECK,
+                                          output_files=["out/*"]))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    [report] = result.output_files
+    data = json.loads(report.content)
+    assert data["passed"] and [c["status"] for c in data["checks"]] == [200, 200, 404]
+    failing = await runtime.run(RunRequest(skill=repo.skill_ref("webapp-check"), command=WEBAPP_CHECK.replace(
+        "Your cart", "Checkout"), output_files=["out/report.json"]))
+    assert failing.exit_code == 1 and "FAIL /cart.html" in failing.stdout
+    assert json.loads(failing.output_files[0].content)["passed"] is False
 
 
 async def test_data_chart_writes_a_png_and_a_csv_with_their_mime_types(repo, runtime):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.file_server import FileServer
+from tests.test_example_skills import WEBAPP_CHECK
 from tests.worker.test_local_runtime import RESERVE
 from worker import defaults
 from worker.contract import RunLimits, RunRequest, SkillRef
@@ -101,6 +102,14 @@ async def test_the_runs_user_is_a_user_and_python_is_on_its_path(docker_runtime_
     uid = runtime.workspaces.find("hostile").uid
     name = f"skillrun-{uid}"
     assert result.stdout.splitlines() == [name, name, f"{name}:{uid}", name], result.stdout
+
+
+async def test_an_example_skill_starts_a_server_and_tests_it_in_one_run(docker_runtime_factory):
+    runtime = docker_runtime_factory()
+    skill = SkillRef(name="webapp-check", root=str(LIBRARY), path="webapp-check")
+    result = await runtime.run(RunRequest(skill=skill, command=WEBAPP_CHECK, output_files=["out/report.json"]))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert json.loads(result.output_files[0].content)["passed"] is True
 
 
 def test_the_sandbox_image_names_every_workspace_id_of_the_range():
