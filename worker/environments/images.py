@@ -22,13 +22,16 @@ REPOSITORY = "skillrun/sandbox-debian"
 
 @dataclass(frozen=True)
 class ImageStatus:
-    """Where the derived image a skill's Debian packages need stands."""
+    """Where the derived image a skill's Debian packages need stands (on the local runtime: whether the host has
+    them, ``tag`` then names the host)."""
 
     tag: str
     state: str
     """``ready``, ``building``, ``not built`` or ``failed``."""
     packages: tuple[str, ...] = ()
     message: str = ""
+    summary: str = ""
+    """What a skill's state says when this part is behind, in place of the derived image's sentence."""
 
     def as_json(self) -> dict:
         return {"tag": self.tag, "state": self.state, "packages": list(self.packages), "message": self.message}

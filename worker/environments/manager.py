@@ -81,6 +81,8 @@ class EnvironmentStatus:
             message = ""
         elif state == own:
             message = self.message
+        elif image.summary:
+            message = image.summary
         else:
             message = f"the sandbox image with its Debian packages ({', '.join(image.packages)}) is {image.state}" + (
                 f": {image.message}" if image.message else "")

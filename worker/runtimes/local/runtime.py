@@ -22,7 +22,9 @@ from worker.sandbox.cgroups.groups import CgroupError, CgroupLimits
 from worker.contract import RunRequest, RuntimeName
 from worker.egress import proxy_environment, run_allow_list
 from worker.egress.serving import serving_sandbox
-from worker.environments import SkillEnvironments, local_environments
+from worker.environments import EnvironmentStatus, SkillEnvironments, local_environments
+from worker.environments.builder import Progress
+from worker.environments.host_packages import HostPackages
 from worker.errors import InvalidRunRequestError, SpawnerError
 from worker.outcome import ProcessOutcome
 from worker.sandbox.process import find_bash, network_off_prefix, run_process, shell_argv, ulimit_prefix
@@ -98,6 +100,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         )
         self.sandbox_path = sandbox_path
         self.identities = Identities(self.workspaces.registry / "identities")
+        self.host_packages = HostPackages()
         self.spawner_mode: SpawnerMode = spawners
         self.allow_network = allow_network
         self.ready_shells = ready_shells
@@ -109,6 +112,21 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self.groups = RunGroups(self._in_background)
         self._placements: set[asyncio.Task] = set()
         self._next_shells: dict[str, tuple[Spawner, str, dict[str, str], str]] = {}
+
+    async def prepare_environment(self, skill_dir: Path, root: Path, name: str,
+                                  progress: Progress | None = None) -> EnvironmentStatus:
+        """The skill's Python environment, built now; ready only where the host has its Debian packages."""
+        status = await super().prepare_environment(skill_dir, root, name, progress)
+        return await asyncio.to_thread(self._with_host_packages, status)
+
+    def environment_status(self, skill_dir: Path, root: Path, name: str) -> EnvironmentStatus:
+        """Where the skill's Python environment stands, and whether the host has its Debian packages (blocking)."""
+        return self._with_host_packages(super().environment_status(skill_dir, root, name))
+
+    def _with_host_packages(self, status: EnvironmentStatus) -> EnvironmentStatus:
+        if status.state == "invalid" or not status.declaration.debian:
+            return status
+        return status.with_image(self.host_packages.status(status.declaration.debian))
 
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         if self._bash is None:

@@ -1,0 +1,64 @@
+"""Whether this host has a skill's Debian packages: the local runtime runs commands on the host's own system.
+
+Asked of ``dpkg-query`` and kept until dpkg's database changes (its status file's stamp), so a skill's page or a
+prepare costs one ``stat`` once known. A host without dpkg cannot be asked (``None``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+
+from worker.environments.images import ImageStatus
+
+DPKG_STATUS = "/var/lib/dpkg/status"
+HOST_TAG = "host"
+"""The ``ImageStatus.tag`` of the local runtime's part: the host itself."""
+
+
+class HostPackages:
+    """The Debian packages installed on this host, as dpkg says."""
+
+    def __init__(self, status_file: str = DPKG_STATUS) -> None:
+        self.status_file = status_file
+        self._known: dict[tuple[str, ...], tuple[tuple[int, int], list[str]]] = {}
+        self._lock = threading.Lock()
+
+    def missing(self, packages: tuple[str, ...]) -> list[str] | None:
+        """Those of ``packages`` not installed here (blocks: runs dpkg-query once per set and database); ``None``
+        where the host has no dpkg."""
+        query = shutil.which("dpkg-query")
+        try:
+            info = os.stat(self.status_file)
+        except OSError:
+            return None
+        if query is None:
+            return None
+        stamp = (info.st_mtime_ns, info.st_size)
+        with self._lock:
+            known = self._known.get(packages)
+        if known is not None and known[0] == stamp:
+            return list(known[1])
+        names = [package.split(":", 1)[0] for package in packages]
+        answer = subprocess.run([query, "-W", "-f", "${Package}\\t${db:Status-Status}\\n", "--", *names],
+                                capture_output=True, text=True, timeout=60)
+        installed = {line.split("\t")[0] for line in answer.stdout.splitlines() if line.endswith("\tinstalled")}
+        missing = [package for package, name in zip(packages, names) if name not in installed]
+        with self._lock:
+            self._known[packages] = (stamp, missing)
+        return missing
+
+    def status(self, packages: tuple[str, ...]) -> ImageStatus:
+        """The local runtime's part of a skill's state: ready when the host has every package."""
+        missing = self.missing(packages)
+        if missing is None:
+            return ImageStatus(HOST_TAG, "ready", packages, "not checked: this host has no dpkg")
+        if not missing:
+            return ImageStatus(HOST_TAG, "ready", packages)
+        listed = " ".join(missing)
+        message = (f"not installed on this host: {', '.join(missing)}. The local runtime runs commands on the host's "
+                   f"own system: install them (apt-get install {listed}) or run the skill on the Docker runtime, "
+                   "which builds an image with them")
+        return ImageStatus(HOST_TAG, "failed", packages, message, summary=message)
