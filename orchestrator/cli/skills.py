@@ -14,7 +14,6 @@ from orchestrator.cli.common import repository
 from orchestrator.cli.output import print_json, size, table
 from orchestrator.config import get_settings
 from orchestrator.skills import CachedSkillRepository
-from worker.environments.host_packages import HOST_TAG
 from worker.errors import WorkerError
 from worker.roots import is_url
 
@@ -105,8 +104,11 @@ def _describe(status: EnvironmentStatus | None, name: str, runtime: str) -> str:
     """One line on a skill's dependency environment (and, on Docker, its derived image); empty when unknown."""
     if status is None:
         return ""
-    image = "" if status.image is None else f"; Debian packages: image {status.image.state}" if (
-        status.image.tag != HOST_TAG) else f"; Debian packages: {'on' if status.image.state == 'ready' else 'missing on'} this host"
+    image = ""
+    if status.image is not None and not status.image.on_host:
+        image = f"; Debian packages: image {status.image.state}"
+    elif status.image is not None:
+        image = f"; Debian packages: {'on' if status.image.state == 'ready' else 'missing on'} this host"
     if status.state == "none":
         return "none (the skill declares no Python packages)"
     declared = ", ".join(status.declaration.python + status.declaration.debian)
@@ -115,7 +117,7 @@ def _describe(status: EnvironmentStatus | None, name: str, runtime: str) -> str:
             return f"ready{image} ({status.image.tag})"
         return (f"ready: {len(status.info.packages)} packages, {size(status.info.size_bytes)}{image}; key "
                 f"{status.info.key[:12]} ({', '.join(status.info.packages)})")
-    if status.state == "invalid" or (status.image is not None and status.image.tag == HOST_TAG
+    if status.state == "invalid" or (status.image is not None and status.image.on_host
                                      and status.image.state != "ready"):
         return f"{status.state}: {status.message}"  # preparing again would not help
     detail = f": {status.message.splitlines()[-1]}" if status.message else ""

@@ -36,7 +36,8 @@ def library(tmp_path):
 async def test_prepare_and_status_say_which_debian_packages_the_host_lacks(work_root, library):
     async with LocalWorkspaceRuntime(work_root) as runtime:
         ready = runtime.environment_status(library / "has-all", library, "has-all")
-        assert (ready.state, ready.image.tag, ready.image.state) == ("ready", HOST_TAG, "ready")
+        assert (ready.state, ready.image.state, ready.image.on_host) == ("ready", "ready", True)
+        assert ready.image.tag == HOST_TAG
         lacking = runtime.environment_status(library / "lacks-one", library, "lacks-one")
         assert lacking.state == "failed" and lacking.image.state == "failed"
         assert f"not installed on this host: {NOT_A_PACKAGE}." in lacking.message

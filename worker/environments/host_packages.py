@@ -54,11 +54,11 @@ class HostPackages:
         """The local runtime's part of a skill's state: ready when the host has every package."""
         missing = self.missing(packages)
         if missing is None:
-            return ImageStatus(HOST_TAG, "ready", packages, "not checked: this host has no dpkg")
+            return ImageStatus(HOST_TAG, "ready", packages, "not checked: this host has no dpkg", on_host=True)
         if not missing:
-            return ImageStatus(HOST_TAG, "ready", packages)
+            return ImageStatus(HOST_TAG, "ready", packages, on_host=True)
         listed = " ".join(missing)
         message = (f"not installed on this host: {', '.join(missing)}. The local runtime runs commands on the host's "
                    f"own system: install them (apt-get install {listed}) or run the skill on the Docker runtime, "
                    "which builds an image with them")
-        return ImageStatus(HOST_TAG, "failed", packages, message, summary=message)
+        return ImageStatus(HOST_TAG, "failed", packages, message, summary=message, on_host=True)

@@ -32,6 +32,8 @@ class ImageStatus:
     message: str = ""
     summary: str = ""
     """What a skill's state says when this part is behind, in place of the derived image's sentence."""
+    on_host: bool = False
+    """The local runtime's part: whether the host itself has the packages (``worker.environments.host_packages``)."""
 
     def as_json(self) -> dict:
         return {"tag": self.tag, "state": self.state, "packages": list(self.packages), "message": self.message}
