@@ -316,6 +316,9 @@ def validate_summary(data: dict, path: str) -> SkillSummary:
         raise SkillValidationError(path, "description", "is required", skill=name)
     if not isinstance(description, str):
         raise SkillValidationError(path, "description", "must be a string", skill=name)
+    if len(description) > MAX_FRONT_MATTER_BYTES:  # none parsed is: a summary read back from a cache file
+        raise SkillValidationError(path, "description", f"is {len(description)} characters, more than a front "
+                                                        "matter holds", skill=name)
     warnings = []
     if len(description) > MAX_DESCRIPTION_LENGTH:
         warnings.append(("description", f"is {len(description)} characters; the Agent Skills format allows "

@@ -54,9 +54,11 @@ class SummaryCache:
         loaded = {}
         try:
             for file, (*stamp, name, description, warnings) in data["skills"].items():
+                kept = tuple(tuple(warning) for warning in warnings)
+                if not all(len(warning) == 2 and all(isinstance(part, str) for part in warning) for warning in kept):
+                    continue  # not what this cache writes: parsed again instead
                 with contextlib.suppress(SkillValidationError):  # parsed again instead
                     summary = validate_summary({"name": name, "description": description}, file)
-                    kept = tuple((str(field), str(message)) for field, message in warnings)
                     loaded[file] = (tuple(int(part) for part in stamp), replace(summary, warnings=kept))
         except (ValueError, TypeError, KeyError, AttributeError):
             return {}

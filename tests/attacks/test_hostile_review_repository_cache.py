@@ -286,7 +286,7 @@ def test_nested_skill_folders_made_after_the_watch_started_are_found(tmp_path):
 
 def _cache_entry(skill_file: Path, name: str, description: str) -> dict:
     info = skill_file.stat()
-    return {"format": SUMMARY_FORMAT, "skills": {str(skill_file): [*_stamp(info), name, description]}}
+    return {"format": SUMMARY_FORMAT, "skills": {str(skill_file): [*_stamp(info), name, description, []]}}
 
 
 @pytest.mark.parametrize("name, description", [
@@ -317,6 +317,31 @@ def test_a_summary_cache_of_wrong_types_or_other_roots_is_ignored_and_rewritten_
     repository = CachedSkillRepository(tmp_path / "root", summary_cache=cache)
     assert described(repository) == {"alpha": "the real one"}
     assert list(json.loads(cache.read_text())["skills"]) == [str(skill_file)]
+
+
+@pytest.mark.parametrize("warnings", [
+    "a string", [["description"]], [["a", "b", "c"]], [[1, 2]], [{"field": "x"}], [["x", ["nested"]]], 7,
+], ids=["text", "one-part", "three-parts", "numbers", "mapping", "nested", "number"])
+def test_a_summary_cache_entry_with_malformed_warnings_is_parsed_again(tmp_path, warnings):
+    skill_file = skill(tmp_path / "root", "a", "alpha", "the real one")
+    cache = tmp_path / "cache.json"
+    entry = _cache_entry(skill_file, "alpha", "planted")  # the right stamp: only the warnings are wrong
+    entry["skills"][str(skill_file)][-1] = warnings
+    cache.write_text(json.dumps(entry))
+    repository = CachedSkillRepository(tmp_path / "root", summary_cache=cache)
+    assert described(repository) == {"alpha": "the real one"} and repository.problems() == []
+    assert json.loads(cache.read_text())["skills"][str(skill_file)][-2:] == ["the real one", []]
+
+
+def test_a_summary_cache_entry_of_the_right_shape_is_believed_for_its_stamp(tmp_path):
+    skill_file = skill(tmp_path / "root", "a", "alpha", "the real one")
+    cache = tmp_path / "cache.json"
+    entry = _cache_entry(skill_file, "alpha", "from the cache")
+    entry["skills"][str(skill_file)][-1] = [["front matter", "'x' is not a field"]]
+    cache.write_text(json.dumps(entry))
+    repository = CachedSkillRepository(tmp_path / "root", summary_cache=cache)
+    assert described(repository) == {"alpha": "from the cache"}  # not vacuous: the cache is read
+    assert [(p.field, p.warning) for p in repository.problems()] == [("front matter", True)]
 
 
 def test_a_summary_cache_that_is_a_fifo_does_not_block_the_listing(tmp_path):
