@@ -10,6 +10,7 @@ bubblewrap sandbox (``worker.sandbox.bubblewrap``: its own, or once the workspac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -25,7 +26,7 @@ from worker.egress.serving import serving_sandbox
 from worker.environments import EnvironmentStatus, SkillEnvironments, local_environments
 from worker.environments.builder import Progress
 from worker.environments.host_packages import HostPackages
-from worker.errors import InvalidRunRequestError, SpawnerError
+from worker.errors import DependencyError, InvalidRunRequestError, SpawnerError
 from worker.outcome import ProcessOutcome
 from worker.sandbox.process import find_bash, network_off_prefix, run_process, shell_argv, ulimit_prefix
 from worker.sandbox.ready_shell import ReadyShell
@@ -115,9 +116,15 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def prepare_environment(self, skill_dir: Path, root: Path, name: str,
                                   progress: Progress | None = None) -> EnvironmentStatus:
-        """The skill's Python environment, built now; ready only where the host has its Debian packages."""
+        """The skill's Python environment, built now; ready only where the host has its Debian packages (asked
+        before the build: nothing is awaited once it is done, so the skill reads as built when its build ends)."""
+        host = None
+        with contextlib.suppress(DependencyError):  # an invalid declaration is the build's to report
+            declaration = await self.environments.look_up(skill_dir, root, name)
+            if declaration.debian:
+                host = await asyncio.to_thread(self.host_packages.status, declaration.debian)
         status = await super().prepare_environment(skill_dir, root, name, progress)
-        return await asyncio.to_thread(self._with_host_packages, status)
+        return status if host is None or status.state == "invalid" else status.with_image(host)
 
     def environment_status(self, skill_dir: Path, root: Path, name: str) -> EnvironmentStatus:
         """Where the skill's Python environment stands, and whether the host has its Debian packages (blocking)."""
