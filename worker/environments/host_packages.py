@@ -10,12 +10,15 @@ import os
 import shutil
 import subprocess
 import threading
+from collections import OrderedDict
 
 from worker.environments.images import ImageStatus
 
 DPKG_STATUS = "/var/lib/dpkg/status"
 HOST_TAG = "host"
 """The ``ImageStatus.tag`` of the local runtime's part: the host itself."""
+MAX_KNOWN_SETS = 1024
+"""Package sets whose answer is kept (the least recently asked goes first: libraries can declare any number)."""
 
 
 class HostPackages:
@@ -23,24 +26,25 @@ class HostPackages:
 
     def __init__(self, status_file: str = DPKG_STATUS) -> None:
         self.status_file = status_file
-        self._known: dict[tuple[str, ...], tuple[tuple[int, int], list[str]]] = {}
+        self._known: OrderedDict[tuple[str, ...], tuple[tuple[int, int], list[str]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def missing(self, packages: tuple[str, ...]) -> list[str] | None:
         """Those of ``packages`` not installed here (blocks: runs dpkg-query once per set and database); ``None``
         where the host has no dpkg."""
-        query = shutil.which("dpkg-query")
         try:
             info = os.stat(self.status_file)
         except OSError:
             return None
-        if query is None:
-            return None
         stamp = (info.st_mtime_ns, info.st_size)
         with self._lock:
             known = self._known.get(packages)
-        if known is not None and known[0] == stamp:
-            return list(known[1])
+            if known is not None and known[0] == stamp:
+                self._known.move_to_end(packages)
+                return list(known[1])
+        query = shutil.which("dpkg-query")
+        if query is None:
+            return None
         names = [package.split(":", 1)[0] for package in packages]
         answer = subprocess.run([query, "-W", "-f", "${Package}\\t${db:Status-Status}\\n", "--", *names],
                                 capture_output=True, text=True, timeout=60)
@@ -48,6 +52,9 @@ class HostPackages:
         missing = [package for package, name in zip(packages, names) if name not in installed]
         with self._lock:
             self._known[packages] = (stamp, missing)
+            self._known.move_to_end(packages)
+            while len(self._known) > MAX_KNOWN_SETS:
+                self._known.popitem(last=False)
         return missing
 
     def status(self, packages: tuple[str, ...]) -> ImageStatus:

@@ -89,7 +89,7 @@ _PART_CHARS = MAX_ARG_BYTES // 4 - 1
 def shell_argv(bash: str, script: str) -> list[str]:
     """``bash -c script``. A script longer than one argument may be is given in parts, joined and evaluated with
     no positional parameters, as ``bash -c`` would run it whole."""
-    if len(script.encode("utf-8", "surrogatepass")) < MAX_ARG_BYTES:
+    if len(script) < _PART_CHARS or len(script.encode("utf-8", "surrogatepass")) < MAX_ARG_BYTES:
         return [bash, "-c", script]
     parts = [script[at:at + _PART_CHARS] for at in range(0, len(script), _PART_CHARS)]
     joined = "".join(f"${{{n}}}" for n in range(1, len(parts) + 1))
