@@ -138,6 +138,20 @@ class DerivedImagePublic(BaseModel):
     message: str
 
 
+class NodeEnvironmentPublic(BaseModel):
+    """A skill's Node environment on one runtime: its package.json's dependencies, installed with npm."""
+
+    state: Literal["ready", "building", "not built", "failed", "invalid"] = Field(
+        description="failed: npm's own message is in message; invalid: no node and npm where runs need them."
+    )
+    dependencies: list[str] = Field(description="What it declares, name@spec (package.json and skillrun.toml).")
+    target: str = Field(description="The node it is built for (runtime, version, machine).")
+    key: str | None = Field(description="The built environment's content key (shared by skills with the same files).")
+    packages: list[str] = Field(description="Every package npm installed, name@version.")
+    size_bytes: int | None
+    message: str
+
+
 class EnvironmentPublic(BaseModel):
     """A skill's dependency environment on one runtime: what the skill declares and where its build stands."""
 
@@ -153,7 +167,7 @@ class EnvironmentPublic(BaseModel):
     debian: list[str] = Field(description="Debian packages it declares (installed in the Docker runtime's image).")
     requires_python: str | None
     declared_in: list[str] = Field(description="Where: requirements.txt, pyproject.toml, scripts (PEP 723), "
-                                               "the library's skillrun.toml.")
+                                               "package.json, package-lock.json, the library's skillrun.toml.")
     target: str = Field(description="What the environment is built for (runtime, interpreter, machine).")
     key: str | None = Field(description="The built environment's content key (shared by skills with the same lock).")
     packages: list[str] = Field(description="Every package of the lock, name==version.")
@@ -161,6 +175,9 @@ class EnvironmentPublic(BaseModel):
     message: str = Field(description="Why it failed, what the build is doing, or a note.")
     image: DerivedImagePublic | None = Field(
         description="On docker, for a skill with Debian packages: the derived image they are installed in."
+    )
+    node: NodeEnvironmentPublic | None = Field(
+        default=None, description="For a skill with Node dependencies: its Node environment (ready only with it)."
     )
 
 

@@ -122,6 +122,9 @@ class WorkerSettings(PlaneSettings):
     env_index_url: str | None = Field(
         default=None, description="The package index environment builds resolve and download from (default: PyPI)."
     )
+    env_npm_registry: str = Field(
+        default="https://registry.npmjs.org/", description="The npm registry Node environment builds install from.",
+    )
     env_allowed_hosts: str = Field(
         default="", description="Hosts environment builds may reach besides the package index's own: host[:port] "
                                 "items (port 443 unless given), separated by commas; each must resolve to public "

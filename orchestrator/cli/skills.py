@@ -110,9 +110,14 @@ def _describe(status: EnvironmentStatus | None, name: str, runtime: str) -> str:
     elif status.image is not None:
         image = f"; Debian packages: {'on' if status.image.state == 'ready' else 'missing on'} this host"
     if status.state == "none":
-        return "none (the skill declares no Python packages)"
-    declared = ", ".join(status.declaration.python + status.declaration.debian)
+        return "none (the skill declares no Python or Node packages)"
+    declared = ", ".join(status.declaration.python + status.declaration.node + status.declaration.debian)
     if status.state == "ready":
+        node = status.node.info if status.node is not None else None
+        if node is not None:
+            python = f"; Python: {len(status.info.packages)} packages, key {status.info.key[:12]}" if status.info else ""
+            return (f"ready: {len(node.packages)} Node packages, {size(node.size_bytes)}, key {node.key[:12]} "
+                    f"({', '.join(node.packages)}){python}{image}")
         if status.info is None:
             return f"ready{image} ({status.image.tag})"
         return (f"ready: {len(status.info.packages)} packages, {size(status.info.size_bytes)}{image}; key "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -86,7 +87,10 @@ def test_a_bad_pyproject_or_inline_block_is_refused_saying_where(tmp_path: Path,
 @pytest.mark.parametrize(("manifest", "expected"), [
     ("[skills.docs\n", "skillrun.toml: not valid TOML"),
     ("[tools]\nx = 1\n", "unknown table(s) ['tools']"),
-    ('[skills.docs]\nnode = ["x"]\n', "[skills.docs]: unknown key(s) ['node']"),
+    ('[skills.docs]\ncargo = ["x"]\n', "[skills.docs]: unknown key(s) ['cargo']"),
+    ('[skills.docs]\nnode = ["Not A Name"]\n', "is not an npm package name"),
+    ('[skills.docs]\nnode = ["x@file:../../etc"]\n', "no local paths"),
+    ('[skills.docs]\nnode = "docx"\n', "node: must be a list of strings"),
     ('[skills.docs]\ndebian = ["poppler utils; rm -rf /"]\n', "is not a Debian package name"),
     ('[skills.docs]\npython = "alpha"\n', "python: must be a list of strings"),
 ])
@@ -95,6 +99,49 @@ def test_a_bad_manifest_is_refused_saying_what(tmp_path: Path, manifest: str, ex
     with pytest.raises(DependencyError) as caught:
         read_manifest(tmp_path)
     assert expected in str(caught.value)
+
+
+def test_a_package_json_and_the_manifests_node_entries_are_one_node_declaration(tmp_path: Path):
+    package = {"name": "docs", "dependencies": {"docx": "^9.0.0", "@scope/tool": "~1.2"},
+               "optionalDependencies": {"fsevents": "2"}, "devDependencies": {"jest": "29"},
+               "scripts": {"postinstall": "node setup.js"}}
+    skill = write_skill(tmp_path, "docs", files={"package.json": json.dumps(package),
+                                                 "package-lock.json": '{"lockfileVersion": 3}'})
+    (tmp_path / "skillrun.toml").write_text('[skills.docs]\nnode = ["pptxgenjs", "sharp@0.33"]\n')
+    declaration = read_declaration(skill, "docs", read_manifest(tmp_path))
+    assert declaration.node == ("@scope/tool@~1.2", "docx@^9.0.0", "fsevents@2", "pptxgenjs@latest", "sharp@0.33")
+    built = json.loads(declaration.node_package)
+    assert built["scripts"] == package["scripts"] and built["devDependencies"] == {"jest": "29"}
+    assert built["dependencies"] == {"docx": "^9.0.0", "@scope/tool": "~1.2", "pptxgenjs": "latest", "sharp": "0.33"}
+    assert declaration.node_lock == '{"lockfileVersion": 3}'
+    assert declaration.sources == ("package.json", "package-lock.json", "skillrun.toml")
+    assert not declaration.empty and declaration.python == ()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("{not json", "package.json: not valid JSON"),
+    ("[]", "package.json: must be a JSON object"),
+    ('{"dependencies": ["docx"]}', "'dependencies' must be an object"),
+    ('{"dependencies": {"docx": "file:../../../etc"}}', "no local paths"),
+    ('{"dependencies": {"docx": "github:someone/docx"}}', "no git"),
+    ('{"dependencies": {"docx": 9}}', "must be a string"),
+    ('{"dependencies": {"../up": "1"}}', "is not an npm package name"),
+    ('{"workspaces": ["packages/*"]}', "'workspaces' is not supported"),
+])
+def test_a_bad_package_json_is_refused_saying_what(tmp_path: Path, text: str, expected: str):
+    skill = write_skill(tmp_path, "nodey", files={"package.json": text})
+    with pytest.raises(DependencyError) as caught:
+        read_declaration(skill, "nodey")
+    assert expected in str(caught.value)
+
+
+def test_a_lock_without_a_package_json_declares_nothing_and_a_bad_lock_is_refused(tmp_path: Path):
+    skill = write_skill(tmp_path, "locked", files={"package-lock.json": "{}"})
+    assert read_declaration(skill, "locked").empty
+    (skill / "package.json").write_text('{"dependencies": {"docx": "9"}}')
+    (skill / "package-lock.json").write_text("not a lock")
+    with pytest.raises(DependencyError, match="package-lock.json: not a valid lock file"):
+        read_declaration(skill, "locked")
 
 
 def test_a_manifest_naming_a_skill_that_does_not_exist_says_which(tmp_path: Path):
@@ -134,6 +181,8 @@ def test_the_cache_reads_a_changed_declaration_again(tmp_path: Path):
     assert cache.get(skill, tmp_path, "changing").python == ("alpha", "gamma>=1")
     (tmp_path / "skillrun.toml").write_text('[skills.changing]\npython = ["zeta"]\n')
     assert cache.get(skill, tmp_path, "changing").python == ("alpha", "gamma>=1", "zeta")
+    (skill / "package.json").write_text('{"dependencies": {"docx": "9"}}')
+    assert cache.get(skill, tmp_path, "changing").node == ("docx@9",)
 
 
 def test_inline_blocks_are_found_as_the_specification_says():

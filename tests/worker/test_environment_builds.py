@@ -237,7 +237,7 @@ async def test_a_run_while_its_environment_is_being_built_waits_or_is_told_so(sh
     with pytest.raises(EnvironmentNotReadyError, match="being built"):
         await runner.for_run(skill, skill.parent, "s", wait=False)
     waited = await runner.for_run(skill, skill.parent, "s", wait=True)
-    assert (await building).info.key == waited.key
+    assert (await building).info.key == waited.python.key
 
 
 @pytest.mark.root

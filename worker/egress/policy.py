@@ -34,6 +34,8 @@ from worker.names import parse_entries
 
 INDEX_VARIABLE = "UV_DEFAULT_INDEX"
 """Where a step's environment names the index it uses (PyPI without it): what its allow-list is made from."""
+REGISTRY_VARIABLE = "npm_config_registry"
+"""Where a Node build step's environment names the npm registry it uses (its one host is the step's index)."""
 PYPI_HOSTS = (("pypi.org", 443), ("files.pythonhosted.org", 443))
 """The default index's hosts: its pages, and the files they link to."""
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -70,11 +72,12 @@ class AllowList:
 
     @classmethod
     def for_step(cls, env: Mapping[str, str], allowed_hosts: str | None = None) -> AllowList:
-        """What a step with the environment ``env`` may reach: the index it names (``INDEX_VARIABLE``) and
-        ``allowed_hosts`` (default: the worker's ``SKILLRUN_ENV_ALLOWED_HOSTS``)."""
+        """What a step with the environment ``env`` may reach: the index it names (``INDEX_VARIABLE``), or the npm
+        registry (``REGISTRY_VARIABLE``), and ``allowed_hosts`` (default: the worker's
+        ``SKILLRUN_ENV_ALLOWED_HOSTS``)."""
         if allowed_hosts is None:
             allowed_hosts = get_worker_settings().env_allowed_hosts
-        return cls.for_index(env.get(INDEX_VARIABLE), allowed_hosts)
+        return cls.for_index(env.get(INDEX_VARIABLE) or env.get(REGISTRY_VARIABLE), allowed_hosts)
 
     @classmethod
     def for_index(cls, index_url: str | None, allowed_hosts: str = "") -> AllowList:

@@ -1,4 +1,4 @@
-"""Skill dependencies: declarations, locks and content-addressed environments built once with ``uv``.
+"""Skill dependencies: declarations, locks and content-addressed environments built once with ``uv`` or ``npm``.
 
 ``declarations`` reads what a skill needs, ``builder`` resolves and builds it as untrusted code, ``store`` keeps
 the results, ``manager`` answers runtimes, the CLI and the API. ``local_environments`` makes the local runtime's.
@@ -12,7 +12,7 @@ from worker.config import get_worker_settings
 from worker.environments.builder import BuildSettings, EnvironmentBuilder
 from worker.environments.declarations import MANIFEST_FILE, Declaration, Manifest, read_declaration, read_manifest
 from worker.environments.images import bundle_digest, image_status, image_tag
-from worker.environments.manager import DeclarationCache, EnvironmentStatus, SkillEnvironments
+from worker.environments.manager import DeclarationCache, EnvironmentStatus, NodeStatus, RunEnvironment, SkillEnvironments
 from worker.environments.store import EnvironmentInfo, EnvironmentStore
 from worker.environments.target import Target, local_target
 
@@ -23,6 +23,7 @@ def build_settings(*, sandboxed: bool) -> BuildSettings:
     return BuildSettings(
         index_url=settings.env_index_url, ca_bundle=settings.env_ca_bundle, timeout=settings.env_build_timeout_seconds,
         max_bytes=settings.env_max_bytes, memory_bytes=settings.env_build_memory_bytes, sandboxed=sandboxed,
+        npm_registry=settings.env_npm_registry,
     )
 
 
@@ -43,6 +44,8 @@ __all__ = [
     "EnvironmentStatus",
     "EnvironmentStore",
     "Manifest",
+    "NodeStatus",
+    "RunEnvironment",
     "SkillEnvironments",
     "Target",
     "build_settings",

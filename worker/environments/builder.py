@@ -20,6 +20,12 @@ a sandbox of its own (the environment made and, where steps are cheap, its inter
 in that folder's cache and would otherwise do first when installing); then one step installs the lock with its
 bytecode compiled.
 
+A Node environment (``ensure_node``) is one ``npm`` step, contained the same way and reaching only the npm
+registry: the skill's ``package.json`` (and its lock, installed exactly with ``npm ci``) installed without
+development dependencies into a folder of its own, keyed by those two files, the registry and the ``node`` it is
+for; its install scripts run in the sandbox, like a source distribution's build backend. What it publishes holds
+``node_modules`` and the lock npm wrote.
+
 The result belongs to root and is read-only to everyone else: the build's user id goes back to the pool and may
 next belong to a workspace, which must not be able to change an environment other runs use.
 """
@@ -40,6 +46,7 @@ from pathlib import Path
 
 from worker import defaults
 from worker.cancellation import Cancellation
+from worker.egress.policy import REGISTRY_VARIABLE
 from worker.environments.declarations import Declaration, read_plain_file
 from worker.environments.steps import SandboxSteps, StepRunner
 from worker.environments.store import (
@@ -49,7 +56,7 @@ from worker.environments.store import (
     folder_size,
     resolve_lock,
 )
-from worker.environments.target import Target
+from worker.environments.target import NodeTarget, Target
 from worker.errors import EnvironmentBuildError
 from worker.roots.folders import remove_tree
 from worker.outcome import ProcessOutcome
@@ -60,6 +67,9 @@ MESSAGE_CHARS = 4000
 SIZE_POLL_SECONDS = 1.0
 MAX_LOCK_BYTES = 4 * 1024 * 1024
 """The largest lock a resolving step may write."""
+MAX_NODE_LOCK_BYTES = 16 * 1024 * 1024
+"""The largest ``package-lock.json`` a Node build may write (it is read for the packages it installed)."""
+NPM_REGISTRY = "https://registry.npmjs.org/"
 
 Progress = Callable[[str], None]
 
@@ -75,6 +85,7 @@ class BuildSettings:
     memory_bytes: int = 4 * 1024**3
     sandboxed: bool = True
     """Each step as a sandbox user id of its own (root hosts); off, as the current user (a non-root host)."""
+    npm_registry: str = NPM_REGISTRY
 
 
 def requirements_key(declaration: Declaration, target: Target, settings: BuildSettings) -> str:
@@ -85,6 +96,25 @@ def requirements_key(declaration: Declaration, target: Target, settings: BuildSe
 def environment_key(lock: str, target: Target) -> str:
     """What an environment is built from: its lock and its target."""
     return _digest({"lock": lock, "target": target.key})
+
+
+def node_key(declaration: Declaration, target: NodeTarget, settings: BuildSettings) -> str:
+    """What a Node environment is built from: its ``package.json`` and lock, the target, the registry."""
+    return _digest({"package": declaration.node_package, "lock": declaration.node_lock or "", "target": target.key,
+                    "registry": settings.npm_registry})
+
+
+def node_packages(lock: str) -> list[str]:
+    """``name@version`` of every package a ``package-lock.json`` (version 2 or 3) installed, sorted."""
+    try:
+        entries = json.loads(lock).get("packages", {})
+    except (ValueError, AttributeError):
+        return []
+    found = set()
+    for path, entry in entries.items() if isinstance(entries, dict) else ():
+        if path and isinstance(entry, dict) and isinstance(entry.get("version"), str) and not entry.get("link"):
+            found.add(f"{path.rpartition('node_modules/')[2]}@{entry['version']}")
+    return sorted(found)
 
 
 def locked_packages(lock: str) -> list[str]:
@@ -200,6 +230,52 @@ class EnvironmentBuilder:
             _say(progress, f"built in {time.monotonic() - started:.1f} s")
             return self.store.info(key)
 
+    async def ensure_node(self, declaration: Declaration, target: NodeTarget,
+                          progress: Progress | None = None) -> EnvironmentInfo:
+        """The Node environment of ``declaration`` for ``target``: found in the store, or installed now with
+        ``npm`` (``npm ci`` when the skill has a lock). One build of an environment at a time, across processes."""
+        key = node_key(declaration, target, self.settings)
+        info = self.store.info(key)
+        if info is not None:
+            return info
+        async with self.store.exclusive(build_lock(key)):
+            info = self.store.info(key)
+            if info is not None:
+                return info
+            _say(progress, f"installing {len(declaration.node)} Node package(s) with npm")
+            started = time.monotonic()
+            async with self._build_folder(build_lock(key)) as (folder, uid):
+                env = folder / "env"
+                env.mkdir()
+                files = {"package.json": declaration.node_package or "{}\n"}
+                if declaration.node_lock is not None:
+                    files["package-lock.json"] = declaration.node_lock
+                for name, text in files.items():
+                    (env / name).write_text(text)
+                if uid is not None:
+                    for path in (env, *env.iterdir()):
+                        os.lchown(path, uid, uid)
+                command = "ci" if declaration.node_lock is not None else "install"
+                await self._step(folder, uid, target, [
+                    command, "--prefix", "env", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error",
+                ], "installing the Node packages", watch=env, tool="npm")
+                size = await asyncio.to_thread(_seal, env)
+                if size > self.settings.max_bytes:
+                    raise EnvironmentBuildError(_too_big(size, self.settings.max_bytes))
+                try:
+                    lock = read_plain_file(env / "package-lock.json", MAX_NODE_LOCK_BYTES, "the build's package-lock.json",
+                                           EnvironmentBuildError)
+                except EnvironmentBuildError:
+                    lock = "{}"  # npm writes none when nothing was installed
+                meta = {
+                    "key": key, "kind": "node", "target": target.label, "requirements": list(declaration.node),
+                    "packages": node_packages(lock), "size_bytes": size, "built_at": time.time(),
+                    "build_seconds": round(time.monotonic() - started, 3),
+                }
+                self.store.publish(key, env, meta)
+            _say(progress, f"built in {time.monotonic() - started:.1f} s")
+            return self.store.info(key)
+
     async def _ready(self, folder: Path, uid: int | None, target: Target, stop: Cancellation) -> None:
         """Ready ``folder`` for installing while the lock is resolved (``stop``ped if resolving fails): the empty
         environment and, where steps are cheap (``StepRunner.cheap_steps``), uv's look at its interpreter, kept in
@@ -226,24 +302,35 @@ class EnvironmentBuilder:
         finally:
             await asyncio.to_thread(remove_tree, folder)
 
-    async def _step(self, folder: Path, uid: int | None, target: Target, args: list[str], what: str,
-                    watch: Path | None = None, cancel: Cancellation | None = None) -> None:
-        """Run ``uv <args>`` in ``folder`` as ``uid`` through the step runner (stopped when ``cancel`` is set);
-        ``EnvironmentBuildError`` with uv's own message when it fails, runs out of time or grows the environment
-        past the size cap."""
+    async def _step(self, folder: Path, uid: int | None, target: Target | NodeTarget, args: list[str], what: str,
+                    watch: Path | None = None, cancel: Cancellation | None = None, tool: str = "uv") -> None:
+        """Run ``<tool> <args>`` (``uv`` or ``npm``) in ``folder`` as ``uid`` through the step runner (stopped when
+        ``cancel`` is set); ``EnvironmentBuildError`` with the tool's own message when it fails, runs out of time
+        or grows the environment past the size cap."""
         env = {
             "PATH": defaults.SANDBOX_PATH, "HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp"),
-            "LANG": defaults.SANDBOX_LANG, "UV_CACHE_DIR": str(folder / "cache"), "UV_NO_CONFIG": "1",
-            "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "hardlink",
+            "LANG": defaults.SANDBOX_LANG,
         }
-        if self.settings.index_url:
-            env["UV_DEFAULT_INDEX"] = self.settings.index_url
+        if tool == "npm":
+            env.update({
+                REGISTRY_VARIABLE: self.settings.npm_registry, "npm_config_cache": str(folder / "cache"),
+                "npm_config_userconfig": str(folder / "home" / ".npmrc"),
+                "npm_config_globalconfig": str(folder / "home" / "npmrc"), "npm_config_update_notifier": "false",
+                "npm_config_progress": "false",
+            })
+        else:
+            env.update({
+                "UV_CACHE_DIR": str(folder / "cache"), "UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never",
+                "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "hardlink",
+            })
+            if self.settings.index_url:
+                env["UV_DEFAULT_INDEX"] = self.settings.index_url
         cancel = cancel or Cancellation()
         too_big: list[int] = []
         watcher = asyncio.ensure_future(_watch_size(watch, self.settings.max_bytes, cancel, too_big)) if watch else None
         try:
             outcome = await self.steps.run(folder, uid, args, env, target=target, timeout=self.settings.timeout,
-                                           cancel=cancel)
+                                           cancel=cancel, tool=tool)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -257,7 +344,7 @@ class EnvironmentBuilder:
         if outcome.oom_killed:
             raise EnvironmentBuildError(f"{what} ran out of memory ({self.settings.memory_bytes} bytes).{_tail(outcome)}")
         if outcome.exit_code != 0:
-            raise EnvironmentBuildError(f"{what} failed (uv exited with {outcome.exit_code}):{_tail(outcome)}")
+            raise EnvironmentBuildError(f"{what} failed ({tool} exited with {outcome.exit_code}):{_tail(outcome, tool)}")
 
     def _own(self, folder: Path) -> int:
         """A sandbox user id for the build in ``folder`` (held while the folder exists), owning the folder."""
@@ -322,8 +409,18 @@ def _too_big(size: int, limit: int) -> str:
             "fewer or smaller packages, or ask the operator for a larger cap")
 
 
-def _tail(outcome: ProcessOutcome) -> str:
+def _tail(outcome: ProcessOutcome, tool: str = "uv") -> str:
+    """The end of a failed step's output; npm's without the command's usage it appends and the path of a log
+    that goes with the build folder."""
     text = (outcome.stderr or outcome.stdout).decode("utf-8", errors="replace").strip()
+    if tool == "npm":
+        kept = []
+        for line in text.splitlines():
+            if line.strip() in ("npm error Usage:", "npm error Options:"):
+                break
+            if "A complete log of this run can be found in" not in line:
+                kept.append(line)
+        text = "\n".join(kept).strip()
     return "\n" + text[-MESSAGE_CHARS:] if text else ""
 
 
@@ -341,5 +438,7 @@ __all__ = [
     "EnvironmentBuilder",
     "environment_key",
     "locked_packages",
+    "node_key",
+    "node_packages",
     "requirements_key",
 ]

@@ -1,4 +1,4 @@
-"""What a skill says it needs: Python packages (and, for the Docker runtime, Debian packages).
+"""What a skill says it needs: Python packages, Node packages and Debian packages.
 
 A skill declares its Python dependencies in any of three places, all merged:
 
@@ -9,12 +9,18 @@ A skill declares its Python dependencies in any of three places, all merged:
 * PEP 723 inline metadata (a ``# /// script`` block with ``dependencies = [...]``) in any ``.py`` file of the
   skill folder.
 
+Its Node dependencies are its ``package.json`` (``dependencies`` and ``optionalDependencies``; the file is built
+as it is, scripts included, with its ``package-lock.json`` when there is one). Dependencies are named as npm names
+them (a version range, a tag, an ``npm:`` alias or an ``https://`` tarball); local paths and git sources are refused,
+since a build sees only the package registry.
+
 A library that is mirrored rather than owned declares the same in one manifest at its root, ``skillrun.toml``
 (``MANIFEST_FILE``)::
 
     [skills.pdf]
     python = ["pypdf>=4", "reportlab"]
-    debian = ["poppler-utils"]     # Docker runtime only
+    node = ["docx@^9", "@scope/name@1.2.3"]
+    debian = ["poppler-utils"]
 
 What the skill's own files and the manifest say is merged; a conflict between them is the resolver's to report.
 Every file is read with a size bound and every requirement is checked before anything is resolved.
@@ -22,6 +28,7 @@ Every file is read with a size bound and every requirement is checked before any
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -39,6 +46,15 @@ REQUIREMENTS_FILE = "requirements.txt"
 REQUIREMENTS_FILES = (REQUIREMENTS_FILE, f"scripts/{REQUIREMENTS_FILE}")
 """Where a skill's requirements files are read, relative to its folder (a skill's scripts often keep theirs)."""
 PYPROJECT_FILE = "pyproject.toml"
+PACKAGE_FILE = "package.json"
+PACKAGE_LOCK_FILE = "package-lock.json"
+MAX_PACKAGE_LOCK_BYTES = 16 * 1024 * 1024
+"""The largest ``package-lock.json`` read (a large application's lock is a few MiB)."""
+DECLARATION_FILES = (REQUIREMENTS_FILE, PYPROJECT_FILE, PACKAGE_FILE, PACKAGE_LOCK_FILE)
+"""The names of the files (besides ``.py`` scripts) a declaration is read from."""
+NODE_PACKAGE = re.compile(r"^(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*$")
+"""An npm package name: lowercase, URL-safe, optionally in a scope."""
+REFUSED_NODE_SOURCES = ("file:", "link:", "git:", "git+", "github:", "gitlab:", "bitbucket:", "gist:", "http:")
 MAX_DECLARATION_BYTES = 1024 * 1024
 """The largest declaration file read (a requirements file, a pyproject, a script scanned for PEP 723)."""
 MAX_SCRIPTS = 500
@@ -60,22 +76,31 @@ class Declaration:
     requires_python: str | None = None
     sources: tuple[str, ...] = ()
     """Where the requirements came from (files relative to the skill folder, or the manifest)."""
+    node: tuple[str, ...] = ()
+    """Node dependencies as ``name@spec``, sorted (what ``node_package`` depends on)."""
+    node_package: str | None = None
+    """The ``package.json`` a Node build installs (the skill's, with the manifest's ``node`` entries added), or
+    ``None`` when it declares no Node dependency."""
+    node_lock: str | None = None
+    """The skill's ``package-lock.json``, installed exactly (``npm ci``) when present."""
 
     @property
     def empty(self) -> bool:
-        return not self.python and not self.debian
+        return not self.python and not self.debian and self.node_package is None
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """A library's ``skillrun.toml``: skill name → its Python and Debian packages."""
+    """A library's ``skillrun.toml``: skill name → its Python, Node and Debian packages."""
 
     python: dict[str, tuple[str, ...]] = field(default_factory=dict)
     debian: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    node: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Skill name → Node package name → its spec (``latest`` when none was given)."""
 
     @property
     def skills(self) -> set[str]:
-        return set(self.python) | set(self.debian)
+        return set(self.python) | set(self.debian) | set(self.node)
 
     def unknown_skills(self, names: set[str]) -> list[str]:
         """The skills the manifest names that are not among ``names`` (a mistake the library's owner must hear of)."""
@@ -101,10 +126,10 @@ def read_manifest(root: Path) -> Manifest | None:
     for name, entry in skills.items():
         where = f"{MANIFEST_FILE} [skills.{name}]"
         if not isinstance(entry, dict):
-            raise DependencyError(f"{where}: must be a table with 'python' and/or 'debian' lists")
-        extra = set(entry) - {"python", "debian"}
+            raise DependencyError(f"{where}: must be a table with 'python', 'node' and/or 'debian' lists")
+        extra = set(entry) - {"python", "node", "debian"}
         if extra:
-            raise DependencyError(f"{where}: unknown key(s) {sorted(extra)}; use 'python' and 'debian'")
+            raise DependencyError(f"{where}: unknown key(s) {sorted(extra)}; use 'python', 'node' and 'debian'")
         python = _string_list(entry.get("python", []), f"{where} python")
         manifest.python[name] = tuple(_requirement(text, f"{where} python") for text in python)
         debian = _string_list(entry.get("debian", []), f"{where} debian")
@@ -112,6 +137,9 @@ def read_manifest(root: Path) -> Manifest | None:
             if not DEBIAN_PACKAGE.match(package):
                 raise DependencyError(f"{where} debian: {package!r} is not a Debian package name")
         manifest.debian[name] = tuple(debian)
+        if "node" in entry:
+            manifest.node[name] = dict(
+                node_dependency(text, f"{where} node") for text in _string_list(entry["node"], f"{where} node"))
     return manifest
 
 
@@ -139,15 +167,85 @@ def read_declaration(skill_dir: Path, name: str, manifest: Manifest | None = Non
             python += found
             requires_python += [needs] if needs else []
             sources.append(f"{relative} (PEP 723)")
+    package, lock = _package(skill_dir, sources)
     debian: tuple[str, ...] = ()
     if manifest is not None and name in manifest.skills:
         python += manifest.python.get(name, ())
         debian = tuple(sorted(set(manifest.debian.get(name, ()))))
+        if name in manifest.node:
+            package = package if package is not None else {"name": "skillrun-node-environment", "private": True}
+            package["dependencies"] = {**package.get("dependencies", {}), **manifest.node[name]}
         sources.append(MANIFEST_FILE)
     merged = tuple(sorted(set(python)))
     if len(merged) > MAX_REQUIREMENTS:
         raise DependencyError(f"skill {name!r} declares {len(merged)} requirements; at most {MAX_REQUIREMENTS}")
-    return Declaration(merged, debian, ",".join(sorted(set(requires_python))) or None, tuple(sources))
+    node: tuple[str, ...] = ()
+    if package is not None:
+        wanted = {**package.get("optionalDependencies", {}), **package.get("dependencies", {})}
+        if len(wanted) > MAX_REQUIREMENTS:
+            raise DependencyError(f"skill {name!r} declares {len(wanted)} Node dependencies; at most {MAX_REQUIREMENTS}")
+        node = tuple(sorted(f"{package_name}@{spec}" for package_name, spec in wanted.items()))
+    return Declaration(merged, debian, ",".join(sorted(set(requires_python))) or None, tuple(sources), node,
+                       None if package is None else json.dumps(package, indent=2, sort_keys=True) + "\n", lock)
+
+
+def node_dependency(text: str, where: str) -> tuple[str, str]:
+    """``name@spec`` (or a bare ``name``: ``latest``) as a name and a spec npm may install from the registry;
+    ``DependencyError`` for anything else."""
+    text = text.strip()
+    at = text.find("@", 1)
+    package_name, spec = (text, "latest") if at < 0 else (text[:at], text[at + 1:].strip() or "latest")
+    _check_node(package_name, spec, where)
+    return package_name, spec
+
+
+def _check_node(package_name: object, spec: object, where: str) -> None:
+    if not isinstance(package_name, str) or not NODE_PACKAGE.match(package_name) or len(package_name) > 214:
+        raise DependencyError(f"{where}: {package_name!r} is not an npm package name")
+    if not isinstance(spec, str) or len(spec) > 1024 or any(ord(c) < 32 for c in spec):
+        raise DependencyError(f"{where}: the version of {package_name!r} must be a string such as '^9.1.0'")
+    lowered = spec.strip().lower()
+    if lowered.startswith(REFUSED_NODE_SOURCES) or lowered.startswith((".", "/")) or (
+            "/" in lowered and not lowered.startswith(("https://", "npm:"))):
+        raise DependencyError(
+            f"{where}: {package_name!r}@{spec!r}: only versions, tags, npm: aliases and https:// tarballs may be "
+            "named (a build reaches the package registry alone: no local paths, no git)"
+        )
+
+
+def _package(skill_dir: Path, sources: list[str]) -> tuple[dict | None, str | None]:
+    """The skill's ``package.json`` as an object (its dependencies checked) and its ``package-lock.json`` text;
+    ``(None, None)`` without a ``package.json`` (a lock alone declares nothing)."""
+    path = skill_dir / PACKAGE_FILE
+    if not _present(path):
+        return None, None
+    try:
+        package = json.loads(_read(path, PACKAGE_FILE))
+    except ValueError as exc:
+        raise DependencyError(f"{PACKAGE_FILE}: not valid JSON ({exc})") from exc
+    if not isinstance(package, dict):
+        raise DependencyError(f"{PACKAGE_FILE}: must be a JSON object")
+    for table in ("dependencies", "optionalDependencies"):
+        entries = package.get(table, {})
+        if not isinstance(entries, dict):
+            raise DependencyError(f"{PACKAGE_FILE}: {table!r} must be an object of package names and versions")
+        for package_name, spec in entries.items():
+            _check_node(package_name, spec, f"{PACKAGE_FILE} {table}")
+    for table in ("bundleDependencies", "bundledDependencies", "workspaces"):
+        if package.get(table):
+            raise DependencyError(f"{PACKAGE_FILE}: {table!r} is not supported (a build installs from the registry)")
+    sources.append(PACKAGE_FILE)
+    lock_path = skill_dir / PACKAGE_LOCK_FILE
+    if not _present(lock_path):
+        return package, None
+    lock = read_plain_file(lock_path, MAX_PACKAGE_LOCK_BYTES, PACKAGE_LOCK_FILE, DependencyError)
+    try:
+        if not isinstance(json.loads(lock), dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise DependencyError(f"{PACKAGE_LOCK_FILE}: not a valid lock file ({exc})") from exc
+    sources.append(PACKAGE_LOCK_FILE)
+    return package, lock
 
 
 def parse_requirements(text: str, where: str) -> list[str]:
@@ -328,10 +426,12 @@ def read_plain_file(path: Path, limit: int, where: str, error: type[DependencyEr
 
 
 __all__ = [
+    "DECLARATION_FILES",
     "MANIFEST_FILE",
     "Declaration",
     "Manifest",
     "inline_metadata",
+    "node_dependency",
     "parse_requirements",
     "read_plain_file",
     "read_declaration",

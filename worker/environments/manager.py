@@ -5,8 +5,12 @@
 * ``status``: what it declares and whether its environment is ready, being built, failed or not built (no network,
   no build: what ``skillrun skills show`` and ``GET /v1/skills/{name}`` say);
 * ``prepare``: resolve and build it now, reporting progress (``skillrun skills prepare``, library registration);
-* ``for_run``: the environment a run must have, built first if the run waits for it, or ``EnvironmentNotReadyError``.
-  A skill that declares nothing costs a few ``stat`` calls per run; a ready environment one more.
+* ``for_run``: the environments a run must have (``RunEnvironment``), built first if the run waits for them, or
+  ``EnvironmentNotReadyError``. A skill that declares nothing costs a few ``stat`` calls per run; a ready
+  environment one more.
+
+A skill may have two environments: a Python one and a Node one (its ``package.json``), each built, shared and
+failed on its own; the skill is ready when both are.
 
 A failed build is remembered for ``RETRY_SECONDS``: runs in that time get its message at once instead of building
 again (``prepare`` always tries again); ``status`` says failed, with its message, until the store sweeps the record
@@ -31,9 +35,11 @@ from worker.environments.builder import (
     EnvironmentBuilder,
     Progress,
     environment_key,
+    node_key,
     requirements_key,
 )
 from worker.environments.declarations import (
+    DECLARATION_FILES,
     MANIFEST_FILE,
     Declaration,
     read_declaration,
@@ -41,7 +47,7 @@ from worker.environments.declarations import (
 )
 from worker.environments.images import ImageStatus
 from worker.environments.store import EnvironmentInfo, build_lock, resolve_lock
-from worker.environments.target import Target
+from worker.environments.target import NodeTarget, Target, local_node_target
 from worker.errors import (
     DependencyError,
     EnvironmentBuildError,
@@ -69,6 +75,18 @@ class EnvironmentStatus:
     target: str = ""
     image: ImageStatus | None = None
     """The Docker runtime's derived image with the skill's Debian packages, when it declares some."""
+    node: "NodeStatus | None" = None
+    """Its Node environment, when it declares Node dependencies."""
+
+    def with_node(self, node: "NodeStatus") -> "EnvironmentStatus":
+        """This status with the skill's Node environment: ready only when both are, else the state of the part
+        that is behind (``STATE_ORDER``) with its message."""
+        if self.state == "invalid":
+            return replace(self, node=node)
+        own = "ready" if self.state == "none" else self.state
+        state = min(own, node.state, key=STATE_ORDER.index)
+        message = "" if state == "ready" else self.message if state == own else node.message
+        return replace(self, state=state, message=message, node=node, target=self.target or node.target)
 
     def with_image(self, image: ImageStatus) -> "EnvironmentStatus":
         """This status on a runtime that also needs ``image``: ready only when both are, else the state of the part
@@ -102,7 +120,52 @@ class EnvironmentStatus:
             "size_bytes": self.info.size_bytes if self.info else None,
             "message": self.message,
             "image": self.image.as_json() if self.image else None,
+            "node": self.node.as_json() if self.node else None,
         }
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """Where a skill's Node environment stands (``EnvironmentStatus.node``)."""
+
+    state: str
+    """``ready``, ``building``, ``not built``, ``failed`` or ``invalid``."""
+    dependencies: tuple[str, ...] = ()
+    info: EnvironmentInfo | None = None
+    message: str = ""
+    target: str = ""
+
+    def as_json(self) -> dict:
+        return {
+            "state": self.state, "dependencies": list(self.dependencies), "target": self.target,
+            "key": self.info.key if self.info else None, "packages": self.info.packages if self.info else [],
+            "size_bytes": self.info.size_bytes if self.info else None, "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class RunEnvironment:
+    """What a run of a skill is given: its Python environment and its Node environment (either may be missing)."""
+
+    python: EnvironmentInfo | None = None
+    node: EnvironmentInfo | None = None
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """The folders shown to the run read-only."""
+        return tuple(info.path for info in (self.python, self.node) if info is not None)
+
+    def variables(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with the environments in it: ``VIRTUAL_ENV`` and its ``bin`` first on ``PATH``; ``NODE_PATH`` (so
+        ``require`` finds the packages from any folder) and ``node_modules/.bin`` (their commands) next."""
+        path, added = env.get("PATH", ""), {}
+        if self.node is not None:
+            added["NODE_PATH"] = f"{self.node.path}/node_modules"
+            path = f"{self.node.path}/node_modules/.bin:{path}"
+        if self.python is not None:
+            added["VIRTUAL_ENV"] = str(self.python.path)
+            path = f"{self.python.path}/bin:{path}"
+        return {**env, **added, "PATH": path}
 
 
 class DeclarationCache:
@@ -155,10 +218,13 @@ class DeclarationCache:
 class SkillEnvironments:
     """Skills' environments for one target (see the module's description)."""
 
-    def __init__(self, builder: EnvironmentBuilder, target: Callable[[], Target]) -> None:
+    def __init__(self, builder: EnvironmentBuilder, target: Callable[[], Target],
+                 node_target: Callable[[], NodeTarget] = local_node_target) -> None:
+        """``target``: what Python environments are built for; ``node_target``: what Node environments are."""
         self.builder = builder
         self.store = builder.store
         self._target = target
+        self._node_target = node_target
         self._declarations = DeclarationCache()
         self._swept = False
 
@@ -183,6 +249,10 @@ class SkillEnvironments:
             declaration = self.declaration(skill_dir, root, name)
         except DependencyError as exc:
             return EnvironmentStatus("invalid", message=str(exc))
+        status = self._python_status(declaration, name)
+        return status if declaration.node_package is None else status.with_node(self._node_status(declaration))
+
+    def _python_status(self, declaration: Declaration, name: str) -> EnvironmentStatus:
         if not declaration.python:
             return EnvironmentStatus("none", declaration, message=_debian_note(declaration))
         target = self.target
@@ -201,25 +271,99 @@ class SkillEnvironments:
         return EnvironmentStatus("not built", declaration, target=target.label)
 
     async def prepare(self, skill_dir: Path, root: Path, name: str, progress: Progress | None = None) -> EnvironmentStatus:
-        """Resolve and build the skill's environment now (always tries, even after a failure)."""
+        """Resolve and build the skill's environments now (always tries, even after a failure)."""
         try:
             declaration = await self._declarations.look_up(skill_dir, root, name)
-            if not declaration.python:
-                return EnvironmentStatus("none", declaration, message=_debian_note(declaration))
-            info = await self._build(declaration, self.target, name, progress)
-        except EnvironmentBuildError as exc:
-            return EnvironmentStatus("failed", self.declaration(skill_dir, root, name), message=str(exc),
-                                     target=self.target.label)
         except DependencyError as exc:
             return EnvironmentStatus("invalid", message=str(exc))
+        status = await self._prepare_python(declaration, name, progress)
+        if declaration.node_package is None:
+            return status
+        try:
+            node = await asyncio.to_thread(self._node_target)
+            info = await self._build_node(declaration, node, name, progress)
+        except EnvironmentBuildError as exc:
+            return status.with_node(NodeStatus("failed", declaration.node, message=str(exc), target=node.label))
+        except DependencyError as exc:
+            return status.with_node(NodeStatus("invalid", declaration.node, message=str(exc)))
+        return status.with_node(NodeStatus("ready", declaration.node, info, target=node.label))
+
+    async def _prepare_python(self, declaration: Declaration, name: str, progress: Progress | None) -> EnvironmentStatus:
+        if not declaration.python:
+            return EnvironmentStatus("none", declaration, message=_debian_note(declaration))
+        try:
+            info = await self._build(declaration, self.target, name, progress)
+        except EnvironmentBuildError as exc:
+            return EnvironmentStatus("failed", declaration, message=str(exc), target=self.target.label)
+        except DependencyError as exc:
+            return EnvironmentStatus("invalid", declaration, message=str(exc))
         return EnvironmentStatus("ready", declaration, info, _debian_note(declaration), self.target.label)
 
-    async def for_run(self, skill_dir: Path, root: Path, name: str, *, wait: bool) -> EnvironmentInfo | None:
-        """The environment a run of the skill needs (``None`` when it declares nothing): ready, or built now when
+    def _node_status(self, declaration: Declaration) -> NodeStatus:
+        try:
+            target = self._node_target()
+        except DependencyError as exc:
+            return NodeStatus("invalid", declaration.node, message=str(exc))
+        key = node_key(declaration, target, self.builder.settings)
+        info = self.store.info(key)
+        if info is not None:
+            return NodeStatus("ready", declaration.node, info, target=target.label)
+        if self.store.busy(build_lock(key)):
+            return NodeStatus("building", declaration.node, target=target.label)
+        failure = self.store.failure(key)
+        if failure is not None:
+            return NodeStatus("failed", declaration.node, message=failure[0], target=target.label)
+        return NodeStatus("not built", declaration.node, target=target.label)
+
+    async def _build_node(self, declaration: Declaration, target: NodeTarget, name: str,
+                          progress: Progress | None) -> EnvironmentInfo:
+        key = node_key(declaration, target, self.builder.settings)
+        if not self._swept:
+            self._swept = True
+            await asyncio.to_thread(self.store.sweep, self.builder.settings.timeout)
+        try:
+            info = await self.builder.ensure_node(declaration, target, progress)
+        except EnvironmentBuildError as exc:
+            failure = EnvironmentBuildError(f"skill {name!r}: {exc}")
+            self.store.record_failure(key, str(failure))
+            raise failure from exc
+        self.store.clear_failure(key)
+        self.store.mark_used(info.key)
+        return info
+
+    async def for_run(self, skill_dir: Path, root: Path, name: str, *, wait: bool) -> RunEnvironment | None:
+        """The environments a run of the skill needs (``None`` when it declares none): ready, or built now when
         ``wait``; otherwise ``EnvironmentNotReadyError``. A declaration error is a ``DependencyError``."""
         declaration = await self._declarations.look_up(skill_dir, root, name)
-        if not declaration.python:
+        if not declaration.python and declaration.node_package is None:
             return None
+        python = await self._python_for_run(declaration, name, wait=wait) if declaration.python else None
+        node = await self._node_for_run(declaration, name, wait=wait) if declaration.node_package is not None else None
+        return RunEnvironment(python, node)
+
+    async def _node_for_run(self, declaration: Declaration, name: str, *, wait: bool) -> EnvironmentInfo:
+        target = await asyncio.to_thread(self._node_target)  # asked once, then remembered
+        key = node_key(declaration, target, self.builder.settings)
+        info = self.store.info(key)
+        if info is not None:
+            self.store.mark_used(key)
+            return info
+        failure = self.store.failure(key)
+        if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
+            raise EnvironmentBuildError(f"{failure[0]}\n(this build failed {time.time() - failure[1]:.0f} s ago; runs "
+                                        f"try it again after {RETRY_SECONDS:g} s; `skillrun skills prepare --runtime "
+                                        f"{target.runtime}` tries at once)")
+        if not wait:
+            building = self.store.busy(build_lock(key))
+            raise EnvironmentNotReadyError(
+                f"skill {name!r}: its Node environment is {'being built' if building else 'not built yet'} "
+                f"({len(declaration.node)} package(s) for {target.label}); build it with `skillrun skills prepare "
+                f"--runtime {target.runtime}` (or by registering the library version through the API), or submit "
+                "the run with wait_for_environment=true to build it first"
+            )
+        return await self._build_node(declaration, target, name, None)
+
+    async def _python_for_run(self, declaration: Declaration, name: str, *, wait: bool) -> EnvironmentInfo:
         target = self.target
         found = self._lookup(declaration, target)
         if isinstance(found, EnvironmentInfo):
@@ -306,7 +450,7 @@ def _signature(skill_dir: Path, root: Path) -> tuple:
             if entry.is_dir(follow_symlinks=False):
                 if not entry.name.startswith(".") and entry.name not in ("__pycache__", "node_modules"):
                     pending.append(Path(entry.path))
-            elif entry.name.endswith(".py") or entry.name in ("requirements.txt", "pyproject.toml"):
+            elif entry.name.endswith(".py") or entry.name in DECLARATION_FILES:
                 paths.append(entry.path)
     paths.append(str(root / MANIFEST_FILE))
     return tuple((path, _stat_of(path)) for path in paths)
@@ -320,4 +464,4 @@ def _stat_of(path: str) -> tuple | None:
     return info.st_mtime_ns, info.st_size, info.st_ino, info.st_mode
 
 
-__all__ = ["DeclarationCache", "EnvironmentStatus", "SkillEnvironments", "check_python"]
+__all__ = ["DeclarationCache", "EnvironmentStatus", "NodeStatus", "RunEnvironment", "SkillEnvironments", "check_python"]

@@ -1,7 +1,7 @@
 """Where a build step runs: the ``StepRunner`` interface, and the local runtime's runner (``SandboxSteps``).
 
 ``EnvironmentBuilder`` decides what a build does (resolve, make the environment, install, seal) and what its
-outcome means; a step runner decides only where one ``uv`` command runs and how it is contained. Either way a step
+outcome means; a step runner decides only where one ``uv`` or ``npm`` command runs and how it is contained. Either way a step
 is treated like a run (it runs code from the package index): its own unprivileged user, an environment made from
 scratch, nothing of the host but the build's folder, the ``uv`` binary and the CA bundle, a memory and a process
 limit, stopped at its timeout or when cancelled. Unlike a run, it may reach the package index, and nothing else:
@@ -24,12 +24,13 @@ import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from worker import defaults
 from worker.cancellation import Cancellation
 from worker.sandbox.cgroups.groups import CgroupLimits, CgroupTree, RunCgroup
 from worker.egress.policy import AllowList
 from worker.egress.proxy import proxy_environment
 from worker.egress.serving import serving_sandbox
-from worker.environments.target import Target
+from worker.environments.target import NODE_HINT, NodeTarget, Target
 from worker.errors import CgroupError, DependencyError
 from worker.outcome import ProcessOutcome
 from worker.sandbox.process import run_process
@@ -42,19 +43,21 @@ BUILD_PROCESSES = 1024
 
 
 class StepRunner(ABC):
-    """Runs one ``uv`` command of a build, contained like a run but with a way to the package index."""
+    """Runs one ``uv`` or ``npm`` command of a build, contained like a run but with a way to the package index."""
 
     cheap_steps: bool = False
     """Whether a step costs little beyond its command (a sandbox on this host; not a container): the builder then
     spends one while resolving to spare the install uv's first look at its interpreter."""
 
     @abstractmethod
-    async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
-                  timeout: float, cancel: Cancellation) -> ProcessOutcome:
-        """Run ``uv <args>`` in the build folder ``folder`` (which it may write, and nothing else) as ``uid`` (the
-        current user when ``None``) with ``env`` plus ``SSL_CERT_FILE`` for the runner's CA bundle, for
-        ``target``, reaching the index ``env`` names and the operator's allowed hosts alone (``AllowList.for_step``);
-        stopped (and everything it started gone) at ``timeout`` seconds or when ``cancel`` is set."""
+    async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *,
+                  target: Target | NodeTarget, timeout: float, cancel: Cancellation,
+                  tool: str = "uv") -> ProcessOutcome:
+        """Run ``<tool> <args>`` (``uv``, or the target's ``npm``) in the build folder ``folder`` (which it may write,
+        and nothing else) as ``uid`` (the current user when ``None``) with ``env`` plus ``SSL_CERT_FILE`` and
+        ``NODE_EXTRA_CA_CERTS`` for the runner's CA bundle, for ``target``, reaching the index or registry ``env``
+        names and the operator's allowed hosts alone (``AllowList.for_step``); stopped (and everything it started
+        gone) at ``timeout`` seconds or when ``cancel`` is set."""
 
     def close(self) -> None:
         """Release what the runner holds between steps."""
@@ -79,21 +82,23 @@ class SandboxSteps(StepRunner):
         self._tree: CgroupTree | str | None = None
         self._detecting = threading.Lock()  # a build's first steps start together, each in a thread of its own
 
-    async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
-                  timeout: float, cancel: Cancellation) -> ProcessOutcome:
-        uv = await asyncio.to_thread(self._uv)
+    async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *,
+                  target: Target | NodeTarget, timeout: float, cancel: Cancellation,
+                  tool: str = "uv") -> ProcessOutcome:
+        program = await asyncio.to_thread(self._uv) if tool == "uv" else _npm()
         if self.ca_bundle:
-            env = {**env, "SSL_CERT_FILE": self.ca_bundle}
+            env = {**env, "SSL_CERT_FILE": self.ca_bundle, "NODE_EXTRA_CA_CERTS": self.ca_bundle}
         if not self.sandboxed:
-            return await run_process([uv, *args], cwd=str(folder), env=env, timeout=timeout, stdout_cap=OUTPUT_BYTES,
-                                     stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel)
+            return await run_process([program, *args], cwd=str(folder), env=env, timeout=timeout,
+                                     stdout_cap=OUTPUT_BYTES, stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel)
         allowed = AllowList.for_step(env, self.allowed_hosts)
+        uv = program if tool == "uv" else await asyncio.to_thread(self._uv)
         sandbox, cgroup = await asyncio.to_thread(self._sandbox, folder, uv)
         try:
             # A network namespace with loopback alone; the proxy listens there before the step runs.
             async with serving_sandbox(allowed, uid):
                 return await run_process(
-                    [uv, *args], cwd=str(folder), env={**env, **proxy_environment()}, timeout=timeout,
+                    [program, *args], cwd=str(folder), env={**env, **proxy_environment()}, timeout=timeout,
                     stdout_cap=OUTPUT_BYTES, stderr_cap=OUTPUT_BYTES, uid=uid, gid=uid, cancel=cancel,
                     sandbox=sandbox, cgroup=cgroup,
                 )
@@ -142,6 +147,14 @@ class SandboxSteps(StepRunner):
         if isinstance(self._tree, CgroupTree):
             self._tree.close()
         self._tree = None
+
+
+def _npm() -> str:
+    """The ``npm`` a local Node build runs (the host's, which the sandbox shows read-only with ``/usr``)."""
+    npm = shutil.which("npm", path=defaults.SANDBOX_PATH)
+    if npm is None:
+        raise DependencyError(f"skills with Node dependencies need npm on the local runtime: {NODE_HINT}")
+    return npm
 
 
 def installed_uv() -> Path:

@@ -5,7 +5,8 @@ Layout under the store's root (``SKILLRUN_ENVS_DIR``)::
     locks/<requirements key>.txt   a resolved, hash-pinned lock for one requirement set and target
     locks/<name>.failed            the last failed build of a requirement set (named by its requirements key) or
                                    of a derived image (``image-<digest>``): its message and time
-    envs/<environment key>/        a complete environment (a relocatable virtual environment), owned by root
+    envs/<environment key>/        a complete environment (a relocatable virtual environment, or a Node
+                                   environment's package.json, lock and node_modules), owned by root
     envs/<environment key>.json    what it holds: target, requirements, locked packages, size, build time
     envs/<environment key>.used    its mtime is the environment's last use
     envs/<environment key>.locks   the requirements keys whose locks it was built from, one a line
@@ -74,10 +75,13 @@ class EnvironmentInfo:
     built_at: float
     build_seconds: float
     last_used: float
+    kind: str = "python"
+    """``python`` (a virtual environment) or ``node`` (a folder holding ``node_modules``)."""
 
     def as_json(self) -> dict:
         return {
-            "key": self.key, "path": str(self.path), "target": self.target, "requirements": self.requirements,
+            "key": self.key, "kind": self.kind, "path": str(self.path), "target": self.target,
+            "requirements": self.requirements,
             "packages": self.packages, "size_bytes": self.size_bytes, "built_at": self.built_at,
             "build_seconds": self.build_seconds, "last_used": self.last_used,
         }
@@ -179,6 +183,7 @@ class EnvironmentStore:
             key=key, path=self.path(key), target=meta.get("target", ""), requirements=meta.get("requirements", []),
             packages=meta.get("packages", []), size_bytes=meta.get("size_bytes", 0),
             built_at=meta.get("built_at", 0.0), build_seconds=meta.get("build_seconds", 0.0), last_used=last_used,
+            kind=meta.get("kind", "python"),
         )
 
     def publish(self, key: str, built: Path, meta: dict) -> None:

@@ -3,7 +3,8 @@
 Everything here is part of an environment's key, so an environment is only ever used where it was built for. The
 local runtime's target is the host's ``python3`` (``local_target``); the Docker runtime's is the sandbox image's,
 asked once per image id by a throwaway container (``worker.runtimes.docker.builds.DockerTargets``), with the
-same ``PROBE``.
+same ``PROBE``. A Node environment's target (``NodeTarget``) is the ``node`` runs find, asked ``NODE_PROBE``: its
+version and native-module ABI, the machine.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ PROBE = (
     "'executable': sys.executable}))"
 )
 """What a target's interpreter is asked (run as ``python3 -I -c PROBE``); its answer is one line of JSON."""
+NODE_PROBE = ("console.log(JSON.stringify({version: process.version, modules: process.versions.modules, "
+              "machine: process.arch, executable: process.execPath}))")
+"""What a Node target's ``node`` is asked (run as ``node -e NODE_PROBE``); its answer is one line of JSON."""
+NODE_HINT = "apt-get install nodejs npm"
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,54 @@ class Target:
             raise DependencyError(f"the {runtime} runtime's python3 did not answer the probe ({answer[-300:]!r})") from exc
 
 
+@dataclass(frozen=True)
+class NodeTarget:
+    """One place Node environments are built for: a ``node`` (with ``npm`` beside it) as runs see it."""
+
+    runtime: str
+    node: str
+    version: str
+    modules: str
+    """The native-module ABI (``process.versions.modules``): what a compiled addon is built against."""
+    machine: str
+    image: str = ""
+
+    @property
+    def key(self) -> str:
+        return json.dumps(["node", self.runtime, self.node, self.version, self.modules, self.machine, self.image])
+
+    @property
+    def label(self) -> str:
+        where = f" in {self.image[:19]}" if self.image else ""
+        return f"{self.runtime}: node {self.version} ({self.node}, {self.machine}){where}"
+
+    @classmethod
+    def from_probe(cls, runtime: str, answer: str, *, node: str | None = None, image: str = "") -> "NodeTarget":
+        """The target a ``NODE_PROBE`` answered for; ``DependencyError`` when the answer is not the probe's."""
+        try:
+            facts = json.loads(answer)
+            return cls(runtime, node or facts["executable"], facts["version"], str(facts["modules"]),
+                       facts["machine"], image)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DependencyError(f"the {runtime} runtime's node did not answer the probe ({answer[-300:]!r})") from exc
+
+
+@functools.cache
+def local_node_target() -> NodeTarget:
+    """The local runtime's Node target: the ``node`` (and ``npm``) a run finds on its ``PATH`` (the host's)."""
+    node = shutil.which("node", path=defaults.SANDBOX_PATH)
+    if node is None or shutil.which("npm", path=defaults.SANDBOX_PATH) is None:
+        raise DependencyError(
+            f"skills with Node dependencies need node and npm on the runs' PATH ({defaults.SANDBOX_PATH}) on the "
+            f"local runtime: {NODE_HINT}"
+        )
+    try:
+        done = subprocess.run([node, "-e", NODE_PROBE], capture_output=True, text=True, timeout=30, check=True)
+    except (subprocess.SubprocessError, OSError) as exc:
+        raise DependencyError(f"cannot ask {node} what it is ({exc})") from exc
+    return NodeTarget.from_probe("local", done.stdout, node=node)
+
+
 @functools.cache
 def local_target() -> Target:
     """The local runtime's target: the ``python3`` a run finds on its ``PATH`` (the host's, which the sandbox shows
@@ -79,4 +132,4 @@ def local_target() -> Target:
     return Target.from_probe("local", done.stdout, python=python)
 
 
-__all__ = ["PROBE", "Target", "local_target"]
+__all__ = ["NODE_HINT", "NODE_PROBE", "PROBE", "NodeTarget", "Target", "local_node_target", "local_target"]

@@ -27,7 +27,7 @@ from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.contract import WORKSPACE_ID_PATTERN, InputFile, RunRequest, RunResult, SkillRef
-from worker.environments import EnvironmentInfo, EnvironmentStatus, SkillEnvironments
+from worker.environments import EnvironmentStatus, RunEnvironment, SkillEnvironments
 from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.roots.library_fetch import locate, skill_root_in_use
@@ -159,14 +159,12 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         started = time.monotonic()
         prepared = self._prepare_quickly(request) or await asyncio.to_thread(self._prepare, request)
         environment = await self._environment(request)
-        env = prepared.env
-        if environment is not None:
-            env = {**env, "VIRTUAL_ENV": str(environment.path), "PATH": f"{environment.path}/bin:{env.get('PATH', '')}"}
+        env = prepared.env if environment is None else environment.variables(prepared.env)
         staged = time.monotonic()
 
         outcome = await self._execute(
             prepared.workspace, request, prepared.cwd, env, cancel,
-            environment=environment.path if environment is not None else None,
+            environments=environment.folders if environment is not None else (),
         )
         executed = time.monotonic()
 
@@ -191,9 +189,9 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
             stderr=stderr, marks=(started, staged, executed, finished),
         )
 
-    async def _environment(self, request: RunRequest) -> EnvironmentInfo | None:
-        """The dependency environment of the request's skill (``None`` when it declares none), built first when the
-        request waits for it."""
+    async def _environment(self, request: RunRequest) -> RunEnvironment | None:
+        """The dependency environments of the request's skill (``None`` when it declares none), built first when
+        the request waits for them."""
         paths = self._skill_paths.get(request.skill)
         if paths is None:
             paths = self._skill_paths[request.skill] = await asyncio.to_thread(resolve_skill_paths, request.skill)
@@ -285,10 +283,10 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     @abstractmethod
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
-        *, environment: Path | None = None,
+        *, environments: tuple[Path, ...] = (),
     ) -> ProcessOutcome:
         """Run ``request.command`` in ``cwd`` with ``env``, within its timeout, limits and ``cancel``; the skill's
-        dependency ``environment``, when it has one, is shown to the command read-only."""
+        dependency ``environments`` (folders of the store) are shown to the command read-only."""
 
     def _forget_workspace(self, workspace: Workspace) -> None:
         """Release what this runtime holds for a workspace that is being removed."""

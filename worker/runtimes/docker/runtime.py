@@ -50,7 +50,7 @@ from worker.egress import proxy_environment, run_allow_list
 from worker.egress.proxy import PROXY_PORT
 from worker.egress.relay import RELAY
 from worker.egress.serving import serving_folder
-from worker.environments import BuildSettings, EnvironmentInfo, EnvironmentStatus
+from worker.environments import BuildSettings, EnvironmentStatus, RunEnvironment
 from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
 from worker.errors import EnvironmentBuildError, InvalidRunRequestError
@@ -156,7 +156,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
         return command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
 
-    async def _environment(self, request: RunRequest) -> EnvironmentInfo | None:
+    async def _environment(self, request: RunRequest) -> RunEnvironment | None:
         """The skill's Python environment (``HostWorkspaceRuntime._environment``), and the derived image its
         Debian packages need, which the run is then executed in (both built first when the run waits). A skill
         that declares nothing asks the engine nothing; one that does has the target looked up in a thread."""
@@ -218,7 +218,7 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
-        *, environment: Path | None = None,
+        *, environments: tuple[Path, ...] = (),
     ) -> ProcessOutcome:
         image = self._run_images.pop(request.run_id, self.image)
         if request.network and not self.allow_network:
@@ -229,24 +229,24 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
                                                    "under gVisor (runsc may make unix sockets on mounts, not connect "
                                                    "to the worker's): run it on runc (SKILLRUN_DOCKER_OCI_RUNTIME)")
         if not request.egress:
-            return await self._in_turn(workspace, image, environment, request, cwd, env, cancel, None)
+            return await self._in_turn(workspace, image, environments, request, cwd, env, cancel, None)
         # No network; the proxy's unix socket in the workspace, which a relay in the container listens in front of.
         uid = workspace.uid if workspace.uid is not None else os.getuid()
         async with serving_folder(run_allow_list(request.egress), workspace.path, uid) as (proxy, name):
-            outcome = await self._in_turn(workspace, image, environment, request, cwd,
+            outcome = await self._in_turn(workspace, image, environments, request, cwd,
                                           {**env, **proxy_environment()}, cancel, str(workspace.path / name))
         outcome.egress = proxy.refusals
         return outcome
 
     async def _in_turn(
-        self, workspace: Workspace, image: str, environment: Path | None, request: RunRequest, cwd: str,
+        self, workspace: Workspace, image: str, environments: tuple[Path, ...], request: RunRequest, cwd: str,
         env: dict[str, str], cancel: Cancellation, egress_socket: str | None,
     ) -> ProcessOutcome:
         """Run the command in the workspace's turn (``_exec`` in a thread), which ends when the run has."""
         release = await self._take_turn(workspace.path.name)
         try:
             job = asyncio.get_running_loop().run_in_executor(
-                None, self._exec, workspace, image, environment, request, cwd, env, cancel, egress_socket
+                None, self._exec, workspace, image, environments, request, cwd, env, cancel, egress_socket
             )
         except BaseException:
             release()
@@ -284,21 +284,21 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         return release
 
     def _exec(
-        self, workspace: Workspace, image: str, environment: Path | None, request: RunRequest, cwd: str,
+        self, workspace: Workspace, image: str, environments: tuple[Path, ...], request: RunRequest, cwd: str,
         env: dict[str, str], cancel: Cancellation, egress_socket: str | None = None,
     ) -> ProcessOutcome:
         """In the workspace's turn, ``docker exec`` the command in its container of ``image`` (which mounts
-        ``environment``), follow it, end the run (blocking: the Docker SDK is synchronous). With ``egress_socket``
+        ``environments``), follow it, end the run (blocking: the Docker SDK is synchronous). With ``egress_socket``
         the command runs under the relay to that proxy socket (``worker.egress.relay``)."""
         root = locate(request.skill).resolve()  # held in the cache for the whole run by the host runtime's run()
         with self.boxes.turn(workspace.path.name):
-            return self._exec_in_turn(workspace, image, environment, root, request, cwd, env, cancel, egress_socket)
+            return self._exec_in_turn(workspace, image, environments, root, request, cwd, env, cancel, egress_socket)
 
     def _exec_in_turn(
-        self, workspace: Workspace, image: str, environment: Path | None, root: Path, request: RunRequest, cwd: str,
+        self, workspace: Workspace, image: str, environments: tuple[Path, ...], root: Path, request: RunRequest, cwd: str,
         env: dict[str, str], cancel: Cancellation, egress_socket: str | None,
     ) -> ProcessOutcome:
-        box = self._box(workspace, image, root, environment, request)
+        box = self._box(workspace, image, root, environments, request)
         script = self._script(request)
         if egress_socket is not None:
             script = shlex.join(["exec", "python3", "-I", "-c", RELAY, egress_socket, str(PROXY_PORT), "bash", "-c",
@@ -360,12 +360,12 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         if not scrub_through_engine(self.client.api, box.id, self.boxes.user(workspace)):
             self.boxes.remove((workspace.path.name, box.image))
 
-    def _box(self, workspace: Workspace, image: str, root: Path, environment: Path | None, request: RunRequest) -> Box:
+    def _box(self, workspace: Workspace, image: str, root: Path, environments: tuple[Path, ...], request: RunRequest) -> Box:
         """The workspace's running container of ``image``, with the run's limits, library root and environment."""
         # This run's turn is held; warm containers not taken yet are the pool's.
         pool = self.pool
         self.boxes.reap_idle(keep=lambda folder: folder in self._turns or (pool is not None and pool.holds(folder)))
-        folders = [str(root.resolve()), *([str(environment)] if environment is not None else [])]
+        folders = [str(root.resolve()), *(str(folder) for folder in environments)]
         return self.boxes.get(workspace, image, folders, bool(request.network), self._run_limits(request.limits))
 
     def _run_limits(self, limits: RunLimits) -> tuple[int, int]:

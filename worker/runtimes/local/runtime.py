@@ -143,7 +143,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
-        *, environment: Path | None = None,
+        *, environments: tuple[Path, ...] = (),
     ) -> ProcessOutcome:
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
@@ -151,7 +151,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             raise InvalidRunRequestError("egress", "an egress allow-list needs the local runtime's sandbox (a worker "
                                                    "running as root, with bubblewrap); this one has none")
         no_network = workspace.uid is not None and not request.network
-        sandbox = await self._sandbox(workspace, request, environment)
+        sandbox = await self._sandbox(workspace, request, environments)
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None,
                                address_space=sandbox is None or not self.groups.available) + request.command
         argv = shell_argv(self._bash or find_bash(), script)
@@ -268,10 +268,10 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         await asyncio.to_thread(spawner.close)
 
     async def _sandbox(
-        self, workspace: Workspace, request: RunRequest, environment: Path | None
+        self, workspace: Workspace, request: RunRequest, environments: tuple[Path, ...]
     ) -> SandboxSpec | None:
         """This run's sandbox: its workspace, the library folder its skill is linked from and its skill's
-        dependency environment (both read-only); with network, a network namespace of its own behind user-mode
+        dependency environments (all read-only); with network, a network namespace of its own behind user-mode
         networking (never the host's)."""
         if not self.sandbox or workspace.uid is None:
             return None
@@ -279,7 +279,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         if request.network:
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
-        shown = tuple(str(folder) for folder in (source, environment) if folder is not None)
+        shown = tuple(str(folder) for folder in (source, *environments) if folder is not None)
         home = str(workspace.work_dir)
         identity = self.identities.known(workspace.uid, workspace.gid, home) or await asyncio.to_thread(
             self.identities.write, workspace.uid, workspace.gid, home)
