@@ -1,16 +1,18 @@
 """The Docker runtime's dependency environments: its target (the sandbox image's ``python3``) and its builds, each
 step in a throwaway container of that image.
 
-``DockerTargets`` asks the sandbox image what its interpreter is, once per image id, with a throwaway container;
-the image's id is part of the target, so an image built anew gets environments of its own.
+``DockerTargets`` asks the sandbox image what its interpreter is (and, for Node environments, its ``node``), once
+per image id, with a throwaway container; the image's id is part of the target, so an image built anew gets
+environments of its own.
 
 ``ContainerSteps`` runs a build step (``worker.environments.steps.StepRunner``) the way a run is contained, plus
 a way to the package index: a new container of the sandbox image per step, as the build's unprivileged user id,
 every capability dropped, no-new-privileges, a read-only root with a private ``/tmp``, memory and process limits, no
 network (``network_mode="none"``: loopback alone), an environment made from scratch (proxy settings of the Docker
 client included: none). It is shown the build's folder (read-write, at its host path, so the environment it makes
-has the path runs will see), the ``uv`` binary and the configured CA bundle (both read-only, ``SSL_CERT_FILE``
-naming the bundle) and nothing else of the host. At its timeout or on cancel the container is killed and removed
+has the path runs will see), the ``uv`` binary (for a ``uv`` step; an ``npm`` step runs the image's own) and the
+configured CA bundle (both read-only, ``SSL_CERT_FILE`` and ``NODE_EXTRA_CA_CERTS`` naming the bundle) and
+nothing else of the host. At its timeout or on cancel the container is killed and removed
 with everything in it; a coreutils ``timeout`` inside stops it too should the worker die first, and containers such
 a worker left are removed by the next runner.
 
@@ -28,6 +30,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +49,7 @@ from worker.egress.relay import RELAY
 from worker.egress.serving import serving_folder
 from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, build_settings
 from worker.environments.steps import BUILD_PROCESSES, OUTPUT_BYTES, StepRunner, installed_uv
-from worker.environments.target import PROBE, Target
+from worker.environments.target import NODE_PROBE, PROBE, NodeTarget, Target
 from worker.errors import DependencyError
 from worker.outcome import TIMEOUT_EXIT_CODE, ProcessOutcome
 from worker.runtimes.docker.host import RESIDENT_UID
@@ -83,6 +86,7 @@ class DockerTargets:
         self._current: Target | None = None
         self._checked = 0.0
         self._probed: dict[str, Target | DependencyError] = {}  # image id → its target, or why it has none
+        self._node_probed: dict[str, NodeTarget | DependencyError] = {}
 
     @property
     def stale(self) -> bool:
@@ -106,16 +110,47 @@ class DockerTargets:
             self._current, self._checked = found, time.monotonic()
             return found
 
+    def node(self) -> NodeTarget:
+        """The sandbox image's ``node`` as a Node environments' target (probed once per image id)."""
+        image_id = self().image
+        with self._lock:
+            if image_id not in self._node_probed:
+                try:
+                    self._node_probed[image_id] = self._probe_node(image_id)
+                except DependencyError as exc:
+                    self._node_probed[image_id] = exc
+            found = self._node_probed[image_id]
+        if isinstance(found, DependencyError):
+            raise found
+        return found
+
+    def _probe_node(self, image_id: str) -> NodeTarget:
+        script = f"command -v npm >/dev/null || {{ echo 'no npm' >&2; exit 1; }}; exec node -e {shlex.quote(NODE_PROBE)}"
+        try:
+            with map_docker_errors(f"asking the sandbox image {self.image} for its node"):
+                answer = self._throwaway(image_id, ["sh", "-c", script])
+        except docker.errors.ContainerError as exc:
+            raise DependencyError(
+                f"skills with Node dependencies need node and npm in the sandbox image {self.image}: "
+                f"{(exc.stderr or b'').decode(errors='replace').strip()[-300:]} (images/base/packages.txt lists "
+                "nodejs and npm; run images/build.sh)"
+            ) from exc
+        return NodeTarget.from_probe("docker", answer.decode(errors="replace"), image=image_id)
+
+    def _throwaway(self, image_id: str, command: list[str]) -> bytes:
+        """``command``'s output in a throwaway container of the image (no network, nothing mounted)."""
+        return self.client().containers.run(
+            image_id, command, remove=True, network_mode="none", user=f"{RESIDENT_UID}:{RESIDENT_UID}",
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+            environment={"PATH": defaults.SANDBOX_PATH, "LANG": defaults.SANDBOX_LANG}, use_config_proxy=False,
+            stdout=True, stderr=True,
+        )
+
     def _probe(self, image_id: str) -> Target:
         """Ask ``python3`` in a throwaway container of the image (no network, nothing mounted) what it is."""
         try:
             with map_docker_errors(f"asking the sandbox image {self.image} for its python3"):
-                answer = self.client().containers.run(
-                    image_id, ["python3", "-I", "-c", PROBE], remove=True, network_mode="none",
-                    user=f"{RESIDENT_UID}:{RESIDENT_UID}", cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                    read_only=True, environment={"PATH": defaults.SANDBOX_PATH, "LANG": defaults.SANDBOX_LANG},
-                    use_config_proxy=False, stdout=True, stderr=True,
-                )
+                answer = self._throwaway(image_id, ["python3", "-I", "-c", PROBE])
         except docker.errors.ContainerError as exc:
             raise DependencyError(
                 f"skills with Python dependencies need python3 in the sandbox image {self.image}: "
@@ -137,31 +172,35 @@ class ContainerSteps(StepRunner):
         self.allowed_hosts = allowed_hosts
         self._swept = False
 
-    async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
-                  timeout: float, cancel: Cancellation) -> ProcessOutcome:
+    async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *,
+                  target: Target | NodeTarget, timeout: float, cancel: Cancellation,
+                  tool: str = "uv") -> ProcessOutcome:
         started = time.monotonic()
         async with serving_folder(AllowList.for_step(env, self.allowed_hosts), folder, uid) as (_, name):
-            container = await asyncio.to_thread(self._start, folder, uid, args, env, target, timeout, name)
+            container = await asyncio.to_thread(self._start, folder, uid, args, env, target, timeout, name, tool)
             try:
                 state = await self._wait(container, started + timeout, cancel)
                 return await asyncio.to_thread(self._outcome, container, state, started)
             finally:
                 await asyncio.to_thread(self._remove, container)
 
-    def _start(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], target: Target,
-               timeout: float, proxy_socket: str) -> str:
-        """Start the step's container: ``uv <args>`` under the relay to ``proxy_socket`` (its name in ``folder``)."""
+    def _start(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], target: Target | NodeTarget,
+               timeout: float, proxy_socket: str, tool: str) -> str:
+        """Start the step's container: ``<tool> <args>`` under the relay to ``proxy_socket`` (its name in
+        ``folder``)."""
         client = self.client()
         if not self._swept:
             self._sweep(client)
-        volumes = {str(folder): {"bind": str(folder), "mode": "rw"},
-                   str(installed_uv()): {"bind": UV_PATH, "mode": "ro"}}
+        volumes = {str(folder): {"bind": str(folder), "mode": "rw"}}
+        if tool == "uv":
+            volumes[str(installed_uv())] = {"bind": UV_PATH, "mode": "ro"}
         if self.ca_bundle:
             volumes[self.ca_bundle] = {"bind": CA_BUNDLE_PATH, "mode": "ro"}
-            env = {**env, "SSL_CERT_FILE": CA_BUNDLE_PATH}
+            env = {**env, "SSL_CERT_FILE": CA_BUNDLE_PATH, "NODE_EXTRA_CA_CERTS": CA_BUNDLE_PATH}
         user = f"{uid}:{uid}" if uid is not None else f"{os.getuid()}:{os.getgid()}"
         backstop = ["timeout", "-s", "KILL", str(int(timeout) + TIMEOUT_SLACK_SECONDS)]
-        relay = [target.python, "-I", "-c", RELAY, proxy_socket, str(PROXY_PORT), UV_PATH, *args]
+        python, program = (target.python, UV_PATH) if isinstance(target, Target) else ("python3", "npm")
+        relay = [python, "-I", "-c", RELAY, proxy_socket, str(PROXY_PORT), program, *args]
         with map_docker_errors("starting a build container"):
             container = client.containers.run(
                 target.image, [*backstop, *relay], name=f"skillrun-build-{secrets.token_hex(6)}",
@@ -234,7 +273,7 @@ def docker_environments(default_root: Path, client: Client, targets: DockerTarge
     settings = settings or build_settings(sandboxed=os.geteuid() == 0)
     store = EnvironmentStore(get_worker_settings().envs_dir or default_root)
     steps = ContainerSteps(client, ca_bundle=settings.ca_bundle, memory_bytes=settings.memory_bytes)
-    return SkillEnvironments(EnvironmentBuilder(store, settings, steps=steps), targets)
+    return SkillEnvironments(EnvironmentBuilder(store, settings, steps=steps), targets, targets.node)
 
 
 __all__ = ["ContainerSteps", "DockerTargets", "docker_environments"]
