@@ -34,9 +34,9 @@ def repo() -> FsSkillRepository:
     return FsSkillRepository(LIBRARY)
 
 
-def test_example_library_has_its_eight_skills_and_no_problems(repo):
+def test_example_library_has_its_nine_skills_and_no_problems(repo):
     assert repo.skill_list() == [
-        "data-chart", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
+        "data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
         "webapp-check",
     ]
     assert repo.problems() == []
@@ -169,6 +169,25 @@ async def test_markdown_table_aligns_wide_characters_with_the_manifests_package(
     lines = result.stdout.splitlines()
     assert lines[0].startswith("| city") and "Tokyo 東京" in result.stdout
     assert len({_display_width(line) for line in lines}) == 1, "wide characters broke the alignment (no wcwidth)"
+
+
+async def test_docx_memo_builds_a_word_document_with_the_docx_npm_package(repo, env_runtime):
+    result = await env_runtime.run(RunRequest(
+        skill=repo.skill_ref("docx-memo"), command="node scripts/memo.js memo.example.json out/memo.docx",
+        output_files=["out/memo.docx"],
+    ))
+    assert result.exit_code == 0, result.stderr
+    assert_memo(result)
+
+
+def assert_memo(result) -> None:  # noqa: ANN001 - a RunResult
+    """The run wrote ``memo.example.json`` as a Word document: its title, a paragraph and the table's cells."""
+    [memo] = result.output_files
+    assert memo.mime_type == "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+    with zipfile.ZipFile(io.BytesIO(base64.b64decode(memo.content))) as archive:
+        document = archive.read("word/document.xml").decode()
+    for text in ("Quarterly review", "Sales grew in every region.", "<w:tbl>", "North", "120"):
+        assert text in document, text
 
 
 def archive_strings(book) -> str:  # noqa: ANN001 - an OutputFile

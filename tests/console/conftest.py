@@ -45,7 +45,7 @@ WAIT_SECONDS = 15
 RUN_SECONDS = 60
 """How long a test waits for a run page to show the run ended."""
 RUN_PAGE = r"/ui/runs/([A-Za-z0-9_-]+)"
-REPO_SKILLS = ["data-chart", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops",
+REPO_SKILLS = ["data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops",
                "weather-tools", "webapp-check"]
 """The skills of the repo's ``skills/`` library (which the embedded default serves), as the console lists them."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.file_server import FileServer
-from tests.test_example_skills import WEBAPP_CHECK
+from tests.test_example_skills import WEBAPP_CHECK, assert_memo
 from tests.worker.test_local_runtime import RESERVE
 from worker import defaults
 from worker.contract import RunLimits, RunRequest, SkillRef
@@ -110,6 +110,15 @@ async def test_an_example_skill_starts_a_server_and_tests_it_in_one_run(docker_r
     result = await runtime.run(RunRequest(skill=skill, command=WEBAPP_CHECK, output_files=["out/report.json"]))
     assert result.exit_code == 0, result.stdout + result.stderr
     assert json.loads(result.output_files[0].content)["passed"] is True
+
+
+async def test_an_example_skill_builds_a_word_document_with_an_npm_package(docker_runtime_factory):
+    runtime = docker_runtime_factory()
+    skill = SkillRef(name="docx-memo", root=str(LIBRARY), path="docx-memo")
+    result = await runtime.run(RunRequest(skill=skill, command="node scripts/memo.js memo.example.json out/memo.docx",
+                                          output_files=["out/memo.docx"]))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert_memo(result)
 
 
 def test_the_sandbox_image_names_every_workspace_id_of_the_range():

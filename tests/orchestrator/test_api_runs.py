@@ -44,7 +44,7 @@ async def client(services):
 async def test_skills_overview_and_one_skill(client):
     listing = (await client.get("/v1/skills")).json()
     assert [s["name"] for s in listing] == [
-        "data-chart", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
+        "data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
         "webapp-check",
     ]
     weather = (await client.get("/v1/skills/weather-tools")).json()

@@ -14,7 +14,7 @@ import pytest
 from tests.orchestrator.api_helpers import api_in_a_thread, new_team
 from tests.orchestrator.api_helpers import client as api_client
 
-ALL = ["data-chart", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
+ALL = ["data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
        "webapp-check"]
 
 

@@ -181,7 +181,7 @@ async def test_skill_list_tools_and_docs_report_what_the_skill_declares(model_se
     await _turn(runner, "x")
     listing, tools, docs = (json.loads(m["content"]) for m in tool_messages(model_server.requests[1]))
     assert listing == {"result": [
-        "data-chart", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
+        "data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
         "webapp-check",
     ]}
     assert tools == {"result": ["get_current_weather", "get_weather_forecast", "search_city_by_name"]}
