@@ -23,7 +23,7 @@ from tests.services import unavailable
 from worker.config import CubeWorkspaceConfig
 from worker.contract import RunRequest, SkillRef
 from worker.environments import BuildSettings, Target, local_target
-from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
+from worker.errors import DependencyError, EnvironmentBuildError, EnvironmentNotReadyError
 from worker.runtimes.cube import builds as cube_builds
 from worker.runtimes.cube.runtime import CubeWorkspaceRuntime
 from worker.runtimes.cube.builds import cube_builder
@@ -144,6 +144,14 @@ async def test_a_run_that_will_not_wait_is_told_its_environment_is_not_ready(
             await make_runtime(internet=True).run(elsewhere)
     else:
         assert (await make_runtime(internet=False).run(elsewhere)).exit_code == 0
+
+
+async def test_a_skill_with_node_packages_is_told_the_cube_runtime_does_not_build_them(make_runtime, shared_dir: Path):
+    nodey = skill(shared_dir, "nodey", "alpha\n")
+    (shared_dir / "lib" / "nodey" / "package.json").write_text('{"dependencies": {"docx": "^9"}}')
+    with pytest.raises(DependencyError) as caught:
+        await make_runtime(internet=False).run(RunRequest(skill=nodey, workspace_id="a", command="true"))
+    assert "declares Node packages (docx@^9)" in str(caught.value) and "local or Docker runtime" in str(caught.value)
 
 
 @pytest.mark.parametrize("internet", MODES)

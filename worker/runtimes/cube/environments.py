@@ -112,9 +112,15 @@ class CubeEnvironments:
     ) -> str | None:
         """The folder of skill ``name``'s environment in the executor's sandbox (``None`` when it declares no
         Python packages): made there before, made now when ``wait`` (or when only its upload is missing), or
-        ``EnvironmentNotReadyError``. A declaration the sandbox's python cannot have is a ``DependencyError``, a
-        failed resolution or install an ``EnvironmentBuildError`` with uv's message."""
+        ``EnvironmentNotReadyError``; a skill with Node packages is a ``DependencyError`` (not built here yet). A
+        declaration the sandbox's python cannot have is a ``DependencyError``, a failed resolution or install an
+        ``EnvironmentBuildError`` with uv's message."""
         declaration = await asyncio.to_thread(self._declarations.get, source, root, name)
+        if declaration.node_package is not None:
+            raise DependencyError(
+                f"skill {name!r} declares Node packages ({', '.join(declaration.node)}); the Cube runtime does not "
+                "build Node environments yet: run it on the local or Docker runtime"
+            )
         if not declaration.python:
             return None
         sandbox = await self._sandbox(executor, name)
