@@ -52,7 +52,9 @@ from worker.environments.steps import SandboxSteps, StepRunner
 from worker.environments.store import (
     EnvironmentInfo,
     EnvironmentStore,
+    bounded_walk,
     build_lock,
+    entry_bytes,
     folder_size,
     resolve_lock,
 )
@@ -108,7 +110,7 @@ def node_packages(lock: str) -> list[str]:
     """``name@version`` of every package a ``package-lock.json`` (version 2 or 3) installed, sorted."""
     try:
         entries = json.loads(lock).get("packages", {})
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return []
     found = set()
     for path, entry in entries.items() if isinstance(entries, dict) else ():
@@ -326,7 +328,7 @@ class EnvironmentBuilder:
             if self.settings.index_url:
                 env["UV_DEFAULT_INDEX"] = self.settings.index_url
         cancel = cancel or Cancellation()
-        too_big: list[int] = []
+        too_big: list[str] = []
         watcher = asyncio.ensure_future(_watch_size(watch, self.settings.max_bytes, cancel, too_big)) if watch else None
         try:
             outcome = await self.steps.run(folder, uid, args, env, target=target, timeout=self.settings.timeout,
@@ -335,7 +337,7 @@ class EnvironmentBuilder:
             if watcher is not None:
                 watcher.cancel()
         if too_big:
-            raise EnvironmentBuildError(_too_big(too_big[0], self.settings.max_bytes))
+            raise EnvironmentBuildError(too_big[0])
         if outcome.timed_out:
             raise EnvironmentBuildError(
                 f"{what} did not finish within {self.settings.timeout:g} s (SKILLRUN_ENV_BUILD_TIMEOUT); "
@@ -357,13 +359,19 @@ class EnvironmentBuilder:
         self.steps.close()
 
 
-async def _watch_size(folder: Path, limit: int, cancel: Cancellation, too_big: list[int]) -> None:
-    """Stop the build (``cancel``) once ``folder`` holds more than ``limit`` bytes."""
+async def _watch_size(folder: Path, limit: int, cancel: Cancellation, failed: list[str]) -> None:
+    """Stop the build (``cancel``) once ``folder`` holds more than ``limit`` bytes, or once its size cannot be
+    measured (a tree nested too deep), saying why in ``failed``."""
     while True:
         await asyncio.sleep(SIZE_POLL_SECONDS)
-        size = await asyncio.to_thread(folder_size, folder)
+        try:
+            size = await asyncio.to_thread(folder_size, folder)
+        except Exception as exc:  # noqa: BLE001 - a watcher that stopped would leave the build unbounded
+            failed.append(f"the environment's size could not be measured ({exc}); the build was stopped")
+            cancel.set()
+            return
         if size > limit:
-            too_big.append(size)
+            failed.append(_too_big(size, limit))
             cancel.set()
             return
 
@@ -382,25 +390,27 @@ def _write_input(folder: Path, lock: str) -> str:
 
 
 def _seal(env: Path) -> int:
-    """Give the environment to root, read-only to everyone else (folders and executables 0755, files 0644); its
-    size in bytes. Walked through folder descriptors without following links (no process of the build is left,
-    but what it left may point anywhere on the host): an ``env`` that is not a real folder is refused."""
+    """Give the environment to root, read-only to everyone else (folders and executables 0755, files 0644); the
+    bytes it takes (``store.entry_bytes`` of every entry: folders and links count too). Walked through folder
+    descriptors without following links (no process of the build is left, but what it left may point anywhere on
+    the host): an ``env`` that is not a real folder, or one nested too deep (``store.bounded_walk``), is refused."""
     if not stat.S_ISDIR(os.lstat(env).st_mode):
         raise EnvironmentBuildError("the build's environment folder is not a folder (a link?); it was refused")
     root = os.geteuid() == 0
     size = 0
-    for _, _, names, dir_fd in os.fwalk(env, follow_symlinks=False):
+    for _, _, names, dir_fd in bounded_walk(env):
         if root:
             os.fchown(dir_fd, 0, 0)
         os.fchmod(dir_fd, 0o755)
+        size += entry_bytes(os.fstat(dir_fd))
         for name in names:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if root:
                 os.chown(name, 0, 0, dir_fd=dir_fd, follow_symlinks=False)
+            size += entry_bytes(info)
             if stat.S_ISLNK(info.st_mode):
                 continue
             os.chmod(name, 0o755 if info.st_mode & 0o111 else 0o644, dir_fd=dir_fd)
-            size += info.st_size if stat.S_ISREG(info.st_mode) else 0
     return size
 
 

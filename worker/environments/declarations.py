@@ -200,17 +200,40 @@ def node_dependency(text: str, where: str) -> tuple[str, str]:
 
 
 def _check_node(package_name: object, spec: object, where: str) -> None:
-    if not isinstance(package_name, str) or not NODE_PACKAGE.match(package_name) or len(package_name) > 214:
+    if not isinstance(package_name, str) or not NODE_PACKAGE.fullmatch(package_name) or len(package_name) > 214:
         raise DependencyError(f"{where}: {package_name!r} is not an npm package name")
-    if not isinstance(spec, str) or len(spec) > 1024 or any(ord(c) < 32 for c in spec):
+    _check_spec(package_name, spec, where)
+
+
+def _check_spec(package_name: str, spec: object, where: str) -> None:
+    """``DependencyError`` unless ``spec`` is one npm takes from the registry: a version or range, a tag, an
+    ``npm:`` alias or an ``https://`` tarball (npm reads a spec that starts with ``.``, ``/``, ``~/`` or a drive
+    letter, or ends in ``.tgz``, ``.tar.gz`` or ``.tar``, as a local path; one with a ``/`` as a git host's)."""
+    if not isinstance(spec, str) or len(spec) > 1024 or any(ord(c) < 32 or c == "\\" for c in spec):
         raise DependencyError(f"{where}: the version of {package_name!r} must be a string such as '^9.1.0'")
     lowered = spec.strip().lower()
+    remote = lowered.startswith(("https://", "npm:"))
     if lowered.startswith(REFUSED_NODE_SOURCES) or lowered.startswith((".", "/")) or (
-            "/" in lowered and not lowered.startswith(("https://", "npm:"))):
+            "/" in lowered and not remote) or (not remote and (
+            re.match(r"[a-z]:", lowered) or re.search(r"\.(tgz|tar\.gz|tar)$", lowered))):
         raise DependencyError(
             f"{where}: {package_name!r}@{spec!r}: only versions, tags, npm: aliases and https:// tarballs may be "
             "named (a build reaches the package registry alone: no local paths, no git)"
         )
+
+
+def _check_overrides(value: object, where: str) -> None:
+    """Every version an ``overrides`` table names (at any depth; ``$name`` refers to a dependency's own)."""
+    pending = [value]
+    while pending:
+        table = pending.pop()
+        if not isinstance(table, dict):
+            raise DependencyError(f"{where}: must be an object of package names and versions")
+        for key, item in table.items():
+            if isinstance(item, dict):
+                pending.append(item)
+            elif not (isinstance(item, str) and item.startswith("$")):
+                _check_spec(str(key), item, where)
 
 
 def _package(skill_dir: Path, sources: list[str]) -> tuple[dict | None, str | None]:
@@ -221,11 +244,15 @@ def _package(skill_dir: Path, sources: list[str]) -> tuple[dict | None, str | No
         return None, None
     try:
         package = json.loads(_read(path, PACKAGE_FILE))
-    except ValueError as exc:
-        raise DependencyError(f"{PACKAGE_FILE}: not valid JSON ({exc})") from exc
+    except (ValueError, RecursionError) as exc:
+        raise DependencyError(f"{PACKAGE_FILE}: not valid JSON ({type(exc).__name__}: nested too deep or "
+                              f"malformed)" if isinstance(exc, RecursionError) else
+                              f"{PACKAGE_FILE}: not valid JSON ({exc})") from None
     if not isinstance(package, dict):
         raise DependencyError(f"{PACKAGE_FILE}: must be a JSON object")
-    for table in ("dependencies", "optionalDependencies"):
+    if "overrides" in package:
+        _check_overrides(package["overrides"], f"{PACKAGE_FILE} overrides")
+    for table in ("dependencies", "optionalDependencies", "devDependencies", "peerDependencies"):
         entries = package.get(table, {})
         if not isinstance(entries, dict):
             raise DependencyError(f"{PACKAGE_FILE}: {table!r} must be an object of package names and versions")
@@ -242,8 +269,9 @@ def _package(skill_dir: Path, sources: list[str]) -> tuple[dict | None, str | No
     try:
         if not isinstance(json.loads(lock), dict):
             raise ValueError("not an object")
-    except ValueError as exc:
-        raise DependencyError(f"{PACKAGE_LOCK_FILE}: not a valid lock file ({exc})") from exc
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise DependencyError(f"{PACKAGE_LOCK_FILE}: not a valid lock file ({reason})") from None
     sources.append(PACKAGE_LOCK_FILE)
     return package, lock
 
@@ -416,9 +444,10 @@ def read_plain_file(path: Path, limit: int, where: str, error: type[DependencyEr
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise error(f"{where}: cannot be read ({exc.strerror}; links are not followed)") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before a file object is made of it (a folder cannot be)
+        os.close(fd)
+        raise error(f"{where}: not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise error(f"{where}: not a regular file")
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise error(f"{where}: larger than {limit} bytes")

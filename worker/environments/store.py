@@ -46,11 +46,12 @@ import json
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from worker.environments.target import Target
+from worker.errors import EnvironmentBuildError
 from worker.roots.folders import remove_tree, still_at
 
 LOCK_POLL_SECONDS = 0.2
@@ -360,14 +361,37 @@ def resolve_lock(key: str) -> str:
     return f"lock-{key}"
 
 
+MAX_DEPTH = 256
+"""The deepest an environment's folders may be nested (npm nests a package's own dependencies: a few levels)."""
+ENTRY_BYTES = 512
+"""What an entry counts for at least against the size cap (an empty file, folder or link still takes an inode)."""
+
+
+def bounded_walk(path: Path) -> Iterator[tuple[str, list[str], list[str], int]]:
+    """``os.fwalk`` of ``path`` without following links; ``EnvironmentBuildError`` once a folder is nested more than
+    ``MAX_DEPTH`` deep (a walk recurses once per level: a tree deep enough would exhaust the interpreter's stack)."""
+    base = len(Path(path).parts)
+    for top, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
+        if dirs and len(Path(top).parts) - base >= MAX_DEPTH:
+            raise EnvironmentBuildError(f"the environment's folders are nested more than {MAX_DEPTH} deep; it was "
+                                        "refused")
+        yield top, dirs, files, dir_fd
+
+
+def entry_bytes(info: os.stat_result) -> int:
+    """What one entry costs the disk: its blocks, and at least ``ENTRY_BYTES``."""
+    return max(info.st_blocks * 512, ENTRY_BYTES)
+
+
 def folder_size(path: Path) -> int:
-    """Bytes of the files under ``path``, walked through folder descriptors without following links (a build may
-    be changing it meanwhile: a link it swaps in leads nowhere)."""
+    """Bytes the entries under ``path`` take (``entry_bytes`` each: files, folders and links alike), walked through
+    folder descriptors without following links (a build may be changing it meanwhile: a link it swaps in leads
+    nowhere); ``EnvironmentBuildError`` for a tree nested too deep (``bounded_walk``)."""
     total = 0
-    for _, _, files, dir_fd in os.fwalk(path, follow_symlinks=False):
-        for name in files:
+    for _, dirs, files, dir_fd in bounded_walk(path):
+        for name in dirs + files:
             with contextlib.suppress(OSError):
-                total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+                total += entry_bytes(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
     return total
 
 
@@ -386,4 +410,4 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-__all__ = ["EnvironmentInfo", "EnvironmentStore", "build_lock", "folder_size", "resolve_lock"]
+__all__ = ["EnvironmentInfo", "EnvironmentStore", "bounded_walk", "build_lock", "entry_bytes", "folder_size", "resolve_lock"]
