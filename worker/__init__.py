@@ -15,6 +15,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "worker.errors": ["ArtifactError", "InvalidRunRequestError", "RuntimeUnavailableError", "StagingError",
                       "WorkerError", "WorkspaceError"],
     "worker.runtimes": ["BaseWorkspaceRuntime", "LocalWorkspaceRuntime", "resolve_runtime"],
-    "worker.workspaces.staging": ["BaseSkillStager", "CopySkillStager", "LinkSkillStager"],
+    "worker.workspaces.staging": ["BaseSkillStager", "CopySkillStager", "LinkSkillStager", "TreeSkillStager"],
     "worker.workspaces.manager": ["Workspace", "WorkspaceManager"],
 })

@@ -80,11 +80,16 @@ async def test_a_run_cannot_read_another_library_or_the_host_home(runtime, make_
     assert spy.stderr.count("No such file or directory") >= 5
 
 
-async def test_a_run_sees_its_own_skill_read_only(runtime, make_request, library):
-    result = await _run(runtime, make_request, "cat SKILL.md | head -2; touch SKILL.md; echo x > scripts/new.sh")
+async def test_a_run_cannot_change_its_own_skills_files_and_its_new_ones_stay_in_its_workspace(
+        runtime, make_request, library):
+    before = (library / "demo" / "SKILL.md").stat()
+    result = await _run(runtime, make_request, "cat SKILL.md | head -2; touch SKILL.md; echo x >> SKILL.md; "
+                                               "rm -f SKILL.md; echo x > scripts/new.sh")
     assert "name: demo" in result.stdout
-    assert result.stderr.count("Read-only file system") + result.stderr.count("Permission denied") >= 2
+    assert result.stderr.count("Permission denied") + result.stderr.count("Operation not permitted") == 3, result.stderr
     assert not (library / "demo" / "scripts" / "new.sh").exists()
+    after = (library / "demo" / "SKILL.md").stat()
+    assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
 
 
 @pytest.mark.parametrize("detach", ["setsid {sleep} &", "nohup {sleep} >/dev/null 2>&1 &", "( {sleep} & ) ",

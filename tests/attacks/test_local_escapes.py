@@ -428,7 +428,7 @@ async def test_a_run_cannot_rename_or_replace_what_the_host_relies_on_in_its_wor
     assert sorted(p.name for p in workspace.path.iterdir()) == ["metadata.json", "out", "runs", "skills", "work"]
     assert workspace.read_metadata()["workspace_id"] == ws("layout")
     staged = workspace.skills_dir / "demo"
-    assert os.readlink(staged / "work") == "../../work" and (staged / "SKILL.md").is_symlink()
+    assert os.readlink(staged / "work") == "../../work" and (staged / "SKILL.md").is_file()
     assert not (workspace.runs_dir / "planted").exists() and not (workspace.runs_dir / ".next").is_symlink()
     after = await runtime.run(make_request("cat SKILL.md | head -2", workspace_id=ws("layout")))
     assert after.stdout == "---\nname: demo\n"

@@ -127,15 +127,17 @@ def test_the_sandbox_image_names_every_workspace_id_of_the_range():
     assert dockerfile.count(f"seq {first} {last} ") == 2 and defaults.SANDBOX_TOOLS_DIR in dockerfile
 
 
-async def test_the_skill_folder_library_and_root_file_system_are_read_only(docker_runtime_factory):
+async def test_the_skill_folder_takes_new_files_but_the_library_and_root_file_system_do_not(docker_runtime_factory):
     runtime = docker_runtime_factory()
     before = (LIBRARY / "python-math" / "SKILL.md").read_bytes()
     result = await runtime.run(_request(
-        "echo x >> SKILL.md; echo y > planted; echo z > $(readlink -f scripts)/evil.py; touch /etc/evil; echo done"))
-    assert result.stdout == "done\n"
+        "echo x >> SKILL.md; echo y > planted; echo z > $(readlink -f scripts)/evil.py; touch /etc/evil; "
+        f"touch {LIBRARY}/python-math/direct; cat planted"))
+    assert result.stdout == "y\n"
     assert result.stderr.count("Read-only file system") >= 2 and "Permission denied" in result.stderr
     assert (LIBRARY / "python-math" / "SKILL.md").read_bytes() == before
     assert not (LIBRARY / "python-math" / "scripts" / "evil.py").exists()
+    assert not (LIBRARY / "python-math" / "planted").exists() and not (LIBRARY / "python-math" / "direct").exists()
 
 
 async def test_another_workspace_cannot_be_read(docker_runtime_factory):

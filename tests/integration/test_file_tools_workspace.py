@@ -87,8 +87,10 @@ async def test_edit_grep_glob_and_bash_act_in_the_workspace(skill_tools):
     refused(await call("Edit", path="work/src/app.py", old_string="nothing like it", new_string="x"), "not found")
     grep = await call("Grep", pattern="def.*function", path="work", case_sensitive=False)
     assert grep["matches"] == [{"file": "work/src/app.py", "line": 1, "content": "def My_Function():"}]
-    glob = await call("Glob", pattern="**/*.{py,txt}")
+    glob = await call("Glob", pattern="**/*.{py,txt}", path="work")
     assert glob["matches"] == ["work/src/app.py"] and glob["count"] == 1
+    staged = await call("Glob", pattern="skills/*/SKILL.md")  # the staged skill's files are the workspace's too
+    assert staged["count"] == 1 and staged["matches"][0].endswith("/SKILL.md")
     bash = await call("Bash", command="grep -c return app.py && pwd", cwd="work/src")
     assert bash["success"] and bash["stdout"].startswith("1\n") and bash["cwd"] == "work/src"
     assert bash["stdout"].rstrip().endswith("/work/src")
@@ -208,7 +210,7 @@ async def test_an_answer_over_the_runs_output_limit_says_so(work_root):
         call = Tools(tool_set, context())
         await call("Write", path="work/many.txt", content="match\n" * 1000)
         refused(await call("Grep", pattern="match", max_results=1000), "larger than the run's output limit (2000")
-        assert (await call("Grep", pattern="match", max_results=5))["total_matches"] == 1000
+        assert (await call("Grep", pattern="match", path="work", max_results=5))["total_matches"] == 1000
     finally:
         await tool_set.close()
         await runtime.close()

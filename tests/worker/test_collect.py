@@ -16,6 +16,7 @@ from worker.collect import expand_braces
 from worker.contract import InputFile, RunLimits
 from worker.errors import InvalidRunRequestError
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.workspaces.staging import LinkSkillStager
 
 
 def _png() -> bytes:
@@ -147,12 +148,22 @@ async def test_directories_matched_by_a_glob_are_not_files(runtime, make_request
     assert [(s.name, s.reason) for s in result.skipped_files] == [("out/d", "is a directory")]
 
 
-async def test_library_files_reached_through_links_are_not_collected(runtime, make_request):
-    result = await runtime.run(make_request("true", output_files=["scripts/*.sh"]))
+async def test_library_files_reached_through_links_are_not_collected(work_root, make_request):
+    runtime = LocalWorkspaceRuntime(work_root, stager=LinkSkillStager())
+    try:
+        result = await runtime.run(make_request("true", output_files=["scripts/*.sh"]))
+    finally:
+        await runtime.close()
     assert result.output_files == []
     (ws,) = workspace_dirs(runtime.work_root)
     if os.path.islink(ws / "skills" / "demo" / "scripts"):  # the library folder: one refusal, never listed
         assert [(s.name, s.reason) for s in result.skipped_files] == [("scripts", "resolves outside the workspace")]
+
+
+async def test_a_tree_staged_skills_own_files_are_the_workspaces_and_collected(runtime, make_request):
+    result = await runtime.run(make_request("echo made > scripts/made.sh", output_files=["scripts/*.sh"]))
+    assert sorted(f.name for f in result.output_files) == ["skills/demo/scripts/hello.sh",
+                                                            "skills/demo/scripts/made.sh"], result.skipped_files
 
 
 async def test_a_link_in_a_literal_part_of_a_glob_is_not_followed_out_of_the_workspace(runtime, make_request):

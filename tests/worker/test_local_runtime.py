@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -212,22 +213,23 @@ async def test_every_run_gets_its_own_run_directory_writable_by_the_command(runt
     assert all(os.path.basename(path).startswith("run_") for path in seen)
 
 
-async def test_a_command_cannot_write_into_its_staged_skill(runtime, make_request, library):
-    result = await runtime.run(make_request("echo x > new-file; echo y >> SKILL.md; echo z > scripts/hello.sh"))
-    assert result.exit_code != 0
-    assert "Permission denied" in result.stderr or "Read-only" in result.stderr
+async def test_a_command_writes_next_to_itself_but_never_into_the_library(runtime, make_request, library):
+    """The staged skill is a folder of the workspace holding the library's files: new files land there (the
+    command's to remove again), the skill's own files can be neither changed nor removed, and ``cp -r`` of the
+    folder gives real files."""
+    before = {p: p.read_bytes() for p in (library / "demo").rglob("*") if p.is_file()}
+    result = await runtime.run(make_request(
+        "echo x > new-file; echo y >> SKILL.md; echo z > scripts/hello.sh; rm -f scripts/hello.sh; "
+        "echo mine > scripts/mine.sh && rm scripts/mine.sh && echo again > scripts/mine.sh; cp -r . $WORK_DIR/copy; "
+        "test -L $WORK_DIR/copy/scripts || test -L $WORK_DIR/copy/SKILL.md || echo real files"))
+    denied = result.stderr.count("Permission denied") + result.stderr.count("Operation not permitted")
+    assert denied == (3 if IS_ROOT else 2), result.stderr
+    assert result.stdout == "real files\n"
     (ws,) = workspace_dirs(runtime.work_root)
-    assert not (ws / "skills" / "demo" / "new-file").exists()
-    assert (library / "demo" / "SKILL.md").read_text().startswith("---")
-    assert "y" not in (library / "demo" / "SKILL.md").read_text().splitlines()
-
-
-@pytest.mark.root
-async def test_command_runs_as_its_workspace_user_not_root(runtime, make_request):
-    result = await runtime.run(make_request("id -u; cat /root/.bashrc /etc/shadow 2>&1 | head -2"))
-    uid = int(result.stdout.splitlines()[0])
-    assert uid != 0
-    assert "Permission denied" in result.stdout
+    staged = ws / "skills" / "demo"
+    assert (staged / "new-file").read_text() == "x\n" and (staged / "scripts" / "mine.sh").read_text() == "again\n"
+    assert {p: p.read_bytes() for p in (library / "demo").rglob("*") if p.is_file()} == before
+    assert not (library / "demo" / "new-file").exists()
 
 
 @pytest.mark.root
@@ -237,9 +239,10 @@ async def test_library_stays_unchanged_even_when_the_host_runs_as_root(runtime, 
         "echo pwned >> $SKILLS_DIR/demo/SKILL.md; rm -f scripts/hello.sh; echo pwned > $(readlink -f SKILL.md); "
         "chmod 777 $(readlink -f scripts); touch $(readlink -f scripts)/planted"
     ))
-    assert result.exit_code != 0
+    assert result.stderr.count("Permission denied") == 2, result.stderr  # the staged folder's files are the library's
     after = {p: p.read_bytes() for p in (library / "demo").rglob("*") if p.is_file()}
-    assert after == before
+    assert after == before and not (library / "demo" / "scripts" / "planted").exists()
+    assert stat.S_IMODE((library / "demo" / "scripts").stat().st_mode) != 0o777
 
 
 @pytest.mark.root

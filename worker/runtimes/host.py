@@ -36,7 +36,7 @@ from worker.secrets import Redactor, redacting_sink
 from worker.runtimes.base import BaseWorkspaceRuntime, open_input, run_result
 from worker.runtimes.host_files import WorkspaceFiles
 from worker.runtimes.workspace_uses import WorkspaceUse, WorkspaceUses
-from worker.workspaces.staging import BaseSkillStager, LinkSkillStager, resolve_skill_paths
+from worker.workspaces.staging import BaseSkillStager, TreeSkillStager, resolve_skill_paths
 from worker.validation import resolve_cwd, validate_input_name, validate_request
 from worker.workspaces.manager import Workspace, WorkspaceManager
 
@@ -62,7 +62,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         self.uses = WorkspaceUses(workspaces.work_root, workspaces.registry)
         self.environments = environments
         self._skill_paths: dict[SkillRef, tuple[Path, Path]] = {}
-        self.stager = stager or LinkSkillStager()
+        self.stager = stager or TreeSkillStager()
         self.artifact_store = artifact_store or FileArtifactStore(self.workspaces.registry / "artifacts")
         self.input_file_bytes = input_file_bytes
         self._cancels: dict[str, Cancellation] = {}

@@ -7,6 +7,6 @@ from worker.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "worker.workspaces.manager": ["REGISTRY_DIR", "Workspace", "WorkspaceManager", "default_work_root"],
-    "worker.workspaces.staging": ["BaseSkillStager", "CopySkillStager", "LinkSkillStager", "resolve_skill_paths"],
+    "worker.workspaces.staging": ["BaseSkillStager", "CopySkillStager", "LinkSkillStager", "TreeSkillStager", "resolve_skill_paths"],
     "worker.workspaces.user_ids": ["UserIdRegistry"],
 })

@@ -1,15 +1,20 @@
 """Staging: putting a skill's folder into a workspace as ``skills/<name>``.
 
-Two stagers:
+Three stagers:
 
-* ``LinkSkillStager`` (the default) links each top-level entry of the skill folder into the workspace: no copy,
-  and edits to the library show up at once.
-* ``CopySkillStager`` copies the folder (symlinks stay symlinks, never followed).
+* ``TreeSkillStager`` (the default) makes the skill's folders anew in the workspace, writable by the workspace's
+  user and sticky, and hard-links each file of the library into them (copies where a link cannot be made): a
+  folder of real files that takes new ones. A command may write next to itself (a thumbnail in its working
+  folder, a packaged copy of the skill) and remove or replace what it wrote, and ``cp -r`` of it gives real files;
+  the skill's own files cannot be changed, removed or replaced, what a command writes stays in the workspace, and
+  the library is never touched.
+* ``LinkSkillStager`` links each top-level entry of the skill folder into the workspace: no copy, and edits to the
+  library show up at once; the staged folder is read-only.
+* ``CopySkillStager`` copies the folder (symlinks stay symlinks, never followed); the copy is read-only.
 
-Either way the staged folder gets the ``work``, ``out`` and ``inputs`` links of the guide, and is read-only to the
-command: when the host runs as root the command runs as the workspace's own user, who owns neither the staged
-folder nor the library; a library file that user could write (world-writable) is refused. Staging an unchanged
-skill again is a signature comparison and nothing more.
+Each staged folder gets the ``work``, ``out`` and ``inputs`` links of the guide. When the host runs as root the
+command runs as the workspace's own user, who owns no library file; a library file that user could write
+(world-writable) is refused. Staging an unchanged skill again is a signature comparison and nothing more.
 
 A staged folder is built under a temporary name unique to the call (``.staging-<name>-XXXXXXXX``, by ``mkdtemp``)
 and put in place by two renames (what is there aside, the new one in), so ``skills/<name>`` is only ever a whole
@@ -33,6 +38,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
+from worker import defaults
 from worker.contract import SkillRef
 from worker.errors import StagingError
 from worker.roots.folders import reachable_by_others, remove_tree
@@ -76,6 +82,9 @@ class BaseSkillStager(ABC):
     """Puts a skill folder into a workspace's ``skills/`` directory."""
 
     kind: str = "base"
+    writable: bool = False
+    """Whether the workspace's user may add files to the staged folder's folders (``WRITABLE_FOLDER``: theirs to
+    remove again, the skill's own not)."""
 
     def __init__(self) -> None:
         self._signatures: OrderedDict[str, dict[str, str]] = OrderedDict()  # workspace path → skill → signature
@@ -179,7 +188,9 @@ class BaseSkillStager(ABC):
             self._fill(workspace, source, staging)
             for name, link in WORKSPACE_LINKS.items():
                 os.symlink(link, staging / name)
-            if workspace.uid is None:
+            if self.writable and workspace.uid is not None:
+                _open_to_workspace(staging, workspace)
+            elif not self.writable and workspace.uid is None:
                 # Without a separate user, file modes are what keeps the command out of the staged folder.
                 staging.chmod(0o555)
             old = target.with_name(f".old-{target.name}-{os.urandom(8).hex()}")
@@ -280,6 +291,151 @@ class LinkSkillStager(BaseSkillStager):
         for entry in os.scandir(source):
             if entry.name not in WORKSPACE_LINKS:
                 os.symlink(os.path.realpath(entry.path), staging / entry.name)
+
+
+class TreeSkillStager(BaseSkillStager):
+    """Makes the skill's folders in the workspace, holding hard links to the library's files (see the module's
+    description). Each folder is root's, in the workspace's group, group-writable and sticky
+    (``WRITABLE_FOLDER``): the command adds files, and removes or renames only those it made.
+
+    A file of the library is linked, so it costs no space and an edit made to it in place shows up at once; it
+    stays the library's (its owner and mode), so the command cannot change it, only replace it in its own folder.
+    Where a link cannot be made (the library is on another file system), where commands run as the library's own
+    user (no separate workspace user: a link would let them write the library), and where a file's owner or group
+    is a sandbox id (a workspace's: an archive unpacked with its numeric owners), the file is copied instead, the
+    copy root's and read-only. Symbolic links are kept as they are; special files, and files and folders others
+    may not read (the command could not read them through a link either, but output collection reads as root),
+    are left out. The staged folder is made again when a folder of the skill changes (a file added, removed or
+    renamed: the folder's mtime moves); what a command wrote in the staged folder goes with it then.
+    """
+
+    kind = "tree"
+    writable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._folders: dict[Path, tuple[str, ...]] = {}  # source → its folders (relative), from the last walk
+        self._copied: set[Path] = set()  # sources staged as copies (checked file by file)
+
+    def signature(self, source: Path) -> str:
+        """Every folder of the skill with its mtime and inode (a file added, removed or renamed moves its folder's
+        mtime; one edited in place is the linked file itself). The folders are walked again when one of them moved
+        or when the last walk was so soon after a change that another in the same clock tick could have left the
+        mtime where it was. A source staged as copies is checked as the copying stager checks it."""
+        if source in self._copied:
+            return "copied:" + CopySkillStager().signature(source)
+        folders = self._folders.get(source)
+        if folders is not None:
+            stamps = _stamps(source, folders)
+            if stamps is not None:
+                return stamps
+        listed_at = time.time_ns()
+        found = tuple(sorted(os.path.relpath(dirpath, source) for dirpath, _, _ in _walk_folders(source)))
+        stamps = _stamps(source, found) or ""
+        newest = max((int(part.rsplit(":", 2)[1]) for part in stamps.split("\n") if part), default=0)
+        if listed_at - newest > SETTLED_NS:
+            self._folders[source] = found
+        else:
+            self._folders.pop(source, None)
+        return stamps
+
+    def _quick(self, source: Path) -> bool:
+        folders = self._folders.get(source)
+        return source not in self._copied and folders is not None and len(folders) <= MAX_QUICK_FOLDERS
+
+    def _fill(self, workspace: Workspace, source: Path, staging: Path) -> None:
+        separate_user = workspace.uid is not None
+        if separate_user:
+            _refuse_writable_by_others(source)
+        copied = not separate_user
+        for dirpath, dirnames, filenames in _walk_folders(source):
+            relative = os.path.relpath(dirpath, source)
+            into = staging if relative == "." else staging / relative
+            if relative != ".":
+                os.mkdir(into, 0o755)
+                if separate_user:
+                    _open_to_workspace(into, workspace)
+            for name in filenames:
+                if relative == "." and name in WORKSPACE_LINKS:
+                    continue
+                copied |= _place_file(os.path.join(dirpath, name), into / name, copy=not separate_user)
+        if copied:
+            self._copied.add(source)
+        else:
+            self._copied.discard(source)
+
+
+MAX_QUICK_FOLDERS = 32
+"""A skill with at most this many folders is checked on the event loop (a ``stat`` per folder)."""
+WRITABLE_FOLDER = 0o1775
+"""A tree-staged folder's mode: root's, writable by the workspace's group, sticky (a file in it may be removed or
+renamed by its owner alone: the command's own, not the skill's)."""
+
+
+def _open_to_workspace(folder: Path, workspace: Workspace) -> None:
+    os.lchown(folder, 0, workspace.gid)
+    os.chmod(folder, WRITABLE_FOLDER)
+
+
+def _walk_folders(source: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk`` of the skill without following links: its folders others may list and enter and, in
+    ``filenames``, every other entry (files, links), folders named like the workspace links skipped at the top."""
+    for dirpath, dirnames, filenames in os.walk(source):
+        if dirpath == str(source):
+            filenames += [name for name in dirnames if name in WORKSPACE_LINKS]
+            dirnames[:] = [name for name in dirnames if name not in WORKSPACE_LINKS]
+        linked = [name for name in dirnames if os.path.islink(os.path.join(dirpath, name))]
+        dirnames[:] = sorted(name for name in dirnames if name not in linked and _open_to_others(
+            os.path.join(dirpath, name)))
+        yield dirpath, dirnames, sorted(filenames + linked)
+
+
+def _open_to_others(folder: str) -> bool:
+    try:
+        return os.lstat(folder).st_mode & 0o005 == 0o005
+    except OSError:
+        return False
+
+
+def _sandbox_id(number: int) -> bool:
+    """Whether ``number`` is a workspace's user or group id (the sandbox range)."""
+    return defaults.SANDBOX_UID_BASE <= number < defaults.SANDBOX_UID_BASE + defaults.SANDBOX_UID_COUNT
+
+
+def _stamps(source: Path, folders: tuple[str, ...]) -> str | None:
+    """Each folder's relative path, mtime and inode, a line each; ``None`` when one is gone (walk again)."""
+    lines = []
+    for relative in folders:
+        try:
+            info = os.stat(source / relative, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return None
+        lines.append(f"{relative}:{info.st_mtime_ns}:{info.st_ino}")
+    return "\n".join(lines)
+
+
+def _place_file(path: str, dest: Path, *, copy: bool) -> bool:
+    """Put the library entry at ``path`` at ``dest``: a link as a link, a file others may read hard-linked (or
+    copied when ``copy``, when its owner or group is a sandbox id, or when no link can be made), anything else left
+    out; whether it was copied."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        os.symlink(os.readlink(path), dest)
+        return False
+    if not stat.S_ISREG(info.st_mode) or not info.st_mode & stat.S_IROTH:
+        return False
+    if not copy and not _sandbox_id(info.st_uid) and not _sandbox_id(info.st_gid):
+        try:
+            os.link(path, dest, follow_symlinks=False)
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES):
+                raise
+    shutil.copy2(path, dest, follow_symlinks=False)
+    os.chmod(dest, (stat.S_IMODE(info.st_mode) & 0o555) | 0o444)
+    return True
 
 
 def walk_tree(source: Path) -> Iterator[tuple[str, str, os.stat_result]]:

@@ -2,13 +2,14 @@
 
 from orchestrator.skills.tools.dynamic_toolset import DynamicSkillToolSet
 from orchestrator.skills.tools.skill_toolset import SkillToolSet, workspace_id_for
-from worker.workspaces import BaseSkillStager, CopySkillStager, LinkSkillStager
+from worker.workspaces import BaseSkillStager, CopySkillStager, LinkSkillStager, TreeSkillStager
 
 __all__ = [
     "BaseSkillStager",
     "CopySkillStager",
     "DynamicSkillToolSet",
     "LinkSkillStager",
+    "TreeSkillStager",
     "SkillToolSet",
     "workspace_id_for",
 ]
