@@ -85,7 +85,9 @@ class WorkerSteps(StepRunner):
         self.inner = inner
 
     async def run(self, folder: Path, uid: int | None, args: list[str], env: dict[str, str], *, target: Target,
-                  timeout: float, cancel: Cancellation) -> ProcessOutcome:
+                  timeout: float, cancel: Cancellation, tool: str = "uv") -> ProcessOutcome:
+        if tool != "uv":
+            raise DependencyError(f"the Cube runtime builds Python environments only (not with {tool})")
         host = await asyncio.to_thread(local_target)  # probed once per process
         return await self.inner.run(folder, uid, for_target(args, target, host.python), env, target=target,
                                     timeout=timeout, cancel=cancel)
