@@ -163,28 +163,29 @@ async def test_a_command_cannot_change_a_hard_linked_library_file_by_any_route(r
     assert results["replace-then-append"] != "DONE"
     for path in lib_files:
         assert _state(path) == before[path], path
-    # What the command may do, it did: its own file, and the library name replaced in its own folder.
+    # What the command may do, it did: a file of its own; the skill's own names it could not move (sticky folders).
     staged = rt.workspaces.find_known(ws("edit")).skills_dir / "demo"
     assert (staged / "mine.txt").read_text() == "a file of my own"
-    assert (staged / "SKILL.md").read_text() == "mine"
+    assert (staged / "SKILL.md").read_text().startswith("---\nname: demo") and not (staged / "kept.md").exists()
     assert (library / "demo" / "SKILL.md").read_text().startswith("---\nname: demo")
 
 
 @pytest.mark.root
 async def test_the_file_tools_decline_a_library_inode_a_command_moved_into_its_work_folder(rt, make_request,
                                                                                             library):
-    """The worker writes workspace files itself (``WorkspaceFiles``, as root): a library inode the command renamed
-    to a name the tools then write must be declined, not truncated."""
+    """The worker writes workspace files itself (``WorkspaceFiles``, as root): a library inode must never reach a
+    name the tools then write. The skill's folders are sticky, so the command cannot move one out; had it, the
+    tools would decline it rather than truncate it."""
     target = library / "demo" / "USAGE.md"
     before = _state(target)
-    result = await rt.run(make_request("mv USAGE.md \"$WORK_DIR/notes.md\" && mv scripts/hello.sh \"$OUTPUT_DIR/h.sh\"",
+    result = await rt.run(make_request("mv USAGE.md \"$WORK_DIR/notes.md\"; mv scripts/hello.sh \"$OUTPUT_DIR/h.sh\"",
                                        workspace_id=ws("tools")))
-    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count("Operation not permitted") == 2, result.stderr
     workspace = rt.workspaces.find_known(ws("tools"))
+    assert not (workspace.work_dir / "notes.md").exists() and not (workspace.path / "out" / "h.sh").exists()
     files = WorkspaceFiles(workspace.path, workspace.uid, workspace.gid)
-    assert files.write("work/notes.md", b"overwritten by the tools") is False
-    assert files.write("work/notes.md", b"appended", append=True) is False
-    assert files.write("out/h.sh", b"x") is False
+    assert files.write("work/notes.md", b"written by the tools") is True  # a file of the workspace's own
+    assert files.write("out/h.sh", b"x") is True
     assert _state(target) == before
     assert (library / "demo" / "scripts" / "hello.sh").read_text() == "echo \"hello from $SKILL_NAME\"\n"
 
@@ -233,7 +234,8 @@ async def test_links_planted_in_the_staged_folder_are_not_followed_by_restaging_
     planted = await rt.run(make_request(command, workspace_id=ws("plant")))
     assert planted.stdout == "ok\n", planted.stderr
     staged = rt.workspaces.find_known(ws("plant")).skills_dir / "demo"
-    assert (staged / "scripts").is_symlink()
+    assert not (staged / "scripts").is_symlink(), "the skill's own folder was swapped (its parent is sticky)"
+    assert (staged / "ADDED.md").is_symlink() and (staged / "root-link").is_symlink()
 
     # The library changes where the links stand (a file named like the planted link, a folder's mtime): restaged.
     _touch_folder(library / "demo")
@@ -474,7 +476,8 @@ async def test_across_file_systems_the_staged_files_are_read_only_copies_the_com
             "stat -c %a data.txt; rm -f data.txt && echo mine > data.txt && cat data.txt",
             workspace_id=ws("far"), skill=skill))
         lines = result.stdout.split()
-        assert "WROTE" not in lines and lines[-1] == "mine", result.stdout + result.stderr
+        assert "WROTE" not in lines and "CHMOD" not in lines and lines[-1] == "444", result.stdout + result.stderr
+        assert "Operation not permitted" in result.stderr  # a copy is root's, in a sticky folder
         assert _tree_state(library) == library_before
         await asyncio.sleep(0.02)
         with open(library / "far" / "data.txt", "a") as f:  # noqa: ASYNC230
@@ -504,7 +507,7 @@ async def test_in_a_container_a_command_cannot_change_a_hard_linked_library_file
     lines = result.stdout.split()
     assert lines[0] == str(before[lib_files[0]][5]), result.stdout + result.stderr  # the library's inode itself
     assert not {"WROTE", "TRUNC", "CHMOD", "TOUCH", "MOVEDWROTE"} & set(lines), result.stdout
-    assert lines[-1] == "mine"
+    assert lines[-1] != "mine" and "Permission denied" in result.stderr  # the skill's file stays the library's
     for path in lib_files:
         assert _state(path) == before[path]
 
