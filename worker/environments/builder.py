@@ -40,7 +40,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,15 +201,10 @@ class EnvironmentBuilder:
         """The environment of ``lock``: found, or installed (in ``readied``, a build folder readied for it while it
         was resolved, when there is one)."""
         key = environment_key(lock, target)
-        info = self.store.info(key)
-        if info is not None:
-            return info
-        async with self.store.exclusive(build_lock(key)):
-            info = self.store.info(key)
-            if info is not None:
-                return info
+
+        async def install(started: float) -> None:
+            nonlocal readied
             _say(progress, f"installing {len(locked_packages(lock))} package(s)")
-            started = time.monotonic()
             async with contextlib.AsyncExitStack() as stack:
                 if readied is None:
                     readied = await stack.enter_async_context(self._build_folder(build_lock(key)))
@@ -220,32 +215,20 @@ class EnvironmentBuilder:
                     "pip", "sync", "--python", "env/bin/python", "--require-hashes", "--compile-bytecode", "--quiet",
                     locked,
                 ], "installing the dependencies", watch=folder / "env")
-                size = await asyncio.to_thread(_seal, folder / "env")
-                if size > self.settings.max_bytes:
-                    raise EnvironmentBuildError(_too_big(size, self.settings.max_bytes))
-                meta = {
-                    "key": key, "target": target.label, "requirements": list(declaration.python),
-                    "packages": locked_packages(lock), "size_bytes": size, "built_at": time.time(),
-                    "build_seconds": round(time.monotonic() - started, 3),
-                }
-                self.store.publish(key, folder / "env", meta)
-            _say(progress, f"built in {time.monotonic() - started:.1f} s")
-            return self.store.info(key)
+                await self._publish(key, folder / "env", started, {
+                    "target": target.label, "requirements": list(declaration.python),
+                }, lambda: locked_packages(lock))
+
+        return await self._found_or_built(key, install, progress)
 
     async def ensure_node(self, declaration: Declaration, target: NodeTarget,
                           progress: Progress | None = None) -> EnvironmentInfo:
         """The Node environment of ``declaration`` for ``target``: found in the store, or installed now with
         ``npm`` (``npm ci`` when the skill has a lock). One build of an environment at a time, across processes."""
         key = node_key(declaration, target, self.settings)
-        info = self.store.info(key)
-        if info is not None:
-            return info
-        async with self.store.exclusive(build_lock(key)):
-            info = self.store.info(key)
-            if info is not None:
-                return info
+
+        async def install(started: float) -> None:
             _say(progress, f"installing {len(declaration.node)} Node package(s) with npm")
-            started = time.monotonic()
             async with self._build_folder(build_lock(key)) as (folder, uid):
                 env = folder / "env"
                 env.mkdir()
@@ -261,22 +244,39 @@ class EnvironmentBuilder:
                 await self._step(folder, uid, target, [
                     command, "--prefix", "env", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error",
                 ], "installing the Node packages", watch=env, tool="npm")
-                size = await asyncio.to_thread(_seal, env)
-                if size > self.settings.max_bytes:
-                    raise EnvironmentBuildError(_too_big(size, self.settings.max_bytes))
-                try:
-                    lock = read_plain_file(env / "package-lock.json", MAX_NODE_LOCK_BYTES, "the build's package-lock.json",
-                                           EnvironmentBuildError)
-                except EnvironmentBuildError:
-                    lock = "{}"  # npm writes none when nothing was installed
-                meta = {
-                    "key": key, "kind": "node", "target": target.label, "requirements": list(declaration.node),
-                    "packages": node_packages(lock), "size_bytes": size, "built_at": time.time(),
-                    "build_seconds": round(time.monotonic() - started, 3),
-                }
-                self.store.publish(key, env, meta)
-            _say(progress, f"built in {time.monotonic() - started:.1f} s")
-            return self.store.info(key)
+                await self._publish(key, env, started, {
+                    "kind": "node", "target": target.label, "requirements": list(declaration.node),
+                }, lambda: node_packages(_written_lock(env)))
+
+        return await self._found_or_built(key, install, progress)
+
+    async def _found_or_built(self, key: str, build: Callable[[float], Awaitable[None]],
+                              progress: Progress | None) -> EnvironmentInfo:
+        """The environment ``key``: found in the store, or made by ``build`` (given the time it started), one build
+        of it at a time across processes (a caller that finds one under way waits, then finds its result)."""
+        info = self.store.info(key)
+        if info is not None:
+            return info
+        async with self.store.exclusive(build_lock(key)):
+            info = self.store.info(key)
+            if info is not None:
+                return info
+            started = time.monotonic()
+            await build(started)
+        _say(progress, f"built in {time.monotonic() - started:.1f} s")
+        return self.store.info(key)
+
+    async def _publish(self, key: str, env: Path, started: float, described: dict,
+                       packages: Callable[[], list[str]]) -> None:
+        """Seal the built ``env`` (``_seal``), refuse it past the size cap, and publish it as ``key`` with its
+        description: ``described`` plus its ``packages()`` (read once it is sealed), size and build time."""
+        size = await asyncio.to_thread(_seal, env)
+        if size > self.settings.max_bytes:
+            raise EnvironmentBuildError(_too_big(size, self.settings.max_bytes))
+        self.store.publish(key, env, {
+            "key": key, **described, "packages": packages(), "size_bytes": size, "built_at": time.time(),
+            "build_seconds": round(time.monotonic() - started, 3),
+        })
 
     async def _ready(self, folder: Path, uid: int | None, target: Target, stop: Cancellation) -> None:
         """Ready ``folder`` for installing while the lock is resolved (``stop``ped if resolving fails): the empty
@@ -412,6 +412,16 @@ def _seal(env: Path) -> int:
                 continue
             os.chmod(name, 0o755 if info.st_mode & 0o111 else 0o644, dir_fd=dir_fd)
     return size
+
+
+def _written_lock(env: Path) -> str:
+    """The ``package-lock.json`` npm wrote (read as root without following a link: the build may have planted
+    one); ``{}`` when it wrote none (nothing was installed) or left something else there."""
+    try:
+        return read_plain_file(env / "package-lock.json", MAX_NODE_LOCK_BYTES, "the build's package-lock.json",
+                               EnvironmentBuildError)
+    except EnvironmentBuildError:
+        return "{}"
 
 
 def _too_big(size: int, limit: int) -> str:

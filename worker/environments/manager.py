@@ -24,7 +24,7 @@ import asyncio
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -318,16 +318,21 @@ class SkillEnvironments:
     async def _build_node(self, declaration: Declaration, target: NodeTarget, name: str,
                           progress: Progress | None) -> EnvironmentInfo:
         key = node_key(declaration, target, self.builder.settings)
+        return await self._recorded(key, name, self.builder.ensure_node(declaration, target, progress))
+
+    async def _recorded(self, failure_key: str, name: str, build: Awaitable[EnvironmentInfo]) -> EnvironmentInfo:
+        """What ``build`` made, marked used, its failure record (under ``failure_key``) cleared; or its failure,
+        recorded and raised naming the skill. A process's first build sweeps the store first."""
         if not self._swept:
             self._swept = True
             await asyncio.to_thread(self.store.sweep, self.builder.settings.timeout)
         try:
-            info = await self.builder.ensure_node(declaration, target, progress)
+            info = await build
         except EnvironmentBuildError as exc:
             failure = EnvironmentBuildError(f"skill {name!r}: {exc}")
-            self.store.record_failure(key, str(failure))
+            self.store.record_failure(failure_key, str(failure))
             raise failure from exc
-        self.store.clear_failure(key)
+        self.store.clear_failure(failure_key)
         self.store.mark_used(info.key)
         return info
 
@@ -389,19 +394,9 @@ class SkillEnvironments:
     async def _build(self, declaration: Declaration, target: Target, name: str, progress: Progress | None) -> EnvironmentInfo:
         check_python(declaration, target, name)
         reqkey = requirements_key(declaration, target, self.builder.settings)
-        if not self._swept:
-            self._swept = True
-            await asyncio.to_thread(self.store.sweep, self.builder.settings.timeout)
         await asyncio.to_thread(self.store.record_target, target)
-        try:
-            info = await self.builder.ensure(declaration, target, progress)
-        except EnvironmentBuildError as exc:
-            failure = EnvironmentBuildError(f"skill {name!r}: {exc}")
-            self.store.record_failure(reqkey, str(failure))
-            raise failure from exc
-        self.store.clear_failure(reqkey)
+        info = await self._recorded(reqkey, name, self.builder.ensure(declaration, target, progress))
         self.store.link(reqkey, info.key)
-        self.store.mark_used(info.key)
         return info
 
     def _lookup(self, declaration: Declaration, target: Target) -> EnvironmentInfo | tuple[str, str | None]:
