@@ -39,16 +39,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_skill
+from tests.environment_stores import environments_maker
 from tests.package_index import PackageIndex, host_address
 from tests.processes import running_with
 from tests.services import unavailable
 from worker.contract import RunRequest, SkillRef
 from worker.environments import (
     BuildSettings,
-    EnvironmentBuilder,
-    EnvironmentStore,
     SkillEnvironments,
-    local_target,
 )
 from worker.environments.declarations import read_declaration, read_manifest
 from worker.environments.steps import BUILD_PROCESSES
@@ -169,18 +167,8 @@ def store_root(shared_dir: Path) -> Path:
 
 @pytest.fixture
 def make_envs(store_root: Path, index: PackageIndex):
-    made: list[SkillEnvironments] = []
-
-    def make(**settings) -> SkillEnvironments:
-        options = {"index_url": index.url, "sandboxed": True, "timeout": 90.0, **settings}
-        envs = SkillEnvironments(EnvironmentBuilder(EnvironmentStore(store_root), BuildSettings(**options)),
-                                 local_target)
-        made.append(envs)
-        return envs
-
-    yield make
-    for envs in made:
-        envs.close()
+    with environments_maker(store_root, index_url=index.url, sandboxed=True, timeout=90.0) as make:
+        yield make
 
 
 def _skill(shared_dir: Path, name: str, requirements: str, library: str = "lib", **files: str) -> Path:

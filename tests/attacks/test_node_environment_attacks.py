@@ -23,16 +23,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IS_ROOT, write_skill
+from tests.environment_stores import environments_maker
 from tests.npm_registry import NpmPackage, NpmRegistry
 from tests.processes import running_with
 from worker import defaults
 from worker.contract import RunRequest, SkillRef
 from worker.environments import (
     BuildSettings,
-    EnvironmentBuilder,
     EnvironmentStore,
     SkillEnvironments,
-    local_target,
 )
 from worker.environments.declarations import read_declaration, read_manifest
 from worker.environments.steps import BUILD_PROCESSES
@@ -72,18 +71,8 @@ def store_root(shared_dir: Path) -> Path:
 
 @pytest.fixture
 def make_envs(store_root: Path, registry: NpmRegistry):
-    made: list[SkillEnvironments] = []
-
-    def make(**settings) -> SkillEnvironments:
-        options = {"npm_registry": registry.url, "sandboxed": IS_ROOT, "timeout": 60.0, **settings}
-        envs = SkillEnvironments(EnvironmentBuilder(EnvironmentStore(store_root), BuildSettings(**options)),
-                                 local_target)
-        made.append(envs)
-        return envs
-
-    yield make
-    for envs in made:
-        envs.close()
+    with environments_maker(store_root, npm_registry=registry.url, sandboxed=IS_ROOT, timeout=60.0) as make:
+        yield make
 
 
 def _package(dependencies: dict | None = None, **fields) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IS_ROOT, write_skill
+from tests.environment_stores import built, environments_maker, left_building
 from tests.package_index import PackageIndex, sdist, wheel
 from tests.processes import running_with
 from worker.contract import RunRequest, SkillRef
@@ -19,7 +20,6 @@ from worker.environments import (
     BuildSettings,
     EnvironmentBuilder,
     EnvironmentStore,
-    SkillEnvironments,
     local_target,
 )
 from worker.environments.declarations import Declaration
@@ -32,28 +32,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def make_envs(shared_dir: Path, index: PackageIndex):
-    made: list[SkillEnvironments] = []
-
-    def make(**settings) -> SkillEnvironments:
-        options = {"index_url": index.url, "sandboxed": IS_ROOT, "timeout": 120.0, **settings}
-        envs = SkillEnvironments(EnvironmentBuilder(EnvironmentStore(shared_dir / "envs"), BuildSettings(**options)),
-                                 local_target)
-        made.append(envs)
-        return envs
-
-    yield make
-    for envs in made:
-        envs.close()
-
-
-def _built(store_root: Path) -> list[str]:
-    envs = store_root / "envs"
-    return sorted(p.name for p in envs.iterdir() if p.is_dir()) if envs.is_dir() else []
-
-
-def _left_building(store_root: Path) -> list[str]:
-    folder = store_root / ".building"
-    return sorted(os.listdir(folder)) if folder.is_dir() else []
+    with environments_maker(shared_dir / "envs", index_url=index.url, sandboxed=IS_ROOT, timeout=120.0) as make:
+        yield make
 
 
 async def test_an_environment_is_built_once_and_shared_by_every_skill_with_the_same_requirements(
@@ -72,7 +52,7 @@ async def test_an_environment_is_built_once_and_shared_by_every_skill_with_the_s
     again = await envs.prepare(second, second.parent, "two")
     assert again.state == "ready" and again.info.key == ready.info.key
     assert len(index.requests) == downloads, "the second skill with the same requirements reached the index"
-    assert _built(shared_dir / "envs") == [ready.info.key]
+    assert built(shared_dir / "envs") == [ready.info.key]
     python = ready.info.path / "bin" / "python"
     done = await asyncio.create_subprocess_exec(python, "-c", "import beta; print(beta.VERSION)", stdout=-1)
     assert (await done.communicate())[0] == b"2.0\n"
@@ -151,14 +131,14 @@ async def test_a_run_imports_its_declared_packages_and_cannot_change_them_or_see
     assert not any((shared_dir / "envs" / "envs").glob("*/planted"))
 
 
-async def test_a_run_that_will_not_wait_is_told_its_environment_is_not_built(shared_dir: Path, make_envs, work_root):
+async def test_a_run_that_will_not_wait_is_told_its_environment_is_notbuilt(shared_dir: Path, make_envs, work_root):
     write_skill(shared_dir / "lib", "later", files={"requirements.txt": "alpha\n"})
     async with LocalWorkspaceRuntime(work_root, environments=make_envs()) as runtime:
         skill = SkillRef(name="later", root=str(shared_dir / "lib"), path="later")
         with pytest.raises(EnvironmentNotReadyError) as caught:
             await runtime.run(RunRequest(skill=skill, command="true", wait_for_environment=False))
     assert "not built yet" in str(caught.value) and "skillrun skills prepare" in str(caught.value)
-    assert _built(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == []
 
 
 async def test_a_requirement_the_index_does_not_have_fails_with_the_resolvers_message(shared_dir: Path, make_envs):
@@ -166,7 +146,7 @@ async def test_a_requirement_the_index_does_not_have_fails_with_the_resolvers_me
     status = await make_envs().prepare(skill, skill.parent, "missing")
     assert status.state == "failed"
     assert "resolving the dependencies failed" in status.message and "no-such-package-anywhere" in status.message
-    assert _built(shared_dir / "envs") == [] and _left_building(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == [] and left_building(shared_dir / "envs") == []
     assert make_envs().status(skill, skill.parent, "missing").state == "failed"
 
 
@@ -185,7 +165,7 @@ async def test_a_source_distribution_whose_build_fails_reports_the_build_backend
     skill = write_skill(shared_dir / "lib", "b", files={"requirements.txt": "broken\n"})
     status = await make_envs().prepare(skill, skill.parent, "b")
     assert status.state == "failed" and "the compiler is on fire" in status.message, status.message
-    assert _built(shared_dir / "envs") == [] and _left_building(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == [] and left_building(shared_dir / "envs") == []
 
 
 async def test_a_build_that_runs_forever_is_stopped_at_the_build_timeout(shared_dir: Path, make_envs, dists: Path):
@@ -195,7 +175,7 @@ async def test_a_build_that_runs_forever_is_stopped_at_the_build_timeout(shared_
     status = await make_envs(timeout=8.0).prepare(skill, skill.parent, "f")
     assert status.state == "failed" and "did not finish within 8 s" in status.message, status.message
     assert running_with(marker) == [], "the build's process outlived its timeout"
-    assert _left_building(shared_dir / "envs") == []
+    assert left_building(shared_dir / "envs") == []
 
 
 async def test_an_environment_past_the_size_cap_is_refused_and_removed(shared_dir: Path, make_envs, dists: Path):
@@ -203,7 +183,7 @@ async def test_an_environment_past_the_size_cap_is_refused_and_removed(shared_di
     skill = write_skill(shared_dir / "lib", "big", files={"requirements.txt": "bulky\n"})
     status = await make_envs(max_bytes=1024 * 1024).prepare(skill, skill.parent, "big")
     assert status.state == "failed" and "past the cap of 1048576 bytes" in status.message, status.message
-    assert _built(shared_dir / "envs") == [] and _left_building(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == [] and left_building(shared_dir / "envs") == []
 
 
 async def test_a_build_folder_a_killed_worker_left_is_removed_by_the_next_build(shared_dir: Path, make_envs):
@@ -213,7 +193,7 @@ async def test_a_build_folder_a_killed_worker_left_is_removed_by_the_next_build(
     left = envs.store.building / f"env-{'0' * 64}-abcdef"
     (left / "env" / "lib").mkdir(parents=True)
     assert (await envs.prepare(skill, skill.parent, "after")).state == "ready"
-    assert _left_building(shared_dir / "envs") == []
+    assert left_building(shared_dir / "envs") == []
 
 
 async def test_two_workers_preparing_the_same_environment_build_it_once(shared_dir: Path, make_envs):
@@ -224,7 +204,7 @@ async def test_two_workers_preparing_the_same_environment_build_it_once(shared_d
     )
     assert first.state == second.state == "ready"
     assert first.info.key == second.info.key and first.info.built_at == second.info.built_at
-    assert _built(shared_dir / "envs") == [first.info.key] and _left_building(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == [first.info.key] and left_building(shared_dir / "envs") == []
 
 
 async def test_a_run_while_its_environment_is_being_built_waits_or_is_told_so(shared_dir: Path, make_envs, dists: Path):

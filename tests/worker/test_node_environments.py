@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IS_ROOT, write_skill
+from tests.environment_stores import built, environments_maker, left_building
 from tests.npm_registry import NpmPackage, NpmRegistry
 from worker.contract import RunRequest, SkillRef
-from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentStore, SkillEnvironments, local_target
 from worker.errors import EnvironmentNotReadyError
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
@@ -39,32 +39,12 @@ def registry() -> NpmRegistry:
 
 @pytest.fixture
 def make_envs(shared_dir: Path, registry: NpmRegistry):
-    made: list[SkillEnvironments] = []
-
-    def make(**settings) -> SkillEnvironments:
-        options = {"npm_registry": registry.url, "sandboxed": IS_ROOT, "timeout": 120.0, **settings}
-        envs = SkillEnvironments(EnvironmentBuilder(EnvironmentStore(shared_dir / "envs"), BuildSettings(**options)),
-                                 local_target)
-        made.append(envs)
-        return envs
-
-    yield make
-    for envs in made:
-        envs.close()
+    with environments_maker(shared_dir / "envs", npm_registry=registry.url, sandboxed=IS_ROOT, timeout=120.0) as make:
+        yield make
 
 
 def _package(**dependencies: str) -> str:
     return json.dumps({"name": "a-skill", "version": "1.0.0", "dependencies": dependencies})
-
-
-def _built(store_root: Path) -> list[str]:
-    envs = store_root / "envs"
-    return sorted(p.name for p in envs.iterdir() if p.is_dir()) if envs.is_dir() else []
-
-
-def _left_building(store_root: Path) -> list[str]:
-    folder = store_root / ".building"
-    return sorted(os.listdir(folder)) if folder.is_dir() else []
 
 
 async def test_a_node_environment_is_built_once_and_shared_by_every_skill_with_the_same_packages(
@@ -86,7 +66,7 @@ async def test_a_node_environment_is_built_once_and_shared_by_every_skill_with_t
     again = await envs.prepare(second, second.parent, "two")
     assert again.state == "ready" and again.node.info.key == ready.node.info.key
     assert len(registry.requests) == fetched, "the second skill with the same packages reached the registry"
-    assert _built(shared_dir / "envs") == [ready.node.info.key] and _left_building(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == [ready.node.info.key] and left_building(shared_dir / "envs") == []
     if IS_ROOT:
         owners = {os.lstat(os.path.join(d, n)).st_uid for d, _, fs in os.walk(ready.node.info.path) for n in fs}
         assert owners == {0}, "the build's user id (handed to a workspace next) still owns files of the environment"
@@ -113,7 +93,7 @@ async def test_a_run_requires_its_packages_and_runs_their_commands_but_cannot_ch
             'ls "$NODE_PATH/../.."')))
     assert tamper.stdout.splitlines()[0] == "refused"
     if IS_ROOT:  # sandboxed: the run is shown its own environments and no other
-        assert tamper.stdout.splitlines()[1:] == _built(shared_dir / "envs")
+        assert tamper.stdout.splitlines()[1:] == built(shared_dir / "envs")
     assert not any((shared_dir / "envs" / "envs").glob("*/node_modules/planted"))
 
 
@@ -126,7 +106,7 @@ async def test_the_manifest_declares_node_packages_for_a_skill_without_a_package
     assert "padder@1.0.0" in status.node.info.packages and "greeter@2.1.0" in status.node.info.packages
 
 
-async def test_a_run_that_will_not_wait_is_told_its_node_environment_is_not_built(
+async def test_a_run_that_will_not_wait_is_told_its_node_environment_is_notbuilt(
     shared_dir: Path, make_envs, work_root: Path
 ):
     write_skill(shared_dir / "lib", "later", files={"package.json": _package(padder="1")})
@@ -135,7 +115,7 @@ async def test_a_run_that_will_not_wait_is_told_its_node_environment_is_not_buil
         with pytest.raises(EnvironmentNotReadyError) as caught:
             await runtime.run(RunRequest(skill=skill, command="true", wait_for_environment=False))
     assert "Node environment is not built yet" in str(caught.value) and "skillrun skills prepare" in str(caught.value)
-    assert _built(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == []
 
 
 async def test_a_package_the_registry_does_not_have_fails_with_npms_message(shared_dir: Path, make_envs):
@@ -144,7 +124,7 @@ async def test_a_package_the_registry_does_not_have_fails_with_npms_message(shar
     assert status.state == "failed" and status.node.state == "failed"
     assert "installing the Node packages failed" in status.message and "no-such-package" in status.message
     assert "404" in status.message, status.message
-    assert _built(shared_dir / "envs") == [] and _left_building(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == [] and left_building(shared_dir / "envs") == []
     assert make_envs().status(skill, skill.parent, "missing").state == "failed"
 
 
@@ -163,7 +143,7 @@ async def test_a_lock_file_that_disagrees_with_package_json_fails_with_npms_mess
     torn = await make_envs().prepare(skill, skill.parent, "locked")
     assert torn.state == "failed", torn.message
     assert "npm ci" in torn.message and "in sync" in torn.message, torn.message
-    assert _left_building(shared_dir / "envs") == []
+    assert left_building(shared_dir / "envs") == []
 
 
 @pytest.mark.parametrize("spec, reason", [
@@ -171,7 +151,7 @@ async def test_a_lock_file_that_disagrees_with_package_json_fails_with_npms_mess
     ("git+https://example.com/repo.git", "no git"),
     ("someone/repo", "no git"),
 ])
-async def test_a_dependency_from_outside_the_registry_is_refused_before_anything_is_built(
+async def test_a_dependency_from_outside_the_registry_is_refused_before_anything_isbuilt(
     shared_dir: Path, make_envs, registry: NpmRegistry, spec: str, reason: str
 ):
     skill = write_skill(shared_dir / "lib", "outside", files={"package.json": _package(thing=spec)})
@@ -179,7 +159,7 @@ async def test_a_dependency_from_outside_the_registry_is_refused_before_anything
     status = envs.status(skill, skill.parent, "outside")
     assert status.state == "invalid" and reason in status.message and "package.json" in status.message
     assert (await envs.prepare(skill, skill.parent, "outside")).state == "invalid"
-    assert registry.requests == [] and _built(shared_dir / "envs") == []
+    assert registry.requests == [] and built(shared_dir / "envs") == []
 
 
 async def test_a_node_environment_past_the_size_cap_is_refused_and_removed(
@@ -192,7 +172,7 @@ async def test_a_node_environment_past_the_size_cap_is_refused_and_removed(
     skill = write_skill(shared_dir / "lib", "big", files={"package.json": _package(bloat="1.0.0")})
     status = await make_envs(max_bytes=4 * 1024 * 1024).prepare(skill, skill.parent, "big")
     assert status.state == "failed" and "past the cap of 4194304 bytes" in status.message, status.message
-    assert _built(shared_dir / "envs") == [] and _left_building(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == [] and left_building(shared_dir / "envs") == []
 
 
 async def test_two_workers_preparing_the_same_node_environment_build_it_once(shared_dir: Path, make_envs):
@@ -202,7 +182,7 @@ async def test_two_workers_preparing_the_same_node_environment_build_it_once(sha
         one.prepare(skill, skill.parent, "shared"), two.prepare(skill, skill.parent, "shared"))
     assert first.state == second.state == "ready"
     assert first.node.info.key == second.node.info.key and first.node.info.built_at == second.node.info.built_at
-    assert _built(shared_dir / "envs") == [first.node.info.key] and _left_building(shared_dir / "envs") == []
+    assert built(shared_dir / "envs") == [first.node.info.key] and left_building(shared_dir / "envs") == []
 
 
 @pytest.mark.root
