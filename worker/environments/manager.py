@@ -353,19 +353,8 @@ class SkillEnvironments:
         if info is not None:
             self.store.mark_used(key)
             return info
-        failure = self.store.failure(key)
-        if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
-            raise EnvironmentBuildError(f"{failure[0]}\n(this build failed {time.time() - failure[1]:.0f} s ago; runs "
-                                        f"try it again after {RETRY_SECONDS:g} s; `skillrun skills prepare --runtime "
-                                        f"{target.runtime}` tries at once)")
-        if not wait:
-            building = self.store.busy(build_lock(key))
-            raise EnvironmentNotReadyError(
-                f"skill {name!r}: its Node environment is {'being built' if building else 'not built yet'} "
-                f"({len(declaration.node)} package(s) for {target.label}); build it with `skillrun skills prepare "
-                f"--runtime {target.runtime}` (or by registering the library version through the API), or submit "
-                "the run with wait_for_environment=true to build it first"
-            )
+        _not_now(name, "Node environment", f"{len(declaration.node)} package(s) for {target.label}", target.runtime,
+                 self.store.failure(key), lambda: self.store.busy(build_lock(key)), wait=wait)
         return await self._build_node(declaration, target, name, None)
 
     async def _python_for_run(self, declaration: Declaration, name: str, *, wait: bool) -> EnvironmentInfo:
@@ -374,21 +363,9 @@ class SkillEnvironments:
         if isinstance(found, EnvironmentInfo):
             self.store.mark_used(found.key)
             return found
-        failure = self._failure(found)
-        if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
-            raise EnvironmentBuildError(
-                f"{failure[0]}\n(this build failed {time.time() - failure[1]:.0f} s ago; runs try it again after "
-                f"{RETRY_SECONDS:g} s; `skillrun skills prepare --runtime {target.runtime}` or registering the library "
-                "again tries at once)"
-            )
-        if not wait:
-            building = self.store.busy(resolve_lock(found[0])) or (found[1] and self.store.busy(build_lock(found[1])))
-            raise EnvironmentNotReadyError(
-                f"skill {name!r}: its dependency environment is {'being built' if building else 'not built yet'} "
-                f"({len(declaration.python)} requirement(s) for {target.label}); build it with `skillrun skills "
-                f"prepare --runtime {target.runtime}` (or by registering the library version through the API), or "
-                "submit the run with wait_for_environment=true to build it first"
-            )
+        _not_now(name, "dependency environment", f"{len(declaration.python)} requirement(s) for {target.label}",
+                 target.runtime, self._failure(found), lambda: bool(self.store.busy(resolve_lock(found[0])) or (
+                     found[1] and self.store.busy(build_lock(found[1])))), wait=wait)
         return await self._build(declaration, target, name, None)
 
     async def _build(self, declaration: Declaration, target: Target, name: str, progress: Progress | None) -> EnvironmentInfo:
@@ -411,6 +388,24 @@ class SkillEnvironments:
 
     def _failure(self, found: tuple[str, str | None]) -> tuple[str, float] | None:
         return self.store.failure(found[0])
+
+
+def _not_now(name: str, what: str, detail: str, runtime: str, failure: tuple[str, float] | None,
+             building: Callable[[], bool], *, wait: bool) -> None:
+    """Raise why a run cannot have its ``what`` now: it failed less than ``RETRY_SECONDS`` ago (its message), or
+    the run will not wait for a build (``building()``: one is under way); return when the run builds it."""
+    if failure is not None and time.time() - failure[1] < RETRY_SECONDS:
+        raise EnvironmentBuildError(
+            f"{failure[0]}\n(this build failed {time.time() - failure[1]:.0f} s ago; runs try it again after "
+            f"{RETRY_SECONDS:g} s; `skillrun skills prepare --runtime {runtime}` or registering the library again "
+            "tries at once)"
+        )
+    if not wait:
+        raise EnvironmentNotReadyError(
+            f"skill {name!r}: its {what} is {'being built' if building() else 'not built yet'} ({detail}); build it "
+            f"with `skillrun skills prepare --runtime {runtime}` (or by registering the library version through the "
+            "API), or submit the run with wait_for_environment=true to build it first"
+        )
 
 
 def check_python(declaration: Declaration, target: Target, name: str) -> None:

@@ -126,38 +126,33 @@ class DockerTargets:
 
     def _probe_node(self, image_id: str) -> NodeTarget:
         script = f"command -v npm >/dev/null || {{ echo 'no npm' >&2; exit 1; }}; exec node -e {shlex.quote(NODE_PROBE)}"
-        try:
-            with map_docker_errors(f"asking the sandbox image {self.image} for its node"):
-                answer = self._throwaway(image_id, ["sh", "-c", script])
-        except docker.errors.ContainerError as exc:
-            raise DependencyError(
-                f"skills with Node dependencies need node and npm in the sandbox image {self.image}: "
-                f"{(exc.stderr or b'').decode(errors='replace').strip()[-300:]} (images/base/packages.txt lists "
-                "nodejs and npm; run images/build.sh)"
-            ) from exc
-        return NodeTarget.from_probe("docker", answer.decode(errors="replace"), image=image_id)
-
-    def _throwaway(self, image_id: str, command: list[str]) -> bytes:
-        """``command``'s output in a throwaway container of the image (no network, nothing mounted)."""
-        return self.client().containers.run(
-            image_id, command, remove=True, network_mode="none", user=f"{RESIDENT_UID}:{RESIDENT_UID}",
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-            environment={"PATH": defaults.SANDBOX_PATH, "LANG": defaults.SANDBOX_LANG}, use_config_proxy=False,
-            stdout=True, stderr=True,
-        )
+        answer = self._ask(image_id, ["sh", "-c", script], "node", "Node dependencies need node and npm",
+                           "images/base/packages.txt lists nodejs and npm; run images/build.sh")
+        return NodeTarget.from_probe("docker", answer, image=image_id)
 
     def _probe(self, image_id: str) -> Target:
         """Ask ``python3`` in a throwaway container of the image (no network, nothing mounted) what it is."""
+        answer = self._ask(image_id, ["python3", "-I", "-c", PROBE], "python3", "Python dependencies need python3",
+                           "add python3 to images/base/packages.txt and run images/build.sh")
+        return Target.from_probe("docker", answer, image=image_id)
+
+    def _ask(self, image_id: str, command: list[str], what: str, need: str, fix: str) -> str:
+        """``command``'s output in a throwaway container of the image (no network, nothing mounted);
+        ``DependencyError`` saying ``need`` and ``fix`` with its own words when it fails."""
         try:
-            with map_docker_errors(f"asking the sandbox image {self.image} for its python3"):
-                answer = self._throwaway(image_id, ["python3", "-I", "-c", PROBE])
+            with map_docker_errors(f"asking the sandbox image {self.image} for its {what}"):
+                answer = self.client().containers.run(
+                    image_id, command, remove=True, network_mode="none", user=f"{RESIDENT_UID}:{RESIDENT_UID}",
+                    cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+                    environment={"PATH": defaults.SANDBOX_PATH, "LANG": defaults.SANDBOX_LANG},
+                    use_config_proxy=False, stdout=True, stderr=True,
+                )
         except docker.errors.ContainerError as exc:
             raise DependencyError(
-                f"skills with Python dependencies need python3 in the sandbox image {self.image}: "
-                f"{(exc.stderr or b'').decode(errors='replace').strip()[-300:]} (add python3 to "
-                "images/base/packages.txt and run images/build.sh)"
+                f"skills with {need} in the sandbox image {self.image}: "
+                f"{(exc.stderr or b'').decode(errors='replace').strip()[-300:]} ({fix})"
             ) from exc
-        return Target.from_probe("docker", answer.decode(errors="replace"), image=image_id)
+        return answer.decode(errors="replace")
 
 
 class ContainerSteps(StepRunner):
