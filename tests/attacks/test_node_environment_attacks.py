@@ -26,6 +26,7 @@ from tests.conftest import IS_ROOT, write_skill
 from tests.environment_stores import environments_maker
 from tests.npm_registry import NpmPackage, NpmRegistry
 from tests.processes import running_with
+from tests.services import unavailable
 from worker import defaults
 from worker.contract import RunRequest, SkillRef
 from worker.environments import (
@@ -388,7 +389,7 @@ def _host_pids_work_in_root() -> None:
             return
     except OSError:
         pass
-    pytest.skip("needs a host whose low pids work in / (a kernel thread's /proc/2/cwd)")
+    unavailable("needs a host whose low pids work in / (a kernel thread's /proc/2/cwd)")
 
 
 @pytest.mark.root

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_skill
+from tests.services import unavailable
 from worker.contract import SkillRef
 from worker.runtimes.host_files import WorkspaceFiles
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime
@@ -465,7 +466,7 @@ async def test_across_file_systems_the_staged_files_are_read_only_copies_the_com
     mount.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", str(mount)], check=False)  # noqa: ASYNC221
     if mounted.returncode:
-        pytest.skip("cannot mount a tmpfs")
+        unavailable("cannot mount a tmpfs here (the test mounts one as root to stage across file systems)")
     try:
         library = mount / "library"
         write_skill(library, "far", files={"data.txt": "far data\n"})
