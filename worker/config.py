@@ -145,6 +145,20 @@ class WorkerSettings(PlaneSettings):
         default=900.0, gt=0, allow_inf_nan=False, description="The longest one environment build step may take."
     )
     env_max_bytes: int = Field(default=1024**3, gt=0, description="The largest an environment may grow, bytes.")
+    env_debian_suite: str | None = Field(
+        default=None, pattern=r"^[a-z][a-z0-9-]{1,31}$",
+        description="The release the local runtime's root filesystems for skills' Debian packages are built of "
+                    "(default: the host's own, from /etc/os-release).",
+    )
+    env_debian_mirror: str | None = Field(
+        default=None, pattern=r"^https?://[^\s]+$",
+        description="The archive those root filesystems are built from (default: http://deb.debian.org/debian, or "
+                    "Ubuntu's archive on an Ubuntu host).",
+    )
+    env_system_max_bytes: int = Field(
+        default=4 * 1024**3, gt=0, description="The largest a root filesystem for skills' Debian packages may grow, "
+                                               "bytes.",
+    )
     env_build_memory_bytes: int = Field(
         default=4 * 1024**3, gt=0, description="Memory an environment build may use (its control group's limit)."
     )

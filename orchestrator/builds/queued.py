@@ -201,9 +201,10 @@ class QueuedEnvironments(LibraryEnvironments):
 
 def workers_environments(settings: WorkerSettings) -> SkillEnvironments:
     """The queue workers' environment store, found as their local runtime finds it: ``SKILLRUN_ENVS_DIR``, or the
-    work root's ``.skillrun/environments`` (so the API must share that volume and those settings)."""
+    work root's ``.skillrun/environments`` (so the API must share that volume and those settings), their Debian
+    packages in root filesystems as a queue worker's sandbox has them."""
     work_root = settings.work_root or default_work_root()
-    return local_environments(work_root / REGISTRY_DIR / "environments", sandboxed=False)
+    return local_environments(work_root / REGISTRY_DIR / "environments", sandboxed=False, systems=True)
 
 
 def _recorded(target: Target | None) -> Target:

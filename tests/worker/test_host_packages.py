@@ -1,4 +1,5 @@
-"""The local runtime says whether the host has a skill's Debian packages: it runs commands on the host's system."""
+"""Without its sandbox, the local runtime says whether the host has a skill's Debian packages: it then runs commands
+on the host's own system."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def library(tmp_path):
 
 
 async def test_prepare_and_status_say_which_debian_packages_the_host_lacks(work_root, library):
-    async with LocalWorkspaceRuntime(work_root) as runtime:
+    async with LocalWorkspaceRuntime(work_root, sandbox=False) as runtime:
         ready = runtime.environment_status(library / "has-all", library, "has-all")
         assert (ready.state, ready.image.state, ready.image.on_host) == ("ready", "ready", True)
         assert ready.image.tag == HOST_TAG

@@ -88,6 +88,12 @@ class BuildSettings:
     sandboxed: bool = True
     """Each step as a sandbox user id of its own (root hosts); off, as the current user (a non-root host)."""
     npm_registry: str = NPM_REGISTRY
+    debian_suite: str | None = None
+    """The Debian (or Ubuntu) release the local runtime's root filesystems are built of (``None``: the host's)."""
+    debian_mirror: str | None = None
+    """Where their packages come from (``None``: Debian's, or Ubuntu's on an Ubuntu host)."""
+    system_max_bytes: int = 4 * 1024**3
+    """The largest a root filesystem may grow."""
 
 
 def requirements_key(declaration: Declaration, target: Target, settings: BuildSettings) -> str:

@@ -10,7 +10,8 @@
   environment one more.
 
 A skill may have two environments: a Python one and a Node one (its ``package.json``), each built, shared and
-failed on its own; the skill is ready when both are.
+failed on its own; on the local runtime, a skill that declares Debian packages also has a root filesystem with them
+(``worker.environments.systems``). The skill is ready when each of its parts is.
 
 A failed build is remembered for ``RETRY_SECONDS``: runs in that time get its message at once instead of building
 again (``prepare`` always tries again); ``status`` says failed, with its message, until the store sweeps the record
@@ -27,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -47,6 +49,7 @@ from worker.environments.declarations import (
 )
 from worker.environments.images import ImageStatus
 from worker.environments.store import EnvironmentInfo, build_lock, resolve_lock
+from worker.environments.systems import SystemRoots, system_lock
 from worker.environments.target import NodeTarget, Target, local_node_target
 from worker.errors import (
     DependencyError,
@@ -57,6 +60,7 @@ from worker.errors import (
 RETRY_SECONDS = 300.0
 STATE_ORDER = ("invalid", "failed", "building", "not built", "ready")
 """A skill's state on a runtime with two parts (an environment and an image) is the first of theirs in this order."""
+T = TypeVar("T")
 MAX_DECLARATIONS = 1024
 """Skills whose declarations a ``DeclarationCache`` keeps (the least recently used goes: it is read again when
 asked for)."""
@@ -149,6 +153,8 @@ class RunEnvironment:
 
     python: EnvironmentInfo | None = None
     node: EnvironmentInfo | None = None
+    system: Path | None = None
+    """The root filesystem with its Debian packages the local runtime's sandbox shows instead of the host's."""
 
     @property
     def folders(self) -> tuple[Path, ...]:
@@ -166,6 +172,10 @@ class RunEnvironment:
             added["VIRTUAL_ENV"] = str(self.python.path)
             path = f"{self.python.path}/bin:{path}"
         return {**env, **added, "PATH": path}
+
+
+NO_ENVIRONMENT = RunEnvironment()
+"""A run of a skill that declares nothing."""
 
 
 class DeclarationCache:
@@ -219,10 +229,13 @@ class SkillEnvironments:
     """Skills' environments for one target (see the module's description)."""
 
     def __init__(self, builder: EnvironmentBuilder, target: Callable[[], Target],
-                 node_target: Callable[[], NodeTarget] = local_node_target) -> None:
-        """``target``: what Python environments are built for; ``node_target``: what Node environments are."""
+                 node_target: Callable[[], NodeTarget] = local_node_target, *, systems: bool = False) -> None:
+        """``target``: what Python environments are built for; ``node_target``: what Node environments are;
+        ``systems``: skills' Debian packages are installed in root filesystems of their own (the local runtime's
+        sandbox), else they are another part's (the Docker runtime's image, the host's own ``/usr``)."""
         self.builder = builder
         self.store = builder.store
+        self.systems = SystemRoots(builder.store, builder.settings) if systems else None
         self._target = target
         self._node_target = node_target
         self._declarations = DeclarationCache()
@@ -250,7 +263,11 @@ class SkillEnvironments:
         except DependencyError as exc:
             return EnvironmentStatus("invalid", message=str(exc))
         status = self._python_status(declaration, name)
-        return status if declaration.node_package is None else status.with_node(self._node_status(declaration))
+        if declaration.node_package is not None:
+            status = status.with_node(self._node_status(declaration))
+        if self.systems is not None and declaration.debian:
+            status = status.with_image(self.systems.status(declaration.debian))
+        return status
 
     def _python_status(self, declaration: Declaration, name: str) -> EnvironmentStatus:
         if not declaration.python:
@@ -277,16 +294,25 @@ class SkillEnvironments:
         except DependencyError as exc:
             return EnvironmentStatus("invalid", message=str(exc))
         status = await self._prepare_python(declaration, name, progress)
-        if declaration.node_package is None:
-            return status
+        if declaration.node_package is not None:
+            status = status.with_node(await self._prepare_node(declaration, name, progress))
+        if self.systems is not None and declaration.debian:
+            try:
+                await self._build_system(declaration, name, progress)
+            except EnvironmentBuildError:
+                pass  # recorded: the status says failed, with its message
+            status = status.with_image(await asyncio.to_thread(self.systems.status, declaration.debian))
+        return status
+
+    async def _prepare_node(self, declaration: Declaration, name: str, progress: Progress | None) -> NodeStatus:
         try:
             node = await asyncio.to_thread(self._node_target)
             info = await self._build_node(declaration, node, name, progress)
         except EnvironmentBuildError as exc:
-            return status.with_node(NodeStatus("failed", declaration.node, message=str(exc), target=node.label))
+            return NodeStatus("failed", declaration.node, message=str(exc), target=node.label)
         except DependencyError as exc:
-            return status.with_node(NodeStatus("invalid", declaration.node, message=str(exc)))
-        return status.with_node(NodeStatus("ready", declaration.node, info, target=node.label))
+            return NodeStatus("invalid", declaration.node, message=str(exc))
+        return NodeStatus("ready", declaration.node, info, target=node.label)
 
     async def _prepare_python(self, declaration: Declaration, name: str, progress: Progress | None) -> EnvironmentStatus:
         if not declaration.python:
@@ -318,11 +344,18 @@ class SkillEnvironments:
     async def _build_node(self, declaration: Declaration, target: NodeTarget, name: str,
                           progress: Progress | None) -> EnvironmentInfo:
         key = node_key(declaration, target, self.builder.settings)
-        return await self._recorded(key, name, self.builder.ensure_node(declaration, target, progress))
+        info = await self._recorded(key, name, self.builder.ensure_node(declaration, target, progress))
+        self.store.mark_used(info.key)
+        return info
 
-    async def _recorded(self, failure_key: str, name: str, build: Awaitable[EnvironmentInfo]) -> EnvironmentInfo:
-        """What ``build`` made, marked used, its failure record (under ``failure_key``) cleared; or its failure,
-        recorded and raised naming the skill. A process's first build sweeps the store first."""
+    async def _build_system(self, declaration: Declaration, name: str, progress: Progress | None) -> Path:
+        assert self.systems is not None
+        lock = system_lock(self.systems.digest(declaration.debian))
+        return await self._recorded(lock, name, self.systems.ensure(declaration.debian, progress))
+
+    async def _recorded(self, failure_key: str, name: str, build: Awaitable[T]) -> T:
+        """What ``build`` made, its failure record (under ``failure_key``) cleared; or its failure, recorded and
+        raised naming the skill. A process's first build sweeps the store first."""
         if not self._swept:
             self._swept = True
             await asyncio.to_thread(self.store.sweep, self.builder.settings.timeout)
@@ -333,18 +366,28 @@ class SkillEnvironments:
             self.store.record_failure(failure_key, str(failure))
             raise failure from exc
         self.store.clear_failure(failure_key)
-        self.store.mark_used(info.key)
         return info
 
     async def for_run(self, skill_dir: Path, root: Path, name: str, *, wait: bool) -> RunEnvironment | None:
         """The environments a run of the skill needs (``None`` when it declares none): ready, or built now when
         ``wait``; otherwise ``EnvironmentNotReadyError``. A declaration error is a ``DependencyError``."""
         declaration = await self._declarations.look_up(skill_dir, root, name)
-        if not declaration.python and declaration.node_package is None:
+        system = self.systems is not None and bool(declaration.debian)
+        if not declaration.python and declaration.node_package is None and not system:
             return None
         python = await self._python_for_run(declaration, name, wait=wait) if declaration.python else None
         node = await self._node_for_run(declaration, name, wait=wait) if declaration.node_package is not None else None
-        return RunEnvironment(python, node)
+        return RunEnvironment(python, node, await self._system_for_run(declaration, name, wait=wait) if system else None)
+
+    async def _system_for_run(self, declaration: Declaration, name: str, *, wait: bool) -> Path:
+        assert self.systems is not None
+        digest = self.systems.digest(declaration.debian)
+        found = self.systems.built(digest)
+        if found is not None:
+            return found
+        _not_now(name, "root filesystem with its Debian packages", ", ".join(declaration.debian), "local",
+                 self.store.failure(system_lock(digest)), lambda: self.store.busy(system_lock(digest)), wait=wait)
+        return await self._build_system(declaration, name, None)
 
     async def _node_for_run(self, declaration: Declaration, name: str, *, wait: bool) -> EnvironmentInfo:
         target = await asyncio.to_thread(self._node_target)  # asked once, then remembered
@@ -373,6 +416,7 @@ class SkillEnvironments:
         reqkey = requirements_key(declaration, target, self.builder.settings)
         await asyncio.to_thread(self.store.record_target, target)
         info = await self._recorded(reqkey, name, self.builder.ensure(declaration, target, progress))
+        self.store.mark_used(info.key)
         self.store.link(reqkey, info.key)
         return info
 
@@ -419,8 +463,8 @@ def check_python(declaration: Declaration, target: Target, name: str) -> None:
 def _debian_note(declaration: Declaration) -> str:
     if not declaration.debian:
         return ""
-    return (f"Debian packages ({', '.join(declaration.debian)}) are installed in the Docker runtime's image; the "
-            "local runtime uses the host's")
+    return (f"Debian packages ({', '.join(declaration.debian)}) are installed in the Docker runtime's image and in "
+            "the local runtime's root filesystem for them")
 
 
 def _signature(skill_dir: Path, root: Path) -> tuple:
@@ -454,4 +498,4 @@ def _stat_of(path: str) -> tuple | None:
     return info.st_mtime_ns, info.st_size, info.st_ino, info.st_mode
 
 
-__all__ = ["DeclarationCache", "EnvironmentStatus", "NodeStatus", "RunEnvironment", "SkillEnvironments", "check_python"]
+__all__ = ["NO_ENVIRONMENT", "DeclarationCache", "EnvironmentStatus", "NodeStatus", "RunEnvironment", "SkillEnvironments", "check_python"]

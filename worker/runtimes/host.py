@@ -27,7 +27,7 @@ from worker.artifacts import BaseArtifactStore, FileArtifactStore
 from worker.cancellation import Cancellation
 from worker.collect import Collection, collect_outputs, resolve_patterns
 from worker.contract import WORKSPACE_ID_PATTERN, InputFile, RunRequest, RunResult, SkillRef
-from worker.environments import EnvironmentStatus, RunEnvironment, SkillEnvironments
+from worker.environments import NO_ENVIRONMENT, EnvironmentStatus, RunEnvironment, SkillEnvironments
 from worker.environments.builder import Progress
 from worker.errors import InvalidRunRequestError, WorkspaceError
 from worker.roots.library_fetch import locate, skill_root_in_use
@@ -162,10 +162,8 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         env = prepared.env if environment is None else environment.variables(prepared.env)
         staged = time.monotonic()
 
-        outcome = await self._execute(
-            prepared.workspace, request, prepared.cwd, env, cancel,
-            environments=environment.folders if environment is not None else (),
-        )
+        outcome = await self._execute(prepared.workspace, request, prepared.cwd, env, cancel,
+                                      environment=environment or NO_ENVIRONMENT)
         executed = time.monotonic()
 
         collection = Collection()
@@ -283,10 +281,10 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
     @abstractmethod
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
-        *, environments: tuple[Path, ...] = (),
+        *, environment: RunEnvironment = NO_ENVIRONMENT,
     ) -> ProcessOutcome:
         """Run ``request.command`` in ``cwd`` with ``env``, within its timeout, limits and ``cancel``; the skill's
-        dependency ``environments`` (folders of the store) are shown to the command read-only."""
+        dependency ``environment`` (its folders of the store) is shown to the command read-only."""
 
     def _forget_workspace(self, workspace: Workspace) -> None:
         """Release what this runtime holds for a workspace that is being removed."""

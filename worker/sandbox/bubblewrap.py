@@ -102,7 +102,8 @@ class SandboxSpec:
     install, before anything is started. ``served`` instead: a network namespace of its own too (bwrap brings its
     loopback up), with nothing else in it but what the starting task's server places there (``served_by``).
     ``identity``: a folder whose ``passwd`` and ``group`` the sandbox sees as ``/etc``'s
-    (``worker.sandbox.identity``)."""
+    (``worker.sandbox.identity``). ``system``: a root filesystem (``worker.environments.systems``) whose ``/usr``,
+    ``/etc`` and ``/var`` the sandbox shows instead of the host's ``/usr`` and ``/etc``."""
 
     workspace: str
     read_only: tuple[str, ...] = ()
@@ -110,6 +111,7 @@ class SandboxSpec:
     network: bool = False
     served: bool = False
     identity: str | None = None
+    system: str | None = None
 
     def __post_init__(self) -> None:
         if self.network and self.served:
@@ -142,8 +144,7 @@ class SandboxSpec:
 
     def _layout(self, bwrap: str) -> list[str]:
         """The namespaces and mounts: everything of the command line but how the sandbox starts."""
-        args = [bwrap, *_system_args()]
-        args += ["--ro-bind", "/etc", "/etc"]
+        args = [bwrap, *_NAMESPACES, *_system_args(self.system or "/")]
         if self.identity is not None:
             args += ["--ro-bind", f"{self.identity}/passwd", "/etc/passwd", "--ro-bind", f"{self.identity}/group",
                      "/etc/group"]
@@ -161,17 +162,29 @@ class SandboxSpec:
         return args + ["--remount-ro", "/dev", "--remount-ro", "/"]
 
 
-@functools.cache
-def _system_args() -> tuple[str, ...]:
-    """The namespaces and the read-only system folders every sandbox gets (looked at once)."""
-    args = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--hostname", SANDBOX_HOSTNAME, "--ro-bind", "/usr", "/usr"]
+_NAMESPACES = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               "--die-with-parent", "--hostname", SANDBOX_HOSTNAME)
+SYSTEM_FOLDERS = ("usr", "etc")
+ROOT_ONLY_FOLDERS = ("var",)
+"""What a root filesystem shows besides the host's own system folders: its packages' state and data (Debian's
+packages install nothing in ``/opt``, where the sandbox's own tools go)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _system_args(root: str) -> tuple[str, ...]:
+    """The read-only system folders a sandbox gets from ``root`` (``/``: the host's; else a root filesystem's, with
+    its ``/var`` and ``/opt``), looked at once per root."""
+    args: list[str] = []
+    for name in SYSTEM_FOLDERS + (ROOT_ONLY_FOLDERS if root != "/" else ()):
+        if os.path.isdir(os.path.join(root, name)) and not os.path.islink(os.path.join(root, name)):
+            args += ["--ro-bind", os.path.join(root, name), f"/{name}"]
     for target, link in SYSTEM_LINKS:
-        if os.path.islink(link):
+        found = os.path.join(root, link[1:])
+        if os.path.islink(found):
             args += ["--symlink", target, link]
-        elif os.path.isdir(link):
-            args += ["--ro-bind", link, link]
-    if os.path.exists("/usr/bin/python3"):  # `python`, as skills' docs write it, where the host has python3 alone
+        elif os.path.isdir(found):
+            args += ["--ro-bind", found, link]
+    if os.path.exists(os.path.join(root, "usr/bin/python3")):  # `python`, as skills' docs write it
         args += ["--dir", defaults.SANDBOX_TOOLS_DIR, "--symlink", "/usr/bin/python3",
                  f"{defaults.SANDBOX_TOOLS_DIR}/python"]
     return tuple(args)

@@ -50,7 +50,7 @@ from worker.egress import proxy_environment, run_allow_list
 from worker.egress.proxy import PROXY_PORT
 from worker.egress.relay import RELAY
 from worker.egress.serving import serving_folder
-from worker.environments import BuildSettings, EnvironmentStatus, RunEnvironment
+from worker.environments import NO_ENVIRONMENT, BuildSettings, EnvironmentStatus, RunEnvironment
 from worker.environments.builder import Progress
 from worker.environments.images import ImageStatus
 from worker.errors import EnvironmentBuildError, InvalidRunRequestError
@@ -218,9 +218,10 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
-        *, environments: tuple[Path, ...] = (),
+        *, environment: RunEnvironment = NO_ENVIRONMENT,
     ) -> ProcessOutcome:
         image = self._run_images.pop(request.run_id, self.image)
+        environments = environment.folders
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network",
                                          "network access is not allowed on this runtime (allow_network=False)")

@@ -23,7 +23,7 @@ from worker.sandbox.cgroups.groups import CgroupError, CgroupLimits
 from worker.contract import RunRequest, RuntimeName
 from worker.egress import proxy_environment, run_allow_list
 from worker.egress.serving import serving_sandbox
-from worker.environments import EnvironmentStatus, SkillEnvironments, local_environments
+from worker.environments import NO_ENVIRONMENT, EnvironmentStatus, RunEnvironment, SkillEnvironments, local_environments
 from worker.environments.builder import Progress
 from worker.environments.host_packages import HostPackages
 from worker.errors import DependencyError, InvalidRunRequestError, SpawnerError
@@ -94,7 +94,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         workspaces = WorkspaceManager(work_root, isolate_users=isolate_users, disk_bytes=disk_bytes)
         if environments is None:
             sandboxed_builds = sandbox and workspaces.isolate_users
-            environments = local_environments(workspaces.registry / "environments", sandboxed=sandboxed_builds)
+            environments = local_environments(workspaces.registry / "environments", sandboxed=sandboxed_builds,
+                                              systems=sandboxed_builds)
         super().__init__(
             workspaces, stager=stager, artifact_store=artifact_store, input_file_bytes=input_file_bytes,
             environments=environments,
@@ -116,22 +117,23 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def prepare_environment(self, skill_dir: Path, root: Path, name: str,
                                   progress: Progress | None = None) -> EnvironmentStatus:
-        """The skill's Python environment, built now; ready only where the host has its Debian packages (asked
-        before the build: nothing is awaited once it is done, so the skill reads as built when its build ends)."""
+        """The skill's environments (and root filesystem for its Debian packages), built now; without root
+        filesystems (no sandbox), ready only where the host has its Debian packages (asked before the build:
+        nothing is awaited once it is done, so the skill reads as built when its build ends)."""
         host = None
-        with contextlib.suppress(DependencyError):  # an invalid declaration is the build's to report
-            declaration = await self.environments.look_up(skill_dir, root, name)
-            if declaration.debian:
-                host = await asyncio.to_thread(self.host_packages.status, declaration.debian)
+        if self.environments.systems is None:
+            with contextlib.suppress(DependencyError):  # an invalid declaration is the build's to report
+                declaration = await self.environments.look_up(skill_dir, root, name)
+                if declaration.debian:
+                    host = await asyncio.to_thread(self.host_packages.status, declaration.debian)
         status = await super().prepare_environment(skill_dir, root, name, progress)
         return status if host is None or status.state == "invalid" else status.with_image(host)
 
     def environment_status(self, skill_dir: Path, root: Path, name: str) -> EnvironmentStatus:
-        """Where the skill's Python environment stands, and whether the host has its Debian packages (blocking)."""
-        return self._with_host_packages(super().environment_status(skill_dir, root, name))
-
-    def _with_host_packages(self, status: EnvironmentStatus) -> EnvironmentStatus:
-        if status.state == "invalid" or not status.declaration.debian:
+        """Where the skill's environments stand, and its Debian packages: in a root filesystem of their own, or
+        without one whether the host has them (blocking)."""
+        status = super().environment_status(skill_dir, root, name)
+        if self.environments.systems is not None or status.state == "invalid" or not status.declaration.debian:
             return status
         return status.with_image(self.host_packages.status(status.declaration.debian))
 
@@ -143,7 +145,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
 
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
-        *, environments: tuple[Path, ...] = (),
+        *, environment: RunEnvironment = NO_ENVIRONMENT,
     ) -> ProcessOutcome:
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
@@ -151,7 +153,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             raise InvalidRunRequestError("egress", "an egress allow-list needs the local runtime's sandbox (a worker "
                                                    "running as root, with bubblewrap); this one has none")
         no_network = workspace.uid is not None and not request.network
-        sandbox = await self._sandbox(workspace, request, environments)
+        sandbox = await self._sandbox(workspace, request, environment)
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None,
                                address_space=sandbox is None or not self.groups.available) + request.command
         argv = shell_argv(self._bash or find_bash(), script)
@@ -268,23 +270,24 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         await asyncio.to_thread(spawner.close)
 
     async def _sandbox(
-        self, workspace: Workspace, request: RunRequest, environments: tuple[Path, ...]
+        self, workspace: Workspace, request: RunRequest, environment: RunEnvironment
     ) -> SandboxSpec | None:
         """This run's sandbox: its workspace, the library folder its skill is linked from and its skill's
-        dependency environments (all read-only); with network, a network namespace of its own behind user-mode
-        networking (never the host's)."""
+        dependency environments (all read-only), the root filesystem with its Debian packages as its system (else
+        the host's); with network, a network namespace of its own behind user-mode networking (never the host's)."""
         if not self.sandbox or workspace.uid is None:
             return None
         await self.groups.start(self._bash or find_bash())
         if request.network:
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
-        shown = tuple(str(folder) for folder in (source, *environments) if folder is not None)
+        shown = tuple(str(folder) for folder in (source, *environment.folders) if folder is not None)
         home = str(workspace.work_dir)
         identity = self.identities.known(workspace.uid, workspace.gid, home) or await asyncio.to_thread(
             self.identities.write, workspace.uid, workspace.gid, home)
+        system = str(environment.system) if environment.system is not None else None
         return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes, network=request.network,
-                           served=bool(request.egress), identity=identity)
+                           served=bool(request.egress), identity=identity, system=system)
 
     def _prepare_next_run(self, workspace_id: str) -> None:
         """Once a run's result has gone out: its workspace's next run folder, and the next run's ready shell (its
