@@ -14,12 +14,13 @@ from worker.environments import BuildSettings, EnvironmentBuilder, EnvironmentSt
 @contextlib.contextmanager
 def environments_maker(store_root: Path, **defaults: object) -> Iterator[Callable[..., SkillEnvironments]]:
     """A maker of local ``SkillEnvironments`` on the store at ``store_root``, built with ``BuildSettings`` of
-    ``defaults`` and the maker's own arguments; every one made is closed when the block ends."""
+    ``defaults`` and the maker's own arguments (``systems``: with root filesystems for Debian packages); every one
+    made is closed when the block ends."""
     made: list[SkillEnvironments] = []
 
-    def make(**settings: object) -> SkillEnvironments:
+    def make(*, systems: bool = False, **settings: object) -> SkillEnvironments:
         builder = EnvironmentBuilder(EnvironmentStore(store_root), BuildSettings(**{**defaults, **settings}))
-        envs = SkillEnvironments(builder, local_target)
+        envs = SkillEnvironments(builder, local_target, systems=systems)
         made.append(envs)
         return envs
 
