@@ -6,8 +6,9 @@ built for the host's ``python3``, and the Docker runtime's, built for the sandbo
 name no default runtime, and a run's is local unless it says otherwise) through the runtime itself
 (``prepare_environment``: for Docker, the environment and the derived image of the skill's Debian packages), as
 library registration and the workers' preparation job do. ``envs list`` and ``envs prune`` also show and remove the
-Docker runtime's derived images (the sandbox image plus a skill's Debian packages) where a Docker engine answers;
-``envs prune`` also removes the store's records no environment needs any more (``EnvironmentStore.prune_records``,
+Docker runtime's derived images (the sandbox image plus a skill's Debian packages) where a Docker engine answers,
+and the local runtime's root filesystems for skills' Debian packages (``worker.environments.systems``); ``envs rm``
+takes an environment's key or a root's digest; ``envs prune`` also removes the store's records no environment needs any more (``EnvironmentStore.prune_records``,
 ``sweep``).
 """
 
@@ -156,11 +157,13 @@ def list_environments(args: argparse.Namespace) -> int:
     runtime = local_runtime(args)
     store = runtime.environments.store
     infos = store.list()
+    roots = runtime.environments.systems.list() if runtime.environments.systems is not None else []
     images = derived_images(runtime.environments)
     images_found = images.list() if images is not None else None
     asyncio.run(runtime.close())
     if args.json:
         print_json({"store": str(store.root), "environments": [i.as_json() for i in infos],
+                    "root_filesystems": [r.as_json() for r in roots],
                     "images": [i.as_json() for i in images_found] if images_found is not None else None})
         return 0
     now = time.time()
@@ -171,6 +174,12 @@ def list_environments(args: argparse.Namespace) -> int:
                  clip(info.target.split(":")[0], 10), clip(", ".join(info.requirements), 80)] for info in infos]
         print(table(["KEY", "SIZE", "PACKAGES", "LAST USED", "RUNTIME", "REQUIREMENTS"], rows))
         print(f"{len(infos)} environment(s), {size(sum(i.size_bytes for i in infos))} in {store.root}")
+    if roots:
+        rows = [[root.digest[:12], size(root.size_bytes), root.suite, _age(now - root.last_used),
+                 clip(", ".join(root.packages), 80)] for root in roots]
+        print()
+        print(table(["ROOT", "SIZE", "RELEASE", "LAST USED", "DEBIAN PACKAGES"], rows))
+        print(f"{len(roots)} root filesystem(s) of the local runtime, {size(sum(r.size_bytes for r in roots))}")
     if images_found is None:
         print("derived Docker images: not listed (no Docker engine answers)")
     elif images_found:
@@ -184,15 +193,18 @@ def list_environments(args: argparse.Namespace) -> int:
 
 def remove_environment(args: argparse.Namespace) -> int:
     runtime = local_runtime(args)
-    store = runtime.environments.store
+    store, systems = runtime.environments.store, runtime.environments.systems
     asyncio.run(runtime.close())
-    matches = [info for info in store.list() if info.key.startswith(args.key)]
+    matches = [(info.key, info.size_bytes, store.remove) for info in store.list() if info.key.startswith(args.key)]
+    matches += [(root.digest, root.size_bytes, systems.remove) for root in (systems.list() if systems else ())
+                if root.digest.startswith(args.key)]
     if len(matches) != 1:
-        found = "no environment" if not matches else f"{len(matches)} environments"
+        found = "no environment or root filesystem" if not matches else f"{len(matches)} environments or roots"
         print(f"skillrun: error: {found} with a key starting {args.key!r} (see `skillrun envs list`)", file=sys.stderr)
         return 2
-    store.remove(matches[0].key)
-    print(f"removed {matches[0].key} ({size(matches[0].size_bytes)})")
+    key, size_bytes, remove = matches[0]
+    remove(key)
+    print(f"removed {key} ({size(size_bytes)})")
     return 0
 
 
@@ -201,12 +213,13 @@ def prune_environments(args: argparse.Namespace) -> int:
         print("skillrun: error: --unused-days must be 0 or more", file=sys.stderr)
         return 2
     runtime = local_runtime(args)
-    store = runtime.environments.store
+    store, systems = runtime.environments.store, runtime.environments.systems
     images = derived_images(runtime.environments)
     asyncio.run(runtime.close())
     now = time.time()
     cutoff = now - args.unused_days * DAY_SECONDS
     stale = [info for info in store.list() if info.last_used < cutoff]
+    stale_roots = [root for root in systems.list() if root.last_used < cutoff] if systems else []
     stale_images = [i for i in images.list() if not i.containers and (i.last_used or now) < cutoff] if images else []
     records: list[str] = []
     if not args.dry_run:
@@ -214,16 +227,20 @@ def prune_environments(args: argparse.Namespace) -> int:
             store.remove(info.key)
         for image in stale_images:
             images.remove(image)
+        for root in stale_roots:
+            systems.remove(root.digest)
         records = store.prune_records(cutoff)
         store.sweep(get_worker_settings().env_build_timeout_seconds)
     verb = "would remove" if args.dry_run else "removed"
-    freed = sum(info.size_bytes for info in stale) + sum(image.size_bytes for image in stale_images)
+    freed = sum(item.size_bytes for item in (*stale, *stale_roots, *stale_images))
     if args.json:
         print_json({verb.replace(" ", "_"): [info.key for info in stale],
                     f"{verb.replace(' ', '_')}_images": [image.tag for image in stale_images],
+                    f"{verb.replace(' ', '_')}_root_filesystems": [root.digest for root in stale_roots],
                     "removed_records": records, "bytes": freed})
     else:
-        print(f"{verb} {len(stale)} environment(s) and {len(stale_images)} derived Docker image(s) unused for "
+        print(f"{verb} {len(stale)} environment(s), {len(stale_roots)} root filesystem(s) and {len(stale_images)} "
+              "derived Docker image(s) unused for "
               f"{args.unused_days:g} day(s), {size(freed)}" + (f"; {len(records)} old lock or failure record(s)"
                                                                  if records else ""))
     return 0

@@ -105,7 +105,9 @@ def _describe(status: EnvironmentStatus | None, name: str, runtime: str) -> str:
     if status is None:
         return ""
     image = ""
-    if status.image is not None and not status.image.on_host:
+    if status.image is not None and status.image.root_filesystem:
+        image = f"; Debian packages: root filesystem {status.image.state}"
+    elif status.image is not None and not status.image.on_host:
         image = f"; Debian packages: image {status.image.state}"
     elif status.image is not None:
         image = f"; Debian packages: {'on' if status.image.state == 'ready' else 'missing on'} this host"

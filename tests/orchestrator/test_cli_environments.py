@@ -92,7 +92,7 @@ def test_envs_list_remove_and_prune(cli, work_root: Path):
     left = sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file() and p.parts[-2] not in ("bin", "targets"))
     assert left == [], "the environment's lock record, lock list or lock files outlived it"
     refused = cli("envs", "rm", "feedface")
-    assert refused.returncode == 2 and "no environment with a key starting 'feedface'" in refused.stderr
+    assert refused.returncode == 2 and "no environment or root filesystem with a key starting 'feedface'" in refused.stderr
 
 
 def test_run_builds_a_missing_environment_with_progress_then_imports_it(cli):

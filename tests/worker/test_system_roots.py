@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
+import time
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,3 +192,34 @@ def test_the_digest_is_the_set_not_its_order_and_changes_with_the_release(tmp_pa
     assert roots.digest(("figlet", "jq")) == roots.digest(("jq", "figlet", "jq"))
     assert roots.digest(("figlet",)) != roots.digest(("jq",)) != other.digest(("jq",))
     assert "python3" in BASE_PACKAGES and "bash" in BASE_PACKAGES
+
+
+def test_envs_list_rm_and_prune_look_after_roots(figlet_store: Path, work_root: Path, shared_dir: Path):
+    [digest] = [p.name[:-5] for p in (figlet_store / "systems").glob("*.json")]
+    store = work_root / ".skillrun" / "environments" / "systems"
+    store.mkdir(parents=True)
+
+    def copy() -> None:  # the store's root as the CLI's work root would hold it (hard links: nothing is copied)
+        subprocess.run(["cp", "-al", str(figlet_store / "systems" / digest), str(store / digest)], check=True)
+        for suffix in (".json", ".used"):
+            subprocess.run(["cp", "-p", str(figlet_store / "systems" / f"{digest}{suffix}"), str(store)], check=True)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SKILLRUN_", "SKILLS_"))}
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                              env={**env, "SKILLRUN_WORK_ROOT": str(work_root)}, timeout=120, cwd=str(shared_dir))
+
+    copy()
+    [listed] = json.loads(cli("envs", "list", "--json").stdout)["root_filesystems"]
+    assert listed["digest"] == digest and listed["packages"] == ["figlet"] and listed["size_bytes"] > 10**7
+    assert "1 root filesystem(s) of the local runtime" in cli("envs", "list").stdout
+    removed = cli("envs", "rm", digest[:12])
+    assert removed.returncode == 0 and f"removed {digest}" in removed.stdout, removed.stderr
+    assert not (store / digest).exists() and not (store / f"{digest}.json").exists()
+    copy()
+    old = time.time() - 3 * 24 * 3600
+    os.utime(store / f"{digest}.used", (old, old))
+    assert "1 root filesystem(s)" in cli("envs", "prune", "--unused-days", "2", "--dry-run").stdout
+    assert (store / digest).is_dir()
+    assert "removed 0 environment(s), 1 root filesystem(s)" in cli("envs", "prune", "--unused-days", "2").stdout
+    assert not (store / digest).exists() and os.path.lexists(figlet_store / "systems" / digest / "usr/bin/figlet")

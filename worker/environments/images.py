@@ -18,6 +18,8 @@ from worker.environments.store import EnvironmentStore
 
 REPOSITORY = "skillrun/sandbox-debian"
 """Derived images are tagged ``REPOSITORY:<digest>``."""
+ROOTFS_TAG = "rootfs:"
+"""The local runtime's root filesystems are tagged ``rootfs:<digest>``."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,12 @@ class ImageStatus:
     """What a skill's state says when this part is behind, in place of the derived image's sentence."""
     on_host: bool = False
     """The local runtime's part: whether the host itself has the packages (``worker.environments.host_packages``)."""
+
+    @property
+    def root_filesystem(self) -> bool:
+        """Whether this is the local runtime's root filesystem with the packages (``worker.environments.systems``),
+        tagged ``rootfs:<digest>``."""
+        return self.tag.startswith(ROOTFS_TAG)
 
     def as_json(self) -> dict:
         return {"tag": self.tag, "state": self.state, "packages": list(self.packages), "message": self.message}
@@ -81,4 +89,4 @@ def image_status(store: EnvironmentStore, tag: str, packages: tuple[str, ...], *
     return ImageStatus(tag, "not built", packages)
 
 
-__all__ = ["REPOSITORY", "ImageStatus", "bundle_digest", "image_lock", "image_status", "image_tag", "used_record"]
+__all__ = ["REPOSITORY", "ROOTFS_TAG", "ImageStatus", "bundle_digest", "image_lock", "image_status", "image_tag", "used_record"]

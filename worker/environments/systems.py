@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.environments.builder import BuildSettings, Progress
-from worker.environments.images import ImageStatus, bundle_digest
+from worker.environments.images import ROOTFS_TAG, ImageStatus, bundle_digest
 from worker.environments.store import USE_TOUCH_SECONDS, EnvironmentStore, folder_size
 from worker.errors import EnvironmentBuildError
 from worker.roots.folders import remove_tree
@@ -147,7 +147,7 @@ class SystemRoots:
         """Where the root filesystem with ``packages`` stands (a few ``stat`` calls; no build)."""
         digest = self.digest(packages)
         if (self.folder / f"{digest}.json").is_file():
-            return ImageStatus(f"rootfs:{digest}", "ready", packages)
+            return ImageStatus(f"{ROOTFS_TAG}{digest}", "ready", packages)
         failure = self.store.failure(system_lock(digest))
         if self.store.busy(system_lock(digest)):
             state, message = "building", f"installing the Debian packages {', '.join(packages)}"
@@ -157,7 +157,7 @@ class SystemRoots:
             state, message = "not built", why_not_buildable()
         summary = f"the root filesystem with its Debian packages ({', '.join(packages)}) is {state}" + (
             f": {message}" if message else "")
-        return ImageStatus(f"rootfs:{digest}", state, packages, message, summary)
+        return ImageStatus(f"{ROOTFS_TAG}{digest}", state, packages, message, summary)
 
     def built(self, digest: str) -> Path | None:
         """The root ``digest`` if it is built (one ``stat``), marked used."""
