@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
     ("file_tools.py", ["Read host", "Read workspace (local)", "Write host", "Write workspace (local)", "Bash host",
                        "Bash workspace (local)"], []),
     ("fairness.py", ["B alone", "B, A floods"], ["--flood", "10"]),
+    pytest.param("system_roots.py", ["by hand", "build", "again", "host warm", "root warm"], [],
+                 marks=pytest.mark.root),
     pytest.param("egress.py", ["host https", "run https (local)", "no redaction", "redaction"],
                  ["--requests", "5", "--megabytes", "1"], marks=pytest.mark.root),
 ])
