@@ -1,7 +1,8 @@
 """Skill dependencies: declarations, locks and content-addressed environments built once with ``uv`` or ``npm``.
 
 ``declarations`` reads what a skill needs, ``builder`` resolves and builds it as untrusted code, ``store`` keeps
-the results, ``manager`` answers runtimes, the CLI and the API. ``local_environments`` makes the local runtime's.
+the results, ``systems`` builds the local runtime's root filesystems for Debian packages, ``manager`` answers
+runtimes, the CLI and the API. ``local_environments`` makes the local runtime's.
 """
 
 from __future__ import annotations

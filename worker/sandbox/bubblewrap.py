@@ -7,7 +7,8 @@ What the sandbox gives a run, and what each part stops:
   its command ends the namespace's init ends and the kernel kills everything left in it, whatever it did to
   detach (``setsid``, ``nohup``, a double fork).
 * **A mount namespace** whose root is built from nothing: the system folders read-only (``/usr`` and its
-  links, ``/etc``), a fresh ``/dev``, private size-capped ``/tmp`` and ``/dev/shm`` (tmpfs, gone with the run),
+  links, ``/etc``: the host's, or a root filesystem's with a skill's Debian packages and its ``/var``), a fresh
+  ``/dev``, private size-capped ``/tmp`` and ``/dev/shm`` (tmpfs, gone with the run),
   the run's own workspace read-write and the folder its skill is staged from read-only, each at its own path.
   No other workspace, no store of the platform (artifacts, libraries, run data) and no home folder is there;
   the root and ``/dev`` themselves are read-only.

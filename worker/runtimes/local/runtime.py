@@ -90,7 +90,9 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         the host has one (otherwise the result says so). It needs bubblewrap (``apt-get install bubblewrap``).
 
         ``environments``: skills' dependency environments (default: built for the host's ``python3`` into
-        ``SKILLRUN_ENVS_DIR`` or the work root's ``.skillrun/environments``, each build sandboxed as runs are)."""
+        ``SKILLRUN_ENVS_DIR`` or the work root's ``.skillrun/environments``, each build sandboxed as runs are, and
+        with the sandbox their Debian packages in root filesystems of their own, ``worker.environments.systems``;
+        without root filesystems the host's own packages are checked)."""
         workspaces = WorkspaceManager(work_root, isolate_users=isolate_users, disk_bytes=disk_bytes)
         if environments is None:
             sandboxed_builds = sandbox and workspaces.isolate_users
