@@ -60,7 +60,10 @@ MAX_DECLARATION_BYTES = 1024 * 1024
 MAX_SCRIPTS = 500
 """The most ``.py`` files of one skill scanned for inline metadata."""
 MAX_REQUIREMENTS = 500
-DEBIAN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{1,62}$")
+DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]{1,62}")
+"""A Debian package's name (matched whole)."""
+MAX_DEBIAN_PACKAGES = 256
+"""The most Debian packages one skill may declare (they are named to the build on one command line)."""
 PEP723_OPENING = re.compile(r"^# /// (?P<type>[a-zA-Z0-9-]+)$")
 PEP723_CLOSING = "# ///"
 SKIPPED_FOLDERS = {".git", "__pycache__", "node_modules", ".venv", "venv"}
@@ -133,8 +136,10 @@ def read_manifest(root: Path) -> Manifest | None:
         python = _string_list(entry.get("python", []), f"{where} python")
         manifest.python[name] = tuple(_requirement(text, f"{where} python") for text in python)
         debian = _string_list(entry.get("debian", []), f"{where} debian")
+        if len(debian) > MAX_DEBIAN_PACKAGES:
+            raise DependencyError(f"{where} debian: {len(debian)} packages; at most {MAX_DEBIAN_PACKAGES}")
         for package in debian:
-            if not DEBIAN_PACKAGE.match(package):
+            if not DEBIAN_PACKAGE.fullmatch(package):
                 raise DependencyError(f"{where} debian: {package!r} is not a Debian package name")
         manifest.debian[name] = tuple(debian)
         if "node" in entry:

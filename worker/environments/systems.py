@@ -43,6 +43,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ from worker.environments.images import ROOTFS_TAG, ImageStatus, bundle_digest
 from worker.environments.store import USE_TOUCH_SECONDS, EnvironmentStore, folder_size
 from worker.errors import EnvironmentBuildError
 from worker.roots.folders import remove_tree
+from worker.sandbox.bubblewrap import SANDBOX_HOSTNAME
 
 BASE_PACKAGES = ("bash", "ca-certificates", "coreutils", "nodejs", "procps", "python3", "python3-yaml")
 """What every root filesystem holds besides a skill's packages (the Docker sandbox image's run-time part)."""
@@ -146,7 +148,7 @@ class SystemRoots:
     def status(self, packages: tuple[str, ...]) -> ImageStatus:
         """Where the root filesystem with ``packages`` stands (a few ``stat`` calls; no build)."""
         digest = self.digest(packages)
-        if (self.folder / f"{digest}.json").is_file():
+        if self.complete(digest):
             return ImageStatus(f"{ROOTFS_TAG}{digest}", "ready", packages)
         failure = self.store.failure(system_lock(digest))
         if self.store.busy(system_lock(digest)):
@@ -159,9 +161,14 @@ class SystemRoots:
             f": {message}" if message else "")
         return ImageStatus(f"{ROOTFS_TAG}{digest}", state, packages, message, summary)
 
+    def complete(self, digest: str) -> bool:
+        """Whether the root ``digest`` is built and still there (its record, and its ``/usr/bin``: a root removed
+        behind the store's back is built again)."""
+        return (self.folder / f"{digest}.json").is_file() and (self.path(digest) / "usr/bin").is_dir()
+
     def built(self, digest: str) -> Path | None:
-        """The root ``digest`` if it is built (one ``stat``), marked used."""
-        if not (self.folder / f"{digest}.json").is_file():
+        """The root ``digest`` if it is built (two ``stat`` calls), marked used."""
+        if not self.complete(digest):
             return None
         self.mark_used(digest)
         return self.path(digest)
@@ -171,7 +178,7 @@ class SystemRoots:
         under way); ``EnvironmentBuildError`` with what went wrong."""
         digest = self.digest(packages)
         async with self.store.exclusive(system_lock(digest)):
-            if not (self.folder / f"{digest}.json").is_file():
+            if not self.complete(digest):
                 async with self.store.exclusive(DEBS_LOCK):
                     await self._build(digest, sorted(set(packages)), progress)
         self.mark_used(digest)
@@ -198,9 +205,16 @@ class SystemRoots:
             await asyncio.to_thread(remove_tree, build)
 
     def _make_folders(self) -> None:
+        """The store's ``systems`` and ``.debs`` folders, made here: a link or a folder of another user's planted
+        in their place is refused (what runs are shown would be theirs to change)."""
         self.store.ensure()
         for folder in (self.folder, self.folder / ".debs"):
             folder.mkdir(mode=0o711, exist_ok=True)
+            info = os.lstat(folder)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+                raise EnvironmentBuildError(
+                    f"{folder} is not a folder of this worker's own (a link, another user's, or writable by others): "
+                    "remove it; root filesystems are built only in the store's own folder")
 
     async def _debootstrap(self, root: Path, packages: list[str], progress: Progress | None) -> None:
         """Run debootstrap into ``root``, reporting its steps, measured and timed as it goes."""
@@ -208,9 +222,10 @@ class SystemRoots:
         if progress is not None:
             progress(f"debootstrap {self.suite} with {', '.join(packages)} from {self.mirror}")
         # A mount and PID namespace of its own: the file systems debootstrap mounts in the new root (/proc, /sys)
-        # and every process a maintainer script leaves go with it, however it ends.
+        # and every process a maintainer script leaves go with it, however it ends; and it ends with this worker
+        # (setpriv's parent-death signal), which holds its lock, timeout and size cap.
         process = await asyncio.create_subprocess_exec(
-            "unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
+            "setpriv", "--pdeathsig", "KILL", "unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
             "debootstrap", "--variant=minbase", f"--cache-dir={self.folder / '.debs'}", f"--include={include}",
             self.suite, str(root), self.mirror,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -279,16 +294,17 @@ class SystemRoots:
 
     def _finish(self, root: Path) -> None:
         """What a sandbox needs of a root and debootstrap leaves out or behind: the CA bundle builds trust (for runs
-        with network where TLS is intercepted), a ``resolv.conf`` to show a network run's own over, no package
-        lists or downloads."""
+        with network where TLS is intercepted), an empty ``resolv.conf`` to show a network run's own over, the
+        sandbox's host name and loopback in place of the build host's (debootstrap copies them), no package lists
+        or downloads."""
         if self.settings.ca_bundle and os.path.isfile(self.settings.ca_bundle):
             bundle = Path(self.settings.ca_bundle).read_bytes()
             with open(root / "etc/ssl/certs/ca-certificates.crt", "ab") as trusted:
                 trusted.write(b"\n" + bundle)
-        resolv = root / "etc/resolv.conf"
-        if resolv.is_symlink() or not resolv.exists():
-            resolv.unlink(missing_ok=True)
-            resolv.write_text("")
+        for name, text in (("resolv.conf", ""), ("hostname", f"{SANDBOX_HOSTNAME}\n"),
+                           ("hosts", f"127.0.0.1\tlocalhost {SANDBOX_HOSTNAME}\n::1\tlocalhost\n")):
+            (root / "etc" / name).unlink(missing_ok=True)
+            (root / "etc" / name).write_text(text)
         for folder in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for entry in os.scandir(root / folder) if (root / folder).is_dir() else ():
                 if entry.is_file(follow_symlinks=False):
@@ -297,8 +313,9 @@ class SystemRoots:
     def _publish(self, digest: str, root: Path, packages: list[str], size_bytes: int) -> None:
         os.chmod(root, 0o755)
         final = self.path(digest)
-        if final.exists():
-            remove_tree(final)  # a build killed between its rename and its record
+        (self.folder / f"{digest}.json").unlink(missing_ok=True)
+        if os.path.lexists(final):
+            remove_tree(final)  # a build killed between its rename and its record, or a root half removed
         os.rename(root, final)
         meta = {"suite": self.suite, "mirror": self.mirror, "packages": packages, "base": list(BASE_PACKAGES),
                 "size_bytes": size_bytes, "built": time.time()}

@@ -156,8 +156,8 @@ class SandboxSpec:
         for folder in self.read_only:
             args += ["--ro-bind", folder, folder]
         args += ["--unshare-net"]  # loopback up, nothing else: what served and connected sandboxes add to
-        if self.network:
-            args += ["--ro-bind", RESOLV_CONF, resolv_conf_target()]
+        if self.network:  # over the file the system's /etc/resolv.conf is (a root filesystem's is one)
+            args += ["--ro-bind", RESOLV_CONF, "/etc/resolv.conf" if self.system else resolv_conf_target()]
         # The sandbox's own root and /dev are tmpfs with no size of their own: read-only once laid out, so a run
         # writes nowhere but its workspace, /tmp and /dev/shm.
         return args + ["--remount-ro", "/dev", "--remount-ro", "/"]
