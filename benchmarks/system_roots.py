@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.figures import Recording, preformatted, publish, scratch_dir, summary_ms  # noqa: E402
-from worker.contract import RunRequest, SkillRef  # noqa: E402
+from benchmarks.skill_envs import warm_series  # noqa: E402
 from worker.environments import EnvironmentStore, build_settings  # noqa: E402
 from worker.environments.systems import BASE_PACKAGES, SystemRoots, why_not_buildable  # noqa: E402
 from worker.roots.folders import remove_tree  # noqa: E402
@@ -68,21 +68,6 @@ async def prepared(work: Path, library: Path, name: str) -> tuple[float, LocalWo
         raise SystemExit(f"the preparation of {name} failed: {status.message}")
     return elapsed, runtime
 
-
-async def warm_series(runtime: LocalWorkspaceRuntime, library: Path, runs: int) -> dict[str, list[float]]:
-    refs = [(SkillRef(name=name, root=str(library), path=name), name) for name in ("with-root", "on-host")]
-    series: dict[str, list[float]] = {name: [] for _, name in refs}
-    for skill, name in refs:
-        await runtime.run(RunRequest(skill=skill, workspace_id=name, command=COMMAND))
-    for attempt in range(runs):
-        for skill, name in refs if attempt % 2 == 0 else reversed(refs):
-            await runtime.idle()
-            started = time.perf_counter()
-            result = await runtime.run(RunRequest(skill=skill, workspace_id=name, command=COMMAND))
-            series[name].append(time.perf_counter() - started)
-            if result.exit_code != 0 or result.stdout != "ok\n":
-                raise SystemExit(f"{name}: {result.stderr}")
-    return series
 
 
 def row(name: str, median: float, p95: float, ratio: float) -> str:
@@ -124,7 +109,8 @@ async def main() -> None:
         again_s = time.perf_counter() - started
         same = again.image.tag == runtime.environment_status(library / "with-root", library, "with-root").image.tag
         [built] = runtime.environments.systems.list()
-        series = await warm_series(runtime, library, args.runs)
+        series = await warm_series(runtime, library, (("with-root", "with-root"), ("on-host", "on-host")), COMMAND,
+                                   args.runs)
         await runtime.close()
     finally:
         remove_tree(scratch)

@@ -26,6 +26,8 @@ from worker.contract import RunRequest, SkillRef
 from worker.roots.folders import remove_tree
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
+pytest_plugins = ["tests.system_roots"]  # the root filesystem fixtures (figlet_store, fresh_store)
+
 IS_ROOT = os.geteuid() == 0
 
 

@@ -9,76 +9,32 @@ downloads (a hard-linked copy of ``systems/.debs``), as ``tests/worker/test_syst
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import IS_ROOT, write_skill
+from tests.conftest import IS_ROOT
+from tests.system_roots import debian_library, mounts_under
 from tests.environment_stores import environments_maker, left_building
 from tests.services import ensure_installed, unavailable
 from worker.contract import RunRequest, SkillRef
 from worker.environments.systems import SystemRoots
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
-from worker.roots.folders import remove_tree
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def figlet_store() -> Iterator[Path]:
-    """A store holding the root filesystem with ``figlet``, in a folder workspace users can enter."""
-    if not IS_ROOT:
-        unavailable("root filesystems are built as root (debootstrap): run these tests as root")
-    ensure_installed("debootstrap", "debootstrap")
-    folder = Path(tempfile.mkdtemp(prefix="skillrun-systems-attacks-"))
-    folder.chmod(0o755)
-    root = folder / "store"
-    with environments_maker(root) as make:
-        envs = make(systems=True)
-        path = asyncio.run(envs.systems.ensure(("figlet",)))
-    assert os.path.lexists(path / "usr/bin/figlet")
-    yield root
-    remove_tree(folder)
 
 
 @pytest.fixture
 def figlet_root(figlet_store: Path) -> Path:
     [meta] = (figlet_store / "systems").glob("*.json")
     return figlet_store / "systems" / meta.name[:-5]
-
-
-@pytest.fixture
-def fresh_store(figlet_store: Path, shared_dir: Path) -> Path:
-    """An empty store that has the module store's downloads."""
-    store = shared_dir / "store"
-    (store / "systems").mkdir(parents=True, mode=0o711)
-    subprocess.run(["cp", "-al", str(figlet_store / "systems/.debs"), str(store / "systems/.debs")], check=True)
-    return store
-
-
-def _library(tmp_path: Path, **skills: list[str]) -> Path:
-    library = tmp_path / "library"
-    lines = []
-    for name, packages in skills.items():
-        write_skill(library, name)
-        lines.append(f"[skills.{name}]\ndebian = {json.dumps(packages)}\n")
-    (library / "skillrun.toml").write_text("".join(lines))
-    return library
-
-
-def _mounts_under(path: Path) -> list[str]:
-    with open("/proc/self/mountinfo") as mounts:
-        return [line.split()[4] for line in mounts if line.split()[4].startswith(str(path))]
 
 
 def _cmdline(pid: int) -> bytes:
@@ -133,7 +89,7 @@ async def _runs(store: Path, library: Path, work_root: Path, *commands: str, ski
     "x" * 64,
 ])
 def test_a_debian_name_that_is_not_a_package_name_is_refused(tmp_path: Path, name: str):
-    library = _library(tmp_path, hostile=[name])
+    library = debian_library(tmp_path, hostile=[name])
     with environments_maker(tmp_path / "store") as make:
         status = make(systems=True).status(library / "hostile", library, "hostile")
     assert status.state == "invalid" and "is not a Debian package name" in status.message, status.message
@@ -141,7 +97,7 @@ def test_a_debian_name_that_is_not_a_package_name_is_refused(tmp_path: Path, nam
 
 
 def test_a_debian_name_with_a_trailing_newline_is_refused(tmp_path: Path):
-    library = _library(tmp_path, hostile=["figlet\n"])
+    library = debian_library(tmp_path, hostile=["figlet\n"])
     with environments_maker(tmp_path / "store") as make:
         status = make(systems=True).status(library / "hostile", library, "hostile")
     assert status.state == "invalid" and "is not a Debian package name" in status.message, status.message
@@ -151,7 +107,7 @@ async def test_very_many_debian_packages_are_refused_not_a_crash(tmp_path: Path)
     if not IS_ROOT:
         unavailable("root filesystems are built as root (debootstrap): run these tests as root")
     names = [f"pkg{i:04d}-" + "x" * 54 for i in range(3000)]
-    library = _library(tmp_path, many=names)
+    library = debian_library(tmp_path, many=names)
     with environments_maker(tmp_path / "store") as make:
         envs = make(systems=True)
         status = await envs.prepare(library / "many", library, "many")
@@ -164,7 +120,7 @@ async def test_very_many_debian_packages_are_refused_not_a_crash(tmp_path: Path)
 
 async def test_a_run_cannot_write_into_its_root_filesystem(figlet_store: Path, figlet_root: Path, tmp_path: Path,
                                                           work_root: Path):
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     watched = ["usr", "usr/bin", "etc", "var", "var/lib/dpkg", "var/tmp", "var/cache", "usr/lib"]
     before = {name: os.stat(figlet_root / name).st_mtime_ns for name in watched}
     figlet = figlet_root / "usr/bin" / os.readlink(figlet_root / "etc/alternatives/figlet").rsplit("/", 1)[-1]
@@ -192,7 +148,7 @@ async def test_setuid_programs_of_the_root_give_no_privilege(figlet_store: Path,
     setuid = [os.path.join(folder, name) for folder, _, files in os.walk(figlet_root / "usr") for name in files
               if os.lstat(os.path.join(folder, name)).st_mode & stat.S_ISUID]
     assert any(path.endswith("/su") for path in setuid) and any(path.endswith("/mount") for path in setuid), setuid
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     probe = ("grep -E '^(NoNewPrivs|CapEff|CapPrm|Uid):' /proc/self/status; "
              "su -c 'id -u > /tmp/su-worked' root </dev/null >/dev/null 2>&1; echo su=$?; test -e /tmp/su-worked && echo su-ran; "
              "mount -t tmpfs none /mnt >/dev/null 2>&1; echo mount=$?; "
@@ -209,7 +165,7 @@ async def test_setuid_programs_of_the_root_give_no_privilege(figlet_store: Path,
 
 async def test_a_run_sees_nothing_of_the_store_its_root_comes_from(figlet_store: Path, figlet_root: Path,
                                                                   tmp_path: Path, work_root: Path):
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     other = figlet_store / "systems" / ("0" * 64)  # another root of the store, as another skill's
     paths = [figlet_store, figlet_store / "systems", figlet_store / "systems/.debs", figlet_store / ".locks",
              figlet_store / "locks", figlet_store / ".building", figlet_root, figlet_root / "usr", other,
@@ -227,7 +183,7 @@ async def test_a_run_in_a_root_sees_none_of_the_hosts_etc(figlet_store: Path, fi
                                                          work_root: Path):
     host_only = set(os.listdir("/etc")) - set(os.listdir(figlet_root / "etc"))
     assert host_only, "the host's /etc holds something a minimal root does not"
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     probe = ("cat /etc/shadow >/dev/null 2>&1 && echo read-shadow; cat /etc/gshadow >/dev/null 2>&1 && echo read-gshadow; "
              "ls -A /etc; echo ---; cat /etc/os-release; echo ---; cat /etc/debian_version")
     [result] = await _runs(figlet_store, library, work_root, probe)
@@ -246,7 +202,7 @@ async def test_a_run_in_a_root_reads_no_copy_of_the_build_hosts_files(figlet_sto
             if os.path.isfile(Path("/etc", name)) and Path("/etc", name).read_text().strip()}
     if not host:
         unavailable("this host has neither an /etc/hostname nor an /etc/resolv.conf to leak")
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     [result] = await _runs(figlet_store, library, work_root,
                            *["; ".join(f"cat /etc/{name} 2>/dev/null; echo ---" for name in host)])
     shown = dict(zip(host, result.stdout.split("---\n")))
@@ -255,7 +211,7 @@ async def test_a_run_in_a_root_reads_no_copy_of_the_build_hosts_files(figlet_sto
 
 
 async def test_the_runs_identity_is_its_own_in_a_root(figlet_store: Path, tmp_path: Path, work_root: Path):
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     probe = "id -u; id -un; getent passwd $(id -u) | cut -d: -f1; whoami; getent passwd 0 | cut -d: -f3"
     [result] = await _runs(figlet_store, library, work_root, probe)
     uid, name, entry, who, root_uid = result.stdout.splitlines()
@@ -271,7 +227,7 @@ async def test_a_root_removed_behind_the_stores_back_is_not_ready(figlet_store: 
     (store / "systems").mkdir(parents=True, mode=0o711)
     for suffix in (".json", ".used"):  # the records, without the root itself
         subprocess.run(["cp", "-p", f"{figlet_root}{suffix}", str(store / "systems")], check=True)
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     with environments_maker(store) as make:
         envs = make(systems=True)
         status = envs.status(library / "banner", library, "banner")
@@ -326,7 +282,7 @@ async def _wait_for_debootstrap(store: Path, seconds: float = 20.0) -> None:
 
 
 async def test_a_build_cancelled_midway_leaves_no_process_mount_folder_or_lock(fresh_store: Path, tmp_path: Path):
-    library = _library(tmp_path, gone=["figlet"])
+    library = debian_library(tmp_path, gone=["figlet"])
     with environments_maker(fresh_store) as make:
         envs = make(systems=True)
         task = asyncio.ensure_future(envs.prepare(library / "gone", library, "gone"))
@@ -336,7 +292,7 @@ async def test_a_build_cancelled_midway_leaves_no_process_mount_folder_or_lock(f
             await task
         await asyncio.sleep(0.5)
         assert _processes_mentioning(str(fresh_store)) == []
-        assert left_building(fresh_store) == [] and _mounts_under(fresh_store) == []
+        assert left_building(fresh_store) == [] and mounts_under(fresh_store) == []
         assert sorted(p.name for p in (fresh_store / "systems").iterdir()) == [".debs"]
         status = envs.status(library / "gone", library, "gone")
     assert status.image.state == "not built", status.message
@@ -380,7 +336,7 @@ async def test_a_worker_killed_midway_leaves_no_build_running(fresh_store: Path)
 
 async def test_two_sets_built_at_once_share_the_downloads_and_both_work(fresh_store: Path, tmp_path: Path,
                                                                        work_root: Path):
-    library = _library(tmp_path, one=["figlet"], two=["figlet", "procps"])
+    library = debian_library(tmp_path, one=["figlet"], two=["figlet", "procps"])
     debs_before = sorted(p.name for p in (fresh_store / "systems/.debs").rglob("*.deb"))
     with environments_maker(fresh_store) as make:  # two workers' views of one store
         first, second = make(systems=True), make(systems=True)
@@ -394,7 +350,7 @@ async def test_two_sets_built_at_once_share_the_downloads_and_both_work(fresh_st
     results += await _runs(fresh_store, library, work_root, "figlet -w 40 hi >/dev/null && echo ok", skill="two",
                            workspace_id="other")
     assert [r.stdout for r in results] == ["ok\n", "ok\n"], [r.stderr for r in results]
-    assert left_building(fresh_store) == [] and _mounts_under(fresh_store) == []
+    assert left_building(fresh_store) == [] and mounts_under(fresh_store) == []
 
 
 # --- A network run in a root ----------------------------------------------------------------------------------------
@@ -409,7 +365,7 @@ async def test_a_network_run_in_a_root_gets_its_own_nameserver(figlet_store: Pat
     from worker.sandbox import bubblewrap
     from worker.sandbox.user_network import RESOLV_CONF
     monkeypatch.setattr(bubblewrap, "resolv_conf_target", lambda: host_resolv)  # as such a host's would say
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     with environments_maker(figlet_store) as make:
         async with LocalWorkspaceRuntime(work_root, environments=make(systems=True), allow_network=True) as runtime:
             result = await runtime.run(RunRequest(

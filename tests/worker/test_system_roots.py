@@ -13,70 +13,25 @@ import os
 import subprocess
 import sys
 import time
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import IS_ROOT, write_skill
+from tests.conftest import write_skill
+from tests.system_roots import debian_library, mounts_under
 from tests.environment_stores import environments_maker, left_building
-from tests.services import ensure_installed, unavailable
 from worker.contract import RunRequest, SkillRef
 from worker.environments import systems as systems_module
 from worker.environments.systems import BASE_PACKAGES, SystemRoots
 from worker.errors import EnvironmentBuildError, EnvironmentNotReadyError
-from worker.roots.folders import remove_tree
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 NOT_A_PACKAGE = "skillrun-no-such-package"
 
 
-@pytest.fixture(scope="module")
-def figlet_store() -> Iterator[Path]:
-    """A store holding the root filesystem with ``figlet`` (a package this host does not have), in a folder
-    workspace users can enter (their sandboxes are shown the root)."""
-    if not IS_ROOT:
-        unavailable("root filesystems are built as root (debootstrap): run these tests as root")
-    ensure_installed("debootstrap", "debootstrap")
-    folder = Path(tempfile.mkdtemp(prefix="skillrun-systems-"))
-    folder.chmod(0o755)
-    root = folder / "store"
-    with environments_maker(root) as make:
-        envs = make(systems=True)
-        path = asyncio.run(envs.systems.ensure(("figlet",)))
-    assert os.path.lexists(path / "usr/bin/figlet")  # a link into /etc/alternatives, as the root sees it
-    yield root
-    remove_tree(folder)
-
-
-@pytest.fixture
-def fresh_store(figlet_store: Path, shared_dir: Path) -> Path:
-    """An empty store that has the module store's downloads."""
-    store = shared_dir / "store"
-    (store / "systems").mkdir(parents=True, mode=0o711)
-    subprocess.run(["cp", "-al", str(figlet_store / "systems/.debs"), str(store / "systems/.debs")], check=True)
-    return store
-
-
-def _mounts_under(path: Path) -> list[str]:
-    with open("/proc/self/mountinfo") as mounts:
-        return [line.split()[4] for line in mounts if line.split()[4].startswith(str(path))]
-
-
-def _library(tmp_path: Path, **skills: list[str]) -> Path:
-    library = tmp_path / "library"
-    lines = []
-    for name, packages in skills.items():
-        write_skill(library, name)
-        lines.append(f"[skills.{name}]\ndebian = {json.dumps(packages)}\n")
-    (library / "skillrun.toml").write_text("".join(lines))
-    return library
-
-
 async def test_a_run_sees_the_roots_packages_and_none_of_the_hosts_system(figlet_store: Path, tmp_path: Path,
                                                                         work_root: Path):
-    library = _library(tmp_path, banner=["figlet"])
+    library = debian_library(tmp_path, banner=["figlet"])
     write_skill(library, "plain")
     with environments_maker(figlet_store) as make:
         async with LocalWorkspaceRuntime(work_root, environments=make(systems=True)) as runtime:
@@ -104,7 +59,7 @@ async def test_a_run_sees_the_roots_packages_and_none_of_the_hosts_system(figlet
 async def test_a_debian_package_that_does_not_exist_fails_with_its_name_and_leaves_nothing(
     fresh_store: Path, tmp_path: Path, work_root: Path
 ):
-    library = _library(tmp_path, wrong=["figlet", NOT_A_PACKAGE])
+    library = debian_library(tmp_path, wrong=["figlet", NOT_A_PACKAGE])
     with environments_maker(fresh_store) as make:
         envs = make(systems=True)
         status = await envs.prepare(library / "wrong", library, "wrong")
@@ -118,14 +73,14 @@ async def test_a_debian_package_that_does_not_exist_fails_with_its_name_and_leav
                 await runtime.run(RunRequest(skill=SkillRef(name="wrong", root=str(library), path="wrong"),
                                              command="true"))
     assert NOT_A_PACKAGE in str(caught.value) and "skillrun skills prepare --runtime local" in str(caught.value)
-    assert left_building(fresh_store) == [] and _mounts_under(fresh_store) == []
+    assert left_building(fresh_store) == [] and mounts_under(fresh_store) == []
     assert sorted(p.name for p in (fresh_store / "systems").iterdir()) == [".debs"]
 
 
 async def test_two_skills_building_the_same_root_at_once_build_it_once(
     fresh_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    library = _library(tmp_path, one=["figlet"], two=["figlet", "figlet"])
+    library = debian_library(tmp_path, one=["figlet"], two=["figlet", "figlet"])
     builds = []
     build = SystemRoots._build
 
@@ -140,30 +95,30 @@ async def test_two_skills_building_the_same_root_at_once_build_it_once(
                                         second.prepare(library / "two", library, "two"))
     assert one.state == two.state == "ready", (one.message, two.message)
     assert one.image.tag == two.image.tag and len(builds) == 1
-    assert left_building(fresh_store) == [] and _mounts_under(fresh_store) == []
+    assert left_building(fresh_store) == [] and mounts_under(fresh_store) == []
 
 
 async def test_a_root_past_its_size_cap_is_stopped_and_removed(fresh_store: Path, tmp_path: Path):
-    library = _library(tmp_path, big=["figlet"])
+    library = debian_library(tmp_path, big=["figlet"])
     with environments_maker(fresh_store, system_max_bytes=20 * 1024**2) as make:
         status = await make(systems=True).prepare(library / "big", library, "big")
     assert status.state == "failed" and "grew past 20971520 bytes (SKILLRUN_ENV_SYSTEM_MAX_BYTES)" in status.message
-    assert left_building(fresh_store) == [] and _mounts_under(fresh_store) == []
+    assert left_building(fresh_store) == [] and mounts_under(fresh_store) == []
     assert sorted(p.name for p in (fresh_store / "systems").iterdir()) == [".debs"]
 
 
 async def test_a_build_past_its_timeout_is_stopped_with_everything_it_started(fresh_store: Path, tmp_path: Path):
-    library = _library(tmp_path, slow=["figlet"])
+    library = debian_library(tmp_path, slow=["figlet"])
     with environments_maker(fresh_store, timeout=3.0) as make:
         status = await make(systems=True).prepare(library / "slow", library, "slow")
     assert status.state == "failed" and "did not finish within 3 s (SKILLRUN_ENV_BUILD_TIMEOUT)" in status.message
-    assert left_building(fresh_store) == [] and _mounts_under(fresh_store) == []
+    assert left_building(fresh_store) == [] and mounts_under(fresh_store) == []
     left = subprocess.run(["pgrep", "-f", str(fresh_store)], capture_output=True, text=True).stdout.split()
     assert [pid for pid in left if int(pid) != os.getpid()] == []
 
 
 async def test_a_run_that_will_not_wait_is_told_how_to_build_its_root(tmp_path: Path, work_root: Path):
-    library = _library(tmp_path, later=["figlet"])
+    library = debian_library(tmp_path, later=["figlet"])
     with environments_maker(tmp_path / "store") as make:
         envs = make(systems=True)
         status = envs.status(library / "later", library, "later")
@@ -177,7 +132,7 @@ async def test_a_run_that_will_not_wait_is_told_how_to_build_its_root(tmp_path: 
 
 
 def test_a_host_that_cannot_build_says_what_it_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    library = _library(tmp_path, needs=["figlet"])
+    library = debian_library(tmp_path, needs=["figlet"])
     monkeypatch.setattr(systems_module.os, "geteuid", lambda: 0)
     monkeypatch.setattr(systems_module.shutil, "which", lambda *args, **kwargs: None)
     with environments_maker(tmp_path / "store") as make:
