@@ -253,11 +253,11 @@ async def test_a_planted_systems_symlink_is_not_followed(shared_dir: Path, monke
     os.chown(planted, 65534, 65534)
     (store / "systems").symlink_to(planted)
 
-    async def fake_debootstrap(self, root, packages, progress):  # no real build: where it lands is the question
+    async def fake_build(self, root, packages, progress):  # no real build: where it lands is the question
         for folder in ("usr/bin", "etc", "var/lib"):
             (root / folder).mkdir(parents=True)
 
-    monkeypatch.setattr(SystemRoots, "_debootstrap", fake_debootstrap)
+    monkeypatch.setattr(SystemRoots, "_build_root", fake_build)
     with environments_maker(store) as make:
         roots = make(systems=True).systems
         try:

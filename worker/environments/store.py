@@ -99,7 +99,7 @@ class EnvironmentStore:
         self.images = self.root / "images"
         self.targets = self.root / "targets"
         self._lock_files = self.root / ".locks"
-        self._touched: dict[str, float] = {}
+        self._touched: dict[Path, float] = {}
         self._made = False
 
     def ensure(self) -> None:
@@ -198,13 +198,18 @@ class EnvironmentStore:
         (self.envs / f"{key}.used").touch()
 
     def mark_used(self, key: str) -> None:
-        """Record that a run used ``key`` now (throttled: a file's mtime, touched once a minute at most)."""
+        """Record that a run used ``key`` now (``touch_use``)."""
+        self.touch_use(self.envs / f"{key}.used")
+
+    def touch_use(self, record: Path) -> None:
+        """Set the use record ``record``'s mtime to now: throttled, once a minute at most per record and process
+        (``USE_TOUCH_SECONDS``); a record that is gone is left so."""
         now = time.monotonic()
-        if now - self._touched.get(key, -USE_TOUCH_SECONDS) < USE_TOUCH_SECONDS:
+        if now - self._touched.get(record, -USE_TOUCH_SECONDS) < USE_TOUCH_SECONDS:
             return
-        self._touched[key] = now
+        self._touched[record] = now
         with contextlib.suppress(OSError):
-            os.utime(self.envs / f"{key}.used")
+            os.utime(record)
 
     def list(self) -> list[EnvironmentInfo]:
         if not self.envs.is_dir():

@@ -10,14 +10,15 @@ skill's packages with everything they depend on. Its digest is the sha256 of the
 the sorted packages and the CA bundle it trusts, so one set is built once and shared by every skill and workspace
 that declares it.
 
-A build runs ``debootstrap`` as root: the packages come only from the signed Debian archive (debootstrap checks the
-release's signature with the host's archive keyring), the skill names them and nothing more, and their maintainer
-scripts run inside the new root (``chroot``), as they would in the Docker runtime's ``apt-get install``. It is held
+A build runs as root: ``debootstrap`` makes the base, then ``apt-get install`` in the new root (``chroot``) adds the
+skill's packages, as the Docker runtime's derived image does. The packages come only from the signed Debian archive
+(debootstrap checks the release's signature with the host's archive keyring, apt with the root's), the skill names
+them and nothing more, and their maintainer scripts run inside the new root. It is held
 to the environment builds' timeout and to ``SKILLRUN_ENV_SYSTEM_MAX_BYTES`` (the folder is measured while it grows;
-past either, debootstrap is killed and the folder removed). The packages downloaded are kept in one folder the
+past either, the build is killed and the folder removed). The packages downloaded are kept in one folder the
 store's builds share (``systems/.debs``), so a second set downloads only what the first did not; builds therefore
 go one at a time per store (the lock ``system-debs``), and two skills asking for the same set wait for one build
-(the lock ``system-<digest>``). A package the archive does not have fails the build with debootstrap's own words,
+(the lock ``system-<digest>``). A package the archive does not have fails the build with its name,
 recorded in the store (``locks/system-<digest>.failed``, by ``worker.environments.manager`` as for environments):
 runs in the next ``RETRY_SECONDS`` get it at once, ``status`` says failed, and ``prepare`` tries again.
 
@@ -50,23 +51,48 @@ from pathlib import Path
 
 from worker.environments.builder import BuildSettings, Progress
 from worker.environments.images import ROOTFS_TAG, ImageStatus, bundle_digest
-from worker.environments.store import USE_TOUCH_SECONDS, EnvironmentStore, folder_size
+from worker.environments.store import EnvironmentStore, folder_size
 from worker.errors import EnvironmentBuildError
 from worker.roots.folders import remove_tree
 from worker.sandbox.bubblewrap import SANDBOX_HOSTNAME
 
-BASE_PACKAGES = ("bash", "ca-certificates", "coreutils", "nodejs", "procps", "python3", "python3-yaml")
-"""What every root filesystem holds besides a skill's packages (the Docker sandbox image's run-time part)."""
+BASE_PACKAGES = ("bash", "ca-certificates", "coreutils", "libatomic1", "nodejs", "procps", "python3", "python3-yaml")
+"""What every root filesystem holds besides a skill's packages (the Docker sandbox image's run-time part;
+``libatomic1`` for the Node binaries packages bring, such as Playwright's driver)."""
 DEBS_LOCK = "system-debs"
 POLL_SECONDS = 0.5
 SIZE_EVERY_SECONDS = 5.0
 MESSAGE_LINES = 20
-STEP_LINE = re.compile(r"^I: (Retrieving|Validating|Extracting|Unpacking|Configuring|Installing|Base) ")
-STEPS = {"Retrieving": "downloading packages", "Validating": "checking packages", "Extracting": "extracting packages",
-         "Installing": "installing the core packages", "Unpacking": "unpacking the base system",
-         "Configuring": "configuring packages", "Base": "installed"}
-"""debootstrap's steps, each reported once as it begins."""
-MISSING_DEBS = re.compile(r"^E: Couldn't find these debs: (.+)$", re.MULTILINE)
+STEPS = (
+    (re.compile(r"^I: (Retrieving|Validating) "), "downloading the base system"),
+    (re.compile(r"^I: (Extracting|Unpacking|Installing) "), "unpacking the base system"),
+    (re.compile(r"^I: Configuring "), "configuring the base system"),
+    (re.compile(r"^(Hit|Get):\d+ \S+ \S+ InRelease"), "reading the package lists"),
+    (re.compile(r"^Get:\d+ \S+ \S+ \S+ \S+ \S+ \S+ \["), "downloading the packages"),
+    (re.compile(r"^Unpacking "), "unpacking the packages"),
+    (re.compile(r"^Setting up "), "configuring the packages"),
+)
+"""What the build says as it goes: the first line of each step reports it, once."""
+MISSING_DEBS = re.compile(r"^E: (?:Unable to locate package (\S+)|Package '(\S+)' has no installation candidate)$",
+                          re.MULTILINE)
+BUILD_SCRIPT = r"""
+set -eu
+root=$1 suite=$2 mirror=$3 debs=$4 base=$5
+shift 5
+debootstrap --variant=minbase --cache-dir="$debs" --include="$base" "$suite" "$root" "$mirror"
+printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
+chmod 755 "$root/usr/sbin/policy-rc.d"
+mount -t proc proc "$root/proc"
+mount --bind "$debs" "$root/var/cache/apt/archives"
+chroot "$root" apt-get -q -o APT::Sandbox::User=root update
+chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -q -o APT::Sandbox::User=root install -y \
+    --no-install-recommends -- "$@"
+umount "$root/var/cache/apt/archives" "$root/proc"
+rm "$root/usr/sbin/policy-rc.d"
+"""
+"""A root's build: debootstrap the base, then ``apt-get install`` the skill's packages in it (apt orders their
+configuration, which debootstrap's ``--include`` does not: Chromium's dependencies fail there), with the store's
+downloads as apt's archive and no service started (``policy-rc.d``)."""
 
 
 def system_lock(digest: str) -> str:
@@ -117,7 +143,6 @@ class SystemRoots:
         distribution, release = host_release()
         self.suite = settings.debian_suite or release
         self.mirror = settings.debian_mirror or default_mirror(distribution)
-        self._touched: dict[str, float] = {}
 
     @functools.cached_property
     def _bundle_digest(self) -> str:
@@ -195,7 +220,7 @@ class SystemRoots:
         build = await asyncio.to_thread(self.store.new_build_folder, system_lock(digest))
         try:
             root = build / "root"
-            await self._debootstrap(root, packages, progress)
+            await self._build_root(root, packages, progress)
             await asyncio.to_thread(self._finish, root)
             size_bytes = await asyncio.to_thread(folder_size, root)
             if size_bytes > self.settings.system_max_bytes:
@@ -216,18 +241,17 @@ class SystemRoots:
                     f"{folder} is not a folder of this worker's own (a link, another user's, or writable by others): "
                     "remove it; root filesystems are built only in the store's own folder")
 
-    async def _debootstrap(self, root: Path, packages: list[str], progress: Progress | None) -> None:
-        """Run debootstrap into ``root``, reporting its steps, measured and timed as it goes."""
-        include = ",".join([*BASE_PACKAGES, *packages])
+    async def _build_root(self, root: Path, packages: list[str], progress: Progress | None) -> None:
+        """Build the root in ``root`` (``BUILD_SCRIPT``), reporting its steps, measured and timed as it goes."""
         if progress is not None:
-            progress(f"debootstrap {self.suite} with {', '.join(packages)} from {self.mirror}")
-        # A mount and PID namespace of its own: the file systems debootstrap mounts in the new root (/proc, /sys)
+            progress(f"building a Debian {self.suite} root with {', '.join(packages)} from {self.mirror}")
+        # A mount and PID namespace of its own: the file systems the build mounts in the new root (/proc, /sys)
         # and every process a maintainer script leaves go with it, however it ends; and it ends with this worker
         # (setpriv's parent-death signal), which holds its lock, timeout and size cap.
         process = await asyncio.create_subprocess_exec(
             "setpriv", "--pdeathsig", "KILL", "unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
-            "debootstrap", "--variant=minbase", f"--cache-dir={self.folder / '.debs'}", f"--include={include}",
-            self.suite, str(root), self.mirror,
+            "sh", "-c", BUILD_SCRIPT, "build-root", str(root), self.suite, self.mirror, str(self.folder / ".debs"),
+            ",".join(BASE_PACKAGES), *packages,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             start_new_session=True, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
         )
@@ -263,29 +287,28 @@ class SystemRoots:
             raise problem
         if process.returncode != 0:
             output = "\n".join(lines)
-            missing = MISSING_DEBS.search(output)
-            if missing is not None:
+            missing = [a or b for a, b in MISSING_DEBS.findall(output)]
+            if missing:
                 raise EnvironmentBuildError(
-                    f"Debian {self.suite} has no package named {', '.join(missing.group(1).split())} (as debootstrap "
-                    f"found at {self.mirror}); check the name in skillrun.toml (apt-cache search, "
-                    "packages.debian.org)")
+                    f"Debian {self.suite} has no package named {', '.join(missing)} (as apt found at {self.mirror}); "
+                    "check the name in skillrun.toml (apt-cache search, packages.debian.org)")
             raise EnvironmentBuildError(
-                f"installing the Debian packages {', '.join(packages)} failed (debootstrap exited with "
+                f"installing the Debian packages {', '.join(packages)} failed (the build exited with "
                 f"{process.returncode}):\n" + "\n".join(lines[-MESSAGE_LINES:]))
 
     @staticmethod
     async def _read(process: asyncio.subprocess.Process, lines: list[str], progress: Progress | None) -> None:
-        """Keep debootstrap's last lines and report each of its steps as it begins."""
+        """Keep the build's last lines and report each of its steps once, as it begins."""
         assert process.stdout is not None
-        step = ""
+        reported: set[str] = set()
         async for raw in process.stdout:
             line = raw.decode("utf-8", errors="replace").rstrip()
             lines.append(line)
             del lines[:-MESSAGE_LINES * 5]
-            found = STEP_LINE.match(line)
-            if progress is not None and found is not None and found.group(1) != step:
-                step = found.group(1)
-                progress(STEPS[step])
+            for pattern, step in STEPS:
+                if progress is not None and step not in reported and pattern.match(line):
+                    reported.add(step)
+                    progress(step)
 
     def _too_large(self, packages: list[str]) -> EnvironmentBuildError:
         return EnvironmentBuildError(
@@ -325,13 +348,8 @@ class SystemRoots:
         os.rename(temporary, self.folder / f"{digest}.json")
 
     def mark_used(self, digest: str) -> None:
-        """Record that a run used ``digest`` now (a file's mtime, touched once a minute at most)."""
-        now = time.monotonic()
-        if now - self._touched.get(digest, -USE_TOUCH_SECONDS) < USE_TOUCH_SECONDS:
-            return
-        self._touched[digest] = now
-        with contextlib.suppress(OSError):
-            os.utime(self.folder / f"{digest}.used")
+        """Record that a run used ``digest`` now (``EnvironmentStore.touch_use``)."""
+        self.store.touch_use(self.folder / f"{digest}.used")
 
     def list(self) -> list[SystemInfo]:
         """Every built root, the most recently used first."""
