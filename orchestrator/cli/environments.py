@@ -9,7 +9,7 @@ library registration and the workers' preparation job do. ``envs list`` and ``en
 Docker runtime's derived images (the sandbox image plus a skill's Debian packages) where a Docker engine answers,
 and the local runtime's root filesystems for skills' Debian packages (``worker.environments.systems``); ``envs rm``
 takes an environment's key or a root's digest; ``envs prune`` also removes the store's records no environment needs any more (``EnvironmentStore.prune_records``,
-``sweep``).
+``sweep``) and empties the Debian packages root filesystem builds downloaded.
 """
 
 from __future__ import annotations
@@ -222,6 +222,7 @@ def prune_environments(args: argparse.Namespace) -> int:
     stale_roots = [root for root in systems.list() if root.last_used < cutoff] if systems else []
     stale_images = [i for i in images.list() if not i.containers and (i.last_used or now) < cutoff] if images else []
     records: list[str] = []
+    downloads = systems.downloads_bytes() if systems else 0
     if not args.dry_run:
         for info in stale:
             store.remove(info.key)
@@ -229,20 +230,23 @@ def prune_environments(args: argparse.Namespace) -> int:
             images.remove(image)
         for root in stale_roots:
             systems.remove(root.digest)
+        if systems:
+            downloads = asyncio.run(systems.empty_downloads())
         records = store.prune_records(cutoff)
         store.sweep(get_worker_settings().env_build_timeout_seconds)
     verb = "would remove" if args.dry_run else "removed"
-    freed = sum(item.size_bytes for item in (*stale, *stale_roots, *stale_images))
+    freed = sum(item.size_bytes for item in (*stale, *stale_roots, *stale_images)) + downloads
     if args.json:
         print_json({verb.replace(" ", "_"): [info.key for info in stale],
                     f"{verb.replace(' ', '_')}_images": [image.tag for image in stale_images],
                     f"{verb.replace(' ', '_')}_root_filesystems": [root.digest for root in stale_roots],
-                    "removed_records": records, "bytes": freed})
+                    "removed_records": records, "downloads_bytes": downloads, "bytes": freed})
     else:
         print(f"{verb} {len(stale)} environment(s), {len(stale_roots)} root filesystem(s) and {len(stale_images)} "
               "derived Docker image(s) unused for "
-              f"{args.unused_days:g} day(s), {size(freed)}" + (f"; {len(records)} old lock or failure record(s)"
-                                                                 if records else ""))
+              f"{args.unused_days:g} day(s), {size(freed)}" + (f" with {size(downloads)} of downloaded Debian packages"
+                                                                 if downloads else "")
+              + (f"; {len(records)} old lock or failure record(s)" if records else ""))
     return 0
 
 

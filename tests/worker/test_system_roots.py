@@ -174,7 +174,13 @@ def test_envs_list_rm_and_prune_look_after_roots(figlet_store: Path, work_root: 
     copy()
     old = time.time() - 3 * 24 * 3600
     os.utime(store / f"{digest}.used", (old, old))
-    assert "1 root filesystem(s)" in cli("envs", "prune", "--unused-days", "2", "--dry-run").stdout
-    assert (store / digest).is_dir()
-    assert "removed 0 environment(s), 1 root filesystem(s)" in cli("envs", "prune", "--unused-days", "2").stdout
+    subprocess.run(["cp", "-al", str(figlet_store / "systems/.debs"), str(store / ".debs")], check=True)
+    debs = len(list((store / ".debs").glob("*.deb")))
+    assert debs > 50
+    dry = cli("envs", "prune", "--unused-days", "2", "--dry-run").stdout
+    assert "1 root filesystem(s)" in dry and "of downloaded Debian packages" in dry
+    assert (store / digest).is_dir() and len(list((store / ".debs").glob("*.deb"))) == debs
+    pruned = json.loads(cli("envs", "prune", "--unused-days", "2", "--json").stdout)
+    assert pruned["removed_root_filesystems"] == [digest] and pruned["downloads_bytes"] > 10**7
     assert not (store / digest).exists() and os.path.lexists(figlet_store / "systems" / digest / "usr/bin/figlet")
+    assert list((store / ".debs").iterdir()) == [] and len(list((figlet_store / "systems/.debs").glob("*.deb"))) == debs

@@ -28,7 +28,7 @@ Layout under the environment store's root::
     systems/<digest>.json    what it holds: release, mirror, packages, size, build time (written last: a reader that
                              finds it finds the whole root)
     systems/<digest>.used    its mtime is the root's last use
-    systems/.debs/           the packages builds downloaded
+    systems/.debs/           the packages builds downloaded (emptied by ``envs prune``)
 
 ``remove`` (``skillrun envs rm``, ``envs prune``) takes a root, its records, failure and lock file.
 """
@@ -373,6 +373,27 @@ class SystemRoots:
         self.store.clear_failure(system_lock(digest))
         self.store.remove_lock_file(system_lock(digest))
         return removed
+
+
+    def downloads_bytes(self) -> int:
+        """What the packages builds downloaded take (``systems/.debs``)."""
+        folder = self.folder / ".debs"
+        return folder_size(folder) if folder.is_dir() and not folder.is_symlink() else 0
+
+    async def empty_downloads(self) -> int:
+        """Empty the downloads builds share (``envs prune``: they only spare the next build a download, the archive
+        keeps the packages), once no build uses them (the lock ``system-debs``); the bytes freed."""
+        folder = self.folder / ".debs"
+        if not folder.is_dir() or folder.is_symlink():
+            return 0
+        async with self.store.exclusive(DEBS_LOCK):
+            freed = await asyncio.to_thread(self.downloads_bytes)
+            for entry in await asyncio.to_thread(lambda: list(os.scandir(folder))):
+                if entry.is_dir(follow_symlinks=False):
+                    await asyncio.to_thread(remove_tree, Path(entry.path))
+                else:
+                    os.unlink(entry.path)
+        return freed
 
 
 def why_not_buildable() -> str:
