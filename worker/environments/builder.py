@@ -47,6 +47,7 @@ from pathlib import Path
 from worker import defaults
 from worker.cancellation import Cancellation
 from worker.egress.policy import REGISTRY_VARIABLE
+from worker.environments.browsers import link_browsers
 from worker.environments.declarations import Declaration, read_plain_file
 from worker.environments.steps import SandboxSteps, StepRunner
 from worker.environments.store import (
@@ -274,14 +275,16 @@ class EnvironmentBuilder:
 
     async def _publish(self, key: str, env: Path, started: float, described: dict,
                        packages: Callable[[], list[str]]) -> None:
-        """Seal the built ``env`` (``_seal``), refuse it past the size cap, and publish it as ``key`` with its
-        description: ``described`` plus its ``packages()`` (read once it is sealed), size and build time."""
+        """Seal the built ``env`` (``_seal``), refuse it past the size cap, link Playwright's browsers in it when it
+        holds Playwright (``browsers.link_browsers``), and publish it as ``key`` with its description: ``described``
+        plus its ``packages()`` (read once it is sealed), size and build time."""
         size = await asyncio.to_thread(_seal, env)
         if size > self.settings.max_bytes:
             raise EnvironmentBuildError(_too_big(size, self.settings.max_bytes))
+        browsers = await asyncio.to_thread(link_browsers, env)
         self.store.publish(key, env, {
             "key": key, **described, "packages": packages(), "size_bytes": size, "built_at": time.time(),
-            "build_seconds": round(time.monotonic() - started, 3),
+            "build_seconds": round(time.monotonic() - started, 3), "browsers": browsers,
         })
 
     async def _ready(self, folder: Path, uid: int | None, target: Target, stop: Cancellation) -> None:

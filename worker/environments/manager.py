@@ -40,6 +40,7 @@ from worker.environments.builder import (
     node_key,
     requirements_key,
 )
+from worker.environments.browsers import BROWSERS_FOLDER
 from worker.environments.declarations import (
     DECLARATION_FILES,
     MANIFEST_FILE,
@@ -163,8 +164,12 @@ class RunEnvironment:
 
     def variables(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` with the environments in it: ``VIRTUAL_ENV`` and its ``bin`` first on ``PATH``; ``NODE_PATH`` (so
-        ``require`` finds the packages from any folder) and ``node_modules/.bin`` (their commands) next."""
+        ``require`` finds the packages from any folder) and ``node_modules/.bin`` (their commands) next;
+        ``PLAYWRIGHT_BROWSERS_PATH`` where an environment holds Playwright (``environments.browsers``)."""
         path, added = env.get("PATH", ""), {}
+        for info in (self.node, self.python):
+            if info is not None and info.browsers:
+                added["PLAYWRIGHT_BROWSERS_PATH"] = str(info.path / BROWSERS_FOLDER)
         if self.node is not None:
             added["NODE_PATH"] = f"{self.node.path}/node_modules"
             path = f"{self.node.path}/node_modules/.bin:{path}"

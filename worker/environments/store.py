@@ -78,6 +78,8 @@ class EnvironmentInfo:
     last_used: float
     kind: str = "python"
     """``python`` (a virtual environment) or ``node`` (a folder holding ``node_modules``)."""
+    browsers: bool = False
+    """Whether it holds Playwright, with links to the Debian Chromium where it looks (``environments.browsers``)."""
 
     def as_json(self) -> dict:
         return {
@@ -184,7 +186,7 @@ class EnvironmentStore:
             key=key, path=self.path(key), target=meta.get("target", ""), requirements=meta.get("requirements", []),
             packages=meta.get("packages", []), size_bytes=meta.get("size_bytes", 0),
             built_at=meta.get("built_at", 0.0), build_seconds=meta.get("build_seconds", 0.0), last_used=last_used,
-            kind=meta.get("kind", "python"),
+            kind=meta.get("kind", "python"), browsers=meta.get("browsers", False) is True,
         )
 
     def publish(self, key: str, built: Path, meta: dict) -> None:
