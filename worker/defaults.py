@@ -41,6 +41,10 @@ OCI_RUNTIME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_RUN_CPUS = 1024
 """Warm containers the Docker runtime keeps ready for new workspaces when built by name (``resolve_runtime``)."""
 
+SANDBOX_WORKSPACE_ALIAS = "/workspace"
+"""The workspace's second, short path in every sandbox. A run's ``TMPDIR`` is its run folder by this path, so the
+sockets programs make under ``TMPDIR`` (Chromium's, tmux's, an ssh agent's) fit in the 108 bytes a socket's path may
+have, which the workspace's own path (a host path, ``ws_<id>_<owner>``) leaves no room for."""
 SANDBOX_TOOLS_DIR = "/opt/skillrun/bin"
 """What every sandbox adds to the system's programs, last on its PATH: ``python`` (python3) where the system has
 python3 alone."""

@@ -484,6 +484,24 @@ async def test_a_run_without_network_reaches_a_server_it_started_on_its_loopback
     assert outside.exit_code == 0 and "unreachable" in outside.stdout, outside.stdout  # nothing but loopback
 
 
+SOCKET_IN_TMPDIR = """python3 -c '
+import os, socket, tempfile
+folder = tempfile.mkdtemp(prefix="org.chromium.Chromium.")  # where Chromium puts its SingletonSocket
+with socket.socket(socket.AF_UNIX) as listener:
+    listener.bind(os.path.join(folder, "SingletonSocket"))
+print("bound", len(folder))
+' && test "$TMPDIR" -ef "$RUN_DIR" && echo same-folder"""
+"""A socket made in the run's TMPDIR as Chromium makes its own: the path must fit a socket's 108 bytes."""
+
+
+async def test_a_socket_made_in_tmpdir_fits_and_lands_in_the_run_folder(runtime, make_request):
+    for _ in range(2):  # a sandbox of its own, then (through a spawner) the workspace's held sandbox
+        result = await runtime.run(make_request(SOCKET_IN_TMPDIR, workspace_id="socket"))
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.startswith("bound") and result.stdout.endswith("same-folder\n"), result.stdout
+        await runtime.idle()
+
+
 async def test_the_runs_user_is_a_user_with_a_home_and_python_is_on_its_path(runtime, make_request):
     look = ("whoami; id -un; id -gn; getent passwd $(id -u) | cut -d: -f1,6,7; echo \"$HOME\"; "
             "python -c 'import sys; print(sys.version_info[0])'; test -w \"$HOME\" && echo home-writable; "

@@ -118,7 +118,7 @@ FIDELITY_COMMANDS = [
     "printf '%s\\n' 'quotes \" and '\\'' and $ and \\\\ and é'",
     "set -e; false; echo not-here",
     "cat <<EOF\nline one\n$SKILL_NAME\nEOF\necho $LINENO",
-    'test "$HOME" = "$RUN_DIR" && test "$TMPDIR" = "$RUN_DIR" && test -d "$RUN_DIR" && echo own-run-dir',
+    'test "$HOME" = "$RUN_DIR" && test "$TMPDIR" -ef "$RUN_DIR" && test -d "$RUN_DIR" && echo own-run-dir',
     "ulimit -n; ulimit -u",
     "trap 'echo trapped' EXIT; echo body",
     "if then",

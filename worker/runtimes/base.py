@@ -13,6 +13,7 @@ import socket
 import stat
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from worker import defaults
@@ -30,17 +31,26 @@ def worker_id() -> str:
 
 
 def command_environment(
-    run_dir: str | os.PathLike[str], request: RunRequest, variables: dict[str, str], *, path: str, shell: str
+    run_dir: str | os.PathLike[str], request: RunRequest, variables: dict[str, str], *, path: str, shell: str,
+    aliased: bool = False,
 ) -> dict[str, str]:
-    """A command's environment, from scratch: PATH, HOME and TMPDIR (the run folder), LANG and SHELL, then the
-    request's variables and its secrets' values, then the workspace's six. The shell is the runtime's, whatever the
-    request says."""
-    env = {"PATH": path, "HOME": str(run_dir), "TMPDIR": str(run_dir), "LANG": defaults.SANDBOX_LANG}
+    """A command's environment, from scratch: PATH, HOME and TMPDIR (the run folder; ``aliased``, in a sandbox that
+    shows the workspace at ``SANDBOX_WORKSPACE_ALIAS`` too, TMPDIR names it by that short path), LANG and SHELL,
+    then the request's variables and its secrets' values, then the workspace's six. The shell is the runtime's,
+    whatever the request says."""
+    tmp = aliased_run_dir(run_dir) if aliased else str(run_dir)
+    env = {"PATH": path, "HOME": str(run_dir), "TMPDIR": tmp, "LANG": defaults.SANDBOX_LANG}
     env.update(request.env)
     env.update(request.secret_values)
     env.update(variables)
     env["SHELL"] = shell
     return env
+
+
+def aliased_run_dir(run_dir: str | os.PathLike[str]) -> str:
+    """The run folder ``<workspace>/runs/<run>`` by the workspace's short path in a sandbox."""
+    run = Path(run_dir)
+    return f"{defaults.SANDBOX_WORKSPACE_ALIAS}/{run.parent.name}/{run.name}"
 
 
 def open_input(item: InputFile, limit: int) -> tuple[bytes | BinaryIO, int]:

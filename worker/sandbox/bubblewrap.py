@@ -93,7 +93,8 @@ def served_by(server: NetworkServer) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    """What one sandbox holds: the workspace (read-write), folders shown read-only, the size of its tmpfs.
+    """What one sandbox holds: the workspace (read-write, at its own path and at ``SANDBOX_WORKSPACE_ALIAS``),
+    folders shown read-only, the size of its tmpfs.
 
     bwrap makes every sandbox a network namespace of its own with its loopback up: without ``network`` that is
     all there is. With it, ``release`` connects it through user-mode networking, and the sandbox gets its own
@@ -152,7 +153,7 @@ class SandboxSpec:
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
-                 "--bind", self.workspace, self.workspace]
+                 "--bind", self.workspace, self.workspace, "--bind", self.workspace, defaults.SANDBOX_WORKSPACE_ALIAS]
         for folder in self.read_only:
             args += ["--ro-bind", folder, folder]
         args += ["--unshare-net"]  # loopback up, nothing else: what served and connected sandboxes add to

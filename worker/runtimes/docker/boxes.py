@@ -248,7 +248,7 @@ class Boxes:
         volumes.update({folder: {"bind": folder, "mode": "ro"} for folder in mounts})
         labels = dict(label.split("=", 1) for label in self._labels(workspace.path.name, image)) | (extra or {})
         spec = Spec(name, {**labels, MOUNTS_LABEL: json.dumps(mounts)}, image, self.user(workspace), volumes, network,
-                    run_limits)
+                    run_limits, str(workspace.path))
 
         with map_docker_errors(f"starting the container of workspace {workspace.id!r}"):
             self.client().images.get(image)  # never pull: a missing image is a build step, not a download

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import docker
 import docker.errors
+from docker.types import Mount
 
+from worker import defaults
 from worker.runtimes.docker.executor import (
     CONTROL_MOUNT,
     EXECUTOR_MOUNTS,
@@ -72,8 +74,11 @@ class Spec:
     image: str
     user: str  # the workspace's uid:gid
     volumes: dict[str, dict[str, str]]
+    """The workspace's folder (read-write) and the folders shown read-only, each at its own path."""
     network: bool
     run_limits: tuple[int, int]  # the run's memory bytes and processes
+    workspace: str = ""
+    """The workspace's folder, shown at ``SANDBOX_WORKSPACE_ALIAS`` too."""
 
 
 def container_limits(run_limits: tuple[int, int], *, executor: bool) -> tuple[int, int]:
@@ -138,6 +143,7 @@ class Launcher:
             tmpfs={"/tmp": f"size={settings.tmpfs_bytes},mode=1777,nosuid,nodev"}, shm_size=settings.shm_bytes,
             mem_limit=memory, memswap_limit=memory, nano_cpus=int(settings.cpus * 1e9), pids_limit=pids,
             working_dir="/", use_config_proxy=False, runtime=settings.oci_runtime,
+            mounts=[Mount(defaults.SANDBOX_WORKSPACE_ALIAS, spec.workspace, type="bind")] if spec.workspace else [],
         )
         if executor is not None:
             control, _ = executor

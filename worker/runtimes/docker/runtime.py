@@ -154,7 +154,8 @@ class ContainerWorkspaceRuntime(HostWorkspaceRuntime):
         return self._client
 
     def command_environment(self, run_dir: Path, request: RunRequest, variables: dict[str, str]) -> dict[str, str]:
-        return command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash")
+        return command_environment(run_dir, request, variables, path=defaults.SANDBOX_PATH, shell="/bin/bash",
+                                   aliased=True)
 
     async def _environment(self, request: RunRequest) -> RunEnvironment | None:
         """The skill's Python environment (``HostWorkspaceRuntime._environment``), and the derived image its

@@ -143,7 +143,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         if self._bash is None:
             self._bash = find_bash()
         # SHELL and HOME set up front also spare bash a user-database lookup of the (unlisted) workspace user.
-        return command_environment(run_dir, request, variables, path=self.sandbox_path, shell=self._bash)
+        return command_environment(run_dir, request, variables, path=self.sandbox_path, shell=self._bash,
+                                   aliased=self.sandbox)
 
     async def _execute(
         self, workspace: Workspace, request: RunRequest, cwd: str, env: dict[str, str], cancel: Cancellation,
