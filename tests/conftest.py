@@ -28,6 +28,11 @@ from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
 pytest_plugins = ["tests.system_roots"]  # the root filesystem fixtures (figlet_store, fresh_store)
 
+EXAMPLE_SKILLS = [
+    "data-chart", "doc-to-pdf", "docx-memo", "markdown-table", "page-screenshot", "pdf-report", "python-math",
+    "spreadsheet", "user-file-ops", "weather-tools", "webapp-check",
+]
+"""The skills of the repository's example library, ``skills/`` (which the embedded default serves), by name."""
 IS_ROOT = os.geteuid() == 0
 
 

@@ -6,14 +6,16 @@ import base64
 import io
 import json
 import struct
+import subprocess
 import tempfile
+import zlib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from orchestrator.skills import FsSkillRepository
-from tests.conftest import IS_ROOT
+from tests.conftest import EXAMPLE_SKILLS, IS_ROOT
 from worker.contract import InputFile, RunRequest
 from worker.environments import (
     EnvironmentBuilder,
@@ -34,11 +36,8 @@ def repo() -> FsSkillRepository:
     return FsSkillRepository(LIBRARY)
 
 
-def test_example_library_has_its_nine_skills_and_no_problems(repo):
-    assert repo.skill_list() == [
-        "data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
-        "webapp-check",
-    ]
+def test_example_library_has_its_eleven_skills_and_no_problems(repo):
+    assert repo.skill_list() == EXAMPLE_SKILLS
     assert repo.problems() == []
     assert read_manifest(LIBRARY).unknown_skills(set(repo.skill_list())) == []
 
@@ -104,12 +103,19 @@ async def test_data_chart_writes_a_png_and_a_csv_with_their_mime_types(repo, run
 
 
 @pytest.fixture(scope="module")
-def environments() -> SkillEnvironments:
-    """One environment store for the module's runs (built from the real package index, once per skill)."""
+def environments(request: pytest.FixtureRequest) -> SkillEnvironments:
+    """One environment store for the module's runs, as the local runtime makes it: built from the real package
+    index, once per skill, and as root with the skills' Debian packages in root filesystems (whose builds start
+    from the session's downloads: ``tests.system_roots``)."""
     folder = Path(tempfile.mkdtemp(prefix="skillrun-envs-"))
     folder.chmod(0o755)
+    if IS_ROOT:
+        (folder / "store/systems").mkdir(parents=True, mode=0o711)
+        debs = request.getfixturevalue("figlet_store") / "systems/.debs"
+        subprocess.run(["cp", "-al", str(debs), str(folder / "store/systems/.debs")], check=True)
     envs = SkillEnvironments(
-        EnvironmentBuilder(EnvironmentStore(folder / "store"), build_settings(sandboxed=IS_ROOT)), local_target
+        EnvironmentBuilder(EnvironmentStore(folder / "store"), build_settings(sandboxed=IS_ROOT)), local_target,
+        systems=IS_ROOT,
     )
     yield envs
     envs.close()
@@ -178,6 +184,56 @@ async def test_docx_memo_builds_a_word_document_with_the_docx_npm_package(repo, 
     ))
     assert result.exit_code == 0, result.stderr
     assert_memo(result)
+
+
+DOC_TO_PDF = "python3 scripts/to_pdf.py samples/notice.fodt"
+PAGE_SCREENSHOT = "python3 scripts/screenshot.py site/index.html --width 640 --height 400"
+
+
+async def test_doc_to_pdf_converts_a_document_with_libreoffice(repo, env_runtime):
+    result = await env_runtime.run(RunRequest(skill=repo.skill_ref("doc-to-pdf"), command=DOC_TO_PDF,
+                                              output_files=["out/*.pdf"]))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert_converted(result)
+
+
+async def test_page_screenshot_drives_the_debian_chromium_with_playwright(repo, env_runtime):
+    result = await env_runtime.run(RunRequest(skill=repo.skill_ref("page-screenshot"), command=PAGE_SCREENSHOT,
+                                              output_files=["out/page.png"]))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert_screenshot(result)
+
+
+def assert_converted(result) -> None:  # noqa: ANN001 - a RunResult
+    """The run made ``samples/notice.fodt`` a one-page PDF with LibreOffice and read its text back."""
+    [pdf] = result.output_files
+    assert pdf.name == "out/notice.pdf" and pdf.mime_type == "application/pdf"
+    data = base64.b64decode(pdf.content)
+    assert data.startswith(b"%PDF-1.") and data.rstrip().endswith(b"%%EOF")
+    assert "1 page(s)" in result.stdout
+    for text in ("Maintenance notice", "Tuesday", "02:00-04:00"):
+        assert text in result.stdout, text
+
+
+def assert_screenshot(result) -> None:  # noqa: ANN001 - a RunResult
+    """The run screenshotted ``site/index.html`` at 640x400 in a Chromium that drew the page (many colours, not a
+    blank picture) and read its title."""
+    [png] = result.output_files
+    data = base64.b64decode(png.content)
+    assert png.mime_type == "image/png" and struct.unpack(">II", data[16:24]) == (640, 400)
+    assert "title: Skillrun status board" in result.stdout
+    assert len(set(_png_pixels(data))) > 32, "the screenshot is blank"
+
+
+def _png_pixels(data: bytes) -> bytes:
+    """The decompressed image data of a PNG (its IDAT chunks)."""
+    chunks, offset = [], 8
+    while offset < len(data):
+        length, kind = struct.unpack(">I4s", data[offset:offset + 8])
+        if kind == b"IDAT":
+            chunks.append(data[offset + 8:offset + 8 + length])
+        offset += 12 + length
+    return zlib.decompress(b"".join(chunks))
 
 
 def assert_memo(result) -> None:  # noqa: ANN001 - a RunResult

@@ -31,6 +31,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from orchestrator.services import Services
+from tests.conftest import EXAMPLE_SKILLS
 from tests.orchestrator.api_helpers import api_in_a_thread, new_team
 from tests.services import ensure_installed
 
@@ -45,8 +46,7 @@ WAIT_SECONDS = 15
 RUN_SECONDS = 60
 """How long a test waits for a run page to show the run ended."""
 RUN_PAGE = r"/ui/runs/([A-Za-z0-9_-]+)"
-REPO_SKILLS = ["data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops",
-               "weather-tools", "webapp-check"]
+REPO_SKILLS = EXAMPLE_SKILLS
 """The skills of the repo's ``skills/`` library (which the embedded default serves), as the console lists them."""
 
 

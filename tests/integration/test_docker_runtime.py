@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.file_server import FileServer
-from tests.test_example_skills import WEBAPP_CHECK, assert_memo
-from tests.worker.test_local_runtime import RESERVE
+from tests.test_example_skills import (
+    DOC_TO_PDF,
+    PAGE_SCREENSHOT,
+    WEBAPP_CHECK,
+    assert_converted,
+    assert_memo,
+    assert_screenshot,
+)
+from tests.worker.test_local_runtime import RESERVE, SOCKET_IN_TMPDIR
 from worker import defaults
 from worker.contract import RunLimits, RunRequest, SkillRef
 from worker.errors import InvalidRunRequestError, RuntimeUnavailableError
@@ -91,6 +98,12 @@ async def test_a_program_may_reserve_more_address_space_than_its_memory(docker_r
     assert (result.exit_code, result.stdout) == (0, "reserved\n"), result.stderr
 
 
+async def test_a_socket_made_in_tmpdir_fits_and_lands_in_the_run_folder(docker_runtime_factory):
+    result = await docker_runtime_factory().run(_request(SOCKET_IN_TMPDIR))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("bound") and result.stdout.endswith("same-folder\n"), result.stdout
+
+
 @pytest.mark.parametrize("oci_runtime", ["runc", "runsc"])
 async def test_the_runs_user_is_a_user_and_python_is_on_its_path(docker_runtime_factory, docker_engine, oci_runtime):
     if oci_runtime != "runc":
@@ -119,6 +132,22 @@ async def test_an_example_skill_builds_a_word_document_with_an_npm_package(docke
                                           output_files=["out/memo.docx"]))
     assert result.exit_code == 0, result.stdout + result.stderr
     assert_memo(result)
+
+
+async def test_an_example_skill_converts_a_document_with_libreoffice_from_its_debian_packages(docker_runtime_factory):
+    runtime = docker_runtime_factory()
+    skill = SkillRef(name="doc-to-pdf", root=str(LIBRARY), path="doc-to-pdf")
+    result = await runtime.run(RunRequest(skill=skill, command=DOC_TO_PDF, output_files=["out/*.pdf"]))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert_converted(result)
+
+
+async def test_an_example_skill_screenshots_a_page_in_the_debian_chromium_with_playwright(docker_runtime_factory):
+    runtime = docker_runtime_factory()
+    skill = SkillRef(name="page-screenshot", root=str(LIBRARY), path="page-screenshot")
+    result = await runtime.run(RunRequest(skill=skill, command=PAGE_SCREENSHOT, output_files=["out/page.png"]))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert_screenshot(result)
 
 
 def test_the_sandbox_image_names_every_workspace_id_of_the_range():

@@ -24,7 +24,7 @@ import pytest
 from orchestrator.dispatch import QueueDispatcher
 from orchestrator.documents import RedisDocuments
 from orchestrator.teams import TeamStore
-from tests.conftest import IS_ROOT, workspace_dirs
+from tests.conftest import EXAMPLE_SKILLS, IS_ROOT, workspace_dirs
 from tests.orchestrator.api_helpers import api_in_a_thread, make_services, new_team
 from tests.orchestrator.api_helpers import client as api_client
 from tests.orchestrator.test_api_sessions import parse_sse
@@ -43,10 +43,7 @@ async def client(services):
 
 async def test_skills_overview_and_one_skill(client):
     listing = (await client.get("/v1/skills")).json()
-    assert [s["name"] for s in listing] == [
-        "data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
-        "webapp-check",
-    ]
+    assert [s["name"] for s in listing] == EXAMPLE_SKILLS
     weather = (await client.get("/v1/skills/weather-tools")).json()
     assert weather["tools"] == ["get_current_weather", "get_weather_forecast", "search_city_by_name"]
     assert weather["docs"] == ["API_REFERENCE.md"]

@@ -11,11 +11,11 @@ import urllib.parse
 
 import pytest
 
+from tests.conftest import EXAMPLE_SKILLS
 from tests.orchestrator.api_helpers import api_in_a_thread, new_team
 from tests.orchestrator.api_helpers import client as api_client
 
-ALL = ["data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
-       "webapp-check"]
+ALL = EXAMPLE_SKILLS
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from orchestrator.skills import DynamicSkillToolSet, SkillToolSet, create_defaul
 from orchestrator.skills.tools import LinkSkillStager
 from orchestrator.tools import FunctionTool
 from orchestrator.types import Content, Part
+from tests.conftest import EXAMPLE_SKILLS
 from tests.orchestrator.conftest import declared_tools, system_message, tool_messages
 from tests.orchestrator.weather_tools import ask_name_information
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime
@@ -180,9 +181,6 @@ async def test_skill_list_tools_and_docs_report_what_the_skill_declares(model_se
     runner = Runner(app_name="t", agent=LlmAgent(name="a", model=model, tools=[SkillToolSet(repository)], skill_repository=repository))
     await _turn(runner, "x")
     listing, tools, docs = (json.loads(m["content"]) for m in tool_messages(model_server.requests[1]))
-    assert listing == {"result": [
-        "data-chart", "docx-memo", "markdown-table", "pdf-report", "python-math", "spreadsheet", "user-file-ops", "weather-tools",
-        "webapp-check",
-    ]}
+    assert listing == {"result": EXAMPLE_SKILLS}
     assert tools == {"result": ["get_current_weather", "get_weather_forecast", "search_city_by_name"]}
     assert docs == {"result": ["USAGE.md"]}
