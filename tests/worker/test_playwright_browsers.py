@@ -63,6 +63,7 @@ def test_an_environment_without_playwright_gets_nothing(tmp_path):
     "{not json",
     json.dumps({"browsers": {"chromium": "1255"}}),
     json.dumps({"browsers": [{"name": "chromium", "revision": "1"}], "pad": "x" * 70_000}),  # past the size read
+    [{"name": "chromium", "revision": str(n)} for n in range(2000)],   # thousands of folders to make
 ])
 def test_a_browsers_json_that_names_no_usable_chromium_links_nothing(tmp_path, browsers):
     env = _env(tmp_path, PYTHON_MANIFEST, browsers)

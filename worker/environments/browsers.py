@@ -29,6 +29,8 @@ CHROMIUM = "/usr/bin/chromium"
 DEBIAN_PACKAGE = "chromium"
 MAX_BROWSERS_JSON_BYTES = 64 * 1024
 REVISION = re.compile(r"[0-9]{1,12}")
+MAX_BUILDS = 8
+"""The most Chromium builds one environment's links are made for (a Playwright asks for two)."""
 
 PROGRAMS = {
     "chromium": ("chrome-linux64/chrome", "chrome-linux/chrome", "chrome-linux-arm64/chrome"),
@@ -55,7 +57,8 @@ def playwright_manifests(env: Path) -> list[Path]:
 
 def chromium_revisions(manifest: Path) -> set[tuple[str, str]]:
     """The Chromium builds (name, revision) a Playwright's ``browsers.json`` asks for; one that is not JSON, or
-    names a revision that is not a number, asks for none (it is the build's file: nothing in it becomes a path)."""
+    names a revision that is not a number, or more than ``MAX_BUILDS`` builds, asks for none (it is the build's
+    file: nothing in it becomes a path, and it makes no more than a few folders)."""
     try:
         data = json.loads(read_plain_file(manifest, MAX_BROWSERS_JSON_BYTES, "Playwright's browsers.json",
                                           EnvironmentBuildError))
@@ -69,14 +72,14 @@ def chromium_revisions(manifest: Path) -> set[tuple[str, str]]:
         name, revision = browser.get("name"), browser.get("revision")
         if name in PROGRAMS and isinstance(revision, str) and REVISION.fullmatch(revision):
             wanted.add((name, revision))
-    return wanted
+    return wanted if len(wanted) <= MAX_BUILDS else set()
 
 
 def link_browsers(env: Path) -> bool:
     """Add ``BROWSERS_FOLDER`` to the sealed environment ``env`` when it holds Playwright; whether it did. Runs as
     the store's owner once the build's processes are gone; a name the build left where the folder goes fails it."""
     wanted = set().union(*(chromium_revisions(path) for path in playwright_manifests(env)))
-    if not wanted:
+    if not wanted or len(wanted) > MAX_BUILDS:
         return False
     folder = env / BROWSERS_FOLDER
     try:
