@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_skill
+from worker import defaults
 from worker.config import get_worker_settings
 from worker.contract import RunRequest, SkillRef
 from worker.runtimes import resolve_runtime
@@ -75,8 +76,8 @@ async def test_nothing_runs_in_a_warm_container_and_it_holds_nothing_until_taken
         folder = runtime.work_root / container.labels["skillrun.workspace"]
         assert os.listdir(folder) == [] and (folder.stat().st_uid, folder.stat().st_mode & 0o777) == (0, 0o700)
         mounts = {m["Destination"]: m["RW"] for m in docker_engine.client.api.inspect_container(container.id)["Mounts"]}
-        assert mounts == {str(folder): True, str(LIBRARY.resolve()): False, "/.skillrun/control": True,
-                          "/.skillrun/program": False}
+        assert mounts == {str(folder): True, defaults.SANDBOX_WORKSPACE_ALIAS: True, str(LIBRARY.resolve()): False,
+                          "/.skillrun/control": True, "/.skillrun/program": False}
         events = docker_engine.client.events(since=int(time.time()) - 120, until=int(time.time()) + 1, decode=True,
                                              filters={"container": container.id, "event": "exec_create"})
         assert sum(1 for _ in events) == 0  # nothing was ever executed in it through the engine

@@ -125,29 +125,18 @@ async def test_an_example_skill_starts_a_server_and_tests_it_in_one_run(docker_r
     assert json.loads(result.output_files[0].content)["passed"] is True
 
 
-async def test_an_example_skill_builds_a_word_document_with_an_npm_package(docker_runtime_factory):
+@pytest.mark.parametrize(("name", "command", "outputs", "check"), [
+    ("docx-memo", "node scripts/memo.js memo.example.json out/memo.docx", "out/memo.docx", assert_memo),  # npm
+    ("doc-to-pdf", DOC_TO_PDF, "out/*.pdf", assert_converted),                # LibreOffice from Debian packages
+    ("page-screenshot", PAGE_SCREENSHOT, "out/page.png", assert_screenshot),  # Playwright with Debian's Chromium
+], ids=["docx-memo", "doc-to-pdf", "page-screenshot"])
+async def test_an_example_skill_runs_with_the_packages_it_declares(docker_runtime_factory, name, command, outputs,
+                                                                    check):
     runtime = docker_runtime_factory()
-    skill = SkillRef(name="docx-memo", root=str(LIBRARY), path="docx-memo")
-    result = await runtime.run(RunRequest(skill=skill, command="node scripts/memo.js memo.example.json out/memo.docx",
-                                          output_files=["out/memo.docx"]))
+    skill = SkillRef(name=name, root=str(LIBRARY), path=name)
+    result = await runtime.run(RunRequest(skill=skill, command=command, output_files=[outputs]))
     assert result.exit_code == 0, result.stdout + result.stderr
-    assert_memo(result)
-
-
-async def test_an_example_skill_converts_a_document_with_libreoffice_from_its_debian_packages(docker_runtime_factory):
-    runtime = docker_runtime_factory()
-    skill = SkillRef(name="doc-to-pdf", root=str(LIBRARY), path="doc-to-pdf")
-    result = await runtime.run(RunRequest(skill=skill, command=DOC_TO_PDF, output_files=["out/*.pdf"]))
-    assert result.exit_code == 0, result.stdout + result.stderr
-    assert_converted(result)
-
-
-async def test_an_example_skill_screenshots_a_page_in_the_debian_chromium_with_playwright(docker_runtime_factory):
-    runtime = docker_runtime_factory()
-    skill = SkillRef(name="page-screenshot", root=str(LIBRARY), path="page-screenshot")
-    result = await runtime.run(RunRequest(skill=skill, command=PAGE_SCREENSHOT, output_files=["out/page.png"]))
-    assert result.exit_code == 0, result.stdout + result.stderr
-    assert_screenshot(result)
+    check(result)
 
 
 def test_the_sandbox_image_names_every_workspace_id_of_the_range():

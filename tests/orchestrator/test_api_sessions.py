@@ -9,6 +9,7 @@ import httpx
 from orchestrator.dispatch import InlineDispatcher
 from orchestrator.services import Services
 from orchestrator.sessions import InMemorySessionService, RedisSessionService
+from tests.conftest import EXAMPLE_SKILLS
 from tests.orchestrator.api_helpers import client, make_services, new_team
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime
 
@@ -92,7 +93,7 @@ async def test_two_api_processes_share_sessions_through_redis(model_server, work
 
 async def test_health_and_openapi_document_the_routes(model_server, work_root):
     async with _client(_services(model_server, work_root, InMemorySessionService())) as client:
-        assert (await client.get("/healthz")).json() == {"status": "ok", "skills": 9}
+        assert (await client.get("/healthz")).json() == {"status": "ok", "skills": len(EXAMPLE_SKILLS)}
         paths = (await client.get("/openapi.json")).json()["paths"]
         assert {"/healthz", "/v1/sessions", "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/messages"} <= set(paths)
         assert "text/event-stream" in paths["/v1/sessions/{session_id}/messages"]["post"]["responses"]["200"]["content"]

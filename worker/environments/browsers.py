@@ -26,7 +26,6 @@ BROWSERS_FOLDER = ".skillrun-browsers"
 """The folder of links in an environment, ``PLAYWRIGHT_BROWSERS_PATH`` for its runs."""
 CHROMIUM = "/usr/bin/chromium"
 """Debian's Chromium, where the package ``chromium`` puts it (in the Docker image or the local root filesystem)."""
-DEBIAN_PACKAGE = "chromium"
 MAX_BROWSERS_JSON_BYTES = 64 * 1024
 REVISION = re.compile(r"[0-9]{1,12}")
 MAX_BUILDS = 8
@@ -100,4 +99,4 @@ def link_browsers(env: Path) -> bool:
     return True
 
 
-__all__ = ["BROWSERS_FOLDER", "CHROMIUM", "DEBIAN_PACKAGE", "link_browsers"]
+__all__ = ["BROWSERS_FOLDER", "CHROMIUM", "link_browsers"]
