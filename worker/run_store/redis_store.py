@@ -207,7 +207,6 @@ class RedisRunStore(BaseRunStore):
         pipe.zadd(self.keys.waiting, {record.id: record.created_at})
         if record.owner is not None:
             pipe.zadd(self.keys.team_waiting(record.owner), {record.id: record.created_at})
-        pipe.hincrby(self.keys.stats, f"status:{RunStatus.QUEUED.value}", 1)
         pipe.xadd(self.keys.part(record.id, "events"), {"event": RunEvent(type="queued").model_dump_json()})
 
     def get(self, run_id: str) -> RunRecord | None:
@@ -262,8 +261,7 @@ class RedisRunStore(BaseRunStore):
         pipe.set(self.keys.record(record.id), record.model_dump_json(), ex=ttl)
         pipe.xadd(self.keys.part(record.id, "events"), {"event": event.model_dump_json()})
         pipe.publish(self.keys.changes, f"{record.id} {event.type}")
-        if previous != record.status:
-            pipe.hincrby(self.keys.stats, f"status:{previous.value}", -1)
+        if record.status.done and not previous.done:  # queued and started runs are counted by their indexes
             pipe.hincrby(self.keys.stats, f"status:{record.status.value}", 1)
         if record.status.done and record.started_at and record.finished_at:
             seconds = record.finished_at - record.started_at
@@ -349,9 +347,21 @@ class RedisRunStore(BaseRunStore):
         return records[:limit]
 
     def stats(self) -> dict[str, Any]:
-        raw = {k.decode(): float(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
+        """The counts: ended runs' by status and durations from the stats hash (each run's end adds to it), queued
+        and started runs' from the indexes that hold them (so a run's start and end need no count of their own)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.stats)
+            pipe.zcard(self.keys.waiting)
+            pipe.zcard(self.keys.running)
+            counted, queued, started = pipe.execute()
+        raw = {k.decode(): float(v) for k, v in counted.items()}
+        ended = {status.value for status in RunStatus if status.done}
+        by_status = {k.split(":", 1)[1]: int(v) for k, v in raw.items()
+                     if k.startswith("status:") and k.split(":", 1)[1] in ended}
+        by_status.update({name: count for name, count in ((RunStatus.QUEUED.value, queued),
+                                                           (RunStatus.STARTED.value, started)) if count})
         return {
-            "status": {k.split(":", 1)[1]: int(v) for k, v in raw.items() if k.startswith("status:")},
+            "status": by_status,
             "duration_buckets": {k.split(":", 1)[1]: int(v) for k, v in raw.items() if k.startswith("duration:")},
             "duration_sum": raw.get("duration_sum", 0.0),
         }
