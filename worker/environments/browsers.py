@@ -51,7 +51,18 @@ def playwright_manifests(env: Path) -> list[Path]:
     if lib.is_dir() and not lib.is_symlink():
         found += [lib / name / "site-packages/playwright/driver/package/browsers.json"
                   for name in sorted(os.listdir(lib)) if name.startswith("python3")]
-    return [path for path in found if path.is_file() and not path.is_symlink()]
+    return [path for path in found if _no_link_on_the_way(env, path) and path.is_file()]
+
+
+def _no_link_on_the_way(env: Path, path: Path) -> bool:
+    """Whether nothing from ``env`` down to ``path`` (itself included) is a link: the build may have made any folder
+    on the way one, to a host folder, and no process of it is left to change that after this look."""
+    here = env
+    for part in path.relative_to(env).parts:
+        here = here / part
+        if here.is_symlink():
+            return False
+    return True
 
 
 def chromium_revisions(manifest: Path) -> set[tuple[str, str]]:
@@ -62,14 +73,14 @@ def chromium_revisions(manifest: Path) -> set[tuple[str, str]]:
         data = json.loads(read_plain_file(manifest, MAX_BROWSERS_JSON_BYTES, "Playwright's browsers.json",
                                           EnvironmentBuildError))
         browsers = data["browsers"]
-    except (EnvironmentBuildError, ValueError, KeyError, TypeError):
+    except (EnvironmentBuildError, ValueError, KeyError, TypeError, RecursionError):
         return set()
     wanted = set()
     for browser in browsers if isinstance(browsers, list) else []:
         if not isinstance(browser, dict):
             continue
         name, revision = browser.get("name"), browser.get("revision")
-        if name in PROGRAMS and isinstance(revision, str) and REVISION.fullmatch(revision):
+        if isinstance(name, str) and name in PROGRAMS and isinstance(revision, str) and REVISION.fullmatch(revision):
             wanted.add((name, revision))
     return wanted if len(wanted) <= MAX_BUILDS else set()
 

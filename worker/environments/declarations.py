@@ -60,8 +60,8 @@ MAX_DECLARATION_BYTES = 1024 * 1024
 MAX_SCRIPTS = 500
 """The most ``.py`` files of one skill scanned for inline metadata."""
 MAX_REQUIREMENTS = 500
-DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]{1,62}")
-"""A Debian package's name (matched whole)."""
+DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]{0,61}[a-z0-9+.]")
+"""A Debian package's name (matched whole), never ending in ``-``: apt would read ``name-`` as "remove name"."""
 MAX_DEBIAN_PACKAGES = 256
 """The most Debian packages one skill may declare (they are named to the build on one command line)."""
 PEP723_OPENING = re.compile(r"^# /// (?P<type>[a-zA-Z0-9-]+)$")
