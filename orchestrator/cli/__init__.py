@@ -25,6 +25,9 @@ USAGE_ERROR = 2
 PREPARED_RUNTIMES = ("local", "docker")
 """Runtimes whose environments are built on this host before runs (a Cube sandbox installs its own)."""
 
+WORK_ROOT_HELP = ("where workspaces live (default $SKILLRUN_WORK_ROOT, else /tmp as root and "
+                  "~/.cache/skillrun for any other account)")
+
 
 class UsageError(OrchestratorError):
     """Bad command-line input."""
@@ -69,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "show", parents=[common], help="one skill: body, docs, tools, dependency environment, problems"
     )
     show.add_argument("name")
-    show.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    show.add_argument("--work-root", metavar="DIR", help=WORK_ROOT_HELP)
     show.add_argument("--runtime", choices=PREPARED_RUNTIMES, default="local",
                       help="whose environment to show: the local runtime's (default) or the Docker runtime's")
     show.set_defaults(handler="orchestrator.cli.skills:show_skill")
@@ -78,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="resolve and build the skills' dependency environments (all skills, or the ones named)",
     )
     prepare.add_argument("names", nargs="*", metavar="NAME")
-    prepare.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    prepare.add_argument("--work-root", metavar="DIR", help=WORK_ROOT_HELP)
     prepare.add_argument("--runtime", choices=PREPARED_RUNTIMES, default="local",
                          help="whose environments to build: the local runtime's (default, for the host's python3) or "
                               "the Docker runtime's (for the sandbox image's, plus a derived image of each skill's "
@@ -88,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     envs_common = argparse.ArgumentParser(add_help=False)
     envs_common.add_argument("--json", action="store_true", help="print JSON for machines")
     envs_common.add_argument(
-        "--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)"
+        "--work-root", metavar="DIR", help=WORK_ROOT_HELP
     )
     envs = commands.add_parser("envs", help="built dependency environments: sizes, last use, removal")
     env_commands = envs.add_subparsers(title="envs commands")
@@ -113,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--input", action="append", default=[], metavar="PATH[=NAME]", help="copy a file into work/inputs/NAME"
     )
     run.add_argument("--workspace", metavar="ID", help="reuse the workspace of this id (work/ and out/ persist)")
-    run.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    run.add_argument("--work-root", metavar="DIR", help=WORK_ROOT_HELP)
     run.add_argument("--artifacts", action="store_true", help="also store the output files as artifacts")
     run.add_argument("--egress", action="append", default=[], metavar="HOST[:PORT]",
                      help="let the command reach this host (or *.domain) through the worker's egress proxy, and "
@@ -126,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", parents=[common], help="talk to the skill assistant (streams its answer)")
     chat.add_argument("message")
     chat.add_argument("--session", metavar="ID", help="continue this session (default: a new one)")
-    chat.add_argument("--work-root", metavar="DIR", help="where workspaces live (default $SKILLRUN_WORK_ROOT or /tmp)")
+    chat.add_argument("--work-root", metavar="DIR", help=WORK_ROOT_HELP)
     chat.set_defaults(handler="orchestrator.cli.chat:chat")
 
     plain = argparse.ArgumentParser(add_help=False)

@@ -105,6 +105,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         """Be one of the runs in the request's workspace for the whole run (``WorkspaceUses``); a run that keeps its
         workspace marks it kept. The last run to leave a workspace marked unwanted removes it, after its result (in
         the background)."""
+        self.workspaces.check()  # a work root this account cannot use is one clear error, before anything is made
         use = self.uses.enter(request.workspace_id, block=False)
         if use is None:  # it is being removed: the run starts once it is gone
             use = await asyncio.to_thread(self.uses.enter, request.workspace_id, block=True)
@@ -124,6 +125,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         """A workspace this runtime has used, held as a run holds it (never removed under the block), whose files
         this process reads and writes as its user would (``worker.runtimes.host_files``); ``None`` for one it has
         not used, or one being removed."""
+        self.workspaces.check()
         use = self.uses.enter(workspace_id, block=False) if WORKSPACE_ID_PATTERN.fullmatch(workspace_id) else None
         if use is None:
             yield None
@@ -150,6 +152,7 @@ class HostWorkspaceRuntime(BaseWorkspaceRuntime):
         await asyncio.to_thread(self._end_one_off, workspace_id)
 
     def _end_one_off(self, workspace_id: str) -> None:
+        self.workspaces.check()
         use = self.uses.enter(workspace_id, block=True)
         use.mark_unwanted()
         if use.leave():

@@ -116,8 +116,67 @@ def run_stamp() -> str:
 
 
 def default_work_root() -> Path:
-    """The guide puts workspaces in the system temporary directory."""
-    return Path(tempfile.gettempdir())
+    """Where workspaces go unless a work root is named. As root, the system temporary directory (as the guide puts
+    them): workspace users must reach their folders. Any other account gets a folder of its own, so two accounts of
+    one machine never share one: ``$XDG_CACHE_HOME/skillrun`` (``~/.cache/skillrun``), or ``<tmp>/skillrun-<uid>``
+    for an account without a home folder."""
+    if os.geteuid() == 0:
+        return Path(tempfile.gettempdir())
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(cache):
+        return Path(cache) / "skillrun"
+    home = os.path.expanduser("~")
+    if os.path.isabs(home) and home != "/" and os.path.isdir(home):
+        return Path(home) / ".cache" / "skillrun"
+    return Path(tempfile.gettempdir()) / f"skillrun-{os.geteuid()}"
+
+
+WORK_ROOT_HINT = "set SKILLRUN_WORK_ROOT to a folder of your own (or pass work_root)"
+
+
+def check_work_root(work_root: Path) -> None:
+    """Make ``work_root`` if it is not there, and refuse one this account cannot safely use, in one line that says
+    what to do (``WorkspaceError``): not a folder, another account's (unless sticky, as ``/tmp`` is), writable by
+    others without the sticky bit (another account could swap its workspaces), not writable, on a file system
+    mounted ``noexec`` (skills' programs could not run); and its registry folder (``.skillrun``) a link, not a
+    folder, another account's (that account ran Skillrun here first) or writable by others."""
+    euid = os.geteuid()
+
+    def refused(path: Path, reason: str) -> WorkspaceError:
+        return WorkspaceError(f"work root {path} cannot be used: {reason}; {WORK_ROOT_HINT}")
+
+    try:
+        work_root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        info = work_root.stat()
+    except FileExistsError:
+        raise refused(work_root, "it is not a folder") from None
+    except OSError as exc:
+        raise refused(work_root, exc.strerror or str(exc)) from None
+    sticky = bool(info.st_mode & stat.S_ISVTX)
+    if not stat.S_ISDIR(info.st_mode):
+        raise refused(work_root, "it is not a folder")
+    if info.st_uid != euid and not sticky:
+        raise refused(work_root, f"it belongs to uid {info.st_uid}, not to this account (uid {euid})")
+    if stat.S_IMODE(info.st_mode) & 0o022 and not sticky:
+        raise refused(work_root, f"others may write in it (mode {stat.S_IMODE(info.st_mode):o}) and it is not sticky")
+    if not os.access(work_root, os.W_OK | os.X_OK):
+        raise refused(work_root, "this account may not write in it")
+    if os.statvfs(work_root).f_flag & os.ST_NOEXEC:
+        raise refused(work_root, "its file system is mounted noexec, so skills' programs could not run there")
+    registry = work_root / REGISTRY_DIR
+    try:
+        found = registry.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise refused(work_root, f"{registry}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
+        raise refused(work_root, f"{registry} is not a folder (a link or a file)")
+    if found.st_uid != euid:
+        raise refused(work_root, f"{registry} belongs to uid {found.st_uid} (another account used this work root), "
+                                 f"not to this account (uid {euid})")
+    if stat.S_IMODE(found.st_mode) & 0o022:
+        raise refused(work_root, f"others may write in {registry} (mode {stat.S_IMODE(found.st_mode):o})")
 
 
 RESERVED_PREFIX = "ws_reserved_"
@@ -158,6 +217,7 @@ class WorkspaceManager:
         self.user_ids = user_ids or UserIdRegistry()
         self._known: dict[str, Workspace] = {}
         self._next_sweep = float("-inf")
+        self._checked = False
 
     @property
     def registry(self) -> Path:
@@ -313,21 +373,29 @@ class WorkspaceManager:
             os.chown(making, workspace.uid, workspace.gid)
         os.rename(making, spare)
 
+    def check(self) -> None:
+        """Refuse a work root this account cannot use (``check_work_root``), once: on a manager's first use."""
+        if not self._checked:
+            check_work_root(self.work_root)
+            self._checked = True
+
     def _ensure_registry(self) -> None:
-        self.work_root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.check()
         if self.isolate_users and not reachable_by_others(self.work_root):
             raise WorkspaceError(
                 f"work root {self.work_root} (or a folder above it) cannot be entered by other users, so commands "
                 "running as a workspace user could not reach their workspace; choose a work root under a folder "
                 "with mode o+x (for example /tmp or /var/lib/skillrun)"
             )
-        (self.registry / "workspaces").mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            (self.registry / "workspaces").mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise WorkspaceError(f"work root {self.work_root} cannot be used: {exc.strerror or exc}; "
+                                 f"{WORK_ROOT_HINT}") from None
         info = self.registry.lstat()
         if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o022 or not stat.S_ISDIR(info.st_mode):
-            raise WorkspaceError(
-                f"{self.registry} must be a directory owned by uid {os.geteuid()} and writable only by it; "
-                "choose another work_root or fix its owner and mode"
-            )
+            raise WorkspaceError(f"work root {self.work_root} cannot be used: {self.registry} must be a folder of "
+                                 f"uid {os.geteuid()} that only it may write in; {WORK_ROOT_HINT}")
 
     def _find(self, workspace_id: str) -> Workspace | None:
         link = self.registry / "workspaces" / workspace_id
