@@ -42,8 +42,9 @@ class PlaneSettings(BaseSettings):
 
     redis_url: str | None = Field(default=None, description="The Redis of the run queue, run records, sessions and "
                                                             "registries (unset: the embedded default, in process).")
-    work_root: Path | None = Field(default=None, description="Where workspaces are created (default: the temp dir); "
-                                                             "shared by all workers of a host.")
+    work_root: Path | None = Field(default=None, description="Where workspaces are created (default: the temp dir "
+                                                             "as root, else ~/.cache/skillrun: a folder of the "
+                                                             "account's own); shared by all workers of a host.")
     artifacts_dir: Path | None = Field(default=None, description="Where artifacts are stored (default: under "
                                                                  "work_root); the API's and the workers' the same.")
     blob_url: BlobUrl | None = Field(
@@ -100,6 +101,12 @@ class WorkerSettings(PlaneSettings):
     run_tmpfs_bytes: int = Field(
         default=defaults.SANDBOX_TMPFS_BYTES, ge=1024 * 1024, le=1024**4,
         description="Size of a run's private /tmp (and, on the local runtime, /dev/shm) on the local or Docker runtime.",
+    )
+    local_sandbox: bool = Field(
+        default=True,
+        description="Run the local runtime's commands in its bubblewrap sandbox, as root or as any other account "
+                    "(unprivileged user namespaces); false runs them unsandboxed, as this account, and every result "
+                    "says so. Where the sandbox cannot be made, runs fail saying why rather than run without it.",
     )
     docker_oci_runtime: str = Field(
         default="runc", pattern=defaults.OCI_RUNTIME_PATTERN,
@@ -192,14 +199,16 @@ class WorkerSettings(PlaneSettings):
 
     def runtime_options(self, name: str | RuntimeName) -> dict[str, Any]:
         """The keyword arguments the runtime called ``name`` takes from these settings — workspace disk size, run
-        CPUs and ``/tmp`` size, the Docker runtime's OCI runtime and warm pool — which ``resolve_runtime`` gives it
-        unless its caller names them: workers, the CLI and the Python API build runtimes alike. Where workspaces and
-        artifacts go is the caller's (each plane has its own ``work_root``)."""
+        CPUs and ``/tmp`` size, the local runtime's sandbox, the Docker runtime's OCI runtime and warm pool — which
+        ``resolve_runtime`` gives it unless its caller names them: workers, the CLI and the Python API build runtimes
+        alike. Where workspaces and artifacts go is the caller's (each plane has its own ``work_root``)."""
         options: dict[str, Any] = {}
         if self.workspace_disk_bytes is not None:
             options["disk_bytes"] = self.workspace_disk_bytes
         if name in (RuntimeName.LOCAL, RuntimeName.DOCKER):
             options |= {"cpus": self.run_cpus, "tmpfs_bytes": self.run_tmpfs_bytes}
+        if name == RuntimeName.LOCAL:
+            options["sandbox"] = self.local_sandbox
         if name == RuntimeName.DOCKER:
             options |= {"oci_runtime": self.docker_oci_runtime, "pool_size": self.docker_pool_size}
         return options

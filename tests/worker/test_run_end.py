@@ -13,7 +13,7 @@ import pytest
 from tests.processes import running_with, sleeper, wait_none_with
 from tests.services import unavailable
 from worker import defaults
-from worker.runtimes.local.runtime import LocalWorkspaceRuntime
+from worker.runtimes.local.runtime import UNSANDBOXED_NOTE, LocalWorkspaceRuntime
 from worker.sandbox.bubblewrap import SandboxStart
 
 pytestmark = pytest.mark.root
@@ -128,7 +128,9 @@ async def test_a_sandboxed_run_ends_with_the_output_and_exit_code_of_an_unsandbo
     async with LocalWorkspaceRuntime(work_root / "unboxed", sandbox=False) as unboxed:
         expected = await unboxed.run(make_request(command, workspace_id="end"))
     result = await run_in(command)
-    assert (result.exit_code, result.stdout, result.stderr) == (expected.exit_code, expected.stdout, expected.stderr)
+    unboxed_stderr = expected.stderr.removesuffix(f"\n[skillrun: {UNSANDBOXED_NOTE}]\n")
+    assert unboxed_stderr != expected.stderr  # an unsandboxed run says so
+    assert (result.exit_code, result.stdout, result.stderr) == (expected.exit_code, expected.stdout, unboxed_stderr)
 
 
 async def test_a_runs_namespaces_and_group_are_let_go_once_its_processes_are_gone(work_root, make_request):

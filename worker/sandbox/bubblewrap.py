@@ -192,9 +192,14 @@ def _system_args(root: str) -> tuple[str, ...]:
     return tuple(args)
 
 
+UNSANDBOXED_HINT = ("or, to run commands without the sandbox (as this account, seeing what it sees), set "
+                    "SKILLRUN_LOCAL_SANDBOX=false")
+
+
 @functools.cache
 def find_bwrap() -> str:
-    """bubblewrap, checked once: it must be installed and able to make its namespaces as an unprivileged user.
+    """bubblewrap, checked once: it must be installed and able to make its namespaces as an unprivileged user (as
+    root, the probe runs as ``nobody``; as any other account, as that account).
 
     The kernel lets a user namespace mount a ``/proc`` only where a fully visible one is mounted already; a
     container's ``/proc`` has parts masked (Docker's defaults), so a worker running as root there mounts an unmasked
@@ -202,8 +207,8 @@ def find_bwrap() -> str:
     bwrap = shutil.which("bwrap", path=defaults.SANDBOX_PATH + ":/usr/sbin:/sbin")
     if bwrap is None:
         raise RuntimeUnavailableError(
-            "bubblewrap is not installed; the local runtime sandboxes commands with it when running as root "
-            "(apt-get install bubblewrap)"
+            "bubblewrap is not installed; the local runtime sandboxes every command with it: install it (apt-get "
+            f"install bubblewrap), {UNSANDBOXED_HINT}"
         )
     probe = _probe(bwrap)
     if probe.returncode != 0 and os.geteuid() == 0 and _proc_is_masked():
@@ -214,19 +219,22 @@ def find_bwrap() -> str:
     if probe.returncode != 0:
         raise RuntimeUnavailableError(
             f"bubblewrap cannot make its namespaces here ({probe.stderr.strip() or probe.returncode}): allow "
-            "unprivileged user namespaces (sysctl user.max_user_namespaces > 0); in a container, give the worker "
-            "CAP_SYS_ADMIN and no AppArmor profile that forbids mounts (docker: --cap-add SYS_ADMIN "
-            "--security-opt apparmor=unconfined)"
+            "unprivileged user namespaces (sysctl user.max_user_namespaces > 0; on Debian's older kernels "
+            "kernel.unprivileged_userns_clone=1; on Ubuntu an AppArmor profile for bwrap, or "
+            "kernel.apparmor_restrict_unprivileged_userns=0); in a container, give the worker CAP_SYS_ADMIN and no "
+            "AppArmor profile that forbids mounts (docker: --cap-add SYS_ADMIN --security-opt apparmor=unconfined); "
+            f"{UNSANDBOXED_HINT}"
         )
     return bwrap
 
 
 def _probe(bwrap: str) -> subprocess.CompletedProcess:
-    """Make a sandbox's namespaces once. ``--as-pid-1``: its command is its pid 1, which its monitor waits for and
-    reaps, so the probe leaves no orphan."""
+    """Make a sandbox's namespaces once, as an unprivileged user. ``--as-pid-1``: its command is its pid 1, which
+    its monitor waits for and reaps, so the probe leaves no orphan."""
+    unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
     return subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bwrap, "--unshare-user", "--unshare-pid",
-         "--as-pid-1", "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
+        [*unprivileged, bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--as-pid-1", "--ro-bind", "/",
+         "/", "--proc", "/proc", "--", "/bin/true"],
         capture_output=True, text=True, timeout=30,
     )
 

@@ -46,6 +46,9 @@ MAX_SPAWNERS = 64
 """Spawner processes kept at once (one per recently used workspace); the least recently used is stopped."""
 
 SpawnerMode = Literal["auto", "eager", "off"]
+UNSANDBOXED_NOTE = ("ran unsandboxed (the local runtime's sandbox is off: SKILLRUN_LOCAL_SANDBOX=false, or "
+                    "sandbox=False): the command saw this machine's processes, files and network as its user does")
+"""Said in every result of a run made without the sandbox, which only an explicit setting turns off."""
 
 
 class LocalWorkspaceRuntime(HostWorkspaceRuntime):
@@ -108,7 +111,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         self.spawner_mode: SpawnerMode = spawners
         self.allow_network = allow_network
         self.ready_shells = ready_shells
-        self.sandbox = sandbox and self.workspaces.isolate_users
+        self.sandbox = sandbox
         self.tmpfs_bytes = tmpfs_bytes
         self.cpus = cpus
         self._bash: str | None = None
@@ -153,11 +156,14 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         if request.network and not self.allow_network:
             raise InvalidRunRequestError("network", "network access is not allowed on this runtime (allow_network=False)")
         if request.egress and (not self.sandbox or workspace.uid is None):
-            raise InvalidRunRequestError("egress", "an egress allow-list needs the local runtime's sandbox (a worker "
-                                                   "running as root, with bubblewrap); this one has none")
+            raise InvalidRunRequestError(
+                "egress", "an egress allow-list needs the local runtime's sandbox with workspace users (a worker "
+                          "running as root, with bubblewrap: its proxy listens inside the sandbox's network "
+                          "namespace); this one has none (run it as root, or use the Docker runtime)")
         no_network = workspace.uid is not None and not request.network
         sandbox = await self._sandbox(workspace, request, environment)
-        script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None,
+        # A sandbox's user namespace counts its own processes alone: its process limit binds nothing outside it.
+        script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None or sandbox is not None,
                                address_space=sandbox is None or not self.groups.available) + request.command
         argv = shell_argv(self._bash or find_bash(), script)
         if request.egress:  # a sandbox of its own, whose only way out is the proxy (never the held sandbox)
@@ -209,6 +215,8 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                 self.groups.retire_after(outcome.gone if outcome is not None else None, workspace.id, cgroup)
         if sandbox is not None:
             self._report_limits(outcome, request, oom_kills)
+        else:
+            outcome.notes.append(UNSANDBOXED_NOTE)
         return outcome
 
     async def _ready_shell(
@@ -278,16 +286,19 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         """This run's sandbox: its workspace, the library folder its skill is linked from and its skill's
         dependency environments (all read-only), the root filesystem with its Debian packages as its system (else
         the host's); with network, a network namespace of its own behind user-mode networking (never the host's)."""
-        if not self.sandbox or workspace.uid is None:
+        if not self.sandbox:
             return None
         await self.groups.start(self._bash or find_bash())
         if request.network:
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
         shown = tuple(str(folder) for folder in (source, *environment.folders) if folder is not None)
-        home = str(workspace.work_dir)
-        identity = self.identities.known(workspace.uid, workspace.gid, home) or await asyncio.to_thread(
-            self.identities.write, workspace.uid, workspace.gid, home)
+        if workspace.uid is not None:
+            uid, gid, home = workspace.uid, workspace.gid, str(workspace.work_dir)
+        else:  # this account's id for every workspace: one home for all, the workspace's alias
+            uid, gid, home = os.getuid(), os.getgid(), f"{defaults.SANDBOX_WORKSPACE_ALIAS}/work"
+        identity = self.identities.known(uid, gid, home) or await asyncio.to_thread(self.identities.write, uid, gid,
+                                                                                    home)
         system = str(environment.system) if environment.system is not None else None
         return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes, network=request.network,
                            served=bool(request.egress), identity=identity, system=system)
