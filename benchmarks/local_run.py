@@ -15,13 +15,19 @@ medians. The series:
 * unboxed    (as root only) warm and cold runs with the sandbox turned off (bubblewrap, PID namespace, per-run
              control group), to show what it costs
 
-Usage: .venv/bin/python benchmarks/local_run.py [--runs N] [--command CMD]
+As root, the same bare, ready, warm and cold series are then measured again as a normal account (the tests' one,
+``tests.normal_user``, made if missing), whose runs are sandboxed in unprivileged user namespaces without workspace
+users or control groups: a second process of this script (``--series-json``), with its own same-run baselines,
+printed beside root's. Run as a normal account, the script measures that account's series alone.
+
+Usage: .venv/bin/python benchmarks/local_run.py [--runs N] [--command CMD] [--series-json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -31,7 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import pytest  # noqa: E402
+
 from benchmarks.figures import markdown_table, publish, scratch_dir, summary_ms  # noqa: E402
+from tests.normal_user import REPO, normal_account, run_as  # noqa: E402
+from tests.normal_user import python as account_python  # noqa: E402
 from worker.contract import RunRequest, SkillRef  # noqa: E402
 from worker.runtimes.local.runtime import LocalWorkspaceRuntime  # noqa: E402
 
@@ -42,7 +52,64 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--command", default="echo hello")
+    parser.add_argument("--series-json", action="store_true",
+                        help="print this account's series as JSON, publish nothing (root's run of the script asks so)")
     args = parser.parse_args()
+    rows = await measure(args)
+    if args.series_json:
+        print(json.dumps(rows))
+        return
+    as_root = os.geteuid() == 0
+    print(f"local runtime vs bare bash -c, {args.runs} runs each, command {args.command!r}, "
+          f"{'root (per-workspace users)' if as_root else 'non-root'}")
+    _print(rows)
+    account_rows, account = (_as_normal_account(args) if as_root else (None, None))
+    if account_rows is not None:
+        print(f"as the normal account {account} (sandboxed in unprivileged user namespaces, no control groups):")
+        _print(account_rows)
+    tables = markdown_table(["series", "median ms", "p95 ms", "ratio (median)"], [_cells(row) for row in rows])
+    if account_rows is not None:
+        tables += (f"\n\nThe same series as the normal account `{account}` (not root: sandboxed in unprivileged user "
+                   "namespaces, without workspace users or control groups), in a process of its own with its own "
+                   "baselines:\n\n"
+                   + markdown_table(["series", "median ms", "p95 ms", "ratio (median)"],
+                                    [_cells(row) for row in account_rows]))
+    publish("local_run", "Local runtime",
+            f"{args.runs} runs of each series, command `{args.command}`, "
+            f"{'as root (per-workspace users)' if as_root else 'not root'}. The ratio is each median against its "
+            "baseline: `bare` (`bash -c`) for the series after it, and `warm/ready` is warm against the ready bash.\n\n"
+            + tables)
+
+
+def _print(rows: list[list]) -> None:
+    print(f"{'series':<10} {'median ms':>10} {'p95 ms':>8} {'ratio (median)':>15}  (warm/ready: warm against ready bash)")
+    for name, med, p95, ratio in rows:
+        print(f"{name:<10} {med:>10.2f} {p95:>8.2f} {ratio:>15.2f}")
+
+
+def _cells(row: list) -> list[str]:
+    name, med, p95, ratio = row
+    return [name, f"{med:.2f}", f"{p95:.2f}", f"{ratio:.2f}"]
+
+
+def _as_normal_account(args: argparse.Namespace) -> tuple[list[list] | None, str | None]:
+    """The series measured again by this script as the tests' normal account (``--series-json``)."""
+    try:
+        account = normal_account()
+    except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+        print(f"the normal account's series: not measured ({exc})", file=sys.stderr)
+        return None, None
+    print(f"  the same series as the normal account {account.name}", file=sys.stderr)
+    done = run_as(account, [account_python(account), str(Path(__file__).resolve()), "--runs", str(args.runs),
+                            "--command", args.command, "--series-json"], cwd=REPO, timeout=3600)
+    if done.returncode != 0:
+        print(f"the normal account's series failed: {done.stderr[-2000:]}", file=sys.stderr)
+        return None, None
+    return json.loads(done.stdout.splitlines()[-1]), account.name
+
+
+async def measure(args: argparse.Namespace) -> list[list]:
+    """Every series of this account: name, median and p95 in milliseconds, ratio of medians to its baseline."""
 
     work_root = scratch_dir("skillrun-bench-")
     runtime = LocalWorkspaceRuntime(work_root)
@@ -106,9 +173,6 @@ async def main() -> None:
             await rt.close()
         shutil.rmtree(work_root, ignore_errors=True)
 
-    print(f"local runtime vs bare bash -c, {args.runs} runs each, command {args.command!r}, "
-          f"{'root (per-workspace users)' if as_root else 'non-root'}")
-    print(f"{'series':<10} {'median ms':>10} {'p95 ms':>8} {'ratio (median)':>15}  (warm/ready: warm against ready bash)")
     series = [("bare", bare, bare), ("ready bash", ready, bare), ("warm", warm, bare), ("warm/ready", warm, ready)]
     series += [("shared-uid", shared, bare), ("unboxed", unboxed, bare)] if as_root else []
     series += [("bare", cold_bare, cold_bare), ("cold", cold, cold_bare)]
@@ -116,13 +180,8 @@ async def main() -> None:
     rows = []
     for name, samples, baseline in series:
         (med, p95), (base, _) = summary_ms(samples), summary_ms(baseline)
-        print(f"{name:<10} {med:>10.2f} {p95:>8.2f} {med / base:>15.2f}")
-        rows.append([name, f"{med:.2f}", f"{p95:.2f}", f"{med / base:.2f}"])
-    publish("local_run", "Local runtime",
-            f"{args.runs} runs of each series, command `{args.command}`, "
-            f"{'as root (per-workspace users)' if as_root else 'not root'}. The ratio is each median against its "
-            "baseline: `bare` (`bash -c`) for the series after it, and `warm/ready` is warm against the ready bash.\n\n"
-            + markdown_table(["series", "median ms", "p95 ms", "ratio (median)"], rows))
+        rows.append([name, med, p95, med / base])
+    return rows
 
 
 def _ready_bash() -> subprocess.Popen:
