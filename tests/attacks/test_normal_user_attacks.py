@@ -6,6 +6,8 @@ or finds nothing; each check runs as the account (``tests.normal_user``), throug
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -16,11 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from tests.conftest import IS_ROOT, write_skill
 from tests.normal_user import REPO, Account, cli, local_runs, normal_account, python, run_as
-from tests.services import unavailable
+from tests.services import free_port, unavailable
 from worker.errors import RuntimeUnavailableError
 from worker.roots.folders import remove_tree
 from worker.runtimes.local.runtime import UNSANDBOXED_NOTE
@@ -349,3 +354,66 @@ def test_the_readmes_first_command_works_for_a_normal_account(account, cache):
     assert done.stdout.split()[-1] == "34" and "out/fib.txt" in done.stderr
     assert "Traceback" not in done.stderr and UNSANDBOXED_NOTE not in done.stderr
     assert stat.S_IMODE((cache / "skillrun").stat().st_mode) & 0o022 == 0
+
+
+SANDBOX_CHECK = ("echo \"processes $(ls -d /proc/[0-9]* | wc -l)\"; ls -A /tmp | grep -c . || true; "
+                 "ls -A \"$HOME_OUTSIDE\" | grep -c -v '^.cache-test-' || true; id -un")
+"""What each way in runs: its processes, its /tmp, the account's home (named by the caller: only the folder the
+work root is in shows there, empty but for the way to the workspace), its user."""
+
+
+def _sandboxed(stdout: str, account: Account) -> None:
+    lines = stdout.splitlines()
+    assert int(lines[0].split()[1]) <= 6 and lines[1:] == ["0", "0", f"skillrun-{account.uid}"], stdout
+
+
+async def test_skillrun_mcp_as_a_normal_account_runs_sandboxed(account, skill_root, cache):
+    """``skillrun mcp`` over stdio, started as the account, driven by the ``mcp`` SDK's client."""
+    argv = [*cli(account), "mcp", "--skills-root", str(skill_root)]
+    command, args = (argv[0], argv[1:]) if not IS_ROOT else (
+        "setpriv", [f"--reuid={account.uid}", f"--regid={account.gid}", "--clear-groups", *argv])
+    params = StdioServerParameters(command=command, args=args, cwd=str(REPO),
+                                   env=account.environment({"XDG_CACHE_HOME": str(cache),
+                                                            "SKILLRUN_DATA_DIR": str(cache / "data")}))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool("skill_run", {"skill": "probe", "command": SANDBOX_CHECK,
+                                                       "env": {"HOME_OUTSIDE": str(account.home)}})
+    assert not result.isError, result.content[0].text
+    _sandboxed(json.loads(result.content[0].text)["stdout"], account)
+    assert (cache / "skillrun" / ".skillrun").is_dir()  # its own default work root
+
+
+async def test_skillrun_serve_as_a_normal_account_runs_sandboxed(account, skill_root, cache):
+    """``skillrun serve`` on the embedded default, started as the account: a team of its own, a run through the
+    HTTP API."""
+    env = {"XDG_CACHE_HOME": str(cache), "SKILLRUN_DATA_DIR": str(cache / "data"), "SKILLS_ROOT": str(skill_root)}
+    for step in (["teams", "create", "laptop"], ["keys", "create", "--json", "laptop"]):
+        made = run_as(account, [*cli(account), *step], env=env, cwd=REPO)
+        assert made.returncode == 0, made.stderr
+    key = json.loads(made.stdout)["key"]
+    port = free_port()
+    argv = [*cli(account), "serve", "--port", str(port)]
+    switch = {"user": account.uid, "group": account.gid, "extra_groups": []} if IS_ROOT else {}
+    server = subprocess.Popen(argv, env=account.environment(env), cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, **switch)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                                     headers={"Authorization": f"Bearer {key}"}) as client:
+            for _ in range(300):
+                if server.poll() is not None:
+                    raise AssertionError(f"skillrun serve ended: {server.stderr.read().decode()[-2000:]}")
+                try:
+                    if (await client.get("/healthz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.1)
+            submitted = await client.post("/v1/runs", json={"skill": "probe", "command": SANDBOX_CHECK,
+                                                            "env": {"HOME_OUTSIDE": str(account.home)}})
+            assert submitted.status_code in (200, 201, 202), submitted.text
+            record = (await client.get(f"/v1/runs/{submitted.json()['id']}", params={"wait": 60})).json()
+    finally:
+        server.kill()
+        server.wait()
+    assert record["status"] == "finished", record
+    _sandboxed(record["result"]["stdout"], account)
