@@ -26,6 +26,7 @@ import time
 
 from worker import defaults
 from worker.cancellation import Cancellation
+from worker.errors import SandboxError
 from worker.sandbox.cgroups.groups import RunCgroup
 from worker.sandbox.fdwait import readable_now
 from worker.sandbox.bubblewrap import SandboxStart
@@ -354,7 +355,10 @@ def empty_group(group: RunCgroup) -> bool:
 
 
 def kill_user_processes(uid: int, keep: frozenset[int] = frozenset()) -> int:
-    """SIGKILL every process whose user id is ``uid`` (but the pids in ``keep``); return how many were signalled."""
+    """SIGKILL every process whose user id is ``uid`` (but the pids in ``keep``); return how many were signalled.
+    Never this process's own user's, nor root's: ``uid`` must be a workspace user's (``SandboxError`` otherwise)."""
+    if uid in (0, os.geteuid()):
+        raise SandboxError(f"refused to kill every process of uid {uid}: it is not a workspace user's")
     killed = 0
     for _ in range(3):  # a process may fork while we look; look again
         found = 0

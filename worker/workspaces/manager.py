@@ -138,7 +138,8 @@ def check_work_root(work_root: Path) -> None:
     """Make ``work_root`` if it is not there, and refuse one this account cannot safely use, in one line that says
     what to do (``WorkspaceError``): not a folder, another account's (unless sticky, as ``/tmp`` is), writable by
     others without the sticky bit (another account could swap its workspaces), not writable, on a file system
-    mounted ``noexec`` (skills' programs could not run); and its registry folder (``.skillrun``) a link, not a
+    mounted ``noexec`` (skills' programs could not run), under a folder others may write in without the sticky bit
+    (another account could swap the work root itself); and its registry folder (``.skillrun``) a link, not a
     folder, another account's (that account ran Skillrun here first) or writable by others."""
     euid = os.geteuid()
 
@@ -163,6 +164,11 @@ def check_work_root(work_root: Path) -> None:
         raise refused(work_root, "this account may not write in it")
     if os.statvfs(work_root).f_flag & os.ST_NOEXEC:
         raise refused(work_root, "its file system is mounted noexec, so skills' programs could not run there")
+    for above in Path(os.path.realpath(work_root)).parents:
+        mode = above.stat().st_mode
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            raise refused(work_root, f"others may write in {above}, a folder above it, which is not sticky (another "
+                                     "account could put a folder of its own in the work root's place)")
     registry = work_root / REGISTRY_DIR
     try:
         found = registry.lstat()
@@ -413,11 +419,14 @@ class WorkspaceManager:
             return None
         if meta.get("workspace_id") != workspace_id:
             raise WorkspaceError(f"index entry for {workspace_id!r} points at another workspace ({path})")
-        uid = meta.get("uid")
-        if uid is not None and self.isolate_users and not self.user_ids.claim(uid, path):
-            raise WorkspaceError(f"workspace {workspace_id!r} ({path}) has user id {uid}, which another workspace "
-                                 "of this host holds; remove one of them")
-        return Workspace(id=workspace_id, path=path, uid=uid, gid=meta.get("gid"))
+        if self.isolate_users:
+            uid, gid = meta.get("uid"), meta.get("gid")
+            if uid is not None and not self.user_ids.claim(uid, path):
+                raise WorkspaceError(f"workspace {workspace_id!r} ({path}) has user id {uid}, which another "
+                                     "workspace of this host holds; remove one of them")
+        else:  # the workspace's commands ran as this account, which may have written its metadata: not believed
+            uid = gid = self.fixed_uid
+        return Workspace(id=workspace_id, path=path, uid=uid, gid=gid)
 
     def _create(self, workspace_id: str, reserved: Workspace | None = None) -> Workspace:
         if reserved is not None:
