@@ -105,7 +105,10 @@ class SandboxSpec:
     loopback up), with nothing else in it but what the starting task's server places there (``served_by``).
     ``identity``: a folder whose ``passwd`` and ``group`` the sandbox sees as ``/etc``'s
     (``worker.sandbox.identity``). ``system``: a root filesystem (``worker.environments.systems``) whose ``/usr``,
-    ``/etc`` and ``/var`` the sandbox shows instead of the host's ``/usr`` and ``/etc``."""
+    ``/etc`` and ``/var`` the sandbox shows instead of the host's ``/usr`` and ``/etc``. ``writable``: when given,
+    the workspace is shown read-only but for these folders of it (each its own mount, which the run can neither
+    rename nor replace): for a run of the worker's own user, whom file modes do not keep from the workspace's
+    metadata, its ``skills`` and ``runs`` folders and the links in them."""
 
     workspace: str
     read_only: tuple[str, ...] = ()
@@ -114,10 +117,13 @@ class SandboxSpec:
     served: bool = False
     identity: str | None = None
     system: str | None = None
+    writable: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.network and self.served:
             raise ValueError("a sandbox is connected through user-mode networking or served, not both")
+        if any(not folder.startswith(self.workspace.rstrip("/") + "/") for folder in self.writable):
+            raise ValueError("a sandbox's writable folders are folders of its workspace")
         if self.network:
             find_slirp4netns()
 
@@ -144,6 +150,18 @@ class SandboxSpec:
         return [*self._layout(bwrap), "--as-pid-1", "--chdir", "/", "--json-status-fd", str(info_fd),
                 "--seccomp", str(seccomp_fd), "--"]
 
+    def _workspace_args(self) -> list[str]:
+        """The workspace at its own path and at ``SANDBOX_WORKSPACE_ALIAS``: read-write, or read-only with its
+        ``writable`` folders read-write on top."""
+        alias = defaults.SANDBOX_WORKSPACE_ALIAS
+        if not self.writable:
+            return ["--bind", self.workspace, self.workspace, "--bind", self.workspace, alias]
+        args = ["--ro-bind", self.workspace, self.workspace, "--ro-bind", self.workspace, alias]
+        for folder in self.writable:
+            inside = alias + folder[len(self.workspace):]
+            args += ["--bind", folder, folder, "--bind", folder, inside]
+        return args
+
     def _layout(self, bwrap: str) -> list[str]:
         """The namespaces and mounts: everything of the command line but how the sandbox starts."""
         args = [bwrap, *_NAMESPACES, *_system_args(self.system or "/")]
@@ -153,7 +171,7 @@ class SandboxSpec:
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
                  "--size", str(self.tmpfs_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
-                 "--bind", self.workspace, self.workspace, "--bind", self.workspace, defaults.SANDBOX_WORKSPACE_ALIAS]
+                 *self._workspace_args()]
         for folder in self.read_only:
             args += ["--ro-bind", folder, folder]
         args += ["--unshare-net"]  # loopback up, nothing else: what served and connected sandboxes add to

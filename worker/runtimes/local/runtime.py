@@ -161,7 +161,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
                           "running as root, with bubblewrap: its proxy listens inside the sandbox's network "
                           "namespace); this one has none (run it as root, or use the Docker runtime)")
         no_network = workspace.uid is not None and not request.network
-        sandbox = await self._sandbox(workspace, request, environment)
+        sandbox = await self._sandbox(workspace, request, environment, env.get("RUN_DIR"))
         # A sandbox's user namespace counts its own processes alone: its process limit binds nothing outside it.
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None or sandbox is not None,
                                address_space=sandbox is None or not self.groups.available) + request.command
@@ -281,11 +281,14 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         await asyncio.to_thread(spawner.close)
 
     async def _sandbox(
-        self, workspace: Workspace, request: RunRequest, environment: RunEnvironment
+        self, workspace: Workspace, request: RunRequest, environment: RunEnvironment, run_dir: str | None
     ) -> SandboxSpec | None:
         """This run's sandbox: its workspace, the library folder its skill is linked from and its skill's
         dependency environments (all read-only), the root filesystem with its Debian packages as its system (else
-        the host's); with network, a network namespace of its own behind user-mode networking (never the host's)."""
+        the host's); with network, a network namespace of its own behind user-mode networking (never the host's).
+        A run of this process's own user (no workspace user: not root) may write only ``work/``, ``out/``, its run
+        folder and its staged skill: the workspace's metadata, ``skills/`` and ``runs/`` are the worker's, which
+        file modes cannot keep from the same user."""
         if not self.sandbox:
             return None
         await self.groups.start(self._bash or find_bash())
@@ -293,15 +296,19 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
             await asyncio.to_thread(find_slirp4netns)  # checked once; where it is missing the run fails
         source = self.stager.linked_source(request.skill)
         shown = tuple(str(folder) for folder in (source, *environment.folders) if folder is not None)
+        writable: tuple[str, ...] = ()
         if workspace.uid is not None:
             uid, gid, home = workspace.uid, workspace.gid, str(workspace.work_dir)
         else:  # this account's id for every workspace: one home for all, the workspace's alias
             uid, gid, home = os.getuid(), os.getgid(), f"{defaults.SANDBOX_WORKSPACE_ALIAS}/work"
+            staged = workspace.skills_dir / request.skill.name
+            writable = tuple(str(folder) for folder in (workspace.work_dir, workspace.out_dir, run_dir, staged)
+                             if folder is not None)
         identity = self.identities.known(uid, gid, home) or await asyncio.to_thread(self.identities.write, uid, gid,
                                                                                     home)
         system = str(environment.system) if environment.system is not None else None
         return SandboxSpec(str(workspace.path), shown, self.tmpfs_bytes, network=request.network,
-                           served=bool(request.egress), identity=identity, system=system)
+                           served=bool(request.egress), identity=identity, system=system, writable=writable)
 
     def _prepare_next_run(self, workspace_id: str) -> None:
         """Once a run's result has gone out: its workspace's next run folder, and the next run's ready shell (its
@@ -326,8 +333,9 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         task.add_done_callback(self._placements.discard)
 
     def _report_limits(self, outcome: ProcessOutcome, request: RunRequest, oom_kills: int) -> None:
-        """Say in the result when the run's limits held only per process, or when it went past its memory."""
-        if self.groups.missing is not None:
+        """Say in the result when the run's limits held only per process (a root host without control groups: a
+        normal account's runs never have them, as its documentation says), or when it went past its memory."""
+        if self.groups.missing is not None and os.geteuid() == 0:
             outcome.notes.append(f"memory, process and CPU limits held per process only: {self.groups.missing}")
         if oom_kills:
             outcome.oom_killed = True
