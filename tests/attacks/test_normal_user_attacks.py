@@ -202,7 +202,8 @@ def test_a_normal_accounts_sandbox_refuses(account, skill_root, cache, command):
 def test_a_normal_accounts_run_cannot_reach_the_accounts_other_processes(account, skill_root, cache):
     """A process of the same account outside the sandbox (its editor, its agent, the worker): not in the run's
     ``/proc``, and not signalled by its number."""
-    other = subprocess.Popen(["sleep", "120"], user=account.uid, group=account.gid, extra_groups=[])
+    switch = {"user": account.uid, "group": account.gid, "extra_groups": []} if IS_ROOT else {}
+    other = subprocess.Popen(["sleep", "120"], **switch)
     try:
         result = _one(account, skill_root, f"test -e /proc/{other.pid} && echo SEEN; kill -STOP {other.pid} "
                                            f"2>/dev/null && echo SIGNALLED; true", cache)
