@@ -77,7 +77,7 @@ class Spec:
     """The workspace's folder (read-write) and the folders shown read-only, each at its own path."""
     network: bool
     run_limits: tuple[int, int]  # the run's memory bytes and processes
-    workspace: str = ""
+    workspace: str
     """The workspace's folder, shown at ``SANDBOX_WORKSPACE_ALIAS`` too."""
 
 
@@ -143,7 +143,7 @@ class Launcher:
             tmpfs={"/tmp": f"size={settings.tmpfs_bytes},mode=1777,nosuid,nodev"}, shm_size=settings.shm_bytes,
             mem_limit=memory, memswap_limit=memory, nano_cpus=int(settings.cpus * 1e9), pids_limit=pids,
             working_dir="/", use_config_proxy=False, runtime=settings.oci_runtime,
-            mounts=[Mount(defaults.SANDBOX_WORKSPACE_ALIAS, spec.workspace, type="bind")] if spec.workspace else [],
+            mounts=[Mount(defaults.SANDBOX_WORKSPACE_ALIAS, spec.workspace, type="bind")],
         )
         if executor is not None:
             control, _ = executor
