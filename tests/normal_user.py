@@ -114,17 +114,32 @@ def run_as(account: Account, argv: list[str], *, env: dict[str, str] | None = No
                           capture_output=True, text=True, timeout=timeout, **switch)
 
 
+def driver(account: Account) -> list[str]:
+    """The command that runs ``tests.rootless_driver`` as the account (from the checkout, with ``run_as``); its job
+    is one line of JSON on stdin."""
+    return [python(account), "-m", "tests.rootless_driver"]
+
+
+def job_line(skill_root: Path, runs: list[dict], options: dict | None = None) -> str:
+    """The driver's job: ``runs`` in the skills of ``skill_root``, on ``resolve_runtime("local", **options)``."""
+    return json.dumps({"skill_root": str(skill_root), "runs": runs, "options": options or {}}) + "\n"
+
+
+def results_of(stdout: str) -> list[dict]:
+    """The driver's results, from its last line."""
+    return json.loads(stdout.splitlines()[-1])["results"]
+
+
 def local_runs(account: Account, skill_root: Path, runs: list[dict], *, options: dict | None = None,
                env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> list[dict]:
-    """Run each of ``runs`` (``command`` and any ``RunRequest`` fields) in the ``probe`` skill of ``skill_root`` on
-    one local runtime built as the account's ``resolve_runtime("local", **options)``: each one's ``exit_code``,
-    ``stdout``, ``stderr`` and ``output_files``, or the ``error`` it raised."""
-    job = json.dumps({"skill_root": str(skill_root), "runs": runs, "options": options or {}})
-    done = run_as(account, [python(account), "-m", "tests.rootless_driver"], env=env, input=job, prefix=prefix,
+    """Run each of ``runs`` (see ``tests.rootless_driver``) in the skills of ``skill_root`` on one local runtime
+    built as the account's ``resolve_runtime("local", **options)``, and give back their results."""
+    done = run_as(account, driver(account), env=env, input=job_line(skill_root, runs, options), prefix=prefix,
                   cwd=REPO)
     if done.returncode != 0:
         raise AssertionError(f"the driver failed ({done.returncode}): {done.stderr[-3000:]}")
-    return json.loads(done.stdout)
+    return results_of(done.stdout)
 
 
-__all__ = ["Account", "NORMAL_USER", "REPO", "cli", "local_runs", "normal_account", "python", "run_as"]
+__all__ = ["Account", "NORMAL_USER", "REPO", "cli", "driver", "job_line", "local_runs", "normal_account", "python",
+           "results_of", "run_as"]

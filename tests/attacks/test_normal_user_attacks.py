@@ -15,7 +15,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import httpx
@@ -23,45 +22,14 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from tests.conftest import IS_ROOT, write_skill
-from tests.normal_user import REPO, Account, cli, local_runs, normal_account, python, run_as
+from tests.conftest import IS_ROOT
+from tests.normal_user import REPO, Account, cli, local_runs, python, run_as
 from tests.services import free_port, unavailable
 from worker.errors import RuntimeUnavailableError
-from worker.roots.folders import remove_tree
 from worker.runtimes.local.runtime import UNSANDBOXED_NOTE
 from worker.sandbox import bubblewrap
 
 SKILL_TEXT = "---\nname: probe\ndescription: The probe skill.\n---\nProbe things.\n"
-
-
-@pytest.fixture(scope="module")
-def account() -> Account:
-    return normal_account()
-
-
-@pytest.fixture
-def shared() -> Path:
-    """A fresh folder every account may enter and read, removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="skillrun-normal-"))
-    path.chmod(0o755)
-    yield path
-    remove_tree(path)
-
-
-@pytest.fixture
-def skill_root(shared: Path) -> Path:
-    root = shared / "library"
-    write_skill(root, "probe", body="Probe things.\n", files={"scripts/hello.sh": "echo hello\n"})
-    return root
-
-
-@pytest.fixture
-def cache(account: Account) -> Path:
-    """The account's ``XDG_CACHE_HOME`` for one test (its default work root is ``<cache>/skillrun``), under its
-    home; removed afterwards."""
-    path = account.home / f".cache-test-{secrets.token_hex(4)}"
-    yield path
-    remove_tree(path)
 
 
 def _one(account: Account, skill_root: Path, command: str, cache: Path, **fields) -> dict:
@@ -77,7 +45,7 @@ def test_a_normal_account_gets_a_work_root_of_its_own(account, skill_root, cache
 
     result = _one(account, skill_root, "echo hi > out/hi.txt; cat out/hi.txt", cache, output_files=["out/hi.txt"])
 
-    assert (result["exit_code"], result["stdout"], result["output_files"]) == (0, "hi\n", ["out/hi.txt"])
+    assert (result["exit_code"], result["stdout"], result["files"]) == (0, "hi\n", {"out/hi.txt": "hi\n"})
     registry = cache / "skillrun" / ".skillrun"
     assert registry.is_dir() and registry.stat().st_uid == account.uid
     assert (sorted(os.listdir("/tmp/.skillrun")) if os.path.isdir("/tmp/.skillrun") else None) == before

@@ -4,8 +4,9 @@ run leaves in its workspace, outliving the run, reaching the account's other pro
 exhausting the account, and swapping the work root under a checked runtime. Every check runs as the account
 (``tests.normal_user``), through the local runtime the guide builds (``resolve_runtime("local")``) or the CLI.
 
-A run can change everything in its own workspace (the workspace's root is the account's, bound read-write): the
-tests here plant what it could plant there and look at what the worker does with it next.
+The account owns its workspaces, so file modes keep nothing of them from its runs: the sandbox shows the workspace
+read-only but for ``work/``, ``out/``, the run folder and the staged skill. The tests here plant what a run could
+plant and look at what the worker does with it next.
 """
 
 from __future__ import annotations
@@ -15,82 +16,14 @@ import json
 import os
 import secrets
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_skill
-from tests.normal_user import REPO, Account, cli, normal_account, python, run_as
+from tests.normal_user import REPO, Account, cli, driver, job_line, local_runs, results_of, run_as
 from tests.services import unavailable
 from worker.roots.folders import remove_tree
-
-DRIVER = r"""
-import asyncio, base64, json, os, sys
-from worker.contract import RunRequest, SkillRef
-from worker.errors import WorkerError
-from worker.runtimes import resolve_runtime
-
-async def main(job):
-    results = []
-    async with resolve_runtime("local", **job.get("options", {})) as runtime:
-        for fields in job["runs"]:
-            if fields.pop("pause", False):  # the test does something between two runs of one runtime
-                print(json.dumps({"paused": True}), flush=True)
-                sys.stdin.readline()
-            skill = fields.pop("skill", "probe")
-            end = fields.pop("end", False)
-            request = RunRequest(skill=SkillRef(name=skill, root=job["skill_root"], path=skill), **fields)
-            try:
-                result = await runtime.run(request)
-                if end:
-                    await runtime.end_one_off_workspace(request.workspace_id)
-            except WorkerError as exc:
-                results.append({"error": f"{type(exc).__name__}: {exc}"})
-                continue
-            results.append({"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
-                            "files": {f.name: f.content for f in result.output_files},
-                            "skipped": {f.name: f.reason for f in result.skipped_files}})
-        await runtime.idle()
-    print(json.dumps({"results": results}), flush=True)
-
-asyncio.run(main(json.loads(sys.argv[1])))
-"""
-"""Like ``tests.rootless_driver``, but each run may name its skill, end its one-off workspace (``end``, as a job's
-end does) or wait for a line on stdin first (``pause``); results carry the output files' contents."""
-
-
-@pytest.fixture(scope="module")
-def account() -> Account:
-    return normal_account()
-
-
-@pytest.fixture
-def shared() -> Path:
-    """A fresh folder every account may enter and read, removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="skillrun-escape-"))
-    path.chmod(0o755)
-    yield path
-    remove_tree(path)
-
-
-@pytest.fixture
-def skill_root(shared: Path) -> Path:
-    root = shared / "library"
-    write_skill(root, "probe", body="Probe things.\n", files={"scripts/hello.sh": "echo hello\n"})
-    write_skill(root, "other", body="Other things.\n", files={"scripts/other.sh": "echo other\n"})
-    return root
-
-
-@pytest.fixture
-def cache(account: Account) -> Path:
-    """The account's ``XDG_CACHE_HOME`` for one test (its default work root is ``<cache>/skillrun``), under its
-    home; removed afterwards."""
-    path = account.home / f".cache-test-{secrets.token_hex(4)}"
-    yield path
-    remove_tree(path)
-
 
 @pytest.fixture
 def home_folder(account: Account) -> Path:
@@ -113,13 +46,8 @@ def _as_account(account: Account, path: Path) -> None:
 
 def drive(account: Account, skill_root: Path, runs: list[dict], cache: Path, *, options: dict | None = None,
           env: dict[str, str] | None = None) -> list[dict]:
-    """Run ``runs`` on one local runtime, as the account (see ``DRIVER``)."""
-    job = json.dumps({"skill_root": str(skill_root), "runs": runs, "options": options or {}})
-    done = run_as(account, [python(account), "-c", DRIVER, job], env={"XDG_CACHE_HOME": str(cache), **(env or {})},
-                  cwd=REPO, timeout=120)
-    if done.returncode != 0:
-        raise AssertionError(f"the driver failed ({done.returncode}): {done.stderr[-3000:]}")
-    return json.loads(done.stdout.splitlines()[-1])["results"]
+    """Run ``runs`` on one local runtime, as the account, its default work root under ``cache``."""
+    return local_runs(account, skill_root, runs, options=options, env={"XDG_CACHE_HOME": str(cache), **(env or {})})
 
 
 def one(account: Account, skill_root: Path, command: str, cache: Path, **fields) -> dict:
@@ -438,16 +366,18 @@ def test_a_work_root_swapped_by_another_account_after_its_check_gets_nothing(acc
     root.mkdir(mode=0o755)
     os.chown(root, account.uid, account.gid)
     secret = f"the account's input {secrets.token_hex(6)}"
-    job = json.dumps({"skill_root": str(skill_root), "options": {"work_root": str(root)}, "runs": [
+    job = job_line(skill_root, options={"work_root": str(root)}, runs=[
         {"command": "true", "workspace_id": "kept"},
         {"pause": True, "command": "echo ran", "workspace_id": "kept",
          "inputs": [{"name": "secret.txt", "content": base64.b64encode(secret.encode()).decode()}]},
-    ]})
-    driver = subprocess.Popen([python(account), "-c", DRIVER, job], env=account.environment(), cwd=REPO,
-                              user=account.uid, group=account.gid, extra_groups=[], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ])
+    running = subprocess.Popen(driver(account), env=account.environment(), cwd=REPO, user=account.uid,
+                               group=account.gid, extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     try:
-        assert json.loads(driver.stdout.readline()) == {"paused": True}
+        running.stdin.write(job)
+        running.stdin.flush()
+        assert json.loads(running.stdout.readline()) == {"paused": True}
         swapped = run_as(NOBODY, ["bash", "-ec", """
             cd "$1"; ws=$(ls skillrun | grep '^ws_kept_' || echo ws_kept_1)
             mv skillrun taken
@@ -456,11 +386,11 @@ def test_a_work_root_swapped_by_another_account_after_its_check_gets_nothing(acc
             chmod -R 777 skillrun
         """, "swap", str(drop)], cwd=shared)
         assert swapped.returncode == 0, swapped.stderr
-        out, err = driver.communicate("go\n", timeout=60)
+        out, err = running.communicate("go\n", timeout=60)
     finally:
-        driver.kill()
+        running.kill()
     taken = [path for path in (drop / "skillrun").rglob("*") if path.is_file() and secret in path.read_text()]
     assert taken == [], (taken, out[-2000:], err[-2000:])
-    results = json.loads(out.splitlines()[-1])["results"]
+    results = results_of(out)
     assert [result.get("error", "").split(": ")[0] for result in results] == ["WorkspaceError"] * 2, results
     assert f"others may write in {drop}, a folder above it, which is not sticky" in results[0]["error"]
