@@ -9,16 +9,19 @@ What the sandbox gives a run, and what each part stops:
 * **A mount namespace** whose root is built from nothing: the system folders read-only (``/usr`` and its
   links, ``/etc``: the host's, or a root filesystem's with a skill's Debian packages and its ``/var``), a fresh
   ``/dev``, private size-capped ``/tmp`` and ``/dev/shm`` (tmpfs, gone with the run),
-  the run's own workspace read-write and the folder its skill is staged from read-only, each at its own path.
+  the run's own workspace read-write (for a run of the worker's own user, which file modes cannot keep from the
+  workspace's metadata and folders, read-only but for ``work/``, ``out/``, the run folder and the staged skill)
+  and the folder its skill is staged from read-only, each at its own path.
   No other workspace, no store of the platform (artifacts, libraries, run data) and no home folder is there;
   the root and ``/dev`` themselves are read-only.
 * **A seccomp filter** (``worker.sandbox.seccomp``): no further user namespace can be made, so the kernel's
   user-namespace attack surface stays out of reach, nor the other kernel interfaces container engines keep from
   containers; IPC, UTS and cgroup namespaces of its own; no capabilities and no-new-privileges (bwrap sets both).
 
-bwrap runs as the workspace user (unprivileged user namespaces) and gives every sandbox a network namespace of its
-own, its loopback up (a server a run starts is reached from the same run; nothing outside is). A run without network
-has nothing else there; a run with network is connected to the outside through user-mode networking
+bwrap runs as the workspace user (as root) or as the worker's own user (any other account), in unprivileged user
+namespaces either way, and gives every sandbox a network namespace of its own, its loopback up (a server a run
+starts is reached from the same run; nothing outside is). A run without network has nothing else there; a run with
+network is connected to the outside through user-mode networking
 (``worker.sandbox.user_network``), never the host's. bwrap starts
 blocked (``--block-fd``) and reports its init's pid and namespaces (``--json-status-fd``), so the caller can move
 the sandbox into the run's control group, and connect its network, before anything of the run executes

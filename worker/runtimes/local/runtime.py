@@ -1,10 +1,14 @@
 """The local runtime: a ``bash -c`` subprocess in a workspace directory on this machine.
 
 For development and the embedded default. The command's environment is built from scratch (no host variable
-leaks in), it runs in its own process group under ``ulimit`` limits, and when the host runs as root it runs as
-its workspace's own unprivileged user (through the workspace's spawner once the workspace is reused), in a
-bubblewrap sandbox (``worker.sandbox.bubblewrap``: its own, or once the workspace is reused the workspace's held sandbox,
-``worker.sandbox.held``) held to the run's limits by a control group of its own (``worker.sandbox.cgroups.groups``).
+leaks in), it runs in its own process group under ``ulimit`` limits, in a bubblewrap sandbox
+(``worker.sandbox.bubblewrap``) unless the sandbox is explicitly off (``sandbox=False``; every result then says so).
+When the host runs as root, the command runs as its workspace's own unprivileged user (through the workspace's
+spawner once the workspace is reused), in a sandbox of its own or, once the workspace is reused, the workspace's
+held sandbox (``worker.sandbox.held``), held to the run's limits by a control group of its own
+(``worker.sandbox.cgroups.groups``). As any other account it runs as that account, in a sandbox of its own made in
+unprivileged user namespaces that shows it its workspace read-only but for ``work/``, ``out/``, its run folder and
+its staged skill, its limits held per process.
 """
 
 from __future__ import annotations
