@@ -24,7 +24,7 @@ from mcp.client.stdio import stdio_client
 
 from tests.conftest import IS_ROOT
 from tests.normal_user import REPO, Account, cli, local_runs, python, run_as
-from tests.services import free_port, unavailable
+from tests.services import ensure_installed, free_port, unavailable
 from worker.errors import RuntimeUnavailableError
 from worker.runtimes.local.runtime import UNSANDBOXED_NOTE
 from worker.sandbox import bubblewrap
@@ -386,3 +386,17 @@ async def test_skillrun_serve_as_a_normal_account_runs_sandboxed(account, skill_
         server.wait()
     assert record["status"] == "finished", record
     _sandboxed(record["result"]["stdout"], account)
+
+
+async def test_a_normal_accounts_run_may_reserve_more_than_its_memory_and_start_chromium(account, skill_root, cache):
+    """Without control groups each process's memory is its data limit, which counts what it writes and not what it
+    reserves: V8 and Chromium reserve tens of GiB at start, and an address-space limit stopped them."""
+    chromium = ensure_installed("chromium", "chromium")
+    reserve, browser = local_runs(account, skill_root, [
+        {"command": "python3 -c 'import mmap; mmap.mmap(-1, 64 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, "
+                    "prot=0); print(\"reserved\")'", "limits": {"memory_bytes": 300 * 1024 * 1024}},
+        {"command": f"{chromium} --headless --no-sandbox --dump-dom 'data:text/html,<p>drawn</p>' 2>/dev/null",
+         "timeout": 120},
+    ], env={"XDG_CACHE_HOME": str(cache)})
+    assert (reserve["exit_code"], reserve["stdout"]) == (0, "reserved\n"), reserve
+    assert browser["exit_code"] == 0 and "<p>drawn</p>" in browser["stdout"], browser

@@ -47,7 +47,10 @@ _ULIMIT_FLAGS = (
     ("-f", resource.RLIMIT_FSIZE, "file_size_bytes", 1024),
     ("-n", resource.RLIMIT_NOFILE, "open_files", 1),
 )
-_ADDRESS_SPACE = ("-v", resource.RLIMIT_AS, "memory_bytes", 1024)
+_MEMORY = ("-d", resource.RLIMIT_DATA, "memory_bytes", 1024)
+"""Each process's memory where nothing else bounds it: the data limit, which counts what a process may write
+(heap, private writable mappings) and not what it only reserves, as Chromium and V8 (Node) reserve tens of GiB at
+start (an address-space limit stops them)."""
 
 
 def find_bash() -> str:
@@ -57,18 +60,17 @@ def find_bash() -> str:
     return bash
 
 
-def ulimit_prefix(limits: RunLimits, *, dedicated_user: bool, address_space: bool = False) -> str:
+def ulimit_prefix(limits: RunLimits, *, dedicated_user: bool, memory: bool = False) -> str:
     """A ``ulimit`` line that lowers soft and hard limits to ``limits`` (never above the current hard limit).
 
     The process-count limit is applied only for a dedicated user: it counts every process of the user, so on a
-    developer's own account it would count their whole desktop. The address space (``memory_bytes``) only with
-    ``address_space``, where no control group bounds the run's memory: Chromium, V8 (Node) and others reserve far
-    more address space than they use, and fail under any such limit.
+    developer's own account it would count their whole desktop. Each process's memory (``memory_bytes``, as its
+    data limit: ``_MEMORY``) only with ``memory``, where no control group bounds the run's memory.
     """
     parts = []
     flags = list(_ULIMIT_FLAGS)
-    if address_space:
-        flags.append(_ADDRESS_SPACE)
+    if memory:
+        flags.append(_MEMORY)
     if dedicated_user:
         flags.append(("-u", resource.RLIMIT_NPROC, "processes", 1))
     for flag, res, field, divisor in flags:
@@ -99,9 +101,9 @@ def shell_argv(bash: str, script: str) -> list[str]:
 def remote_ulimit_prefix(limits: RunLimits) -> str:
     """A ``ulimit`` line for a shell on another machine, whose hard limits are not known here: each limit is
     lowered to ``limits``, or to that machine's hard limit where that is lower (the sandbox user is dedicated, so
-    the process count is limited too; the address space too: nothing else bounds a run's memory there). Builtins
+    the process count is limited too; each process's memory too: nothing else bounds a run's memory there). Builtins
     only: no process is started for it."""
-    flags = [*_ULIMIT_FLAGS, _ADDRESS_SPACE, ("-u", resource.RLIMIT_NPROC, "processes", 1)]
+    flags = [*_ULIMIT_FLAGS, _MEMORY, ("-u", resource.RLIMIT_NPROC, "processes", 1)]
     return "".join(
         f"{{ ulimit -S -H {flag} {max(getattr(limits, field) // divisor, 1)} || ulimit -S {flag} hard; }} 2>/dev/null; "
         for flag, _, field, divisor in flags

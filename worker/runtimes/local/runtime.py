@@ -168,7 +168,7 @@ class LocalWorkspaceRuntime(HostWorkspaceRuntime):
         sandbox = await self._sandbox(workspace, request, environment, env.get("RUN_DIR"))
         # A sandbox's user namespace counts its own processes alone: its process limit binds nothing outside it.
         script = ulimit_prefix(request.limits, dedicated_user=workspace.uid is not None or sandbox is not None,
-                               address_space=sandbox is None or not self.groups.available) + request.command
+                               memory=sandbox is None or not self.groups.available) + request.command
         argv = shell_argv(self._bash or find_bash(), script)
         if request.egress:  # a sandbox of its own, whose only way out is the proxy (never the held sandbox)
             async with serving_sandbox(run_allow_list(request.egress), workspace.uid) as proxy:
