@@ -61,9 +61,10 @@ def rss_bytes(pid: int) -> int:
 
 
 def held_user_ids(work_root: Path) -> int:
-    """Sandbox user ids the host's registry says a workspace under ``work_root`` holds."""
+    """Sandbox user ids the host's registry says a workspace under ``work_root`` holds (none as a normal account,
+    whose workspaces take none: the registry is root's, and may be closed to it)."""
     registry = get_worker_settings().uid_registry
-    if not registry.is_dir():
+    if os.geteuid() != 0 or not registry.is_dir():
         return 0
     return sum(1 for e in registry.iterdir() if e.is_symlink() and os.readlink(e).startswith(f"{work_root}/"))
 
