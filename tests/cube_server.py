@@ -333,7 +333,8 @@ class _ProcessService:
             **dict(config.envs),
         }
         self.stand_in.commands.append(config.args[-1] if config.args else config.cmd)
-        cwd = config.cwd or (home if os.path.isdir(home) else "/")
+        usable = os.path.isdir(home) and os.access(home, os.X_OK)  # not another account's home (a normal account's tests)
+        cwd = config.cwd or (home if usable else "/")
         ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
         loop = asyncio.get_running_loop()
         try:

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import IS_ROOT
 from tests.integration.conftest import docker_engine  # noqa: F401 - the engine the Docker benchmark needs
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(("script", "ratio_rows", "extra"), [
-    ("local_run.py", ["bare", "ready bash", "warm", "warm/ready", "cold", "unboxed", "cold-unbox"], []),
+    ("local_run.py", ["bare", "ready bash", "warm", "warm/ready", "cold",
+                      *(["unboxed", "cold-unbox"] if IS_ROOT else [])], []),  # runs without the sandbox: root's
     pytest.param("docker_run.py", ["local (warm)", "bare docker exec/runc", "warm run/runc", "docker run/runc",
                                    "first run/runc", "first run, pool/runc"], ["--cold-runs", "2", "--no-gvisor"],
                  marks=pytest.mark.docker),

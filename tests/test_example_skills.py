@@ -190,6 +190,7 @@ DOC_TO_PDF = "python3 scripts/to_pdf.py samples/notice.fodt"
 PAGE_SCREENSHOT = "python3 scripts/screenshot.py site/index.html --width 640 --height 400"
 
 
+@pytest.mark.root  # LibreOffice comes from the skill's Debian packages, in a root filesystem built as root
 async def test_doc_to_pdf_converts_a_document_with_libreoffice(repo, env_runtime):
     result = await env_runtime.run(RunRequest(skill=repo.skill_ref("doc-to-pdf"), command=DOC_TO_PDF,
                                               output_files=["out/*.pdf"]))
@@ -197,6 +198,7 @@ async def test_doc_to_pdf_converts_a_document_with_libreoffice(repo, env_runtime
     assert_converted(result)
 
 
+@pytest.mark.root  # the Debian Chromium comes from the skill's Debian packages, in a root filesystem built as root
 async def test_page_screenshot_drives_the_debian_chromium_with_playwright(repo, env_runtime):
     result = await env_runtime.run(RunRequest(skill=repo.skill_ref("page-screenshot"), command=PAGE_SCREENSHOT,
                                               output_files=["out/page.png"]))

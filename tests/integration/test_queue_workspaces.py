@@ -32,6 +32,8 @@ def workspace_keys(url: str) -> list[str]:
 
 def held_user_ids(work_root) -> list[str]:
     registry = get_worker_settings().uid_registry
+    if not IS_ROOT and not os.access(registry, os.R_OK | os.X_OK):
+        return []  # a normal account's workspaces take no user ids; the registry, root's, is absent or closed to it
     return [e.name for e in registry.iterdir() if e.is_symlink() and os.readlink(e).startswith(f"{work_root}/")]
 
 

@@ -58,8 +58,10 @@ def age(folder: Path, seconds: float) -> None:
 
 
 def uid_holders(manager: WorkspaceManager) -> set[str]:
-    """The folders the host's user-id registry says hold an id."""
-    if not manager.user_ids.path.is_dir():
+    """The folders the host's user-id registry says hold an id (a normal account's workspaces hold none, and the
+    registry, root's, may be closed to it)."""
+    registry = manager.user_ids.path
+    if not registry.is_dir() or (os.geteuid() != 0 and not os.access(registry, os.R_OK | os.X_OK)):
         return set()
     return {os.readlink(e.path) for e in os.scandir(manager.user_ids.path) if e.is_symlink()}
 
