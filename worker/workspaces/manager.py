@@ -142,47 +142,53 @@ def check_work_root(work_root: Path) -> None:
     (another account could swap the work root itself); and its registry folder (``.skillrun``) a link, not a
     folder, another account's (that account ran Skillrun here first) or writable by others."""
     euid = os.geteuid()
-
-    def refused(path: Path, reason: str) -> WorkspaceError:
-        return WorkspaceError(f"work root {path} cannot be used: {reason}; {WORK_ROOT_HINT}")
-
     try:
         work_root.mkdir(parents=True, exist_ok=True, mode=0o755)
         info = work_root.stat()
     except FileExistsError:
-        raise refused(work_root, "it is not a folder") from None
+        raise _refused(work_root, "it is not a folder") from None
     except OSError as exc:
-        raise refused(work_root, exc.strerror or str(exc)) from None
+        raise _refused(work_root, exc.strerror or str(exc)) from None
     sticky = bool(info.st_mode & stat.S_ISVTX)
     if not stat.S_ISDIR(info.st_mode):
-        raise refused(work_root, "it is not a folder")
+        raise _refused(work_root, "it is not a folder")
     if info.st_uid != euid and not sticky:
-        raise refused(work_root, f"it belongs to uid {info.st_uid}, not to this account (uid {euid})")
+        raise _refused(work_root, f"it belongs to uid {info.st_uid}, not to this account (uid {euid})")
     if stat.S_IMODE(info.st_mode) & 0o022 and not sticky:
-        raise refused(work_root, f"others may write in it (mode {stat.S_IMODE(info.st_mode):o}) and it is not sticky")
+        raise _refused(work_root, f"others may write in it (mode {stat.S_IMODE(info.st_mode):o}) and it is not sticky")
     if not os.access(work_root, os.W_OK | os.X_OK):
-        raise refused(work_root, "this account may not write in it")
+        raise _refused(work_root, "this account may not write in it")
     if os.statvfs(work_root).f_flag & os.ST_NOEXEC:
-        raise refused(work_root, "its file system is mounted noexec, so skills' programs could not run there")
+        raise _refused(work_root, "its file system is mounted noexec, so skills' programs could not run there")
     for above in Path(os.path.realpath(work_root)).parents:
         mode = above.stat().st_mode
         if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-            raise refused(work_root, f"others may write in {above}, a folder above it, which is not sticky (another "
+            raise _refused(work_root, f"others may write in {above}, a folder above it, which is not sticky (another "
                                      "account could put a folder of its own in the work root's place)")
-    registry = work_root / REGISTRY_DIR
+    if os.path.lexists(work_root / REGISTRY_DIR):
+        check_registry(work_root)
+
+
+def check_registry(work_root: Path) -> None:
+    """Refuse the work root whose registry folder (``.skillrun``, which must be there) is a link, not a folder,
+    another account's (that account ran Skillrun here first) or writable by others (``WorkspaceError``)."""
+    euid, registry = os.geteuid(), work_root / REGISTRY_DIR
     try:
         found = registry.lstat()
-    except FileNotFoundError:
-        return
     except OSError as exc:
-        raise refused(work_root, f"{registry}: {exc.strerror or exc}") from None
+        raise _refused(work_root, f"{registry}: {exc.strerror or exc}") from None
     if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
-        raise refused(work_root, f"{registry} is not a folder (a link or a file)")
+        raise _refused(work_root, f"{registry} is not a folder (a link or a file)")
     if found.st_uid != euid:
-        raise refused(work_root, f"{registry} belongs to uid {found.st_uid} (another account used this work root), "
+        raise _refused(work_root, f"{registry} belongs to uid {found.st_uid} (another account used this work root), "
                                  f"not to this account (uid {euid})")
     if stat.S_IMODE(found.st_mode) & 0o022:
-        raise refused(work_root, f"others may write in {registry} (mode {stat.S_IMODE(found.st_mode):o})")
+        raise _refused(work_root, f"others may write in {registry} (mode {stat.S_IMODE(found.st_mode):o})")
+
+
+def _refused(work_root: Path, reason: str) -> WorkspaceError:
+    """The one-line refusal of a work root, saying what to do."""
+    return WorkspaceError(f"work root {work_root} cannot be used: {reason}; {WORK_ROOT_HINT}")
 
 
 RESERVED_PREFIX = "ws_reserved_"
@@ -396,12 +402,8 @@ class WorkspaceManager:
         try:
             (self.registry / "workspaces").mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
-            raise WorkspaceError(f"work root {self.work_root} cannot be used: {exc.strerror or exc}; "
-                                 f"{WORK_ROOT_HINT}") from None
-        info = self.registry.lstat()
-        if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o022 or not stat.S_ISDIR(info.st_mode):
-            raise WorkspaceError(f"work root {self.work_root} cannot be used: {self.registry} must be a folder of "
-                                 f"uid {os.geteuid()} that only it may write in; {WORK_ROOT_HINT}")
+            raise _refused(self.work_root, exc.strerror or str(exc)) from None
+        check_registry(self.work_root)
 
     def _find(self, workspace_id: str) -> Workspace | None:
         link = self.registry / "workspaces" / workspace_id
