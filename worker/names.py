@@ -17,18 +17,23 @@ skill that declares none gets none, whatever its team allows.
 
 Refused, with the reason (``EgressError``): an address or an address range (``10.0.0.0/8``, ``[::1]``): a run names
 hosts, and the proxy checks what they resolve to; a wildcard for everything (``*``, ``*.*``) or a whole top-level
-domain (``*.com``); a name that is not public (``localhost``, one label alone, ``*.local``, ``*.internal``,
+domain (``*.com``) or any other public suffix (``*.co.uk``, ``*.github.io``, ``*.s3.amazonaws.com``: a
+domain under which anyone may register a name, after the Public Suffix List, ``publicsuffixlist``'s copy); a name
+that is not public (``localhost``, one label alone, ``*.local``, ``*.internal``,
 ``*.home.arpa``...: what a private resolver answers, never the internet); a top-level label that is a number (a
 resolver would take ``127.1`` for an address); a port that is not 1-65535.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+
+from publicsuffixlist import PublicSuffixList
 
 from worker.errors import EgressError
 
@@ -149,7 +154,17 @@ def parse_entry(text: str) -> Entry:
             raise EgressError(f"egress entry {shown} allows a whole top-level domain: name a domain under it "
                               f"(*.example.{name})")
         raise EgressError(f"egress entry {shown} is a private or local name, which a run may never reach")
+    if wildcard and public_suffixes().is_public(name):
+        raise EgressError(f"egress entry {shown} allows every site under the public suffix {name!r}, where anyone may "
+                          f"register a name: name the domain that is yours under it (*.example.{name})")
     return Entry(name, port, wildcard)
+
+
+@functools.cache
+def public_suffixes() -> PublicSuffixList:
+    """The Public Suffix List, ICANN's and the private section's (``github.io``), as ``publicsuffixlist`` ships it
+    (read once per process, on the first wildcard entry: tens of milliseconds)."""
+    return PublicSuffixList()
 
 
 def _split_port(raw: str, shown: str) -> tuple[str, int]:

