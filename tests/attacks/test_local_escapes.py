@@ -461,22 +461,26 @@ async def test_a_run_learns_nothing_of_the_worker_from_its_control_group_path(ru
     assert str(os.getpid()) not in seen
 
 
+PIPES_SURVEY = """
+    import os
+    own = sorted({os.readlink("/proc/self/fd/1"), os.readlink("/proc/self/fd/2")})
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    print(" ".join(own))
+    print(" ".join(sorted(t for t in found if t.startswith("pipe:"))))
+"""
+"""Prints the run's own stdout and stderr pipes, then every pipe open in any process it can see."""
+
+
 async def test_no_descriptor_of_the_host_is_open_in_any_process_of_a_run(work_root, make_request):
     # bwrap's report, block and seccomp pipes, and a ready shell's script and start pipes, stay out of the run: of
     # every process in the sandbox (its init included) the only pipes open are the run's own stdout and stderr.
-    survey = _py("""
-        import os
-        own = sorted({os.readlink("/proc/self/fd/1"), os.readlink("/proc/self/fd/2")})
-        found = set()
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                for fd in os.listdir(f"/proc/{pid}/fd"):
-                    found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except OSError:
-                pass
-        print(" ".join(own))
-        print(" ".join(sorted(t for t in found if t.startswith("pipe:"))))
-    """) + '; echo "$BASH_EXECUTION_STRING" | head -1'
+    survey = _py(PIPES_SURVEY) + '; echo "$BASH_EXECUTION_STRING" | head -1'
 
     async with LocalWorkspaceRuntime(work_root, spawners="eager") as runtime:
         cold = await runtime.run(make_request(survey, workspace_id=ws("fd-cold")))

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.attacks.test_local_escapes import I386_UNSHARE, INJECT_INTO_INIT, REFUSED_CALLS, _abstract_connect, _py
+from tests.attacks.test_local_escapes import (
+    I386_UNSHARE,
+    INJECT_INTO_INIT,
+    PIPES_SURVEY,
+    REFUSED_CALLS,
+    _abstract_connect,
+    _py,
+)
 from tests.conftest import write_skill
 from tests.normal_user import Account, local_runs
 
@@ -127,19 +134,7 @@ def test_a_run_cannot_raise_its_limits_or_see_the_hosts_control_groups(account, 
 def test_no_descriptor_of_the_host_is_open_in_any_process_of_a_run(account, skill_root, cache):
     # bwrap's report, block and seccomp pipes stay out of the run: of every process in the sandbox (its init
     # included) the only pipes open are the run's own stdout and stderr, on a first run and on a reused workspace.
-    survey = _py("""
-        import os
-        own = sorted({os.readlink("/proc/self/fd/1"), os.readlink("/proc/self/fd/2")})
-        found = set()
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                for fd in os.listdir(f"/proc/{pid}/fd"):
-                    found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except OSError:
-                pass
-        print(" ".join(own))
-        print(" ".join(sorted(t for t in found if t.startswith("pipe:"))))
-    """)
+    survey = _py(PIPES_SURVEY)
     results = run(account, skill_root, cache, {"command": survey}, {"command": "true", "workspace_id": "fd-warm"},
                   {"command": survey, "workspace_id": "fd-warm"})
     for result in (results[0], results[2]):
