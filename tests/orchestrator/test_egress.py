@@ -213,3 +213,26 @@ async def test_an_agent_sessions_skill_run_gets_the_same_allow_list(services, mo
     assert fetched["egress_refused"] == 1 and fetched["egress_refusals"] == [
         {"destination": "api.elsewhere.org:443", "reason": "api.elsewhere.org:443 is not on the allow-list"}]
     assert "reached" not in offline["stdout"]  # a skill declaring nothing has no network
+
+
+async def test_a_list_stored_before_a_rule_refused_its_entry_fails_the_run_clearly_and_keeps_the_list(services,
+                                                                                                      model_server):
+    """A team's list kept from before wildcards on public suffixes were refused: a run of a skill that declares
+    egress is refused saying which entry and what to do (through the API and an agent's ``skill_run``), not a
+    server error; the list is left as it was."""
+    model_server.add({"tool_calls": [{"name": "skill_run", "arguments": {"skill": "fetcher", "command": "true"}}]},
+                     {"text": "Done."})
+    key = new_team(services, "team-a")
+    services.teams.docs.put("egress", "team-a", {"team": "team-a", "entries": ["*.github.io:443"], "updated_at": 1.0})
+    async with client(services, key) as api:
+        submitted = await api.post("/v1/runs", json={"skill": "fetcher", "command": "true"})
+        offline = await api.post("/v1/runs", json={"skill": "offline", "command": "true"})
+        await api.post("/v1/sessions", json={"session_id": "s1"})
+        streamed = await api.post("/v1/sessions/s1/messages", json={"text": "run it"})
+    [answer] = [data["response"] for kind, data in parse_sse(streamed.text) if kind == "tool_result"]
+    assert "public suffix" in answer["error"] and "skillrun egress set TEAM" in answer["error"], answer
+    assert submitted.status_code == 400, submitted.text
+    assert "*.github.io:443" in submitted.text and "public suffix" in submitted.text, submitted.text
+    assert "skillrun egress set TEAM" in submitted.text
+    assert offline.status_code == 202  # a skill declaring nothing is not given the list, nor refused for it
+    assert EgressStore(services.teams.docs).get("team-a").entries == ["*.github.io:443"]

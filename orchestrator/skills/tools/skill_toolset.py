@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from orchestrator.code_executors import create_local_workspace_runtime
 from orchestrator.context import InvocationContext
 from orchestrator.dispatch import BaseDispatcher, InlineDispatcher
-from orchestrator.errors import SkillError
+from orchestrator.errors import RunRefusedError, SkillError
 from orchestrator.skills.admission import run_egress, undeclared_secrets
 from orchestrator.skills.options import options_of
 from orchestrator.skills.overview import is_cut
@@ -332,7 +332,7 @@ class SkillToolSet(BaseToolSet):
             validate_request(request)  # refused before it is recorded or queued
             # The session's user owns the run and its workspace (the team, through the API), whatever its id
             result = await self.dispatcher.run(request, owner=tool_context.session.user_id)
-        except (SkillError, WorkerError) as exc:
+        except (SkillError, RunRefusedError, WorkerError) as exc:
             return {"error": str(exc)}
         except ValidationError as exc:
             return {"error": "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())}
